@@ -1,0 +1,65 @@
+"""The `talariad` command: `run` the daemon, or `check-config` a file."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import Annotated
+
+import typer
+
+from talariad.config import ConfigError, TalariaConfig, load_config
+
+DEFAULT_CONFIG = "etc/talaria.yaml"
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Talaria: session-aware multi-model serving.")
+
+ConfigOpt = Annotated[str, typer.Option("--config", "-c", envvar="TALARIA_CONFIG", help="Path to talaria.yaml")]
+
+
+def _load(path: str) -> TalariaConfig:
+    try:
+        return load_config(path)
+    except ConfigError as err:
+        for line in err.lines:
+            print(f"talariad: {line}", file=sys.stderr)
+        raise typer.Exit(2) from None
+
+
+@app.command("check-config")
+def check_config(path: Annotated[str, typer.Argument(help="Config file to validate")]) -> None:
+    """Validate a config file; exit 2 with one line per problem."""
+    cfg = _load(path)
+    print(f"{path}: ok ({len(cfg.models)} models, {len(cfg.instances)} instances)")
+
+
+@app.command()
+def run(config: ConfigOpt = DEFAULT_CONFIG,
+        log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info") -> None:
+    """Start the supervisor, instances, gateway and admin API; stop on SIGTERM or SIGINT."""
+    from talariad.daemon import Daemon
+
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        print(f"talariad: --log-level: unknown level {log_level!r}", file=sys.stderr)
+        raise typer.Exit(2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))  # one line per telemetry poll otherwise
+    cfg = _load(config)
+    try:
+        asyncio.run(Daemon(cfg, config).run())
+    except OSError as err:
+        print(f"talariad: cannot start: {err}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    except RuntimeError as err:
+        print(f"talariad: {err}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

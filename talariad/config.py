@@ -1,0 +1,233 @@
+"""The `talaria.yaml` schema: typed, validated, every field documented where it is declared.
+
+`load_config(path)` is the one entry point; every problem a user can put in the file comes back
+as a `ConfigError` whose lines name the file, the field path and what is wrong.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class ListenConfig(_Strict):
+    http: str = "127.0.0.1:8000"
+    """host:port of the OpenAI/Anthropic-compatible HTTP endpoint (port 0 picks a free port)."""
+    admin_socket: str = "run/talaria-admin.sock"
+    """Unix socket of the gRPC admin API; relative paths are relative to the working directory.
+    The systemd unit points it at /run/talaria/admin.sock."""
+
+    @field_validator("http")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"expected host:port with a port in 0..65535, got {v!r}")
+        return v
+
+    @property
+    def http_host(self) -> str:
+        return self.http.rpartition(":")[0].strip("[]")
+
+    @property
+    def http_port(self) -> int:
+        return int(self.http.rpartition(":")[2])
+
+
+class ModelConfig(_Strict):
+    name: Name
+    """Model id clients put in the `model` field."""
+    profile: str | None = None
+    """Name of a latency profile (sim executor) or of a built-in tiny architecture (torch executor)."""
+    path: str | None = None
+    """Local Hugging Face-format directory (config.json, *.safetensors, tokenizer.json); nothing is
+    downloaded. Relative paths are relative to the config file."""
+    size_gib: float = Field(default=1.0, gt=0)
+    """Weight footprint per instance in GiB, used for HBM feasibility until the engine measures it."""
+    max_context: int = Field(default=32768, ge=16)
+    """Longest prompt plus completion accepted for this model, in tokens."""
+
+
+class InstanceConfig(_Strict):
+    name: Name
+    """Instance id shown by talaria-ctl and the dashboard."""
+    pool: Literal["hot", "cold"]
+    """hot: pins one model and never switches; cold: time-shares its models in rounds (§3.2)."""
+    devices: Literal["cpu"] | list[Annotated[int, Field(ge=0)]] = "cpu"
+    """`cpu`, or the CUDA device ids of this instance's GPU group (one tensor-parallel group)."""
+    executor: Literal["sim", "torch", "sglang"] = "sim"
+    """What runs tokens: the calibrated `sim` model, the built-in `torch` engine, or `sglang`."""
+    models: list[Name] = Field(min_length=1)
+    """Models this instance may host; a hot instance hosts exactly one."""
+    time_scale: float = Field(default=1.0, gt=0)
+    """sim executor only: multiply modelled durations by this factor (1.0 = real time)."""
+
+
+class PolicyConfig(_Strict):
+    router: str = "talaria"
+    """Placement policy by registry name: talaria (the paper's router) or a peer baseline."""
+    tau_s: float = Field(default=1.0, ge=0)
+    """Soft-reservation lease timeout τ in seconds (§3.3, App. E: 1 s)."""
+    gamma: float = Field(default=0.8, gt=0, lt=1)
+    """Round admission margin γ < 1 of Eq. (5); the paper fixes only γ < 1, 0.8 is our choice."""
+    ttft_target_s: float = Field(default=10.0, gt=0)
+    """TTFT target T_TTFT; rounds are bounded by γ·T_TTFT (the paper's 10 s budget, §2.4)."""
+    tpot_target_s: float = Field(default=0.1, gt=0)
+    """Average time-per-output-token target T_TPOT of Eq. (4); the paper gives no number."""
+    admission_unit_s: float = Field(default=0.5, ge=0)
+    """Slot budget (seconds) one live lease charges to its instance's next model slot (§4.1)."""
+    replica_penalty_s: float = Field(default=2.0, ge=0)
+    """Per-replica penalty ν_m of Eq. (2) against opening replicas for transient bursts."""
+    mem_fraction_bump: float = Field(default=0.8, gt=0, le=1)
+    """Fraction of device memory handed to the bump-managed layout (App. E: 0.8)."""
+    overload: Literal["queue", "reject", "spill"] = "queue"
+    """What the gateway does when no instance is feasible: queue (bounded), reject (429), spill."""
+    queue_limit: int = Field(default=256, ge=1)
+    """Most calls waiting at the gateway under the queue overload policy."""
+    queue_timeout_s: float = Field(default=30.0, gt=0)
+    """How long a queued call waits for a feasible instance before it gets 503."""
+    staleness_s: float = Field(default=2.0, gt=0)
+    """Snapshots older than this exclude an instance from non-reserved placement (§4.1)."""
+    telemetry_interval_s: float = Field(default=0.25, gt=0)
+    """How often the gateway polls each instance's telemetry (the control-plane heartbeat)."""
+
+
+class AblationConfig(_Strict):
+    sp: bool = True
+    """Session-prefill: admit eligible returns mid-slot (§3.4). Off: a return waits for its next slot."""
+    host_kv: bool = True
+    """Host KV registry (§4.3). Off: KV that is not device-resident is recomputed."""
+    d2d: bool = True
+    """D2D weight staging (§4.4). Off: every switch reloads weights host-to-device."""
+    reservations: bool = True
+    """Soft reservations (§3.3). Off: τ = 0."""
+    residency_terms: bool = True
+    """KV-recovery and activation terms of Eq. (1). Off: placement by queue work alone."""
+
+
+class SupervisorConfig(_Strict):
+    ready_timeout_s: float = Field(default=120.0, gt=0)
+    """How long an instance process may take to report ready."""
+    restart_backoff_s: float = Field(default=0.5, gt=0)
+    """First delay before restarting an instance that exited; doubles on each consecutive crash."""
+    max_backoff_s: float = Field(default=30.0, gt=0)
+    """Ceiling of the restart delay."""
+    stop_timeout_s: float = Field(default=5.0, gt=0)
+    """Grace period after SIGTERM before an instance process is killed."""
+
+
+class TalariaConfig(_Strict):
+    listen: ListenConfig = ListenConfig()
+    """Where the daemon listens."""
+    models: list[ModelConfig] = Field(min_length=1)
+    """Every model the box may serve."""
+    instances: list[InstanceConfig] = Field(min_length=1)
+    """Instance processes, one per GPU group (or on the CPU)."""
+    policy: PolicyConfig = PolicyConfig()
+    """Router and scheduler knobs (the paper's App. E)."""
+    ablations: AblationConfig = AblationConfig()
+    """Mechanism switches used by the evaluation; all on by default."""
+    supervisor: SupervisorConfig = SupervisorConfig()
+    """Instance process lifecycle."""
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+class ConfigError(Exception):
+    """A config file problem; `lines` are `FILE: field.path: what is wrong`, one per problem."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _pydantic_lines(err: ValidationError) -> list[tuple[str, str]]:
+    lines = []
+    for e in err.errors():
+        loc = e["loc"]
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append((_path(loc), msg))
+    return lines
+
+
+def _duplicates(names: list[str], prefix: str) -> list[tuple[str, str]]:
+    seen: dict[str, int] = {}
+    out = []
+    for i, n in enumerate(names):
+        if n in seen:
+            out.append((f"{prefix}[{i}].name", f"duplicate name {n!r} (first at {prefix}[{seen[n]}])"))
+        seen.setdefault(n, i)
+    return out
+
+
+def _semantic_lines(cfg: TalariaConfig) -> list[tuple[str, str]]:
+    problems = _duplicates([m.name for m in cfg.models], "models")
+    problems += _duplicates([i.name for i in cfg.instances], "instances")
+    defined = {m.name for m in cfg.models}
+    for i, inst in enumerate(cfg.instances):
+        for j, m in enumerate(inst.models):
+            if m not in defined:
+                problems.append((f"instances[{i}].models[{j}]",
+                                 f"model {m!r} is not defined under models (defined: {', '.join(sorted(defined))})"))
+        if inst.pool == "hot" and len(inst.models) != 1:
+            problems.append((f"instances[{i}].models", "a hot instance pins exactly one model"))
+    names = _policy_names()
+    if names and cfg.policy.router not in names:
+        problems.append(("policy.router", f"unknown policy {cfg.policy.router!r} (valid: {', '.join(names)})"))
+    return problems
+
+
+def _policy_names() -> list[str]:
+    try:
+        from talariad.router import policy_names
+    except ImportError:  # TODO(integration): router registry lands with the router issue
+        return []
+    return sorted(policy_names())
+
+
+def parse_config(data: object, source: str) -> TalariaConfig:
+    """Validate already-parsed YAML data; raises ConfigError naming `source`."""
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}: (top level): expected a mapping of sections, got {type(data).__name__}"])
+    try:
+        cfg = TalariaConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError([f"{source}: {p}: {m}" for p, m in _pydantic_lines(err)]) from None
+    problems = _semantic_lines(cfg)
+    if problems:
+        raise ConfigError([f"{source}: {p}: {m}" for p, m in problems])
+    return cfg
+
+
+def load_config(path: str | pathlib.Path) -> TalariaConfig:
+    path = pathlib.Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError([f"{path}: cannot read: {getattr(err, 'strerror', None) or err}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(top level)"
+        raise ConfigError([f"{path}: {where}: invalid YAML: {getattr(err, 'problem', None) or err}"]) from None
+    return parse_config(data, str(path))

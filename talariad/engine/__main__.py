@@ -1,0 +1,71 @@
+"""`python -m talariad.engine --config FILE --instance NAME`: one instance process.
+
+It binds a loopback port, prints one JSON ready line (`{"ready": true, "port": N}`) on stdout
+for the supervisor, serves the internal API, and exits with status 0 on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import json
+import os
+import signal
+import sys
+
+from talariad import httpserver
+from talariad.config import ConfigError, InstanceConfig, TalariaConfig, load_config
+from talariad.engine.api import build_app
+from talariad.engine.worker import Worker
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m talariad.engine")
+    p.add_argument("--config", required=True)
+    p.add_argument("--instance", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    return p.parse_args(argv)
+
+
+async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str) -> None:
+    stop = httpserver.stop_event()
+    sock = httpserver.bind(host, 0)
+    server, task = await httpserver.start(build_app(Worker(cfg, inst)), sock)
+    print(json.dumps({"ready": True, "port": sock.getsockname()[1]}), flush=True)
+    await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    await task
+
+
+def _die_with_parent() -> None:
+    """Get SIGTERM when the daemon dies without stopping us (Linux), so no instance is orphaned."""
+    parent = os.environ.get("TALARIA_PARENT_PID")
+    if not parent or not parent.isdigit():
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # the parent died before prctl took effect
+        sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _die_with_parent()
+    args = _args(argv)
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    inst = next((i for i in cfg.instances if i.name == args.instance), None)
+    if inst is None:
+        print(f"{args.config}: instances: no instance named {args.instance!r}", file=sys.stderr)
+        return 2
+    asyncio.run(_serve(cfg, inst, args.host))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

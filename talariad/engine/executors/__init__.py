@@ -1,0 +1,1 @@
+"""Executors run tokens inside an instance: `sim` (calibrated model), `torch` (built-in engine)."""

@@ -1,0 +1,84 @@
+"""Typed messages of the internal HTTP API between the gateway and an instance process."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str
+
+
+class GenerateRequest(BaseModel):
+    """One model call forwarded by the gateway; `messages` are rendered by the engine's template."""
+
+    call_id: str
+    session_id: str | None = None
+    model: str
+    messages: list[ChatMessage] = Field(default_factory=list)
+    prompt: str | None = None
+    """Raw prompt for /v1/completions; used instead of `messages` when set."""
+    max_tokens: int = Field(default=256, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    """Prompt tokens served from a reusable prefix (device or host) instead of recomputed."""
+    kv_source: Literal["device", "host", "recompute", "none"]
+    """Where the reused prefix came from; `none` when the call had nothing to reuse."""
+
+
+class TokenEvent(BaseModel):
+    type: Literal["token"] = "token"
+    text: str
+
+
+class DoneEvent(BaseModel):
+    type: Literal["done"] = "done"
+    finish_reason: Literal["stop", "length"]
+    usage: Usage
+    kv_state: Literal["device", "host", "missing"]
+    kv_len: int
+    ttft_s: float
+    """Time from arrival at the instance to the first token."""
+
+
+class ErrorEvent(BaseModel):
+    type: Literal["error"] = "error"
+    message: str
+
+
+class SessionKV(BaseModel):
+    session_id: str
+    model: str
+    state: Literal["device", "host", "missing"]
+    kv_len: int
+
+
+class Telemetry(BaseModel):
+    """Versioned instance snapshot the gateway's router reads (§4.1)."""
+
+    instance: str
+    version: int
+    pool: Literal["hot", "cold"]
+    models: list[str]
+    active_model: str | None
+    loaded_models: list[str]
+    queued: dict[str, int] = Field(default_factory=dict)
+    running: int = 0
+    sessions: list[SessionKV] = Field(default_factory=list)
+    round_remaining_s: float = 0.0
+    deadline_risk: int = 0
+    kv_occupancy: float = 0.0
+    hbm_free_bytes: int = 0
+    staging_slack_bytes: int = 0
+    switches: int = 0

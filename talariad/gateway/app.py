@@ -1,0 +1,249 @@
+"""The OpenAI-compatible HTTP endpoint: parse, find the session, place, forward, stream back."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from talariad.config import TalariaConfig
+from talariad.engine.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
+from talariad.gateway import errors
+from talariad.gateway.errors import APIError
+from talariad.gateway.instances import Event, InstanceDirectory
+from talariad.gateway.metrics import GatewayMetrics
+from talariad.gateway.placement import Candidate, CallInfo, Placer
+from talariad.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from talariad.gateway.session import session_id
+
+DEFAULT_MAX_TOKENS = 256
+
+
+class Gateway:
+    """Everything a request handler needs; the daemon builds one and the tests can too."""
+
+    def __init__(self, cfg: TalariaConfig, directory: InstanceDirectory, placer: Placer,
+                 ready: Callable[[str], bool]):
+        self.cfg, self.directory, self.placer, self.ready = cfg, directory, placer, ready
+        self.metrics = GatewayMetrics()
+
+    def candidates(self) -> list[Candidate]:
+        out = []
+        for inst in self.cfg.instances:
+            snap = self.directory.snapshot(inst.name)
+            loaded = tuple(snap.loaded_models) if snap else ()
+            out.append(Candidate(inst.name, tuple(inst.models), loaded, self.ready(inst.name)))
+        return out
+
+    def residency(self, model: str) -> str:
+        snaps = [self.directory.snapshot(i.name) for i in self.cfg.instances if model in i.models]
+        if any(s and s.active_model == model for s in snaps):
+            return "loaded"
+        return "parked" if any(s and model in s.loaded_models for s in snaps) else "cold"
+
+
+def _estimate_tokens(texts: list[str]) -> int:
+    return sum(len(t) for t in texts) // 4 + 1
+
+
+async def _first(events: AsyncIterator[Event]) -> Event:
+    return await anext(events, ErrorEvent(message="instance closed the stream without an answer"))
+
+
+class _Call:
+    """One forwarded call: placement, the internal request, and its completion bookkeeping."""
+
+    def __init__(self, gw: Gateway, body, headers, messages: list[tuple[str, str]], prompt: str | None):
+        if gw.cfg.model(body.model) is None:
+            raise APIError(404, f"The model {body.model!r} does not exist", type="not_found_error",
+                           param="model", code="model_not_found")
+        self.gw, self.body = gw, body
+        self.id = uuid.uuid4().hex[:24]
+        self.session = session_id(headers, body.model_dump(), messages)
+        self.started = time.monotonic()
+        info = CallInfo(self.id, self.session, body.model, _estimate_tokens([c for _, c in messages] + [prompt or ""]),
+                        body.limit(DEFAULT_MAX_TOKENS))
+        placement = gw.placer.place(info, gw.candidates(), self.started)
+        if placement.instance is None:
+            retry = str(max(1, round(placement.retry_after_s or 1)))
+            raise APIError(503, f"no instance can serve {body.model!r} right now ({placement.kind})",
+                           type="overloaded_error", code=placement.kind, headers={"Retry-After": retry})
+        self.instance = placement.instance
+        self.req = GenerateRequest(
+            call_id=self.id, session_id=self.session, model=body.model, prompt=prompt,
+            messages=[ChatMessage(role=r, content=c) for r, c in messages], max_tokens=info.max_tokens,
+            temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop_list())
+        self.first_token_at: float | None = None
+        self.done = False
+        gw.metrics.running.labels(body.model).inc()
+
+    def headers(self) -> dict[str, str]:
+        return {"x-talaria-session-id": self.session, "x-talaria-instance": self.instance}
+
+    def events(self) -> AsyncIterator[Event]:
+        return self.gw.directory.generate(self.instance, self.req)
+
+    def on_token(self) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+            self.gw.metrics.ttft.labels(self.body.model).observe(self.first_token_at - self.started)
+
+    def finish(self, ev: DoneEvent | ErrorEvent) -> None:
+        if self.done:
+            return
+        self.done = True
+        m, model = self.gw.metrics, self.body.model
+        m.running.labels(model).dec()
+        now = time.monotonic()
+        if isinstance(ev, ErrorEvent):
+            self.gw.placer.failed(self.id, now)
+            m.finished.labels(model, "error").inc()
+            return
+        self.gw.placer.completed(self.id, self.instance, ev.kv_state, ev.kv_len, now)
+        m.finished.labels(model, ev.finish_reason).inc()
+        m.e2e.labels(model).observe(now - self.started)
+        m.prompt_tokens.labels(model).inc(ev.usage.prompt_tokens)
+        m.generation_tokens.labels(model).inc(ev.usage.completion_tokens)
+        m.cached_tokens.labels(model, ev.usage.kv_source).inc(ev.usage.cached_tokens)
+
+    def usage(self, ev: DoneEvent) -> dict:
+        u = ev.usage
+        return {
+            "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+            "talaria": {"kv_source": u.kv_source, "instance": self.instance, "session_id": self.session},
+        }
+
+
+def _upstream_error(call: _Call, ev: ErrorEvent) -> APIError:
+    call.finish(ev)
+    return APIError(503, ev.message, type="api_error", code="instance_unavailable", headers={"Retry-After": "1"})
+
+
+async def _collect(call: _Call, first: Event, rest: AsyncIterator[Event]) -> tuple[str, DoneEvent]:
+    parts, ev = [], first
+    while True:
+        if isinstance(ev, TokenEvent):
+            call.on_token()
+            parts.append(ev.text)
+        elif isinstance(ev, DoneEvent):
+            call.finish(ev)
+            return "".join(parts), ev
+        else:
+            raise _upstream_error(call, ev)
+        ev = await _first(rest)
+
+
+def _sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+async def _stream(call: _Call, first: Event, rest: AsyncIterator[Event], chunk: Callable, usage_chunk: bool):
+    try:
+        async for line in _stream_lines(call, first, rest, chunk, usage_chunk):
+            yield line
+    finally:  # a client that disconnects mid-stream still releases its placement
+        call.finish(ErrorEvent(message="client disconnected"))
+        await rest.aclose()
+
+
+async def _stream_lines(call: _Call, first: Event, rest: AsyncIterator[Event], chunk: Callable, usage_chunk: bool):
+    if chunk is chat_chunk:
+        yield _sse(chunk(call, {"role": "assistant", "content": ""}, None))
+    ev = first
+    while True:
+        if isinstance(ev, TokenEvent):
+            call.on_token()
+            yield _sse(chunk(call, {"content": ev.text}, None))
+        elif isinstance(ev, DoneEvent):
+            call.finish(ev)
+            yield _sse(chunk(call, {}, ev.finish_reason))
+            if usage_chunk:
+                yield _sse({**chunk(call, {}, None), "choices": [], "usage": call.usage(ev)})
+            break
+        else:
+            call.finish(ev)
+            yield _sse(_upstream_error_body(ev))
+            break
+        ev = await _first(rest)
+    yield _sse("[DONE]")
+
+
+def _upstream_error_body(ev: ErrorEvent) -> dict:
+    return APIError(503, ev.message, type="api_error", code="instance_unavailable").body()
+
+
+def chat_chunk(call: _Call, delta: dict, finish: str | None) -> dict:
+    return {"id": f"chatcmpl-{call.id}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": call.body.model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def text_chunk(call: _Call, delta: dict, finish: str | None) -> dict:
+    return {"id": f"cmpl-{call.id}", "object": "text_completion", "created": int(time.time()),
+            "model": call.body.model,
+            "choices": [{"index": 0, "text": delta.get("content", ""), "finish_reason": finish}]}
+
+
+async def _respond(call: _Call, chunk: Callable, full: Callable) -> Response:
+    rest = call.events()
+    first = await _first(rest)
+    if isinstance(first, ErrorEvent):
+        raise _upstream_error(call, first)
+    if call.body.stream:
+        return StreamingResponse(_stream(call, first, rest, chunk, call.body.include_usage()),
+                                 media_type="text/event-stream", headers=call.headers())
+    text, done = await _collect(call, first, rest)
+    return JSONResponse(full(call, text, done), headers=call.headers())
+
+
+def _chat_body(call: _Call, text: str, done: DoneEvent) -> dict:
+    return {"id": f"chatcmpl-{call.id}", "object": "chat.completion", "created": int(time.time()),
+            "model": call.body.model, "usage": call.usage(done),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": done.finish_reason}]}
+
+
+def _completion_body(call: _Call, text: str, done: DoneEvent) -> dict:
+    return {"id": f"cmpl-{call.id}", "object": "text_completion", "created": int(time.time()),
+            "model": call.body.model, "usage": call.usage(done),
+            "choices": [{"index": 0, "text": text, "finish_reason": done.finish_reason}]}
+
+
+def build_app(gw: Gateway) -> FastAPI:
+    app = FastAPI(title="Talaria", docs_url=None, redoc_url=None)
+    errors.install(app)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ready = [i.name for i in gw.cfg.instances if gw.ready(i.name)]
+        return JSONResponse({"status": "ok" if ready else "starting", "instances_ready": ready},
+                            status_code=200 if ready else 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [
+            {"id": m.name, "object": "model", "created": 0, "owned_by": "talaria",
+             "max_model_len": m.max_context, "status": gw.residency(m.name)} for m in gw.cfg.models]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        messages = [(m.role, m.text()) for m in body.messages]
+        call = _Call(gw, body, request.headers, messages, None)
+        return await _respond(call, chat_chunk, _chat_body)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        call = _Call(gw, body, request.headers, [("user", body.text())], body.text())
+        return await _respond(call, text_chunk, _completion_body)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,80 @@
+"""The gateway's view of instance processes: where they listen, their latest telemetry, and the
+internal HTTP hop that forwards a call and reads back its stream of events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+
+from talariad.engine.messages import DoneEvent, ErrorEvent, GenerateRequest, Telemetry, TokenEvent
+
+log = logging.getLogger("talariad.gateway")
+
+Event = TokenEvent | DoneEvent | ErrorEvent
+
+
+class InstanceDirectory:
+    """Base URLs come from the supervisor (`urls()`); telemetry is polled on the heartbeat."""
+
+    def __init__(self, urls: Callable[[], dict[str, str | None]], interval_s: float):
+        self.urls, self.interval_s = urls, interval_s
+        self.snapshots: dict[str, tuple[float, Telemetry]] = {}
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None))
+
+    def snapshot(self, name: str) -> Telemetry | None:
+        entry = self.snapshots.get(name)
+        return entry[1] if entry else None
+
+    def age_s(self, name: str, now: float) -> float:
+        entry = self.snapshots.get(name)
+        return now - entry[0] if entry else float("inf")
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(self._poll(n, u) for n, u in self.urls().items() if u))
+
+    async def _poll(self, name: str, url: str) -> None:
+        try:
+            r = await self.client.get(f"{url}/internal/telemetry", timeout=2.0)
+            r.raise_for_status()
+            self.snapshots[name] = (time.monotonic(), Telemetry.model_validate(r.json()))
+        except (httpx.HTTPError, ValueError) as err:
+            log.debug("telemetry from %s failed: %s", name, err)
+
+    async def poll_forever(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.interval_s)
+
+    async def generate(self, instance: str, req: GenerateRequest) -> AsyncIterator[Event]:
+        url = self.urls().get(instance)
+        if not url:
+            yield ErrorEvent(message=f"instance {instance} is not ready")
+            return
+        try:
+            async with self.client.stream("POST", f"{url}/internal/generate", content=req.model_dump_json(),
+                                          headers={"content-type": "application/json"}) as r:
+                if r.status_code != 200:
+                    yield ErrorEvent(message=f"instance {instance} answered HTTP {r.status_code}")
+                    return
+                async for line in r.aiter_lines():
+                    if line:
+                        yield _event(json.loads(line))
+        except httpx.HTTPError as err:
+            yield ErrorEvent(message=f"instance {instance} failed: {err}")
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _event(data: dict) -> Event:
+    kind = data.get("type")
+    if kind == "token":
+        return TokenEvent.model_validate(data)
+    if kind == "done":
+        return DoneEvent.model_validate(data)
+    return ErrorEvent.model_validate(data)

@@ -1,0 +1,34 @@
+"""Which session a call belongs to: the first of the sources agents actually send.
+
+Order: `x-session-id` header, `X-Claude-Code-Session-Id` header, body `prompt_cache_key`, body
+`user`, the `_session_` suffix of `metadata.user_id` (Claude Code), else a hash of the system
+prompt and first user message, which is stable across the calls of one agent task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+_HEADERS = ("x-session-id", "x-claude-code-session-id")
+
+
+def session_id(headers: Mapping[str, str], body: Mapping, messages: list[tuple[str, str]]) -> str:
+    for h in _HEADERS:
+        if headers.get(h):
+            return headers[h][:256]
+    for key in ("prompt_cache_key", "user"):
+        if isinstance(body.get(key), str) and body[key]:
+            return body[key][:256]
+    meta = body.get("metadata")
+    user_id = meta.get("user_id") if isinstance(meta, Mapping) else None
+    if isinstance(user_id, str) and "_session_" in user_id:
+        return user_id.rsplit("_session_", 1)[1][:256]
+    return _prefix_hash(messages)
+
+
+def _prefix_hash(messages: list[tuple[str, str]]) -> str:
+    system = next((c for r, c in messages if r in ("system", "developer")), "")
+    first_user = next((c for r, c in messages if r == "user"), "")
+    digest = hashlib.blake2b(f"{system}\0{first_user}".encode(), digest_size=8).hexdigest()
+    return f"anon-{digest}"

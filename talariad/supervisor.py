@@ -1,0 +1,117 @@
+"""Instance process lifecycle: spawn one `python -m talariad.engine` per instance, wait until it
+reports ready, restart it with exponential backoff when it exits, stop them all on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+from talariad.config import InstanceConfig, TalariaConfig
+
+log = logging.getLogger("talariad.supervisor")
+
+_STABLE_S = 30.0  # a process that lived this long resets its restart backoff
+
+
+class ProcState(str, enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    BACKOFF = "backoff"
+    STOPPED = "stopped"
+
+
+@dataclass
+class Managed:
+    inst: InstanceConfig
+    state: ProcState = ProcState.STARTING
+    port: int | None = None
+    pid: int | None = None
+    restarts: int = 0
+    proc: asyncio.subprocess.Process | None = field(default=None, repr=False)
+    ready: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    @property
+    def base_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.port}" if self.port and self.state == ProcState.READY else None
+
+
+class Supervisor:
+    def __init__(self, cfg: TalariaConfig, config_path: str):
+        self.cfg, self.config_path = cfg, config_path
+        self.procs = {i.name: Managed(i) for i in cfg.instances}
+        self._stopping = False
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        """Spawn every instance and return once all reported ready (or raise on timeout)."""
+        self._tasks = [asyncio.create_task(self._keep(m)) for m in self.procs.values()]
+        waits = [asyncio.wait_for(m.ready.wait(), self.cfg.supervisor.ready_timeout_s) for m in self.procs.values()]
+        try:
+            await asyncio.gather(*waits)
+        except TimeoutError:
+            slow = [m.inst.name for m in self.procs.values() if not m.ready.is_set()]
+            raise RuntimeError(f"instances not ready after {self.cfg.supervisor.ready_timeout_s}s: {', '.join(slow)}")
+
+    async def _keep(self, m: Managed) -> None:
+        backoff = self.cfg.supervisor.restart_backoff_s
+        while not self._stopping:
+            started = time.monotonic()
+            rc = await self._run_once(m)
+            if self._stopping:
+                break
+            m.state, m.port = ProcState.BACKOFF, None
+            backoff = self.cfg.supervisor.restart_backoff_s if time.monotonic() - started > _STABLE_S else backoff
+            log.warning("instance %s exited with %s; restarting in %.1fs", m.inst.name, rc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.cfg.supervisor.max_backoff_s)
+            m.restarts += 1
+        m.state = ProcState.STOPPED
+
+    async def _run_once(self, m: Managed) -> int:
+        m.state = ProcState.STARTING
+        m.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "talariad.engine", "--config", self.config_path, "--instance", m.inst.name,
+            stdout=asyncio.subprocess.PIPE, env={**os.environ, "TALARIA_PARENT_PID": str(os.getpid())},
+        )
+        m.pid = m.proc.pid
+        async for line in m.proc.stdout:
+            port = _ready_port(line)
+            if port:
+                m.port, m.state = port, ProcState.READY
+                m.ready.set()
+                log.info("instance %s ready on port %d (pid %d)", m.inst.name, port, m.pid)
+        return await m.proc.wait()
+
+    async def stop(self) -> None:
+        """SIGTERM every instance, SIGKILL those still alive after the grace period."""
+        self._stopping = True
+        live = [m.proc for m in self.procs.values() if m.proc and m.proc.returncode is None]
+        for p in live:
+            p.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in live)), self.cfg.supervisor.stop_timeout_s)
+        except TimeoutError:
+            for p in live:
+                if p.returncode is None:
+                    p.kill()
+            await asyncio.gather(*(p.wait() for p in live))
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for m in self.procs.values():
+            m.state = ProcState.STOPPED
+
+
+def _ready_port(line: bytes) -> int | None:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    return msg.get("port") if isinstance(msg, dict) and msg.get("ready") else None

@@ -1,0 +1,61 @@
+"""Small value types shared by the router, the cold-pool scheduler, the substrate and the engines."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class KVState(str, enum.Enum):
+    """Where a session's reusable prefix lives on one instance (the router-visible state, §4.3)."""
+
+    DEVICE = "device"
+    HOST = "host"
+    MISSING = "missing"
+
+
+class Pool(str, enum.Enum):
+    HOT = "hot"
+    COLD = "cold"
+
+
+class SwitchPath(str, enum.Enum):
+    """How a model switch opened the target weights (App. D, phase 2)."""
+
+    D2D = "d2d"
+    PARTIAL = "partial"
+    H2D = "h2d"
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyProfile:
+    """Per-model cost model in seconds; the router and scheduler predict with it, engines refine it.
+
+    Prefill of n new tokens costs `prefill_base_s + prefill_s_per_token * n`; one decode step over a
+    batch of b sequences costs `decode_step_s + decode_s_per_seq * b`; restoring n prefix tokens from
+    host costs `restore_s_per_token * n`.
+    """
+
+    prefill_base_s: float = 0.0
+    prefill_s_per_token: float = 1e-4
+    decode_step_s: float = 0.03
+    decode_s_per_seq: float = 0.0
+    restore_s_per_token: float = 1e-5
+    switch_s: dict[SwitchPath, float] | None = None
+    open_s: float = 3.0
+    weight_bytes: int = 0
+    kv_bytes_per_token: int = 0
+
+    def prefill_s(self, new_tokens: int) -> float:
+        return 0.0 if new_tokens <= 0 else self.prefill_base_s + self.prefill_s_per_token * new_tokens
+
+    def decode_s(self, batch: int) -> float:
+        return self.decode_step_s + self.decode_s_per_seq * batch
+
+    def restore_s(self, tokens: int) -> float:
+        return self.restore_s_per_token * max(tokens, 0)
+
+    def switch_cost_s(self, path: SwitchPath) -> float:
+        if self.switch_s and path in self.switch_s:
+            return self.switch_s[path]
+        return self.open_s

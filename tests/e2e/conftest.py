@@ -1,0 +1,103 @@
+"""A real `talariad run` on loopback ports, shared by the end-to-end tests of one module."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen
+    endpoint: str
+    socket_path: str
+    config_path: pathlib.Path
+    notify: socket.socket
+    lines: queue.Queue = field(default_factory=queue.Queue)
+
+    def children(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def notifications(self) -> list[str]:
+        out = []
+        self.notify.setblocking(False)
+        while True:
+            try:
+                out += self.notify.recv(4096).decode().splitlines()
+            except BlockingIOError:
+                return out
+
+
+def _pump(stream, sink: queue.Queue) -> None:
+    for line in iter(stream.readline, ""):
+        sink.put(line)
+
+
+def start_daemon(tmp_path: pathlib.Path, overrides: dict | None = None) -> Daemon:
+    cfg = yaml.safe_load((ROOT / "etc" / "talaria.yaml").read_text())
+    sock_path = str(tmp_path / "admin.sock")
+    cfg["listen"] = {"http": "127.0.0.1:0", "admin_socket": sock_path}
+    for key, value in (overrides or {}).items():
+        cfg.setdefault(key, {}).update(value)
+    config_path = tmp_path / "talaria.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "talariad.cli", "run", "--config", str(config_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    deadline = time.monotonic() + 90
+    seen = []
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            if proc.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        m = re.search(r"listening on (http://\S+)/v1", line)
+        if m:
+            return Daemon(proc, m.group(1), sock_path, config_path, notify, lines)
+    proc.kill()
+    raise RuntimeError("talariad did not start:\n" + "".join(seen))
+
+
+def stop_daemon(d: Daemon, timeout: float = 15) -> int:
+    if d.proc.poll() is None:
+        d.proc.send_signal(signal.SIGTERM)
+    try:
+        return d.proc.wait(timeout)
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+        for child in d.children():
+            child.kill()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = start_daemon(tmp_path_factory.mktemp("talariad"))
+    yield d
+    stop_daemon(d)
+    d.notify.close()

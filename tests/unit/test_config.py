@@ -1,0 +1,88 @@
+"""Config validation: good files load with the paper's defaults; bad files name file, field and problem."""
+
+import pathlib
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from talariad.cli import app
+from talariad.config import ConfigError, load_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT = ROOT / "etc" / "talaria.yaml"
+
+
+def _write(tmp_path, data, name="t.yaml") -> pathlib.Path:
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+def _base() -> dict:
+    return yaml.safe_load(DEFAULT.read_text())
+
+
+def test_default_config_loads_with_paper_defaults():
+    cfg = load_config(DEFAULT)
+    assert {i.pool for i in cfg.instances} == {"hot", "cold"}
+    assert cfg.policy.tau_s == 1.0 and cfg.policy.mem_fraction_bump == 0.8 and cfg.policy.gamma < 1
+    assert all([cfg.ablations.sp, cfg.ablations.host_kv, cfg.ablations.d2d])
+
+
+@pytest.mark.parametrize("mutate, path, words", [
+    (lambda d: d["instances"][0].update(bogus=1), "instances[0].bogus", "unknown key"),
+    (lambda d: d["policy"].update(gamma="high"), "policy.gamma", "valid number"),
+    (lambda d: d["policy"].update(gamma=1.5), "policy.gamma", "less than 1"),
+    (lambda d: d["instances"][1]["models"].append("ghost"), "instances[1].models[2]", "'ghost' is not defined"),
+    (lambda d: d["models"].append({"name": "tiny-chat"}), "models[2].name", "duplicate name 'tiny-chat'"),
+    (lambda d: d["instances"].append(dict(d["instances"][0])), "instances[2].name", "duplicate name 'hot0'"),
+    (lambda d: d["instances"][0].pop("pool"), "instances[0].pool", "Field required"),
+    (lambda d: d.pop("models"), "models", "Field required"),
+    (lambda d: d["instances"][0].update(models=["tiny-chat", "tiny-code"]), "instances[0].models", "exactly one"),
+    (lambda d: d["listen"].update(http="nohost"), "listen.http", "host:port"),
+    (lambda d: d["instances"][0].update(executor="vllm"), "instances[0].executor", "'sim', 'torch' or 'sglang'"),
+])
+def test_bad_config_names_file_field_and_problem(tmp_path, mutate, path, words):
+    data = _base()
+    mutate(data)
+    f = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as info:
+        load_config(f)
+    line = next(ln for ln in info.value.lines if f": {path}:" in ln)
+    assert line.startswith(str(f)) and words in line
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    f = _write(tmp_path, "models: [\n  - name: a\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(f)
+    assert str(f) in str(info.value) and "line" in str(info.value) and "invalid YAML" in str(info.value)
+
+
+def test_top_level_must_be_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(_write(tmp_path, "- 1\n- 2\n"))
+
+
+@pytest.mark.parametrize("command", [["check-config"], ["run", "--config"]])
+def test_cli_exits_2_with_one_message_per_problem(tmp_path, command):
+    data = _base()
+    data["instances"][1]["models"].append("ghost")
+    f = _write(tmp_path, data)
+    result = CliRunner().invoke(app, [*command, str(f)])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"talariad: {f}: instances[1].models[2]: model 'ghost' is not defined under models "
+                     "(defined: tiny-chat, tiny-code)"]
+    assert "Traceback" not in result.output
+
+
+def test_cli_missing_file_exits_2(tmp_path):
+    result = CliRunner().invoke(app, ["check-config", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2 and "cannot read" in result.stderr
+
+
+def test_check_config_accepts_default():
+    result = CliRunner().invoke(app, ["check-config", str(DEFAULT)])
+    assert result.exit_code == 0 and "ok (2 models, 2 instances)" in result.stdout

@@ -1,0 +1,21 @@
+from talariad.gateway.session import session_id
+
+MSGS = [("system", "you are an agent"), ("user", "fix bug 12"), ("assistant", "ok")]
+
+
+def test_header_wins_over_body():
+    assert session_id({"x-session-id": "h1"}, {"user": "u"}, MSGS) == "h1"
+    assert session_id({"x-claude-code-session-id": "cc"}, {"prompt_cache_key": "k"}, MSGS) == "cc"
+
+
+def test_body_fields_in_order():
+    assert session_id({}, {"prompt_cache_key": "k", "user": "u"}, MSGS) == "k"
+    assert session_id({}, {"user": "u"}, MSGS) == "u"
+    uid = "user_abc_account_123_session_9f8e"
+    assert session_id({}, {"metadata": {"user_id": uid}}, MSGS) == "9f8e"
+
+
+def test_fallback_hash_is_stable_across_turns_and_distinct_across_tasks():
+    later = MSGS + [("tool", "output"), ("assistant", "done")]
+    assert session_id({}, {}, MSGS) == session_id({}, {}, later)
+    assert session_id({}, {}, MSGS) != session_id({}, {}, [("system", "you are an agent"), ("user", "fix bug 13")])
