@@ -10,6 +10,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -26,9 +27,10 @@ def _global(ctx: typer.Context,
 
 
 def _instances_table(data: dict) -> Table:
-    t = Table(title=f"talariad {data['version']} at {data['http_endpoint']} (up {data['uptime_s']:.0f}s)")
+    t = Table(title=f"talariad {data['version']} at {data['http_endpoint']} (up {data['uptime_s']:.0f}s)",
+              box=box.SIMPLE_HEAD, title_justify="left")
     for col in ("instance", "pool", "executor", "models", "active", "state", "healthy", "run/queue", "restarts"):
-        t.add_column(col, no_wrap=col in ("instance", "state"))
+        t.add_column(col, no_wrap=True)
     for i in data["instances"]:
         t.add_row(i["name"], i["pool"], f"{i['executor']}@{i['devices']}", ", ".join(i["models"]),
                   i["active_model"] or "-", i["state"], "yes" if i["healthy"] else "no",
@@ -48,7 +50,8 @@ def status(ctx: typer.Context,
     if as_json:
         print(json.dumps(data, indent=2))
     else:
-        Console().print(_instances_table(data))
+        # A pipe gets the full table rather than Rich's 80-column default.
+        Console(width=None if sys.stdout.isatty() else 200).print(_instances_table(data))
 
 
 def main() -> None:
