@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from talariad.config import TalariaConfig
 from talariad.engine.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
-from talariad.gateway import errors
+from talariad.gateway import anthropic, errors
 from talariad.gateway.errors import APIError
 from talariad.gateway.instances import Event, InstanceDirectory
 from talariad.gateway.metrics import GatewayMetrics
@@ -66,7 +66,7 @@ class _Call:
         self.id = uuid.uuid4().hex[:24]
         self.session = session_id(headers, body.model_dump(), messages)
         self.started = time.monotonic()
-        info = CallInfo(self.id, self.session, body.model, _estimate_tokens([c for _, c in messages] + [prompt or ""]),
+        self.info = info = CallInfo(self.id, self.session, body.model, _estimate_tokens([c for _, c in messages] + [prompt or ""]),
                         body.limit(DEFAULT_MAX_TOKENS))
         placement = gw.placer.place(info, gw.candidates(), self.started)
         if placement.instance is None:
@@ -215,6 +215,38 @@ def _completion_body(call: _Call, text: str, done: DoneEvent) -> dict:
             "choices": [{"index": 0, "text": text, "finish_reason": done.finish_reason}]}
 
 
+async def _anthropic_stream(call: _Call, first: Event, rest: AsyncIterator[Event]):
+    try:
+        for line in anthropic.start_events(call.id, call.body.model, call.info.prompt_tokens):
+            yield line
+        ev = first
+        while isinstance(ev, TokenEvent):
+            call.on_token()
+            yield anthropic.token_event(ev)
+            ev = await _first(rest)
+        call.finish(ev)
+        if isinstance(ev, DoneEvent):
+            for line in anthropic.end_events(ev):
+                yield line
+        else:
+            yield anthropic.event("error", {"error": anthropic.error_body(503, ev.message)["error"]})
+    finally:
+        call.finish(ErrorEvent(message="client disconnected"))
+        await rest.aclose()
+
+
+async def _respond_anthropic(call: _Call) -> Response:
+    rest = call.events()
+    first = await _first(rest)
+    if isinstance(first, ErrorEvent):
+        raise _upstream_error(call, first)
+    if call.body.stream:
+        return StreamingResponse(_anthropic_stream(call, first, rest), media_type="text/event-stream",
+                                 headers=call.headers())
+    text, done = await _collect(call, first, rest)
+    return JSONResponse(anthropic.message_body(call.id, call.body.model, text, done), headers=call.headers())
+
+
 def build_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="Talaria", docs_url=None, redoc_url=None)
     errors.install(app)
@@ -241,6 +273,11 @@ def build_app(gw: Gateway) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         call = _Call(gw, body, request.headers, [("user", body.text())], body.text())
         return await _respond(call, text_chunk, _completion_body)
+
+    @app.post("/v1/messages")
+    async def messages(body: anthropic.MessagesRequest, request: Request) -> Response:
+        """Anthropic Messages; `?beta=true`, `anthropic-version` and the API key are accepted and ignored."""
+        return await _respond_anthropic(_Call(gw, body, request.headers, body.chat(), None))
 
     @app.get("/metrics")
     async def metrics() -> Response:

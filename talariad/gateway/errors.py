@@ -37,17 +37,24 @@ def validation_error(exc: RequestValidationError) -> APIError:
     return APIError(400, msg, param=param, code="invalid_value" if first["type"] != "missing" else "missing_parameter")
 
 
+def _response(request: Request, err: APIError) -> JSONResponse:
+    if request.url.path.startswith("/v1/messages"):  # Anthropic clients expect their own error shape
+        from talariad.gateway.anthropic import error_body
+
+        return JSONResponse(error_body(err.status, err.message), status_code=err.status, headers=err.headers)
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
 def install(app) -> None:
     @app.exception_handler(APIError)
-    async def _api(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    async def _api(request: Request, exc: APIError) -> JSONResponse:
+        return _response(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        err = validation_error(exc)
-        return JSONResponse(err.body(), status_code=err.status)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _response(request, validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(APIError(exc.status_code, str(exc.detail), type=kind).body(), status_code=exc.status_code)
+        return _response(request, APIError(exc.status_code, str(exc.detail), type=kind))
