@@ -1,0 +1,146 @@
+"""Per-call state and the two ledgers the scheduler owns: the call table (queues, running batch)
+and the session KV ledger (where each session's prefix lives for each model on this instance)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from talariad.types import KVState
+
+from .messages import SubmittedCall
+
+
+class CallStatus(str, enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class CallRecord:
+    call: SubmittedCall
+    status: CallStatus = CallStatus.WAITING
+    generated: int = 0
+    first_token_at: float | None = None
+    admitted_by: str | None = None
+    cached_tokens: int = 0
+    parked_times: int = 0
+    sp_return: bool = False
+    """Arrived while its model's slot was open, after P, with a reusable prefix (a return event)."""
+
+    @property
+    def kv_reservation(self) -> int:
+        """Device KV held while running; reserving the full output up front means no preemption."""
+        return self.call.prompt_tokens + self.call.max_tokens
+
+    @property
+    def kv_len(self) -> int:
+        """Context this call holds on device while it runs: its prompt and what it generated."""
+        return self.call.prompt_tokens + self.generated
+
+    @property
+    def resumed(self) -> bool:
+        return self.generated > 0
+
+
+class CallTable:
+    """Waiting queues per model (FIFO) and the running batch of the active model."""
+
+    def __init__(self, models: list[str]) -> None:
+        self.records: dict[str, CallRecord] = {}
+        self.waiting: dict[str, list[str]] = {m: [] for m in models}
+        self.running: list[str] = []
+
+    def add(self, call: SubmittedCall) -> CallRecord:
+        rec = self.records[call.call_id] = CallRecord(call)
+        self.waiting[call.model].append(call.call_id)
+        return rec
+
+    def waiting_records(self, model: str) -> list[CallRecord]:
+        return [self.records[c] for c in self.waiting[model]]
+
+    def running_records(self) -> list[CallRecord]:
+        return [self.records[c] for c in self.running]
+
+    def start(self, call_id: str) -> None:
+        self.waiting[self.records[call_id].call.model].remove(call_id)
+        self.records[call_id].status = CallStatus.RUNNING
+        self.running.append(call_id)
+
+    def finish(self, call_id: str) -> CallRecord:
+        self.running.remove(call_id)
+        rec = self.records.pop(call_id)
+        rec.status = CallStatus.FINISHED
+        return rec
+
+    def park_running(self) -> list[CallRecord]:
+        """Move the running batch to the front of its model's queue (it is older than the queue)."""
+        parked = self.running_records()
+        for rec in parked:
+            rec.status = CallStatus.WAITING
+            rec.parked_times += 1
+        if parked:
+            model = parked[0].call.model
+            self.waiting[model][:0] = [rec.call.call_id for rec in parked]
+        self.running = []
+        return parked
+
+    def has_work(self, model: str) -> bool:
+        return bool(self.waiting[model]) or any(
+            self.records[c].call.model == model for c in self.running
+        )
+
+    def kv_used(self) -> int:
+        return sum(rec.kv_reservation for rec in self.running_records())
+
+    def check_integrity(self) -> None:
+        queued = [c for q in self.waiting.values() for c in q]
+        listed = queued + self.running
+        if len(listed) != len(set(listed)) or set(listed) != set(self.records):
+            raise RuntimeError(
+                f"call table: {len(queued)} queued + {len(self.running)} running "
+                f"!= {len(self.records)} records (or a call is listed twice)"
+            )
+        for model, queue in self.waiting.items():
+            for c in queue:
+                rec = self.records[c]
+                if rec.call.model != model or rec.status is not CallStatus.WAITING:
+                    raise RuntimeError(f"call table: {c} in {model} queue is {rec.status.value}")
+        if len({self.records[c].call.model for c in self.running}) > 1:
+            raise RuntimeError("call table: running batch mixes models")
+
+
+@dataclass(slots=True)
+class SessionKV:
+    state: KVState
+    kv_len: int
+    updated_at: float = 0.0
+
+
+@dataclass
+class SessionLedger:
+    """(session, model) -> where that prefix lives here; the substrate corrects it via set()."""
+
+    entries: dict[tuple[str, str], SessionKV] = field(default_factory=dict)
+
+    def set(self, session: str, model: str, state: KVState, kv_len: int, now: float) -> None:
+        state = KVState(state)
+        kv_len = 0 if state is KVState.MISSING else max(kv_len, 0)
+        self.entries[(session, model)] = SessionKV(state, kv_len, now)
+
+    def get(self, session: str, model: str) -> SessionKV:
+        return self.entries.get((session, model), SessionKV(KVState.MISSING, 0))
+
+    def reusable(self, session: str, model: str, host_kv: bool) -> SessionKV:
+        """The prefix as the scheduler may use it: host copies count only with host KV enabled."""
+        entry = self.get(session, model)
+        if entry.state is KVState.HOST and not host_kv:
+            return SessionKV(KVState.MISSING, 0, entry.updated_at)
+        return entry
+
+    def demote(self, model: str, to: KVState, now: float) -> None:
+        """A switch away from `model` releases its device KV: it is saved to host or lost."""
+        for key, entry in self.entries.items():
+            if key[1] == model and entry.state is KVState.DEVICE:
+                self.set(key[0], model, to, entry.kv_len, now)

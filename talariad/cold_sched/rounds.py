@@ -1,0 +1,61 @@
+"""Round bookkeeping: which models had a slot this round, the Eq. (3) prediction, the measured
+wall = active + switch decomposition, and the switch-cost estimates refined from measurements."""
+
+from __future__ import annotations
+
+from talariad.types import LatencyProfile, SwitchPath
+
+from .telemetry import RiskCounters, RoundSummary
+
+_EWMA = 0.5  # weight of the newest measured switch; switch cost moves with staging coverage (§3.4)
+
+
+class RoundLog:
+    def __init__(self, round_bound_s: float, risk: RiskCounters) -> None:
+        self.bound_s = round_bound_s
+        self.risk = risk
+        self.closed: list[RoundSummary] = []
+        self.current: RoundSummary | None = None
+
+    def round_for(self, model: str, now: float) -> RoundSummary:
+        """The round of a slot of `model` opening now: a model already served starts a new round."""
+        if self.current is None or model in self.current.models:
+            self.close(now)
+            self.current = RoundSummary(index=len(self.closed), started_at=now)
+        return self.current
+
+    def close(self, now: float) -> None:
+        if self.current is None:
+            return
+        self.current.ended_at = now
+        if self.current.wall_s > self.bound_s + 1e-9:
+            self.risk.round_overrun += 1
+        self.closed.append(self.current)
+        self.current = None
+
+    def next_index(self) -> int:
+        return self.current.index if self.current else len(self.closed)
+
+
+class SwitchCosts:
+    """Predicted switch time per (target model, path): the profile, then an EWMA of measurements."""
+
+    def __init__(self, profiles: dict[str, LatencyProfile]) -> None:
+        self.profiles = profiles
+        self.measured: dict[tuple[str, SwitchPath], float] = {}
+
+    def predict(self, to_model: str, path: SwitchPath, first_open: bool = False) -> float:
+        if first_open:
+            return self.profiles[to_model].open_s
+        if (to_model, path) in self.measured:
+            return self.measured[(to_model, path)]
+        return self.profiles[to_model].switch_cost_s(path)
+
+    def record(self, to_model: str, path: SwitchPath, measured_s: float) -> None:
+        old = self.measured.get((to_model, path))
+        self.measured[(to_model, path)] = (
+            measured_s if old is None else old + _EWMA * (measured_s - old)
+        )
+
+    def view(self) -> dict[str, float]:
+        return {f"{m}:{p.value}": s for (m, p), s in sorted(self.measured.items())}

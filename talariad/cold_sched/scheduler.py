@@ -1,0 +1,259 @@
+"""ColdScheduler: the sans-IO instance scheduler (paper §3.4). It decides what the instance does
+next (prefill P/SP, decode, switch, idle) and is told what that action did; it never reads a clock.
+
+Time-shared mode runs rounds of slots, P -> D1 -> (SP -> D)* -> Dfin, one slot per active model
+per round, switching only at slot boundaries. Pinned mode is plain continuous batching."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from talariad.types import KVState, LatencyProfile, SwitchPath
+
+from . import snapshot
+from .admission import BatchBuilder
+from .budget import prefill_batch_s, restore_batch_s
+from .calls import CallRecord, CallStatus, CallTable, SessionLedger
+from .knobs import SchedKnobs
+from .messages import Action, Completion, Decode, Idle, Prefill, PrefillItem, SubmittedCall, Switch
+from .policy import SlotPolicy
+from .rounds import RoundLog, SwitchCosts
+from .slot import Slot, SlotPhase
+from .telemetry import PHASES, RiskCounters, RoundSummary, SchedTelemetry
+from .validate import validate_call, validate_setup
+
+Mode = Literal["pinned", "time_shared"]
+
+
+class ColdScheduler(SlotPolicy):
+    """See the module docstring; the time-shared decision list lives in policy.SlotPolicy."""
+
+    def __init__(
+        self,
+        knobs: SchedKnobs,
+        profiles: dict[str, LatencyProfile],
+        models: list[str],
+        mode: Mode = "time_shared",
+    ) -> None:
+        validate_setup(profiles, models, mode)
+        self.knobs, self.profiles, self.models, self.mode = knobs, profiles, list(models), mode
+        self.table = CallTable(self.models)
+        self.ledger = SessionLedger()
+        self.risk = RiskCounters()
+        self.rounds = RoundLog(knobs.round_bound_s, self.risk)
+        self.switch_costs = SwitchCosts(profiles)
+        self.active: str | None = self.models[0] if mode == "pinned" else None
+        self.slot: Slot | None = None
+        self.phase_totals = dict.fromkeys(PHASES, 0.0)
+        self.sp_admitted = self.sp_parked = self.decode_parked = 0
+        self._inflight: Action | None = None
+        self._label = ""
+        self._now = -math.inf
+
+    # ---- events from the driver -------------------------------------------------------------
+
+    def submit(self, call: SubmittedCall, now: float) -> None:
+        self._tick(now)
+        validate_call(call, self.models, self.knobs, self.table.records)
+        rec = self.table.add(call)
+        if call.prefix_tokens > 0:  # the substrate's word on this prefix at submission
+            self.ledger.set(call.session_id, call.model, call.prefix_state, call.prefix_tokens, now)
+        rec.sp_return = self._arrives_mid_slot(rec)
+
+    def set_kv_state(
+        self, session: str, model: str, state: KVState, kv_len: int, now: float | None = None
+    ) -> None:
+        """The substrate moved or evicted a prefix (device -> host, host -> missing, ...)."""
+        self.ledger.set(session, model, state, kv_len, max(self._now, 0.0) if now is None else now)
+
+    def cancel(self, call_id: str, now: float) -> bool:
+        """Drop a call that is not in the action in flight; False if it is (retry after finish)."""
+        self._tick(now)
+        if call_id not in self.table.records or call_id in self._inflight_ids():
+            return False
+        rec = self.table.records.pop(call_id)
+        if rec.status is CallStatus.RUNNING:
+            self.table.running.remove(call_id)
+        else:
+            self.table.waiting[rec.call.model].remove(call_id)
+        if self.slot and call_id in self.slot.p_pending:
+            self.slot.p_pending.remove(call_id)
+        return True
+
+    def next_action(self, now: float) -> Action:
+        self._tick(now)
+        if self._inflight is not None:
+            raise RuntimeError(f"next_action() while {type(self._inflight).__name__} is in flight")
+        action = self._next_pinned() if self.mode == "pinned" else self._next_time_shared(now)
+        if not isinstance(action, Idle):
+            self._inflight = action
+        return action
+
+    def finish(
+        self,
+        action: Action,
+        now: float,
+        measured_s: float,
+        tokens: dict[str, int] | None = None,
+        finished: set[str] | None = None,
+        switch_path: SwitchPath | None = None,
+    ) -> list[Completion]:
+        """The driver ran `action`. tokens: emitted per call (default 1 each); finished: calls
+        that hit a stop condition (default: generated >= max_tokens)."""
+        self._tick(now)
+        if isinstance(action, Idle):
+            return []
+        if action is not self._inflight:
+            raise ValueError(
+                f"finish() got {type(action).__name__} that is not the action in flight"
+            )
+        self._inflight = None
+        if isinstance(action, Switch):
+            self._finish_switch(action, now, measured_s, switch_path)
+            return []
+        self._record_phase(action, measured_s)
+        return self._finish_tokens(action, now, tokens, finished or set())
+
+    # ---- pinned mode: continuous batching, prefill first ------------------------------------
+
+    def _next_pinned(self) -> Action:
+        recs = self.table.waiting_records(self.active)
+        if items := self._builder(self.knobs.max_batch).fill(recs, self.ledger, lambda n: math.inf):
+            return self._prefill(items, "P")
+        if self.table.running:
+            return self._decode()
+        return Idle(None)
+
+    # ---- issuing and finishing actions -------------------------------------------------------
+
+    def _builder(self, max_items: int) -> BatchBuilder:
+        running = len(self.table.running)
+        return BatchBuilder(
+            self.knobs, self.profiles[self.active], running, self.table.kv_used(), max_items
+        )
+
+    def _prefill(self, items: list[PrefillItem], tag: Literal["P", "SP"]) -> Prefill:
+        predicted = prefill_batch_s(items, self.profiles[self.active])
+        for item in items:
+            self._admit(self.table.records[item.call_id], item, tag)
+        if self.slot is not None:
+            self.slot.prefill_spent_s += predicted
+            self.slot.phase = SlotPhase.SP if tag == "SP" else self.slot.phase
+        self._label = tag
+        return Prefill(items, tag, self.active, predicted)
+
+    def _admit(self, rec: CallRecord, item: PrefillItem, tag: str) -> None:
+        self.table.start(rec.call.call_id)
+        if self.slot is not None and rec.call.call_id in self.slot.p_pending:
+            self.slot.p_pending.remove(rec.call.call_id)
+        if rec.admitted_by is None:  # a resumed call keeps how it was first admitted
+            rec.admitted_by = tag
+            rec.cached_tokens = item.cached_device_tokens + item.restore_tokens
+        if self.rounds.current is not None:
+            self.rounds.current.sp_admitted += tag == "SP"
+            self.rounds.current.p_admitted += tag == "P"
+        self.sp_admitted += tag == "SP"
+
+    def _decode(self) -> Decode:
+        step = self._step()
+        self._label = (
+            self.slot.begin_decode(self._now, step).value if self.slot is not None else "D"
+        )
+        return Decode(self.active, list(self.table.running), step)
+
+    def _step(self, batch: int | None = None) -> float:
+        return self.profiles[self.active].decode_s(
+            max(1, len(self.table.running) if batch is None else batch)
+        )
+
+    def _finish_tokens(
+        self,
+        action: Prefill | Decode,
+        now: float,
+        tokens: dict[str, int] | None,
+        finished: set[str],
+    ) -> list[Completion]:
+        done = []
+        for cid in action.call_ids:
+            rec = self.table.records[cid]
+            rec.generated += 1 if tokens is None else max(0, tokens.get(cid, 0))
+            if rec.first_token_at is None and (rec.generated > 0 or cid in finished):
+                rec.first_token_at = now
+            if cid in finished or rec.generated >= rec.call.max_tokens:
+                done.append(self._complete(rec, now))
+            else:
+                self.ledger.set(
+                    rec.call.session_id, rec.call.model, KVState.DEVICE, rec.kv_len, now
+                )
+        if isinstance(action, Decode) and self.slot is not None:
+            self.slot.after_decode()
+            if self.rounds.current is not None:
+                self.rounds.current.decode_steps += 1
+        return done
+
+    def _complete(self, rec: CallRecord, now: float) -> Completion:
+        call = self.table.finish(rec.call.call_id).call
+        if self.slot is not None:
+            self.slot.completed[call.session_id] = now
+        self.ledger.set(call.session_id, call.model, KVState.DEVICE, rec.kv_len, now)
+        first = rec.first_token_at
+        return Completion(
+            call.call_id, call.session_id, call.model, KVState.DEVICE, rec.kv_len,
+            ttft_s=first - call.arrived_at, finished_at=now, first_token_at=first,
+            prompt_tokens=call.prompt_tokens, cached_tokens=rec.cached_tokens,
+            completion_tokens=rec.generated, admitted_by=rec.admitted_by,
+            parked_times=rec.parked_times,
+        )  # fmt: skip
+
+    def _finish_switch(
+        self, action: Switch, now: float, measured_s: float, path: SwitchPath | None
+    ) -> None:
+        if action.from_model is not None:
+            self.switch_costs.record(action.to_model, path or action.path, measured_s)
+            lost = KVState.HOST if self.knobs.host_kv else KVState.MISSING
+            self.ledger.demote(action.from_model, lost, now)
+        rnd = self.rounds.current
+        rnd.switch_s += measured_s
+        rnd.switches += 1
+        self.active = action.to_model
+        self._open_slot(action.to_model, now)
+
+    def _record_phase(self, action: Prefill | Decode, measured_s: float) -> None:
+        split = {self._label: measured_s}
+        if isinstance(action, Prefill) and action.predicted_s > 0:
+            restore = restore_batch_s(action.calls, self.profiles[action.model])
+            split["restore"] = measured_s * restore / action.predicted_s
+        for phase, seconds in split.items():
+            self._record_seconds(phase, seconds)
+
+    def _record_seconds(self, phase: str, seconds: float) -> None:
+        self.phase_totals[phase] += seconds
+        if self.rounds.current is not None:
+            self.rounds.current.phase_s[phase] += seconds
+
+    # ---- helpers, telemetry, integrity -------------------------------------------------------
+
+    def _inflight_ids(self) -> set[str]:
+        return set(getattr(self._inflight, "call_ids", ()))
+
+    def _tick(self, now: float) -> None:
+        if now < self._now - 1e-9:
+            raise ValueError(f"now={now} is earlier than the previous event at {self._now}")
+        self._now = max(self._now, now)
+
+    @property
+    def round_summaries(self) -> list[RoundSummary]:
+        """Closed rounds, oldest first; the open one is in telemetry()."""
+        return list(self.rounds.closed)
+
+    @property
+    def in_flight(self) -> Action | None:
+        return self._inflight
+
+    def telemetry(self, now: float) -> SchedTelemetry:
+        return snapshot.build_telemetry(self, now)
+
+    def check_integrity(self) -> None:
+        """Raise RuntimeError if the queues, running batch, slot or rounds disagree."""
+        snapshot.check_integrity(self)

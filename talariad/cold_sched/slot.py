@@ -1,0 +1,68 @@
+"""One model slot, P -> D1 -> (SP -> D)* -> Dfin (§3.4, Figure 4), and its budget arithmetic."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .budget import SlotPlan
+
+
+class SlotPhase(str, enum.Enum):
+    P = "P"
+    D1 = "D1"
+    SP = "SP"
+    D = "D"
+    DFIN = "Dfin"
+
+
+@dataclass
+class Slot:
+    model: str
+    round_index: int
+    opened_at: float
+    plan: SlotPlan
+    phase: SlotPhase = SlotPhase.P
+    decode_steps: int = 0
+    prefill_spent_s: float = 0.0
+    """Predicted P and SP time charged to this slot; at most plan.prefill_budget_s."""
+    p_pending: list[str] = field(default_factory=list)
+    """Calls waiting when the slot opened and not yet admitted: the only work P may take."""
+    completed: dict[str, float] = field(default_factory=dict)
+    """Sessions whose call completed in this slot, and when: their returns are SP candidates."""
+    hold_since: float | None = None
+    """Set while the slot idles, holding the model for an expected return."""
+
+    def elapsed(self, now: float) -> float:
+        return now - self.opened_at
+
+    def remaining(self, now: float) -> float:
+        return self.plan.budget_s - self.elapsed(now)
+
+    def protected_s(self, step_s: float) -> float:
+        """The Eq. (4) reservation: the slot's last d_m decode steps (Dfin) at the current step."""
+        return min(self.plan.budget_s, self.plan.decode_iters * step_s)
+
+    def prefill_left_s(self, now: float, step_s: float) -> float:
+        """What P/SP may still use: the prefill share, and what the clock leaves before Dfin."""
+        by_share = self.plan.prefill_budget_s - self.prefill_spent_s
+        by_clock = self.remaining(now) - self.protected_s(step_s)
+        return max(0.0, min(by_share, by_clock))
+
+    def can_decode(self, now: float, step_s: float) -> bool:
+        """A decode step that would cross the slot end is not started (the round must not grow)."""
+        return self.remaining(now) >= step_s - 1e-9
+
+    def begin_decode(self, now: float, step_s: float) -> SlotPhase:
+        """Label the next decode step: D1 after P, D after an SP batch, Dfin once only the
+        protected reservation is left (from then on no prefill is admitted in this slot)."""
+        if self.phase is SlotPhase.DFIN or self.remaining(now) <= self.protected_s(step_s) + 1e-9:
+            self.phase = SlotPhase.DFIN
+        elif self.phase is SlotPhase.P:
+            self.phase = SlotPhase.D1
+        elif self.phase is SlotPhase.SP:
+            self.phase = SlotPhase.D
+        return self.phase
+
+    def after_decode(self) -> None:
+        self.decode_steps += 1

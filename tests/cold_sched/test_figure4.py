@@ -1,0 +1,167 @@
+"""Figure 4 with a scripted clock: a return arriving mid-slot is admitted by SP in the same slot
+(with SP), or waits for its model's next slot (without SP); and the other two ablation switches."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from talariad.cold_sched import ColdScheduler, Prefill, SchedKnobs, SubmittedCall, Switch, ablation
+from talariad.types import KVState, SwitchPath
+from tests.cold_sched.driver import PROFILE, Session, Turn, VirtualDriver
+
+PROFILES = {"A": PROFILE, "B": PROFILE}
+
+
+def figure4(config: str) -> VirtualDriver:
+    sessions = [
+        Session("bg", "A", [Turn(1000, 300)]),  # keeps A's slot decoding
+        Session("s1", "A", [Turn(2000, 10), Turn(2400, 10, gap_s=0.39)]),
+        Session("b1", "B", [Turn(1000, 300)]),
+    ]
+    driver = VirtualDriver(ColdScheduler(ablation(config), PROFILES, ["A", "B"]), sessions)
+    driver.run()
+    return driver
+
+
+def switch_starts(driver: VirtualDriver) -> list[float]:
+    return [st.start for st in driver.actions(Switch)]
+
+
+def test_with_sp_a_mid_slot_return_is_admitted_in_the_same_slot():
+    d = figure4("talaria")
+    first, ret = d.completions["s1#0"], d.submitted["s1#1"]
+    step = d.prefill_of("s1#1")
+    assert step.action.tag == "SP" and step.active == "A"
+    # same slot: no switch between the first call's completion and the return's prefill
+    assert not [t for t in switch_starts(d) if first.finished_at <= t <= step.start]
+    # TTFT excludes the rest of the round: the first token comes before A's slot even closes
+    next_switch = min(t for t in switch_starts(d) if t > step.start)
+    assert step.end < next_switch
+    assert d.completions["s1#1"].ttft_s == pytest.approx(step.end - ret.arrived_at)
+    assert d.completions["s1#1"].ttft_s < 0.5
+    (item,) = step.action.calls
+    assert item.cached_device_tokens == first.kv_len and item.restore_tokens == 0
+    assert d.sched.sp_admitted == 1 and d.sched.sp_parked == 0
+
+
+def test_without_sp_the_return_waits_for_the_models_next_slot():
+    d = figure4("no-sp")
+    ret = d.submitted["s1#1"]
+    step = d.prefill_of("s1#1")
+    assert step.action.tag == "P"
+    between = [st.action for st in d.actions(Switch) if ret.arrived_at <= st.start <= step.start]
+    assert [(s.from_model, s.to_model) for s in between] == [("A", "B"), ("B", "A")]
+    back_to_a = max(st.end for st in d.actions(Switch) if st.start <= step.start)
+    assert d.completions["s1#1"].ttft_s >= back_to_a - ret.arrived_at > 2.0
+    # host KV is still on: the prefix saved at the switch is restored, not recomputed
+    item = next(i for i in step.action.calls if i.call_id == "s1#1")
+    assert item.restore_tokens == d.completions["s1#0"].kv_len and item.cached_device_tokens == 0
+    assert d.sched.sp_admitted == 0 and d.sched.sp_parked == 1
+
+
+def test_sp_ttft_is_far_below_no_sp_ttft():
+    assert (
+        figure4("talaria").completions["s1#1"].ttft_s * 10
+        < figure4("no-sp").completions["s1#1"].ttft_s
+    )
+
+
+def test_round_only_is_the_same_scheduler_and_recomputes_lost_kv():
+    sessions = [
+        Session("s1", "A", [Turn(1500, 10), Turn(2400, 10, gap_s=0.39)]),
+        Session("b1", "B", [Turn(500, 400)]),
+    ]
+    for config in ("round-only", "no-sp"):
+        d = VirtualDriver(ColdScheduler(ablation(config), PROFILES, ["A", "B"]), sessions)
+        d.run()
+        assert type(d.sched) is ColdScheduler
+        step = d.prefill_of("s1#1")
+        crossed = [
+            st
+            for st in d.actions(Switch)
+            if d.completions["s1#0"].finished_at <= st.start <= step.start
+        ]
+        assert crossed and step.action.tag == "P"
+        (item,) = step.action.calls
+        if config == "round-only":  # host KV off: what the switch released is recomputed
+            assert (item.restore_tokens, item.cached_device_tokens, item.recompute_tokens) == (
+                0,
+                0,
+                2400,
+            )
+            assert {st.action.path for st in crossed} == {SwitchPath.H2D}
+        else:
+            assert (item.restore_tokens, item.cached_device_tokens) == (1510, 0)
+
+
+def test_d2d_switch_hint_and_prediction_follow_the_knob():
+    for config, path in (("talaria", SwitchPath.D2D), ("h2d-only", SwitchPath.H2D)):
+        switches = [s for s in figure4(config).switches() if s.from_model is not None]
+        assert switches and {s.path for s in switches} == {path}
+        assert {s.predicted_s for s in switches} == {PROFILE.switch_cost_s(path)}
+
+
+def test_unfinished_decode_is_parked_and_resumes_from_host_or_recompute():
+    for config, host in (("talaria", True), ("no-hkvr", False)):
+        d = figure4(config)
+        resumes = [st for st in d.actions(Prefill) if "bg#0" in st.action.call_ids][1:]
+        assert resumes and d.completions["bg#0"].parked_times == len(resumes)
+        item = next(i for i in resumes[0].action.calls if i.call_id == "bg#0")
+        assert (item.restore_tokens > 0) is host and (item.recompute_tokens > 1) is (not host)
+        assert item.cached_device_tokens == 0
+
+
+def test_new_session_arriving_mid_slot_does_not_bypass_p():
+    sessions = [Session("bg", "A", [Turn(1000, 200)]), Session("b1", "B", [Turn(1000, 200)])]
+    late = SubmittedCall("new#0", "new", "A", 500, max_tokens=5, arrived_at=3.5)  # A's slot is open
+    d = VirtualDriver(ColdScheduler(SchedKnobs(), PROFILES, ["A", "B"]), sessions, [late])
+    d.run()
+    step = d.prefill_of("new#0")
+    assert step.action.tag == "P"
+    assert [t for t in switch_starts(d) if late.arrived_at < t < step.start]
+
+
+def test_return_whose_prefix_was_evicted_is_not_sp_eligible():
+    d = VirtualDriver(
+        ColdScheduler(SchedKnobs(), PROFILES, ["A", "B"]), [Session("bg", "A", [Turn(1000, 200)])]
+    )
+    d.run(until=3.5)  # A is open and decoding
+    sched = d.sched
+    sched.submit(SubmittedCall("s9#1", "s9", "A", 800, 600, KVState.HOST, 5, d.now, True), d.now)
+    sched.set_kv_state("s9", "A", KVState.MISSING, 0, now=d.now)  # the host copy was dropped
+    assert sched.telemetry(d.now).queues["A"].sp_eligible == 0
+    d.run()
+    assert d.prefill_of("s9#1").action.tag == "P"
+
+
+def test_host_restorable_return_is_admitted_by_sp_with_a_restore():
+    knobs = dataclasses.replace(SchedKnobs(), max_sp_batch=4)
+    d = VirtualDriver(
+        ColdScheduler(knobs, PROFILES, ["A", "B"]), [Session("bg", "A", [Turn(1000, 200)])]
+    )
+    d.run(until=3.5)
+    d.sched.submit(SubmittedCall("h#1", "h", "A", 900, 800, KVState.HOST, 5, d.now, True), d.now)
+    d.run()
+    (item,) = d.prefill_of("h#1").action.calls
+    assert d.prefill_of("h#1").action.tag == "SP"
+    assert (item.restore_tokens, item.recompute_tokens, item.cached_device_tokens) == (800, 100, 0)
+
+
+def test_an_emptied_slot_holds_for_a_return_within_sp_hold():
+    sessions = [
+        Session("s1", "A", [Turn(2000, 10), Turn(2400, 10, gap_s=0.39)]),
+        Session("b1", "B", [Turn(1000, 300)]),
+    ]
+    held = VirtualDriver(ColdScheduler(SchedKnobs(), PROFILES, ["A", "B"]), sessions)
+    held.run()
+    step = held.prefill_of("s1#1")
+    assert step.action.tag == "SP" and held.completions["s1#1"].ttft_s < 0.5
+    # held 0.39 s for s1#1, then sp_hold_s for a third call that never comes
+    assert held.sched.round_summaries[0].phase_s["hold"] == pytest.approx(0.39 + 1.0)
+    knobs = dataclasses.replace(SchedKnobs(), sp_hold_s=0.0)
+    closed = VirtualDriver(ColdScheduler(knobs, PROFILES, ["A", "B"]), sessions)
+    closed.run()
+    assert closed.prefill_of("s1#1").action.tag == "P"
+    assert closed.completions["s1#1"].ttft_s > 2.0
