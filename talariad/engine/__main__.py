@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import ctypes
 import json
+import logging
 import os
 import signal
 import sys
@@ -17,7 +18,10 @@ import sys
 from talariad import httpserver
 from talariad.config import ConfigError, InstanceConfig, TalariaConfig, load_config
 from talariad.engine.api import build_app
-from talariad.engine.worker import Worker
+from talariad.engine.build import build_worker
+
+
+log = logging.getLogger("talariad.engine")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -28,14 +32,21 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str) -> None:
+async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str) -> int:
     stop = httpserver.stop_event()
+    worker = build_worker(cfg, inst)
+    loop = asyncio.create_task(worker.run())
     sock = httpserver.bind(host, 0)
-    server, task = await httpserver.start(build_app(Worker(cfg, inst)), sock)
+    server, task = await httpserver.start(build_app(worker), sock)
     print(json.dumps({"ready": True, "port": sock.getsockname()[1]}), flush=True)
-    await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait([task, loop, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
     await task
+    if loop.done():  # the scheduler loop died: exit non-zero so the supervisor restarts us
+        log.error("instance loop stopped", exc_info=loop.exception())
+        return 1
+    loop.cancel()
+    return 0
 
 
 def _die_with_parent() -> None:
@@ -63,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     if inst is None:
         print(f"{args.config}: instances: no instance named {args.instance!r}", file=sys.stderr)
         return 2
-    asyncio.run(_serve(cfg, inst, args.host))
-    return 0
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {inst.name}: %(message)s")
+    return asyncio.run(_serve(cfg, inst, args.host))
 
 
 if __name__ == "__main__":

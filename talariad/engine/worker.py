@@ -1,96 +1,158 @@
-"""The instance worker: runs calls on one instance's executor and keeps its telemetry.
+"""The instance worker: the cold-pool scheduler core driven in real time over one executor.
 
-Walking skeleton: each call runs as its own task against the `sim` executor; a cold instance
-switches its active model under a lock. The cold-pool scheduler core replaces this loop.
+One loop asks the scheduler for the next action, has the executor run it, and tells the
+scheduler what happened; tokens flow to each call's event queue as they are produced.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
+from talariad.cold_sched import ColdScheduler, Completion, Idle, Prefill, SchedKnobs, SubmittedCall, Switch
 from talariad.config import InstanceConfig, TalariaConfig
-from talariad.engine.executors import sim
+from talariad.engine.executors.base import Executor, LiveCall
 from talariad.engine.messages import DoneEvent, ErrorEvent, GenerateRequest, SessionKV, Telemetry, TokenEvent, Usage
-from talariad.types import LatencyProfile, SwitchPath
+from talariad.types import KVState
+
+log = logging.getLogger("talariad.engine")
+
+Event = TokenEvent | DoneEvent | ErrorEvent
 
 
-@dataclass
-class _Session:
-    tokens: list[str] = field(default_factory=list)
+def sched_knobs(cfg: TalariaConfig) -> SchedKnobs:
+    p, a = cfg.policy, cfg.ablations
+    return SchedKnobs(gamma=p.gamma, ttft_target_s=p.ttft_target_s, tpot_target_s=p.tpot_target_s,
+                      sp=a.sp, host_kv=a.host_kv, d2d=a.d2d, sp_hold_s=p.tau_s)
+
+
+def _source(item) -> str:
+    if item.restore_tokens:
+        return "host"
+    return "device" if item.cached_device_tokens else "none"
 
 
 class Worker:
-    def __init__(self, cfg: TalariaConfig, inst: InstanceConfig):
-        self.cfg, self.inst = cfg, inst
-        self.profiles = {m: _profile(cfg, m) for m in inst.models}
-        self.active: str | None = inst.models[0] if inst.pool == "hot" else None
-        self.sessions: dict[tuple[str, str], _Session] = {}
+    def __init__(self, cfg: TalariaConfig, inst: InstanceConfig, executor: Executor, profiles: dict):
+        self.inst, self.executor = inst, executor
+        mode = "pinned" if inst.pool == "hot" else "time_shared"
+        self.sched = ColdScheduler(sched_knobs(cfg), profiles, list(inst.models), mode=mode)
+        self.calls: dict[str, LiveCall] = {}
+        self.queues: dict[str, asyncio.Queue[Event]] = {}
         self.version = 0
-        self.running = 0
-        self.queued: dict[str, int] = {m: 0 for m in inst.models}
         self.switches = 0
-        self._switch_lock = asyncio.Lock()
+        self._t0 = time.monotonic()
+        self._wake = asyncio.Event()
 
-    def hosts(self, model: str) -> bool:
-        return model in self.profiles
+    def now(self) -> float:
+        return time.monotonic() - self._t0
 
-    async def _sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds * self.inst.time_scale)
+    # -- the loop --------------------------------------------------------------------------
 
-    async def _activate(self, model: str) -> None:
-        async with self._switch_lock:
-            if self.active != model:
-                await self._sleep(self.profiles[model].switch_cost_s(SwitchPath.H2D))
-                self.active = model
-                self.switches += 1
+    async def run(self) -> None:
+        while True:
+            action = self.sched.next_action(self.now())
+            if isinstance(action, Idle):
+                await self._idle(action.until)
+                continue
+            started = self.now()
+            result = await self.executor.run(action, self.calls)
+            self._emit(action, result.text)
+            done = self.sched.finish(action, self.now(), self.now() - started, tokens=None,
+                                     finished=result.stopped or None, switch_path=result.path)
+            self.switches += isinstance(action, Switch)
+            for c in done:
+                self._complete(c)
+            self.version += 1
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent | DoneEvent | ErrorEvent]:
-        if not self.hosts(req.model):
+    async def _idle(self, until: float | None) -> None:
+        self._wake.clear()
+        timeout = None if until is None else max(0.0, until - self.now())
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    def _emit(self, action, text: dict[str, str]) -> None:
+        if isinstance(action, Prefill):
+            for item in action.calls:
+                call = self.calls.get(item.call_id)
+                if call and call.kv_source == "none":
+                    call.kv_source = _source(item)
+        for cid, piece in text.items():
+            call = self.calls.get(cid)
+            if call is not None:
+                call.out.append(piece)
+                self.queues[cid].put_nowait(TokenEvent(text=piece))
+
+    def _complete(self, c: Completion) -> None:
+        call = self.calls.pop(c.call_id, None)
+        queue = self.queues.pop(c.call_id, None)
+        if call is None or queue is None:
+            return
+        self.executor.remember(c.session_id, c.model, call)
+        stopped = len(call.out) < call.req.max_tokens
+        usage = Usage(prompt_tokens=c.prompt_tokens, completion_tokens=len(call.out), cached_tokens=c.cached_tokens,
+                      kv_source=call.kv_source)
+        queue.put_nowait(DoneEvent(finish_reason="stop" if stopped else "length", usage=usage,
+                                   kv_state=c.kv_state.value, kv_len=c.kv_len, ttft_s=c.ttft_s))
+
+    # -- calls -----------------------------------------------------------------------------
+
+    def _submit(self, req: GenerateRequest) -> asyncio.Queue[Event]:
+        prompt = self.executor.encode(req)
+        session = req.session_id or f"call-{req.call_id}"
+        state, kv_len = self._kv(session, req.model)
+        prefix = min(self.executor.reusable(session, req.model, prompt), kv_len, len(prompt) - 1)
+        call = LiveCall(req, prompt)
+        if state == KVState.MISSING and kv_len:
+            call.kv_source = "recompute"
+        self.sched.submit(SubmittedCall(
+            call_id=req.call_id, session_id=session, model=req.model, prompt_tokens=len(prompt),
+            prefix_tokens=max(prefix, 0), prefix_state=state if prefix > 0 else KVState.MISSING,
+            max_tokens=req.max_tokens, arrived_at=self.now(), is_continuation=kv_len > 0), self.now())
+        self.calls[req.call_id] = call
+        queue = self.queues[req.call_id] = asyncio.Queue()
+        self._wake.set()
+        return queue
+
+    def _kv(self, session: str, model: str) -> tuple[KVState, int]:
+        entry = self.sched.ledger.get(session, model)
+        return entry.state, entry.kv_len
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[Event]:
+        if req.model not in self.inst.models:
             yield ErrorEvent(message=f"instance {self.inst.name} does not host model {req.model!r}")
             return
-        arrived = time.monotonic()
-        prof = self.profiles[req.model]
-        text = req.prompt if req.prompt is not None else sim.render([(m.role, m.content) for m in req.messages])
-        prompt = sim.tokenize(text)
-        sess = self.sessions.get((req.session_id, req.model)) if req.session_id else None
-        cached = sim.common_prefix(sess.tokens, prompt) if sess else 0
-        self.queued[req.model] += 1
         try:
-            await self._activate(req.model)
-        finally:
-            self.queued[req.model] -= 1
-        self.running += 1
+            queue = self._submit(req)
+        except ValueError as err:  # the scheduler refuses a call that can never fit
+            yield ErrorEvent(message=str(err))
+            return
         try:
-            await self._sleep(prof.prefill_s(len(prompt) - cached))
-            words = sim.placeholder_words(prompt, req.max_tokens, req.seed)
-            ttft = time.monotonic() - arrived
-            for i, w in enumerate(words):
-                if i:
-                    await self._sleep(prof.decode_s(self.running))
-                yield TokenEvent(text=(" " if i else "") + w)
-        finally:
-            self.running -= 1
-        if req.session_id:
-            self.sessions[(req.session_id, req.model)] = _Session(prompt + words)
-        self.version += 1
-        usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(words), cached_tokens=cached,
-                      kv_source="device" if cached else "none")
-        yield DoneEvent(finish_reason="length", usage=usage, kv_state="device",
-                        kv_len=len(prompt) + len(words), ttft_s=ttft)
+            while True:
+                event = await queue.get()
+                yield event
+                if not isinstance(event, TokenEvent):
+                    return
+        finally:  # the client went away: drop what has not started, discard the rest
+            if req.call_id in self.calls and self.sched.cancel(req.call_id, self.now()):
+                self.calls.pop(req.call_id, None)
+                self.queues.pop(req.call_id, None)
+
+    # -- telemetry -------------------------------------------------------------------------
 
     def telemetry(self) -> Telemetry:
+        t = self.sched.telemetry(self.now())
         return Telemetry(
             instance=self.inst.name, version=self.version, pool=self.inst.pool, models=list(self.inst.models),
-            active_model=self.active, loaded_models=[self.active] if self.active else [],
-            queued=dict(self.queued), running=self.running, switches=self.switches,
-            sessions=[SessionKV(session_id=s, model=m, state="device", kv_len=len(v.tokens))
-                      for (s, m), v in self.sessions.items()],
-        )
-
-
-def _profile(cfg: TalariaConfig, model: str) -> LatencyProfile:
-    m = cfg.model(model)
-    return sim.PROFILES.get(m.profile or "tiny", sim.PROFILES["tiny"])
+            active_model=t.active_model, loaded_models=[t.active_model] if t.active_model else [],
+            queued={m: q.waiting + q.parked for m, q in t.queues.items()},
+            running=sum(q.running for q in t.queues.values()), switches=self.switches,
+            round_remaining_s=t.round_remaining_s,
+            deadline_risk=t.risk_round_bound + t.risk_round_overrun + t.risk_prefill_shortfall + t.ttft_at_risk,
+            kv_occupancy=t.kv_used_tokens / max(t.kv_capacity_tokens, 1),
+            sessions=[SessionKV(session_id=s.session_id, model=s.model, state=s.state.value, kv_len=s.kv_len)
+                      for s in t.sessions])

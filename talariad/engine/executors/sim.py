@@ -1,15 +1,19 @@
 """The `sim` executor: a performance model of an instance that emits deterministic placeholder text.
 
-It tokenizes by words and punctuation (so prefix reuse is measurable on real chat text), charges
-the latency profile's prefill/decode/restore/switch times, and generates words chosen by a hash of
-the prompt so the same call always yields the same answer.
+It tokenizes by words and punctuation (so prefix reuse is measurable on real chat text), waits the
+latency profile's prefill/restore/decode/switch times (scaled by the instance's `time_scale`), and
+generates words chosen by a hash of the prompt so the same call always yields the same answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 
+from talariad.cold_sched import Action, Decode, Prefill, Switch
+from talariad.engine.executors.base import LiveCall, StepResult
+from talariad.engine.messages import GenerateRequest
 from talariad.types import LatencyProfile, SwitchPath
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -51,10 +55,48 @@ def placeholder_words(prompt_tokens: list[str], n: int, seed: int | None) -> lis
     return words
 
 
-def common_prefix(a: list[str], b: list[str]) -> int:
+def common_prefix(a: list, b: list) -> int:
     n = 0
     for x, y in zip(a, b):
         if x != y:
             break
         n += 1
     return n
+
+
+class SimExecutor:
+    def __init__(self, profiles: dict[str, LatencyProfile], time_scale: float = 1.0):
+        self.profiles, self.time_scale = profiles, time_scale
+        self.contexts: dict[tuple[str, str], list[str]] = {}
+
+    def encode(self, req: GenerateRequest) -> list[str]:
+        text = req.prompt if req.prompt is not None else render([(m.role, m.content) for m in req.messages])
+        return tokenize(text)
+
+    def reusable(self, session: str, model: str, prompt: list) -> int:
+        return common_prefix(self.contexts.get((session, model), []), prompt)
+
+    def remember(self, session: str, model: str, call: LiveCall) -> None:
+        self.contexts[(session, model)] = call.prompt + tokenize("".join(call.out))
+
+    async def run(self, action: Action, calls: dict[str, LiveCall]) -> StepResult:
+        if isinstance(action, Switch):
+            await self._wait(self.profiles[action.to_model].switch_cost_s(action.path))
+            return StepResult(path=action.path)
+        prof = self.profiles[action.model]
+        if isinstance(action, Prefill):
+            new = sum(i.recompute_tokens for i in action.calls)
+            await self._wait(prof.prefill_s(new) + prof.restore_s(sum(i.restore_tokens for i in action.calls)))
+        else:
+            await self._wait(prof.decode_s(len(action.call_ids)))
+        ids = action.call_ids
+        return StepResult(text={cid: self._next_word(calls[cid]) for cid in ids if cid in calls})
+
+    def _next_word(self, call: LiveCall) -> str:
+        if call.state is None:
+            call.state = placeholder_words(call.prompt, call.req.max_tokens, call.req.seed)
+        word = call.state[len(call.out) % len(call.state)]
+        return (" " if call.out else "") + word
+
+    async def _wait(self, seconds: float) -> None:
+        await asyncio.sleep(seconds * self.time_scale)

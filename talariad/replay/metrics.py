@@ -1,0 +1,216 @@
+"""What one run of one configuration produced (`RunResult`) and the row metrics computed from it.
+
+The simulator (and a real-mode replay client) fills a `RunResult`; `row_metrics` turns it into
+the numbers of one report row. Percentiles are nearest-rank (App. A): for N observations p_q is
+the observation at rank ceil(qN/100).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from talariad.types import SwitchPath
+
+GIB = 1 << 30
+
+
+def nearest_rank(values: Iterable[float], q: float) -> float | None:
+    """The q-th percentile (0 < q <= 100) by nearest rank; None for no observations."""
+    if not 0 < q <= 100:
+        raise ValueError(f"percentile q must be in (0, 100], got {q}")
+    xs = sorted(values)
+    if not xs:
+        return None
+    return xs[max(math.ceil(q * len(xs) / 100), 1) - 1]
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One served call. Times are seconds on the run's clock (virtual in the simulator)."""
+
+    session_id: str
+    call_idx: int
+    model: str
+    instance: str
+    intended_s: float  # intended enqueue time: previous response + gap (schedule-aware TTFT origin)
+    first_token_s: float
+    done_s: float
+    same_instance: bool | None = None  # returning calls: served where the previous call was
+    model_resident: bool | None = None  # the model was resident on the chosen instance at placement
+    opened_model: bool = False  # placement had to open (load) the model on the chosen instance
+    avoidable_open: bool = False  # ... although another instance already had it resident (§5.3)
+    kv_source: str = "none"  # device | host | recompute | none
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.intended_s
+
+    @property
+    def returning(self) -> bool:
+        return self.call_idx > 0
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """One model-session: SCT runs from its first call's intended enqueue to its last response."""
+
+    session_id: str
+    model: str
+    start_s: float
+    end_s: float
+    oracle_s: float | None = None  # the oracle lower bound (talariad.replay.oracle)
+
+    @property
+    def sct_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchRecord:
+    """One logical model switch (the maximum over TP ranks, as in §5.6)."""
+
+    at_s: float
+    instance: str
+    from_model: str | None
+    to_model: str
+    path: SwitchPath
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRecord:
+    """One cold-pool round; wall = active + switch (App. A's exclusive decomposition)."""
+
+    index: int
+    instance: str
+    wall_s: float
+    active_s: float
+    switch_s: float
+    hbm_bytes: int = 0  # peak device bytes in use during the round (per GPU of the TP group)
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything one configuration's run produced. `policy`, `load` and `tau_s` label runs for
+    the router (Fig. 8) and reservation-timeout (Fig. 9) plots."""
+
+    config: str
+    sessions: list[SessionRecord] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
+    switches: list[SwitchRecord] = field(default_factory=list)
+    rounds: list[RoundRecord] = field(default_factory=list)
+    hbm_peak_bytes: int = 0
+    sp_admitted: int = 0  # SP return-handling events admitted into the active slot
+    sp_parked: int = 0  # ... and deferred to a later opportunity or slot
+    policy: str | None = None
+    load: str | None = None
+    tau_s: float | None = None
+    wall_clock_s: float | None = None  # how long the run itself took (simulator speed)
+
+    def ttfts(self, returning_only: bool = False) -> list[float]:
+        return [c.ttft_s for c in self.calls if c.returning or not returning_only]
+
+    @property
+    def avoidable_opens(self) -> int:
+        return sum(c.avoidable_open for c in self.calls)
+
+    @property
+    def model_opens(self) -> int:
+        return sum(c.opened_model for c in self.calls)
+
+
+def _rate(flags: list[bool | None]) -> float | None:
+    known = [f for f in flags if f is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _p(values: list[float]) -> tuple[float | None, float | None]:
+    return nearest_rank(values, 50), nearest_rank(values, 95)
+
+
+@dataclass(frozen=True, slots=True)
+class PathStats:
+    count: int
+    p50_s: float | None
+    p95_s: float | None
+    share: float  # fraction of all switches that took this path
+
+
+@dataclass(frozen=True, slots=True)
+class RowMetrics:
+    """One report row; seconds unless named otherwise; None where there is nothing to measure."""
+
+    config: str
+    sessions: int
+    calls: int
+    sct_p50_s: float | None
+    sct_p95_s: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    returning_ttft_p50_s: float | None
+    returning_ttft_p95_s: float | None
+    switch_by_path: dict[str, PathStats]
+    switch_p50_s: float | None
+    switch_p95_s: float | None
+    switch_share: float | None  # switch time / round wall time
+    rounds: int
+    hbm_peak_gib: float
+    avoidable_opens: int
+    model_opens: int
+    same_instance_rate: float | None
+    residency_hit_rate: float | None
+    sp_admitted: int
+    sp_parked: int
+    oracle_p50_s: float | None
+    oracle_p95_s: float | None
+    ratio_p50: float | None  # SCT p50 / oracle p50
+    ratio_p95: float | None
+    policy: str | None = None
+    load: str | None = None
+    tau_s: float | None = None
+
+
+def row_metrics(run: RunResult) -> RowMetrics:
+    sct50, sct95 = _p([s.sct_s for s in run.sessions])
+    ttft50, ttft95 = _p(run.ttfts())
+    ret50, ret95 = _p(run.ttfts(returning_only=True))
+    sw50, sw95 = _p([s.latency_s for s in run.switches])
+    or50, or95 = _p([s.oracle_s for s in run.sessions if s.oracle_s is not None])
+    returning = [c for c in run.calls if c.returning]
+    return RowMetrics(
+        config=run.config, sessions=len(run.sessions), calls=len(run.calls),
+        sct_p50_s=sct50, sct_p95_s=sct95, ttft_p50_s=ttft50, ttft_p95_s=ttft95,
+        returning_ttft_p50_s=ret50, returning_ttft_p95_s=ret95,
+        switch_by_path=switch_paths(run), switch_p50_s=sw50, switch_p95_s=sw95,
+        switch_share=switch_share(run), rounds=len(run.rounds), hbm_peak_gib=hbm_peak(run) / GIB,
+        avoidable_opens=run.avoidable_opens, model_opens=run.model_opens,
+        same_instance_rate=_rate([c.same_instance for c in returning]),
+        residency_hit_rate=_rate([c.model_resident for c in run.calls]),
+        sp_admitted=run.sp_admitted, sp_parked=run.sp_parked,
+        oracle_p50_s=or50, oracle_p95_s=or95, ratio_p50=_ratio(sct50, or50), ratio_p95=_ratio(sct95, or95),
+        policy=run.policy, load=run.load, tau_s=run.tau_s,
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def switch_paths(run: RunResult) -> dict[str, PathStats]:
+    out = {}
+    for path in SwitchPath:
+        lat = [s.latency_s for s in run.switches if s.path is path]
+        if lat:
+            out[path.value] = PathStats(len(lat), *_p(lat), len(lat) / len(run.switches))
+    return out
+
+
+def switch_share(run: RunResult) -> float | None:
+    wall = sum(r.wall_s for r in run.rounds)
+    return sum(r.switch_s for r in run.rounds) / wall if wall > 0 else None
+
+
+def hbm_peak(run: RunResult) -> int:
+    return max([run.hbm_peak_bytes, *(r.hbm_bytes for r in run.rounds)])

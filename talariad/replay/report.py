@@ -1,0 +1,114 @@
+"""Side-by-side report of several runs: a rich table, the same numbers as JSON, and the ratio
+lines against the paper's headline numbers (§5.2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from talariad.replay.metrics import RowMetrics, RunResult, row_metrics
+from talariad.types import SwitchPath
+
+# §5.2, Figures 6-7: p50 / p95 SCT (s) of the TP=8 fixed replay; None where the paper gives no p95.
+PAPER_SCT_S: dict[str, tuple[float, float | None]] = {
+    "Talaria": (189.0, 867.0),
+    "no-SP": (623.0, None),
+    "no-HKVR": (486.0, None),
+    "H2D-only": (194.0, 933.0),
+    "Round-only": (1000.0, 2296.0),
+}
+PAPER_SPEEDUP = (5.3, 2.6)  # Talaria vs Round-only, p50 and p95 SCT (§5.2)
+
+
+def rows(results: Sequence[RunResult]) -> list[RowMetrics]:
+    return [row_metrics(r) for r in results]
+
+
+def _pair(a: float | None, b: float | None, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+    def one(x):
+        return "-" if x is None else fmt.format(x * scale)
+    return f"{one(a)} / {one(b)}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _path_cell(row: RowMetrics, path: SwitchPath) -> str:
+    st = row.switch_by_path.get(path.value)
+    if st is None:
+        return "-"
+    return f"{_pair(st.p50_s, st.p95_s, 1000, '{:.0f}')} (n={st.count})"
+
+
+COLUMNS = (
+    ("config", lambda r: r.config),
+    ("SCT p50/p95 s", lambda r: _pair(r.sct_p50_s, r.sct_p95_s, fmt="{:.1f}")),
+    ("TTFT p50/p95 s", lambda r: _pair(r.ttft_p50_s, r.ttft_p95_s)),
+    ("D2D p50/p95 ms", lambda r: _path_cell(r, SwitchPath.D2D)),
+    ("partial p50/p95 ms", lambda r: _path_cell(r, SwitchPath.PARTIAL)),
+    ("H2D p50/p95 ms", lambda r: _path_cell(r, SwitchPath.H2D)),
+    ("switch share", lambda r: _pct(r.switch_share)),
+    ("rounds", lambda r: str(r.rounds)),
+    ("HBM peak GiB", lambda r: f"{r.hbm_peak_gib:.1f}"),
+    ("avoidable opens", lambda r: str(r.avoidable_opens)),
+    ("same-inst return", lambda r: _pct(r.same_instance_rate)),
+    ("SP adm/parked", lambda r: f"{r.sp_admitted}/{r.sp_parked}"),
+    ("oracle p50/p95 s", lambda r: _pair(r.oracle_p50_s, r.oracle_p95_s, fmt="{:.1f}")),
+    ("x oracle p50/p95", lambda r: _pair(r.ratio_p50, r.ratio_p95)),
+)
+
+
+def table(results: Sequence[RunResult], title: str = "Replay", paper: bool = False) -> Table:
+    """One row per run; with `paper`, a column of the paper's SCT p50/p95 where it has one."""
+    t = Table(title=title, show_lines=False)
+    for name, _ in COLUMNS:
+        t.add_column(name, justify="left" if name == "config" else "right", overflow="fold")
+    if paper:
+        t.add_column("paper SCT p50/p95 s", justify="right")
+    for row in rows(results):
+        cells = [fn(row) for _, fn in COLUMNS]
+        if paper:
+            ref = PAPER_SCT_S.get(row.config)
+            cells.append(_pair(*ref, fmt="{:.0f}") if ref else "-")
+        t.add_row(*cells)
+    return t
+
+
+def speedup_line(results: Sequence[RunResult], target: str = "Talaria", base: str = "Round-only") -> str | None:
+    """'Round-only / Talaria SCT: p50 4.1x, p95 2.2x (paper 5.3x, 2.6x)', or None if either is absent."""
+    by = {r.config: row_metrics(r) for r in results}
+    if target not in by or base not in by:
+        return None
+    t, b = by[target], by[base]
+    p50 = b.sct_p50_s / t.sct_p50_s if t.sct_p50_s and b.sct_p50_s is not None else None
+    p95 = b.sct_p95_s / t.sct_p95_s if t.sct_p95_s and b.sct_p95_s is not None else None
+    return (f"{base} / {target} SCT: p50 {_x(p50)}, p95 {_x(p95)} "
+            f"(paper {PAPER_SPEEDUP[0]}x, {PAPER_SPEEDUP[1]}x)")
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def print_report(results: Sequence[RunResult], console: Console | None = None, title: str = "Replay",
+                 paper: bool = False) -> None:
+    console = console or Console()
+    console.print(table(results, title=title, paper=paper))
+    line = speedup_line(results)
+    if line:
+        console.print(line)
+
+
+def to_json_obj(results: Sequence[RunResult]) -> dict:
+    """The table's numbers (and a few more) as plain JSON types."""
+    return {"rows": [dataclasses.asdict(r) for r in rows(results)],
+            "speedup": speedup_line(results)}
+
+
+def to_json(results: Sequence[RunResult], indent: int | None = 2) -> str:
+    return json.dumps(to_json_obj(results), indent=indent)

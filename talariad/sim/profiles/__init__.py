@@ -1,0 +1,163 @@
+"""Latency profiles of `sim` executors, from the YAML files in this folder.
+
+`load_profiles(name)` returns a `talariad.types.LatencyProfile` per model. Fields a YAML
+`profile:` block gives are used as written; the rest are derived from the model's architecture
+block and the box: weight and KV bytes per GPU, H2D restore cost per token, the per-sequence
+decode term and the switch table (see paper-tp8.yaml for sources). Facts LatencyProfile has no
+field for (box size, architecture numbers) are in `ProfileSet` / `ModelSpec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from talariad.types import LatencyProfile, SwitchPath
+
+HERE = Path(__file__).parent
+GIB = 1 << 30
+_PROFILE_FIELDS = {f.name for f in dataclasses.fields(LatencyProfile)}
+_BOX_FIELDS = {"gpus", "tp", "hbm_per_gpu_gib", "host_memory_gib", "h2d_gb_per_s", "restore_efficiency",
+               "hbm_gb_per_s", "decode_context_tokens", "switch_ms_pooled"}
+_ARCH_FIELDS = {"hf_id", "params_total_b", "params_active_b", "weight_bytes_per_param", "attention",
+                "kv_layers", "kv_heads", "head_dim", "latent_dim", "kv_dtype_bytes", "profile"}
+
+
+@dataclass(frozen=True, slots=True)
+class Box:
+    gpus: int
+    tp: int
+    hbm_per_gpu_bytes: int
+    host_memory_bytes: int
+    h2d_bytes_per_s: float | None = None
+    restore_efficiency: float = 1.0
+    hbm_bytes_per_s: float | None = None
+    decode_context_tokens: int = 0
+    switch_s_pooled: dict[SwitchPath, float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One model's profile plus the architecture facts it was derived from (bytes per GPU)."""
+
+    name: str
+    profile: LatencyProfile
+    hf_id: str | None = None
+    params_total: int | None = None
+    params_active: int | None = None
+    weight_bytes_per_gpu: int = 0
+    kv_bytes_per_token_per_gpu: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSet:
+    name: str
+    box: Box
+    models: dict[str, ModelSpec]
+
+    def profiles(self) -> dict[str, LatencyProfile]:
+        return {m: spec.profile for m, spec in self.models.items()}
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in HERE.glob("*.yaml"))
+
+
+def load_profiles(name: str = "paper-tp8") -> dict[str, LatencyProfile]:
+    """LatencyProfile per model of a bundled set (`available()`) or a YAML path."""
+    return load_set(name).profiles()
+
+
+def load_set(name: str = "paper-tp8") -> ProfileSet:
+    path = Path(name) if name.endswith((".yaml", ".yml")) else HERE / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown profile set {name!r}; bundled: {available()}")
+    doc = yaml.safe_load(path.read_text()) or {}
+    box = _box(_section(doc, "box", path.stem))
+    models = _section(doc, "models", path.stem)
+    weights = {m: _weight_bytes(spec, box) for m, spec in models.items()}
+    mean_w = sum(weights.values()) / len(weights) if weights else 0
+    return ProfileSet(path.stem, box, {m: _model(m, spec, box, weights[m], mean_w) for m, spec in models.items()})
+
+
+def _section(doc: dict, key: str, where: str) -> dict:
+    value = doc.get(key)
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"profile set {where}: '{key}' must be a non-empty mapping")
+    return value
+
+
+def _unknown(given: dict, allowed: set, where: str) -> None:
+    extra = sorted(set(given) - allowed)
+    if extra:
+        raise ValueError(f"{where}: unknown field(s) {extra}")
+
+
+def _box(b: dict) -> Box:
+    _unknown(b, _BOX_FIELDS, "box")
+    missing = sorted({"gpus", "tp", "hbm_per_gpu_gib", "host_memory_gib"} - set(b))
+    if missing:
+        raise ValueError(f"box: missing field(s) {missing}")
+    pooled = b.get("switch_ms_pooled")
+    return Box(
+        gpus=int(b["gpus"]), tp=int(b["tp"]), hbm_per_gpu_bytes=int(b["hbm_per_gpu_gib"] * GIB),
+        host_memory_bytes=int(b["host_memory_gib"] * GIB),
+        h2d_bytes_per_s=b["h2d_gb_per_s"] * 1e9 if "h2d_gb_per_s" in b else None,
+        restore_efficiency=float(b.get("restore_efficiency", 1.0)),
+        hbm_bytes_per_s=b["hbm_gb_per_s"] * 1e9 if "hbm_gb_per_s" in b else None,
+        decode_context_tokens=int(b.get("decode_context_tokens", 0)),
+        switch_s_pooled={SwitchPath(k): v / 1000 for k, v in pooled.items()} if pooled else None,
+    )
+
+
+def _weight_bytes(spec: dict, box: Box) -> int:
+    if "params_total_b" not in spec:
+        return int(spec.get("profile", {}).get("weight_bytes", 0))
+    return int(spec["params_total_b"] * 1e9 * spec["weight_bytes_per_param"] / box.tp)
+
+
+def kv_bytes_per_token(spec: dict, tp: int) -> int:
+    """Per-GPU KV bytes per token: GQA heads are sharded over TP (replicated when fewer than TP);
+    an MLA latent is replicated on every rank."""
+    if "attention" not in spec:
+        return 0
+    if spec["attention"] == "mla":
+        return spec["kv_layers"] * spec["latent_dim"] * spec["kv_dtype_bytes"]
+    if spec["attention"] == "gqa":
+        heads = math.ceil(spec["kv_heads"] / tp)
+        return 2 * spec["kv_layers"] * heads * spec["head_dim"] * spec["kv_dtype_bytes"]
+    raise ValueError(f"attention must be 'gqa' or 'mla', got {spec['attention']!r}")
+
+
+def _model(name: str, spec: dict, box: Box, weight: int, mean_weight: float) -> ModelSpec:
+    _unknown(spec, _ARCH_FIELDS, f"models.{name}")
+    given = dict(spec.get("profile") or {})
+    _unknown(given, _PROFILE_FIELDS, f"models.{name}.profile")
+    kv = kv_bytes_per_token(spec, box.tp)
+    derived = _derived(box, weight, kv, weight / mean_weight if mean_weight else 1.0)
+    if "switch_s" in given:
+        given["switch_s"] = {SwitchPath(k): float(v) for k, v in given["switch_s"].items()}
+    prof = LatencyProfile(**{**derived, **given})
+    return ModelSpec(name, prof, spec.get("hf_id"), _params(spec, "params_total_b"),
+                     _params(spec, "params_active_b"), weight, kv)
+
+
+def _params(spec: dict, key: str) -> int | None:
+    return int(spec[key] * 1e9) if key in spec else None
+
+
+def _derived(box: Box, weight: int, kv: int, weight_scale: float) -> dict:
+    out: dict = {"weight_bytes": weight, "kv_bytes_per_token": kv}
+    if kv and box.h2d_bytes_per_s:
+        out["restore_s_per_token"] = kv / (box.h2d_bytes_per_s * box.restore_efficiency)
+    if kv and box.hbm_bytes_per_s and box.decode_context_tokens:
+        out["decode_s_per_seq"] = kv * box.decode_context_tokens / box.hbm_bytes_per_s
+    if box.switch_s_pooled:
+        table = {p: s if p is SwitchPath.D2D else s * weight_scale for p, s in box.switch_s_pooled.items()}
+        out["switch_s"] = table
+        out["open_s"] = table.get(SwitchPath.H2D, LatencyProfile().open_s)
+    return out

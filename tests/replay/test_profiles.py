@@ -1,0 +1,71 @@
+import dataclasses
+import json
+
+import pytest
+
+from talariad.engine.executors.sim import PROFILES
+from talariad.replay.__main__ import main
+from talariad.sim.profiles import available, load_profiles, load_set
+from talariad.types import SwitchPath
+
+
+def test_tiny_mirrors_the_sim_executor():
+    assert load_profiles("tiny")["tiny"] == PROFILES["tiny"]
+
+
+def test_paper_set_values():
+    ps = load_set("paper-tp8")
+    assert set(ps.models) == {"qwen3-235b", "glm5-nvfp4", "qwen3.5-122b"}
+    assert ps.box.tp == 8 and ps.box.hbm_per_gpu_bytes == 183 * (1 << 30)
+    q = ps.models["qwen3-235b"]
+    assert q.kv_bytes_per_token_per_gpu == 2 * 94 * 1 * 128 * 2
+    assert q.weight_bytes_per_gpu == 235e9 * 2 / 8
+    prof = q.profile
+    # §2.1 anchor: the slope between the 25K and 100K recompute points
+    assert prof.prefill_s(100_000) - prof.prefill_s(25_000) == pytest.approx(10.9 - 4.3)
+    assert prof.restore_s_per_token == pytest.approx(48128 / (22.85e9 * 0.5))
+    assert prof.switch_s[SwitchPath.D2D] == pytest.approx(0.106)
+    assert ps.models["glm5-nvfp4"].kv_bytes_per_token_per_gpu == 78 * 576 * 2
+    assert ps.models["qwen3.5-122b"].kv_bytes_per_token_per_gpu == 2 * 12 * 1 * 256 * 2
+    total_w = sum(m.weight_bytes_per_gpu for m in ps.models.values())
+    assert total_w < ps.box.hbm_per_gpu_bytes  # the three models fit one GPU's share together
+    # the pooled p50s of §5.6 are the weight-weighted means of the per-model switch tables
+    mean = {p: sum(m.profile.switch_s[p] for m in ps.models.values()) / 3 for p in SwitchPath}
+    assert mean[SwitchPath.H2D] == pytest.approx(1.497) and mean[SwitchPath.PARTIAL] == pytest.approx(1.0)
+    for m in ps.models.values():
+        p = m.profile
+        assert p.switch_s[SwitchPath.D2D] < p.switch_s[SwitchPath.PARTIAL] < p.switch_s[SwitchPath.H2D]
+        assert p.open_s == p.switch_s[SwitchPath.H2D] and p.decode_s_per_seq > 0
+
+
+def test_bad_profile_files_are_clear_errors(tmp_path):
+    assert {"paper-tp8", "tiny"} <= set(available())
+    with pytest.raises(ValueError, match="unknown profile set"):
+        load_set("nope")
+    p = tmp_path / "x.yaml"
+    p.write_text("box: {gpus: 1, tp: 1, hbm_per_gpu_gib: 1, host_memory_gib: 1}\n"
+                 "models: {m: {profile: {prefil_s: 1}}}\n")
+    with pytest.raises(ValueError, match=r"models.m.profile: unknown field\(s\) \['prefil_s'\]"):
+        load_set(str(p))
+    p.write_text("box: {gpus: 1}\nmodels: {m: {}}\n")
+    with pytest.raises(ValueError, match="box: missing"):
+        load_set(str(p))
+
+
+def test_cli_generate_and_stats(tmp_path, capsys):
+    out = tmp_path / "fixed.jsonl"
+    assert main(["generate", "fixed", str(out), "--seed", "1"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["calls"] == 960 and stats["sessions"] == 30
+    assert main(["stats", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["calls"] == 960
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{}\n")
+    assert main(["stats", str(bad)]) == 2
+    assert "bad.jsonl:1: field 'session_id': missing" in capsys.readouterr().err
+
+
+def test_profiles_are_frozen_values():
+    prof = load_profiles()["qwen3-235b"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        prof.decode_step_s = 1.0
