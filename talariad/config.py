@@ -192,17 +192,15 @@ def _semantic_lines(cfg: TalariaConfig) -> list[tuple[str, str]]:
         if inst.pool == "hot" and len(inst.models) != 1:
             problems.append((f"instances[{i}].models", "a hot instance pins exactly one model"))
     names = _policy_names()
-    if names and cfg.policy.router not in names:
+    if cfg.policy.router not in names:
         problems.append(("policy.router", f"unknown policy {cfg.policy.router!r} (valid: {', '.join(names)})"))
     return problems
 
 
 def _policy_names() -> list[str]:
-    try:
-        from talariad.router import policy_names
-    except ImportError:  # TODO(integration): router registry lands with the router issue
-        return []
-    return sorted(policy_names())
+    from talariad.router import POLICIES
+
+    return sorted(POLICIES.names())
 
 
 def parse_config(data: object, source: str) -> TalariaConfig:

@@ -42,6 +42,7 @@ def test_default_config_loads_with_paper_defaults():
     (lambda d: d["instances"][0].update(models=["tiny-chat", "tiny-code"]), "instances[0].models", "exactly one"),
     (lambda d: d["listen"].update(http="nohost"), "listen.http", "host:port"),
     (lambda d: d["instances"][0].update(executor="vllm"), "instances[0].executor", "'sim', 'torch' or 'sglang'"),
+    (lambda d: d["policy"].update(router="fastest"), "policy.router", "unknown policy 'fastest' (valid: consistent-hash"),
 ])
 def test_bad_config_names_file_field_and_problem(tmp_path, mutate, path, words):
     data = _base()

@@ -1,0 +1,237 @@
+"""Eq. (1) cost terms, the round-admission and HBM feasibility filters, and Eq. (2).
+
+Cost(r, i) = ΔR_req + C_KV + C_act, each charged once, in seconds:
+- ΔR_req: queue (wait for the model's slot, its queued prefill, and same-model lease charges)
+  + prefill of the new suffix + decode of `max_tokens` at the instance's decode batch;
+- C_KV: 0 for a device-resident prefix, the H2D restore cost for a host-restorable one, and the
+  recompute of whatever part of the prefix is not reusable there;
+- C_act: 0 if active, the advertised switch cost if resident/staged (partial staging lowers the
+  estimate), the full-open cost if absent.
+Deadline risk inflates the instance's queue and base round load by (1 + risk).
+
+Round admission (Eq. 5) simulates R_i = base load (snapshot round load + overlay + live lease
+charges) + this call's prefill, recovery and activation; its decode is protected budget spread
+over rounds (Eq. 4) and already part of the instance's own round prediction. An instance with no
+base load admits any single call, so a call whose own prefill exceeds γ·TTFT is not starved.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from talariad.router.knobs import RouterKnobs
+from talariad.router.messages import CallRequest, CandidateCost, ModelResidency, ModelState
+from talariad.router.profiles import DemandTracker, ProfileBook, switch_estimate
+from talariad.router.sessions import KVRecord, LeaseBook, SessionTable
+from talariad.router.telemetry import InFlight, InstanceState
+from talariad.types import KVState, LatencyProfile, Pool
+
+GIB = float(1 << 30)
+_OPEN = (ModelState.ACTIVE, ModelState.RESIDENT)
+_ABSENT_RES = ModelResidency(ModelState.ABSENT)
+
+
+class CallPlan(NamedTuple):
+    """Per-call quantities shared by every instance's evaluation (a NamedTuple: hot path)."""
+
+    call: CallRequest
+    profile: LatencyProfile
+    suffix: int  # prompt tokens no instance can reuse
+    prefill_s: float  # prefill of the suffix
+    key: tuple[str, str] | None  # (session, model)
+    kv_record: KVRecord | None  # where the session's last completion left its prefix
+    decode_s: float  # max_tokens decode steps at batch 0 (per-sequence part added per instance)
+    kv_bytes: int  # KV footprint of the whole call if nothing is on device
+
+
+class CostModel:
+    """Scores one call against one instance; shared by Talaria and the cost-aware baselines."""
+
+    def __init__(self, knobs: RouterKnobs, profiles: ProfileBook, leases: LeaseBook,
+                 sessions: SessionTable) -> None:
+        self.knobs, self.profiles, self.leases, self.sessions = knobs, profiles, leases, sessions
+
+    def plan(self, call: CallRequest) -> CallPlan:
+        prof, suffix = self.profiles.get(call.model), call.prompt_tokens - call.prefix_tokens
+        sid = call.session_id
+        key = (sid, call.model) if sid is not None else None
+        rec = self.sessions.kv_record(sid, call.model) if sid is not None else None
+        kv_bytes = prof.kv_bytes_per_token * (call.prompt_tokens + call.max_tokens)
+        return CallPlan(call, prof, suffix, prof.prefill_s(suffix), key, rec,
+                        call.max_tokens * prof.decode_step_s, kv_bytes)
+
+    def kv_on(self, inst: InstanceState, call: CallRequest) -> tuple[KVState, int]:
+        """Newest word on the session's prefix there: a later completion beats the snapshot."""
+        sid = call.session_id
+        rec = self.sessions.kv_record(sid, call.model) if sid is not None else None
+        return _kv_lookup(inst, (sid, call.model) if sid is not None else None, rec)
+
+    def model_state(self, inst: InstanceState, model: str) -> ModelState:
+        if inst.opening(model) > 0:
+            return ModelState.ACTIVE  # an in-flight forward is already opening it there
+        return inst.snapshot.residency(model).state  # type: ignore[union-attr]
+
+    def evaluate(self, plan: CallPlan, inst: InstanceState) -> CandidateCost:
+        """Eq. (1) plus the round-admission and HBM checks for one placeable instance.
+
+        NOTE: the per-instance inner loop of place(), written flat on purpose; what depends only
+        on the snapshot and the profile comes from a cached row (`_row`)."""
+        call, prof, k = plan.call, plan.profile, self.knobs
+        model, prefix = call.model, call.prefix_tokens
+        row = inst.rows.get(model)
+        if row is None or row[0] != self.profiles.epoch:
+            row = self._row(inst, model, prof)
+        (_, queued, batch, state, activation, needs_replica, added, risk, slot_wait, base_load,
+         restore_rate, taken_at, hbm_free) = row
+        ov = inst.ov_model.get(model)
+        if ov is not None:
+            queued, batch = queued + ov[0], batch + ov[1]
+            if ov[2]:  # an in-flight forward already opens it there
+                state, activation, needs_replica, added = ModelState.ACTIVE, 0.0, False, 0
+        rec, kv_state, kv_len = plan.kv_record, KVState.MISSING, 0
+        if rec is not None and rec.instance == inst.name and rec.at > taken_at:
+            kv_state, kv_len = rec.state, rec.kv_len  # a completion newer than the snapshot
+        elif plan.key is not None:
+            entry = inst.snapshot.sessions.get(plan.key)
+            if entry is not None:
+                kv_state, kv_len = entry.state, entry.kv_len
+        reusable = 0 if kv_state is KVState.MISSING else (kv_len if kv_len < prefix else prefix)
+        missing = prefix - reusable
+        if plan.suffix > 0 or missing == 0:
+            recovery = prof.prefill_s_per_token * missing  # the suffix already paid the base
+        else:
+            recovery = prof.prefill_s(missing)
+        hbm_need = plan.kv_bytes + added
+        if kv_state is KVState.HOST:
+            recovery += restore_rate * reusable
+        elif kv_state is KVState.DEVICE:
+            hbm_need -= prof.kv_bytes_per_token * reusable  # that much KV is already there
+        if state is ModelState.ACTIVE and reusable > 0:
+            slot_wait = 0.0  # SP admits a continuation with reusable KV mid-slot (§3.4)
+        if not k.residency_terms:
+            recovery, activation, needs_replica = 0.0, 0.0, False
+        per_model = self.leases.by_instance.get(inst.name)
+        unit = k.admission_unit_s
+        if per_model:
+            leased, leased_all = unit * per_model.get(model, 0), unit * per_model.get(None, 0)
+        else:
+            leased = leased_all = 0.0
+        queue = risk * (slot_wait + prof.prefill_s_per_token * queued + leased)
+        decode = plan.decode_s + call.max_tokens * prof.decode_s_per_seq * (batch + 1)
+        base = risk * (base_load + inst.ov_work_s + leased_all)
+        prefill = plan.prefill_s
+        round_load = base + prefill + recovery + activation
+        if base > 0.0 and round_load > k.round_budget_s:
+            reason = "round"
+        elif hbm_need > hbm_free - inst.ov_hbm:
+            reason = "hbm"
+        else:
+            reason = "ok"
+        total = queue + prefill + decode + recovery + activation
+        return CandidateCost(inst.name, queue, prefill, decode, recovery, activation, total,
+                             reason == "ok", reason, kv_state, needs_replica, round_load)
+
+    def _row(self, inst: InstanceState, model: str, prof: LatencyProfile) -> tuple:
+        """Snapshot- and profile-only parts of Eq. (1) for one model on one instance."""
+        snap = inst.snapshot
+        res = snap.models.get(model, _ABSENT_RES)
+        activation, needs_replica = _activation(prof, res, res.state)
+        rate = snap.restore_s_per_token
+        rate = prof.restore_s_per_token if rate is None else rate  # measured beats profiled
+        risk = 1.0 + max(snap.deadline_risk, 0.0)
+        slot_wait = 0.0 if snap.pool is Pool.HOT else snap.round_remaining_s
+        row = (self.profiles.epoch, res.queued_tokens, res.running_calls, res.state, activation,
+               needs_replica, _added_weights(prof, res, res.state), risk, slot_wait,
+               snap.round_load_s, rate, snap.taken_at, snap.hbm_free_bytes)
+        inst.rows[model] = row
+        return row
+
+    def passes_eq2(self, plan: CallPlan, inst: InstanceState, cand: CandidateCost,
+                   gain: float) -> bool:
+        """Eq. (2): open a fresh replica only if gain > T_swap + μ_j·ΔW_m + ν_m."""
+        res = inst.snapshot.residency(plan.call.model)  # type: ignore[union-attr]
+        state = self.model_state(inst, plan.call.model)
+        return gain > self._replica_cost(plan.call.model, plan.profile, res, state,
+                                         inst.snapshot, cand.activation_s)
+
+    def inflight(self, plan: CallPlan, inst: InstanceState, cand: CandidateCost | None,
+                 now: float) -> InFlight:
+        """The overlay record of forwarding `plan` to `inst` (cand None: score it first)."""
+        if cand is None or cand.instance != inst.name:
+            cand = self.evaluate(plan, inst)
+        call, prof = plan.call, plan.profile
+        reusable = min(self.kv_on(inst, call)[1], call.prefix_tokens)
+        if cand.kv_state is KVState.MISSING:
+            reusable = 0
+        res = inst.snapshot.residency(call.model)  # type: ignore[union-attr]
+        state = self.model_state(inst, call.model)
+        opens = state is not ModelState.ACTIVE
+        hbm = _hbm_need(call, prof, res, state, cand.kv_state, reusable)
+        work = cand.prefill_s + cand.kv_recovery_s + cand.activation_s
+        return InFlight(call, inst.name, now, work, call.prompt_tokens - reusable, hbm, opens)
+
+    def replica_gain(self, plan: CallPlan, instances: list[InstanceState], demand: DemandTracker,
+                     now: float) -> float:
+        """gain(m, ·) of Eq. (2): how much one more replica shrinks the per-replica backlog of m
+        over the next control window, D / (k (k + 1)) with D = queued prefill work of m on its k
+        open replicas + arrivals' work over the last window + m's live lease charges. No open
+        replica (k = 0) means the first one must open: infinite gain."""
+        model, prof, open_replicas, backlog, leases = plan.call.model, plan.profile, 0, 0.0, 0
+        for inst in instances:
+            leases += self.leases.charge(inst.name, model)
+            if inst.healthy() and self.model_state(inst, model) in _OPEN:
+                open_replicas += 1
+                queued = inst.snapshot.residency(model).queued_tokens + inst.ov_tokens(model)
+                backlog += prof.prefill_s_per_token * queued
+        if open_replicas == 0:
+            return math.inf
+        backlog += demand.work_s(model, now) + leases * self.knobs.admission_unit_s
+        return backlog / (open_replicas * (open_replicas + 1))
+
+    def _replica_cost(self, model: str, prof: LatencyProfile, res, state: ModelState, snap,
+                      activation: float) -> float:
+        """Right side of Eq. (2): T_swap + μ_j·ΔW_m + ν_m; μ_j rises with KV occupancy and with
+        the share of ΔW that the instance's staging slack cannot cover."""
+        added = _added_weights(prof, res, state)
+        u = min(max(snap.kv_occupancy, 0.0), 0.95)
+        uncovered = max(added - snap.staging_slack_bytes, 0) / added if added > 0 else 0.0
+        mu = self.knobs.hbm_price_s_per_gib * (1.0 + u / (1.0 - u)) * (1.0 + uncovered)
+        return activation + mu * added / GIB + self.knobs.replica_penalty(model)
+
+
+def _kv_lookup(inst: InstanceState, key: tuple[str, str] | None,
+               rec: KVRecord | None) -> tuple[KVState, int]:
+    snap = inst.snapshot
+    if key is None or snap is None:
+        return KVState.MISSING, 0
+    if rec is not None and rec.instance == inst.name and rec.at > snap.taken_at:
+        return rec.state, rec.kv_len
+    entry = snap.sessions.get(key)
+    return (entry.state, entry.kv_len) if entry is not None else (KVState.MISSING, 0)
+
+
+def _activation(prof: LatencyProfile, res: ModelResidency, state: ModelState) -> tuple[float, bool]:
+    """C_act and whether the instance needs a fresh replica of the model."""
+    if state is ModelState.ACTIVE:
+        return 0.0, False
+    if state is ModelState.ABSENT:
+        return (prof.open_s if res.open_cost_s is None else res.open_cost_s), True
+    advertised = res.switch_cost_s
+    cost = switch_estimate(prof, res.staged_fraction) if advertised is None else advertised
+    return cost, state is ModelState.STAGED
+
+
+def _added_weights(prof: LatencyProfile, res: ModelResidency, state: ModelState) -> int:
+    if state is ModelState.ABSENT:
+        return prof.weight_bytes
+    if state is ModelState.STAGED:
+        return int(prof.weight_bytes * (1.0 - min(max(res.staged_fraction, 0.0), 1.0)))
+    return 0
+
+
+def _hbm_need(call: CallRequest, prof: LatencyProfile, res: ModelResidency, state: ModelState,
+              kv_state: KVState, reusable: int) -> int:
+    on_device = reusable if kv_state is KVState.DEVICE else 0
+    kv = prof.kv_bytes_per_token * max(call.prompt_tokens + call.max_tokens - on_device, 0)
+    return kv + _added_weights(prof, res, state)

@@ -1,0 +1,80 @@
+"""Talaria's session-aware residency routing: Algorithm 1 of the paper (§3.3, §4.1).
+
+1. A live lease for (session, model) on a healthy instance whose prefix is still device-resident
+   or host-restorable is consumed and wins. Any other lease for the pair is discarded.
+2. Otherwise every placeable instance is scored by Eq. (1); the round-admission (Eq. 5) and HBM
+   checks filter them, and a candidate that needs a fresh replica must also pass Eq. (2).
+3. The cheapest survivor wins; with none, the router applies the configured overload policy.
+The lease check honours a lease on a stale instance as long as it passes the health check;
+staleness only removes an instance from step 2.
+"""
+
+from __future__ import annotations
+
+import math
+from talariad.router.cost import CallPlan
+from talariad.router.messages import CallRequest, CandidateCost, DecisionKind
+from talariad.router.policies.base import POLICIES, Choice, ClusterView, Policy, cheapest
+from talariad.types import KVState
+
+
+@POLICIES.register("talaria")
+class TalariaPolicy(Policy):
+    installs_leases = True
+
+    def choose(self, call: CallRequest, view: ClusterView, now: float) -> Choice:
+        plan = view.cost.plan(call)
+        hit, note = self._consume_lease(plan, view, now)
+        if hit is not None:
+            return hit
+        return self._cost_placement(plan, view, now, note)
+
+    def _consume_lease(self, plan: CallPlan, view: ClusterView,
+                       now: float) -> tuple[Choice | None, str]:
+        call = plan.call
+        if call.session_id is None:
+            return None, ""
+        lease = view.leases.take((call.session_id, call.model))  # consumed or discarded
+        if lease is None:
+            return None, ""
+        inst = view.instances.get(lease.instance)
+        if not lease.live(now):
+            return None, "lease expired"
+        if inst is None or not inst.healthy() or call.model not in inst.snapshot.allowed_models:
+            return None, "lease instance unhealthy"
+        if view.kv(inst, call)[0] is KVState.MISSING:
+            return None, "lease prefix missing"
+        cand = view.cost.evaluate(plan, inst)
+        return Choice(inst.name, DecisionKind.LEASE_HIT, (cand,), "lease"), ""
+
+    def _cost_placement(self, plan: CallPlan, view: ClusterView, now: float,
+                        note: str) -> Choice:
+        cands = [view.cost.evaluate(plan, inst) for inst in view.eligible(plan.call.model, now)]
+        if view.knobs.residency_terms and any(c.needs_replica and c.feasible for c in cands):
+            cands = self._apply_eq2(plan, view, now, cands)
+        best = min((c for c in cands if c.feasible), key=_rank, default=None)
+        prefix = f"{note}; " if note else ""
+        if best is None:
+            return Choice(None, DecisionKind.COST, tuple(cands), prefix + "no feasible instance",
+                          cheapest(cands))
+        kind = DecisionKind.REPLICA_OPEN if best.needs_replica else DecisionKind.COST
+        return Choice(best.instance, kind, tuple(cands), prefix + "min cost")
+
+    @staticmethod
+    def _apply_eq2(plan: CallPlan, view: ClusterView, now: float,
+                   cands: list[CandidateCost]) -> list[CandidateCost]:
+        instances = view.instances.all()
+        gain = view.cost.replica_gain(plan, instances, view.demand, now)
+        if math.isinf(gain):
+            return cands
+        out = []
+        for cand in cands:
+            if cand.needs_replica and cand.feasible and not view.cost.passes_eq2(
+                    plan, view.instances.get(cand.instance), cand, gain):
+                cand = cand._replace(feasible=False, reason="eq2")
+            out.append(cand)
+        return out
+
+
+def _rank(c: CandidateCost) -> tuple[float, str]:
+    return (c.total_s, c.instance)

@@ -1,0 +1,217 @@
+"""The router: a sans-IO state machine over calls, completions and telemetry (§3.3, §4.1).
+
+Every method takes the time `now` (seconds, the shell's clock) and returns a value; nothing here
+reads a clock, sleeps or does IO. `place()` records its own forward in the in-flight overlay, so
+back-to-back decisions see each other before the next snapshot; `forwarded()` only re-stamps or
+re-targets that record when the shell sent the call later or elsewhere.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+from talariad.router.cost import CostModel
+from talariad.router.knobs import RouterKnobs
+from talariad.router.messages import (CallRequest, Decision, DecisionKind, ExpiryReport,
+                                      InstanceSnapshot, InstanceStatus, Lease, RoundMeasurement,
+                                      SessionEntry)
+from talariad.router.policies import POLICIES, Choice, ClusterView
+from talariad.router.profiles import DemandTracker, ProfileBook
+from talariad.router.sessions import LeaseBook, SessionTable
+from talariad.router.telemetry import InstanceBook
+from talariad.types import KVState, LatencyProfile
+
+DECISION_LOG = 4096  # decisions kept for `explain()`
+MIN_RETRY_S = 0.05
+
+
+class Router:
+    """Session-aware placement with soft reservations; `policy` picks a registered policy."""
+
+    def __init__(self, knobs: RouterKnobs, profiles: dict[str, LatencyProfile],
+                 policy: str = "talaria") -> None:
+        self.knobs = knobs
+        self._policy = POLICIES.get(policy)(knobs, random.Random(knobs.seed))
+        self._profiles = ProfileBook(profiles, knobs.ewma_alpha)
+        self._leases, self._sessions, self._instances = LeaseBook(), SessionTable(), InstanceBook()
+        self._demand = DemandTracker(knobs.control_window_s)
+        self._cost = CostModel(knobs, self._profiles, self._leases, self._sessions)
+        self._view = ClusterView(knobs, self._instances, self._sessions, self._leases,
+                                 self._cost, self._demand)
+        self._queued: OrderedDict[str, float] = OrderedDict()  # call id -> first held at
+        self._decisions: OrderedDict[str, Decision] = OrderedDict()
+
+    @property
+    def policy(self) -> str:
+        return self._policy.name
+
+    # --- telemetry ---------------------------------------------------------------------------
+    def observe(self, snapshot: InstanceSnapshot, now: float) -> bool:
+        """Install a snapshot; False if an equal or newer version is already installed."""
+        return self._instances.observe(snapshot, now)
+
+    def heartbeat(self, instance: str, now: float, healthy: bool = True) -> bool:
+        """A heartbeat carrying the instance's health-check result; False if unknown."""
+        return self._instances.heartbeat(instance, now, healthy)
+
+    def remove_instance(self, instance: str, now: float) -> list[Lease]:
+        """Forget an instance (supervisor removed it); its leases go, its calls leave flight."""
+        self._instances.remove(instance)
+        return self._leases.drop_instance(instance)
+
+    def round_summary(self, instance: str, model: str, measured: RoundMeasurement,
+                      now: float) -> LatencyProfile:
+        """Fold an instance's round measurements for `model` into the profile EWMA."""
+        return self._profiles.refresh(model, measured)
+
+    # --- calls -------------------------------------------------------------------------------
+    def place(self, call: CallRequest, now: float) -> Decision:
+        """Algorithm 1 (or the configured baseline) for one arriving or held call."""
+        self._leases.expire(now)
+        if call.call_id not in self._queued:
+            suffix = call.prompt_tokens - call.prefix_tokens
+            self._demand.record(call.model, now, self._profiles.get(call.model).prefill_s(suffix))
+        choice = self._policy.choose(call, self._view, now)
+        if choice.instance is not None:
+            decision = self._forward(call, choice, choice.kind, now)
+        else:
+            decision = self._overload(call, choice, now)
+        self._log(decision)
+        return decision
+
+    def forwarded(self, call_id: str, instance: str, now: float) -> bool:
+        """The shell sent `call_id` to `instance` at `now`; False if the call or instance is
+        unknown. Re-stamps the overlay record, or moves it if the shell chose another instance."""
+        rec = self._instances.inflight(call_id)
+        inst = self._instances.get(instance)
+        if rec is None or inst is None:
+            return False
+        self._instances.pop_inflight(call_id)
+        plan = self._cost.plan(rec.call)
+        return self._instances.add_inflight(self._cost.inflight(plan, inst, None, now))
+
+    def completed(self, call_id: str, instance: str, kv_state: KVState, kv_len: int,
+                  now: float, prefix_handle: str | None = None) -> Lease | None:
+        """The call finished on `instance`, leaving its prefix in `kv_state`. Updates the session
+        table, releases the overlay, and installs the successor lease (None when none is)."""
+        self._queued.pop(call_id, None)
+        rec = self._instances.pop_inflight(call_id)
+        if rec is None:
+            return None
+        call = rec.call
+        self._policy.on_completed(call, instance, kv_state, kv_len, now)
+        if call.session_id is None:
+            return None
+        self._sessions.completed(call.session_id, call.model, instance, kv_state, kv_len, now)
+        if not self._lease_allowed(instance, kv_state):
+            return None
+        handle = prefix_handle or f"{call.session_id}/{call.model}@{instance}:{kv_len}"
+        lease = Lease(call.session_id, call.model, instance, handle, kv_len, now,
+                      now + self.knobs.tau_s)
+        self._leases.install(lease)
+        return lease
+
+    def failed(self, call_id: str, now: float) -> bool:
+        """The call failed or was abandoned: release its overlay and queue place, no lease."""
+        held = self._queued.pop(call_id, None) is not None
+        return self._instances.pop_inflight(call_id) is not None or held
+
+    def expire(self, now: float) -> ExpiryReport:
+        """Drop expired leases, held calls past `queue_timeout_s`, and long-idle session rows."""
+        leases = self._leases.expire(now)
+        timed_out = []
+        while self._queued:
+            call_id, since = next(iter(self._queued.items()))
+            if now - since < self.knobs.queue_timeout_s:
+                break
+            self._queued.popitem(last=False)
+            timed_out.append(call_id)
+        self._sessions.forget_idle(now - self.knobs.session_idle_s)
+        return ExpiryReport(tuple(leases), tuple(timed_out))
+
+    # --- read-only views ---------------------------------------------------------------------
+    def sessions(self) -> tuple[SessionEntry, ...]:
+        return self._sessions.entries(self._leases)
+
+    def leases(self) -> tuple[Lease, ...]:
+        return self._leases.all()
+
+    def explain(self, call_id: str) -> Decision | None:
+        """The latest decision for `call_id`, with its kind and per-candidate breakdown."""
+        return self._decisions.get(call_id)
+
+    def profiles(self) -> dict[str, LatencyProfile]:
+        return self._profiles.all()
+
+    def in_flight(self) -> dict[str, str]:
+        """Call id -> instance for every call forwarded and not yet completed or failed."""
+        return {cid: i.name for i in self._instances.all() for cid in i.inflight}
+
+    def instances(self, now: float) -> tuple[InstanceStatus, ...]:
+        """Every known instance with its health, freshness, load and lease charge at `now`."""
+        return tuple(InstanceStatus(i.name, i.snapshot.version, i.snapshot.pool, i.healthy(),
+                                    i.fresh(now, self.knobs), len(i.inflight),
+                                    self._leases.charge(i.name), i.ov_work_s)
+                     for i in self._instances.all())
+
+    def held(self) -> tuple[str, ...]:
+        """Calls held at the gateway by the "queue" overload policy, oldest first."""
+        return tuple(self._queued)
+
+    def check_integrity(self) -> None:
+        self._leases.check_integrity()
+        self._instances.check_integrity()
+        if len(self._queued) > self.knobs.queue_limit:
+            raise AssertionError("gateway queue over its limit")
+
+    # --- internals ---------------------------------------------------------------------------
+    def _forward(self, call: CallRequest, choice: Choice, kind: DecisionKind,
+                 now: float) -> Decision:
+        inst = self._instances.get(choice.instance)  # type: ignore[arg-type]
+        cand = next((c for c in choice.candidates if c.instance == choice.instance), None)
+        self._instances.add_inflight(self._cost.inflight(self._cost.plan(call), inst, cand, now))
+        self._queued.pop(call.call_id, None)
+        self._policy.on_placed(call, inst.name, now)
+        return Decision(call.call_id, kind, inst.name, self.policy, now, choice.reason,
+                        None, choice.candidates)
+
+    def _overload(self, call: CallRequest, choice: Choice, now: float) -> Decision:
+        mode = self.knobs.overload
+        if mode == "spill" and choice.spill is not None:
+            spilled = Choice(choice.spill, choice.kind, choice.candidates,
+                             choice.reason + "; spill ignoring feasibility")
+            return self._forward(call, spilled, DecisionKind.OVERLOAD_SPILL, now)
+        retry = self._retry_after(call.model)
+        if mode == "queue":
+            since = self._queued.get(call.call_id)
+            if since is None and len(self._queued) < self.knobs.queue_limit:
+                self._queued[call.call_id] = since = now
+            if since is not None and now - since < self.knobs.queue_timeout_s:
+                wait = min(retry, self.knobs.queue_timeout_s - (now - since))
+                return self._refuse(call, choice, DecisionKind.OVERLOAD_QUEUE, now, wait, "held")
+            self._queued.pop(call.call_id, None)
+            why = "queue full" if since is None else "queue timeout"
+            return self._refuse(call, choice, DecisionKind.OVERLOAD_REJECT, now, retry, why)
+        return self._refuse(call, choice, DecisionKind.OVERLOAD_REJECT, now, retry, "rejected")
+
+    def _refuse(self, call: CallRequest, choice: Choice, kind: DecisionKind, now: float,
+                retry: float, why: str) -> Decision:
+        return Decision(call.call_id, kind, None, self.policy, now, f"{choice.reason}; {why}",
+                        max(retry, MIN_RETRY_S), choice.candidates)
+
+    def _retry_after(self, model: str) -> float:
+        """Earliest relief: the soonest round end among healthy instances that allow `model`."""
+        ends = [i.snapshot.round_remaining_s for i in self._instances.all()
+                if i.healthy() and model in i.snapshot.allowed_models]
+        return min(ends) if ends else self.knobs.heartbeat_s
+
+    def _lease_allowed(self, instance: str, kv_state: KVState) -> bool:
+        return (self._policy.installs_leases and self.knobs.leases_enabled
+                and kv_state is not KVState.MISSING and instance in self._instances)
+
+    def _log(self, decision: Decision) -> None:
+        self._decisions[decision.call_id] = decision
+        self._decisions.move_to_end(decision.call_id)
+        if len(self._decisions) > DECISION_LOG:
+            self._decisions.popitem(last=False)

@@ -1,0 +1,164 @@
+"""The session table and the lease book: who served a session last, and its soft reservation.
+
+Leases expire lazily through a heap keyed by t_exp, so expiry costs O(log n) per lease and a
+lookup O(1). The lease book also owns the per-instance admission charge of live leases.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass
+
+from talariad.router.messages import Lease, SessionEntry
+from talariad.types import KVState
+
+LeaseKey = tuple[str, str]  # (session_id, model)
+
+
+class LeaseBook:
+    """At most one lease per (session, model); each live lease charges one unit to its instance."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[LeaseKey, Lease] = {}
+        self._heap: list[tuple[float, int, Lease]] = []
+        self._seq = itertools.count()
+        # instance -> {model: live leases, None: all of them}; read directly by the cost model
+        self.by_instance: dict[str, defaultdict[str | None, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def install(self, lease: Lease) -> None:
+        self.take((lease.session_id, lease.model))
+        self._by_key[(lease.session_id, lease.model)] = lease
+        heapq.heappush(self._heap, (lease.t_exp, next(self._seq), lease))
+        per_model = self.by_instance.setdefault(lease.instance, defaultdict(int))
+        per_model[lease.model] += 1
+        per_model[None] += 1
+
+    def get(self, key: LeaseKey) -> Lease | None:
+        return self._by_key.get(key)
+
+    def take(self, key: LeaseKey) -> Lease | None:
+        """Remove the lease for `key` (consumed or discarded) and release its charge."""
+        lease = self._by_key.pop(key, None)
+        if lease is not None:
+            self._release(lease)
+        return lease
+
+    def expire(self, now: float) -> list[Lease]:
+        """Drop every lease with t_exp <= now; heap entries of replaced leases are skipped."""
+        gone = []
+        while self._heap and self._heap[0][0] <= now:
+            lease = heapq.heappop(self._heap)[2]
+            if self._by_key.get((lease.session_id, lease.model)) is lease:
+                del self._by_key[(lease.session_id, lease.model)]
+                self._release(lease)
+                gone.append(lease)
+        return gone
+
+    def drop_instance(self, instance: str) -> list[Lease]:
+        doomed = [k for k, lease in self._by_key.items() if lease.instance == instance]
+        return [lease for k in doomed if (lease := self.take(k)) is not None]
+
+    def charge(self, instance: str, model: str | None = None) -> int:
+        """Live leases on `instance` (for one model, or, with None, for all models)."""
+        per_model = self.by_instance.get(instance)
+        return per_model.get(model, 0) if per_model else 0
+
+    def all(self) -> tuple[Lease, ...]:
+        return tuple(self._by_key.values())
+
+    def check_integrity(self) -> None:
+        counts: defaultdict[tuple[str, str], int] = defaultdict(int)
+        for (session, model), lease in self._by_key.items():
+            if (lease.session_id, lease.model) != (session, model):
+                raise AssertionError(f"lease filed under the wrong key: {lease}")
+            counts[(lease.instance, lease.model)] += 1
+        for inst, per_model in self.by_instance.items():
+            for model, n in per_model.items():
+                if model is not None and n != counts.get((inst, model), 0):
+                    raise AssertionError(f"charge {inst}/{model}={n} disagrees with the leases")
+            if per_model.get(None, 0) != sum(n for m, n in per_model.items() if m is not None):
+                raise AssertionError(f"total charge of {inst} out of step")
+        live = {id(entry[2]) for entry in self._heap}
+        if any(id(lease) not in live for lease in self._by_key.values()):
+            raise AssertionError("a lease is missing from the expiry heap")
+
+    def _release(self, lease: Lease) -> None:
+        per_model = self.by_instance[lease.instance]
+        per_model[lease.model] -= 1
+        per_model[None] -= 1
+
+
+@dataclass(slots=True)
+class _Row:
+    instance: str | None
+    model: str | None
+    kv_len: int
+    last_used: float
+
+
+@dataclass(frozen=True, slots=True)
+class KVRecord:
+    """Where the last completion of (session, model) left its prefix, as the completion said."""
+
+    instance: str
+    state: KVState
+    kv_len: int
+    at: float
+
+
+class SessionTable:
+    """Per session id: last serving instance, model, observed KV length, last-use time (§4.1)."""
+
+    def __init__(self) -> None:
+        self._rows: OrderedDict[str, _Row] = OrderedDict()  # least recently used first
+        self._kv: dict[LeaseKey, KVRecord] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def get(self, session_id: str) -> _Row | None:
+        return self._rows.get(session_id)
+
+    def kv_record(self, session_id: str, model: str) -> KVRecord | None:
+        return self._kv.get((session_id, model))
+
+    def completed(self, session_id: str, model: str, instance: str, state: KVState,
+                  kv_len: int, now: float) -> None:
+        self.touch(session_id, instance, model, kv_len, now)
+        self._kv[(session_id, model)] = KVRecord(instance, state, kv_len, now)
+
+    def touch(self, session_id: str, instance: str | None, model: str | None, kv_len: int,
+              now: float) -> None:
+        row = self._rows.get(session_id)
+        if row is None:
+            self._rows[session_id] = _Row(instance, model, kv_len, now)
+            return
+        row.instance, row.model, row.kv_len, row.last_used = instance, model, kv_len, now
+        self._rows.move_to_end(session_id)
+
+    def forget_idle(self, before: float) -> list[str]:
+        """Drop rows last used before `before` (rows are kept in last-use order)."""
+        gone = []
+        while self._rows:
+            sid, row = next(iter(self._rows.items()))
+            if row.last_used >= before:
+                break
+            del self._rows[sid]
+            gone.append(sid)
+        if gone:
+            dropped = set(gone)
+            self._kv = {k: v for k, v in self._kv.items() if k[0] not in dropped}
+        return gone
+
+    def entries(self, leases: LeaseBook) -> tuple[SessionEntry, ...]:
+        return tuple(self._entry(sid, row, leases) for sid, row in self._rows.items())
+
+    @staticmethod
+    def _entry(sid: str, row: _Row, leases: LeaseBook) -> SessionEntry:
+        lease = leases.get((sid, row.model)) if row.model is not None else None
+        return SessionEntry(sid, row.instance, row.model, row.kv_len, row.last_used, lease)

@@ -1,0 +1,207 @@
+"""Instance telemetry intake: latest versioned snapshot, heartbeats, and the in-flight overlay.
+
+The overlay (§4.1) is what the router itself forwarded since an instance's latest snapshot:
+such calls are not yet in the snapshot's queues, so their predicted work, tokens, HBM and any
+model they open are added on top of it. A forward stamped at or before `snapshot.taken_at` is
+taken to be reflected in the snapshot and leaves the overlay (it stays in flight for counts).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from talariad.router.knobs import RouterKnobs
+from talariad.router.messages import CallRequest, InstanceSnapshot
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A call the router forwarded and has not yet seen complete or fail."""
+
+    call: CallRequest
+    instance: str
+    forwarded_at: float
+    work_s: float  # prefill + KV recovery + activation it adds to the instance's round
+    new_tokens: int  # prompt tokens the instance must prefill (suffix + recompute)
+    hbm_bytes: int  # KV bytes plus added weight bytes if it opens the model
+    opens_model: bool
+    counted: bool = False  # currently part of the overlay aggregates
+
+
+class InstanceState:
+    """Everything the router knows about one instance."""
+
+    __slots__ = ("name", "snapshot", "taken_at", "allowed", "last_seen", "health_ok", "health_at",
+                 "inflight", "ov_work_s", "ov_hbm", "ov_calls", "ov_model", "rows")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.snapshot: InstanceSnapshot | None = None
+        self.taken_at = float("-inf")  # snapshot fields copied out for the per-call filter
+        self.allowed: frozenset[str] = frozenset()
+        self.rows: dict[str, tuple] = {}  # per-model cost rows cached by the cost model
+        self.last_seen = float("-inf")
+        self.health_ok = False
+        self.health_at = float("-inf")
+        self.inflight: dict[str, InFlight] = {}
+        self._reset_overlay()
+
+    def healthy(self) -> bool:
+        """Passes the health check: has telemetry and its latest health report is good."""
+        return self.snapshot is not None and self.health_ok
+
+    def fresh(self, now: float, knobs: RouterKnobs) -> bool:
+        """Snapshot within the staleness bound and no missed heartbeat."""
+        return (self.snapshot is not None and now - self.taken_at <= knobs.staleness_s
+                and now - self.last_seen <= knobs.heartbeat_s)
+
+    def placeable(self, model: str, now: float, knobs: RouterKnobs) -> bool:
+        """Eligible for non-reserved placement of `model`."""
+        return self.health_ok and self.fresh(now, knobs) and model in self.allowed
+
+    def report_health(self, healthy: bool, now: float) -> None:
+        if now >= self.health_at:
+            self.health_ok, self.health_at = healthy, now
+        self.last_seen = max(self.last_seen, now)
+
+    def add(self, rec: InFlight) -> None:
+        self.inflight[rec.call.call_id] = rec
+        snap = self.snapshot
+        if snap is None or rec.forwarded_at > snap.taken_at:
+            self._count(rec, +1)
+
+    def remove(self, call_id: str) -> InFlight | None:
+        rec = self.inflight.pop(call_id, None)
+        if rec is not None and rec.counted:
+            self._count(rec, -1)
+        return rec
+
+    def install(self, snapshot: InstanceSnapshot) -> None:
+        self.snapshot = snapshot
+        self.taken_at, self.allowed, self.rows = snapshot.taken_at, snapshot.allowed_models, {}
+        self._reset_overlay()
+        for rec in self.inflight.values():
+            rec.counted = False
+            if rec.forwarded_at > snapshot.taken_at:
+                self._count(rec, +1)
+
+    def ov_tokens(self, model: str) -> int:
+        row = self.ov_model.get(model)
+        return row[0] if row else 0
+
+    def opening(self, model: str) -> int:
+        """In-flight forwards (not yet in a snapshot) that open `model` here."""
+        row = self.ov_model.get(model)
+        return row[2] if row else 0
+
+    def check_integrity(self) -> None:
+        work, hbm, per_model = 0.0, 0, defaultdict(lambda: [0, 0, 0])
+        for rec in self.inflight.values():
+            if rec.instance != self.name:
+                raise AssertionError(f"{rec.call.call_id} misfiled under {self.name}")
+            if rec.counted:
+                work, hbm = work + rec.work_s, hbm + rec.hbm_bytes
+                row = per_model[rec.call.model]
+                row[0] += rec.new_tokens
+                row[1] += 1
+                row[2] += int(rec.opens_model)
+        if abs(work - self.ov_work_s) > 1e-6 or hbm != self.ov_hbm:
+            raise AssertionError(f"overlay of {self.name} out of step with its in-flight calls")
+        if dict(per_model) != {m: r for m, r in self.ov_model.items() if any(r)}:
+            raise AssertionError(f"per-model overlay of {self.name} out of step")
+        if self.ov_calls != sum(r[1] for r in per_model.values()):
+            raise AssertionError(f"overlay call count of {self.name} out of step")
+
+    def _reset_overlay(self) -> None:
+        self.ov_work_s = 0.0
+        self.ov_hbm = 0
+        self.ov_calls = 0
+        self.ov_model: dict[str, list[int]] = {}  # model -> [new tokens, calls, opening calls]
+
+    def _count(self, rec: InFlight, sign: int) -> None:
+        row = self.ov_model.get(rec.call.model)
+        if row is None:
+            row = self.ov_model[rec.call.model] = [0, 0, 0]
+        row[0] += sign * rec.new_tokens
+        row[1] += sign
+        row[2] += sign if rec.opens_model else 0
+        self.ov_work_s = max(0.0, self.ov_work_s + sign * rec.work_s)
+        self.ov_hbm += sign * rec.hbm_bytes
+        self.ov_calls += sign
+        rec.counted = sign > 0
+
+
+class InstanceBook:
+    """All instances the router has heard of, in a fixed (name) order for determinism."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, InstanceState] = {}
+        self._ordered: list[InstanceState] = []
+        self._calls: dict[str, InstanceState] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def get(self, name: str) -> InstanceState | None:
+        return self._by_name.get(name)
+
+    def all(self) -> list[InstanceState]:
+        return self._ordered
+
+    def observe(self, snapshot: InstanceSnapshot, now: float) -> bool:
+        """Install a snapshot unless an equal or newer version is already installed."""
+        inst = self._by_name.get(snapshot.instance) or self._add(snapshot.instance)
+        if inst.snapshot is not None and snapshot.version <= inst.snapshot.version:
+            return False
+        inst.install(snapshot)
+        inst.report_health(snapshot.healthy, now)
+        return True
+
+    def heartbeat(self, name: str, now: float, healthy: bool) -> bool:
+        inst = self._by_name.get(name)
+        if inst is None:
+            return False
+        inst.report_health(healthy, now)
+        return True
+
+    def remove(self, name: str) -> list[InFlight]:
+        inst = self._by_name.pop(name, None)
+        if inst is None:
+            return []
+        self._ordered.remove(inst)
+        for call_id in inst.inflight:
+            self._calls.pop(call_id, None)
+        return list(inst.inflight.values())
+
+    def add_inflight(self, rec: InFlight) -> bool:
+        inst = self._by_name.get(rec.instance)
+        if inst is None:
+            return False
+        self.pop_inflight(rec.call.call_id)
+        inst.add(rec)
+        self._calls[rec.call.call_id] = inst
+        return True
+
+    def inflight(self, call_id: str) -> InFlight | None:
+        inst = self._calls.get(call_id)
+        return inst.inflight.get(call_id) if inst is not None else None
+
+    def pop_inflight(self, call_id: str) -> InFlight | None:
+        inst = self._calls.pop(call_id, None)
+        return inst.remove(call_id) if inst is not None else None
+
+    def check_integrity(self) -> None:
+        for inst in self._ordered:
+            inst.check_integrity()
+            for call_id in inst.inflight:
+                if self._calls.get(call_id) is not inst:
+                    raise AssertionError(f"call {call_id} not indexed to {inst.name}")
+        if len(self._calls) != sum(len(i.inflight) for i in self._ordered):
+            raise AssertionError("call index holds calls no instance has in flight")
+
+    def _add(self, name: str) -> InstanceState:
+        inst = InstanceState(name)
+        self._by_name[name] = inst
+        self._ordered = sorted(self._by_name.values(), key=lambda i: i.name)
+        return inst

@@ -1,0 +1,117 @@
+"""The lease book, session table, prefix index and telemetry book on their own."""
+
+from __future__ import annotations
+
+import pytest
+
+from talariad.router import Lease
+from talariad.router.policies.prefix_index import RoutedPrefixIndex
+from talariad.router.sessions import LeaseBook, SessionTable
+from talariad.types import KVState
+from tests.router.router_factories import Snaps, call, cluster, router
+
+
+def _lease(session="s", model="m", instance="a", t_done=0.0, tau=1.0) -> Lease:
+    return Lease(session, model, instance, "h", 10, t_done, t_done + tau)
+
+
+def test_lease_book_replacement_keeps_one_charge_and_skips_stale_heap_entries():
+    book = LeaseBook()
+    book.install(_lease(instance="a", t_done=0.0))
+    book.install(_lease(instance="b", t_done=0.5))  # same (session, model): replaces
+    assert len(book) == 1 and book.charge("a") == 0 and book.charge("b") == 1
+    assert book.expire(1.0) == []  # the heap entry of the replaced lease is skipped
+    assert [lease.instance for lease in book.expire(1.5)] == ["b"] and book.charge("b") == 0
+    book.check_integrity()
+
+
+def test_lease_book_charges_per_model_and_drop_instance():
+    book = LeaseBook()
+    book.install(_lease("s1", "m1", "a"))
+    book.install(_lease("s2", "m2", "a"))
+    book.install(_lease("s3", "m1", "b"))
+    assert (book.charge("a"), book.charge("a", "m1"), book.charge("a", "m2")) == (2, 1, 1)
+    assert {lease.session_id for lease in book.drop_instance("a")} == {"s1", "s2"}
+    assert book.charge("a") == 0 and len(book) == 1
+    book.check_integrity()
+
+
+def test_lease_book_integrity_check_catches_a_bad_charge():
+    book = LeaseBook()
+    book.install(_lease())
+    book.by_instance["a"]["m"] += 1
+    with pytest.raises(AssertionError):
+        book.check_integrity()
+
+
+def test_lease_liveness_window():
+    lease = _lease(t_done=2.0, tau=1.0)
+    assert [lease.live(t) for t in (1.9, 2.0, 2.99, 3.0)] == [False, True, True, False]
+
+
+def test_session_table_forgets_idle_rows_in_last_use_order():
+    table = SessionTable()
+    table.completed("s1", "m", "a", KVState.DEVICE, 10, 1.0)
+    table.completed("s2", "m", "a", KVState.HOST, 10, 2.0)
+    table.completed("s1", "m", "b", KVState.DEVICE, 20, 3.0)  # s1 used again, later
+    assert table.forget_idle(2.5) == ["s2"]
+    assert table.get("s1").instance == "b" and table.kv_record("s2", "m") is None
+    assert table.kv_record("s1", "m").kv_len == 20
+
+
+def test_router_expire_forgets_long_idle_sessions():
+    r, snaps = router(session_idle_s=10.0), Snaps()
+    cluster(r, snaps, ("a",))
+    r.place(call("c1"), 0.0)
+    r.completed("c1", "a", KVState.DEVICE, 10, 1.0)
+    r.expire(5.0)
+    assert len(r.sessions()) == 1
+    r.expire(11.5)
+    assert r.sessions() == ()
+
+
+def test_prefix_index_matches_by_session_and_evicts_lru():
+    index = RoutedPrefixIndex(capacity_tokens=1000)
+    index.insert("m", "s1", "a", 600)
+    index.insert("m", "s2", "a", 300)
+    index.insert("m", "s1", "b", 800)
+    assert index.matches("m", "s1", 700) == {"a": (600, 1), "b": (700, 3)}
+    assert index.matches("m", None, 700) == {} and index.matches("x", "s1", 700) == {}
+    index.insert("m", "s3", "a", 400)  # a now holds 1300 > 1000
+    assert index.evict() == 1 and index.size("a") == 700  # s1 (least recent on a) went
+    assert "a" not in index.matches("m", "s1", 700)
+    index.check_integrity()
+
+
+def test_instances_view_reports_health_freshness_and_load():
+    r, snaps = router(staleness_s=1.0), Snaps()
+    cluster(r, snaps, ("a", "b"))
+    r.place(call("c1", prompt=5000), 0.1)
+    r.completed("c1", "a", KVState.DEVICE, 5010, 0.3)
+    r.place(call("c2", session="s2", prompt=5000), 0.4)
+    r.heartbeat("b", 1.5, healthy=False)
+    view = {s.instance: s for s in r.instances(1.5)}
+    assert view["a"].leases == 1 and view["b"].in_flight == 1
+    assert view["b"].overlay_work_s == pytest.approx(0.5)
+    assert not view["a"].fresh and view["a"].healthy and not view["b"].healthy
+
+
+def test_forwarded_retargets_the_overlay():
+    r, snaps = router(), Snaps()
+    cluster(r, snaps, ("a", "b"))
+    d = r.place(call("c1", prompt=5000), 0.1)
+    assert r.forwarded("c1", "b" if d.instance == "a" else "a", 0.2)
+    assert r.in_flight() == {"c1": "b" if d.instance == "a" else "a"}
+    assert not r.forwarded("c1", "zz", 0.2) and not r.forwarded("nope", "a", 0.2)
+    r.check_integrity()
+
+
+def test_remove_instance_drops_its_leases_and_calls():
+    r, snaps = router(), Snaps()
+    cluster(r, snaps, ("a", "b"))
+    r.place(call("c1"), 0.1)
+    r.completed("c1", "a", KVState.DEVICE, 1010, 0.2)
+    r.place(call("c2", session="s2"), 0.3)
+    assert [lease.instance for lease in r.remove_instance("a", 0.4)] == ["a"]
+    assert r.leases() == () and "a" not in {s.instance for s in r.instances(0.4)}
+    r.check_integrity()

@@ -1,0 +1,191 @@
+"""Each baseline policy's defining behaviour (peer-policies.md definitions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from talariad.router import DecisionKind, ModelResidency, ModelState
+from talariad.types import KVState
+from tests.router.router_factories import MODEL, Snaps, call, cluster, router, serve
+
+NAMES = ("a", "b", "c")
+
+
+def _cluster(policy: str, **knobs):
+    r, snaps = router(policy, **knobs), Snaps()
+    cluster(r, snaps, NAMES)
+    return r, snaps
+
+
+def _load(r, instance: str, n: int, tag: str = "load") -> None:
+    """Put n calls in flight on `instance` (router-side load L_w)."""
+    for i in range(n):
+        r.forwarded(r.place(call(f"{tag}{i}", session=f"{tag}{i}"), 0.0).call_id, instance, 0.0)
+
+
+def test_least_pressure_ignores_kv_and_picks_lowest_load():
+    r, snaps = router("least-pressure"), Snaps()
+    r.observe(snaps("a", 0.0, round_load_s=2.0, sessions={"s1": (KVState.DEVICE, 5000)}), 0.0)
+    r.observe(snaps("b", 0.0, round_load_s=1.0), 0.0)
+    d = r.place(call("c1", prompt=6000, prefix=5000), 0.1)
+    assert d.instance == "b" and d.kind is DecisionKind.COST
+    assert {c.instance: c.score for c in d.candidates} == {"a": 2.0, "b": 1.0}
+
+
+def test_session_sticky_returns_to_last_instance_regardless_of_load():
+    r, snaps = _cluster("session-sticky")
+    d1, lease = serve(r, call("c1"), 0.1, 0.5)
+    assert lease is None  # baselines install no soft reservation
+    r.observe(snaps(d1.instance, 1.0, round_load_s=7.0), 1.0)
+    assert r.place(call("c2"), 1.1).instance == d1.instance
+    r.heartbeat(d1.instance, 1.2, healthy=False)
+    assert r.place(call("c3"), 1.2).instance != d1.instance
+
+
+def test_round_robin_cycles_over_eligible_instances():
+    r, _ = _cluster("round-robin")
+    picks = [r.place(call(f"c{i}", session=None), 0.1).instance for i in range(4)]
+    assert picks == ["a", "b", "c", "a"]
+
+
+def test_random_is_seeded_and_only_picks_eligible():
+    def picks(seed: int) -> list[str]:
+        r, snaps = _cluster("random", seed=seed)
+        r.observe(snaps("c", 0.0, healthy=False), 0.0)
+        return [r.place(call(f"c{i}", session=None), 0.1).instance for i in range(40)]
+
+    assert picks(7) == picks(7) and picks(7) != picks(8)
+    assert set(picks(7)) == {"a", "b"}
+
+
+def test_power_of_two_takes_the_less_loaded_of_two():
+    r, snaps = router("power-of-two"), Snaps()
+    cluster(r, snaps, ("a", "b"))
+    _load(r, "a", 10)
+    assert all(r.place(call(f"c{i}", session=None), 0.1).instance == "b" for i in range(5))
+
+
+def test_sglang_cache_aware_hit_miss_and_imbalance():
+    r, _ = _cluster("sglang-cache-aware")
+    first = r.place(call("c1", prompt=1000), 0.1)  # empty tree: min load, first minimum
+    assert first.instance == "a"
+    hit = r.place(call("c2", prompt=1100, prefix=1000), 0.2)  # 1000/1100 > 0.3
+    assert hit.instance == "a" and "cache hit" in hit.reason
+    miss = r.place(call("c3", prompt=10_000, prefix=1000), 0.3)  # 0.1 <= 0.3: min load
+    assert miss.instance == "b" and "miss" in miss.reason
+    _load(r, "a", 100)
+    skewed = r.place(call("c4", prompt=10_100, prefix=10_000), 0.4)
+    assert "imbalanced" in skewed.reason and skewed.instance == "c"
+
+
+def test_dynamo_prefers_device_overlap_then_host_overlap():
+    r, snaps = router("dynamo-kv"), Snaps()
+    r.observe(snaps("a", 0.0, sessions={"s1": (KVState.HOST, 8000)}), 0.0)
+    r.observe(snaps("b", 0.0, sessions={"s1": (KVState.DEVICE, 8000)}), 0.0)
+    r.observe(snaps("c", 0.0), 0.0)
+    d = r.place(call("c1", prompt=8160, prefix=8000), 0.1)
+    scores = {c.instance: c.score for c in d.candidates}
+    assert d.instance == "b" and scores["b"] < scores["a"] < scores["c"]
+    assert scores["b"] == pytest.approx(160 / 16 + 10)  # prefill blocks + new blocks
+    assert scores["a"] == pytest.approx((8160 - 0.75 * 500 * 16) / 16 + 510)
+
+
+def test_dynamo_active_load_pushes_away():
+    r, snaps = router("dynamo-kv"), Snaps()
+    cluster(r, snaps, ("a", "b"))
+    _load(r, "a", 2)
+    assert r.place(call("c1", session=None), 0.1).instance == "b"
+
+
+def test_llm_d_weighted_scores():
+    r, snaps = router("llm-d"), Snaps()
+    r.observe(snaps("a", 0.0, kv_occupancy=0.5), 0.0)
+    r.observe(snaps("b", 0.0, kv_occupancy=0.1), 0.0)
+    d = r.place(call("c1", prompt=1600), 0.1)
+    scores = {c.instance: c.score for c in d.candidates}
+    assert scores == pytest.approx({"a": 2 * 1.0 + 2 * 0.5, "b": 2 * 1.0 + 2 * 0.9})
+    assert d.instance == "b"
+    # the return matches 100 of its 110 blocks on b: prefix score 3 * 100/110 wins it back
+    r.observe(snaps("b", 0.2, kv_occupancy=0.6), 0.2)
+    back = r.place(call("c2", prompt=1760, prefix=1600), 0.3)
+    assert back.instance == "b"
+
+
+def test_consistent_hash_is_stable_and_bounded():
+    r, snaps = _cluster("consistent-hash")
+    homes = {s: r.place(call(f"{s}-1", session=s), 0.1).instance for s in ("s1", "s2", "s3", "s4")}
+    for s in homes:
+        r.failed(f"{s}-1", 0.1)
+    assert {s: r.place(call(f"{s}-2", session=s), 0.2).instance for s in homes} == homes
+    for s in homes:
+        r.failed(f"{s}-2", 0.2)
+    r.observe(snaps("c", 0.3, healthy=False), 0.3)  # only c's sessions move
+    moved = {s: r.place(call(f"{s}-3", session=s), 0.3).instance for s in homes}
+    assert all(moved[s] == homes[s] for s in homes if homes[s] != "c")
+    assert "c" not in moved.values()
+
+
+def test_consistent_hash_moves_off_an_overloaded_home():
+    r, _ = _cluster("consistent-hash")
+    home = r.place(call("probe", session="s1"), 0.1).instance
+    r.failed("probe", 0.1)
+    _load(r, home, 6)  # 6 > 1.5 * max(1, 6/3)
+    assert r.place(call("c1", session="s1"), 0.2).instance != home
+
+
+def test_continuum_pins_for_two_seconds():
+    r, snaps = _cluster("continuum-ttl")
+    d1, _ = serve(r, call("c1"), 0.1, 0.5)
+    r.observe(snaps(d1.instance, 0.6, round_load_s=5.0), 0.6)  # pinned home is now busiest
+    assert r.place(call("c2"), 1.0).instance == d1.instance  # within 2 s: pinned
+    r.completed("c2", d1.instance, KVState.DEVICE, 1010, 1.2)
+    assert r.place(call("c3"), 3.3).instance != d1.instance  # 2.1 s later: pin expired
+
+
+def test_continuum_does_not_pin_after_long_gaps():
+    r, snaps = _cluster("continuum-ttl")
+    serve(r, call("c1"), 0.0, 0.1)
+    serve(r, call("c2"), 10.1, 10.2)  # a 10 s gap: mean gap > 2 s, no more pins
+    home = r.sessions()[0].instance
+    for name in NAMES:
+        r.observe(snaps(name, 10.3, round_load_s=5.0 if name == home else 0.0), 10.3)
+    assert r.place(call("c3"), 10.4).instance != home
+
+
+def test_llama_swap_serves_where_loaded_then_idle_then_waits():
+    r, snaps = router("llama-swap", overload="queue"), Snaps()
+    r.observe(snaps("a", 0.0, round_load_s=5.0), 0.0)  # loaded, busy
+    r.observe(snaps("b", 0.0, state=ModelState.ABSENT), 0.0)  # idle, model absent
+    assert r.place(call("c1", session="s1"), 0.1).instance == "a"
+    other = "other"
+    r2, snaps2 = router("llama-swap", overload="queue", profiles={}), Snaps()
+    busy = {other: ModelResidency(ModelState.ACTIVE, running_calls=2)}
+    r2.observe(snaps2("a", 0.0, models=busy, allowed=(MODEL, other)), 0.0)
+    r2.observe(snaps2("b", 0.0, models={other: ModelResidency(ModelState.ACTIVE)},
+                      allowed=(MODEL, other)), 0.0)
+    assert r2.place(call("c1"), 0.1).instance == "b"  # nothing loaded: swap on the idle one
+    assert r2.place(call("c2", session="s2"), 0.1).instance == "b"  # joins that swap
+    r3, snaps3 = router("llama-swap", overload="queue", profiles={}), Snaps()
+    for name in ("a", "b"):  # both busy with another model: wait for a drain
+        r3.observe(snaps3(name, 0.0, models=busy, allowed=(MODEL, other)), 0.0)
+    assert r3.place(call("c1"), 0.1).kind is DecisionKind.OVERLOAD_QUEUE
+
+
+def test_llama_swap_concurrency_limit_spills_to_other_loaded():
+    r, snaps = router("llama-swap"), Snaps()
+    cluster(r, snaps, ("a", "b"))
+    picks = [r.place(call(f"c{i}", session=f"s{i}"), 0.1).instance for i in range(20)]
+    assert picks.count("a") == 10 and picks.count("b") == 10
+
+
+@pytest.mark.parametrize("policy", ["least-pressure", "round-robin", "random", "power-of-two",
+                                    "sglang-cache-aware", "dynamo-kv", "llm-d", "consistent-hash",
+                                    "continuum-ttl", "llama-swap", "session-sticky"])
+def test_baselines_install_no_lease_and_skip_unhealthy(policy):
+    r, snaps = _cluster(policy)
+    r.observe(snaps("a", 0.0, healthy=False), 0.0)
+    d, lease = serve(r, call("c1"), 0.1, 0.2)
+    assert d.instance in ("b", "c") and lease is None and r.leases() == ()
+    assert all(c.instance != "a" for c in d.candidates)
+    assert r.explain("c1") == d and d.policy == policy
+    assert MODEL in r.profiles()
