@@ -1,0 +1,235 @@
+"""Host KV registry metadata (§4.3, App. B, App. C; pure bookkeeping, one per TP rank).
+
+Blocks are keyed by (model, cumulative prefix hash) at page granularity and live in slabs of the
+shared `SlabPool`. Three invariants (App. B):
+- DMA pins (copies in flight) are counted apart from radix references (sessions whose prefix points
+  at the block); only unpinned blocks are evicted, least recently used first.
+- A block is committed to the shared `PrefixAgreement` only once its copy completed, and a prefix
+  is exposed only as far as every TP rank has committed the same hashes; the rest stays private.
+- `pending(model)` lists the outgoing model's in-flight saves so a switch can drain exactly those.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass, field
+
+from talariad.memory.kv_layout import KVLayout
+from talariad.memory.slabs import SlabPool
+from talariad.memory.transfer import slabs_per_block
+
+Key = tuple[str, str]  # (model, cumulative prefix hash)
+
+
+def prefix_hashes(token_ids: list[int], page_size: int, model: str = "") -> list[str]:
+    """Cumulative prefix hash at every full page boundary (the key the registry and ranks share)."""
+    out, h = [], hashlib.blake2b(model.encode(), digest_size=16)
+    for end in range(page_size, len(token_ids) + 1, page_size):
+        h.update(b"".join(t.to_bytes(8, "little", signed=True) for t in token_ids[end - page_size:end]))
+        out.append(h.copy().hexdigest())
+    return out
+
+
+class BlockState(str, enum.Enum):
+    PENDING = "pending"  # D2H copy in flight
+    READY = "ready"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockDesc:
+    """The compact layout descriptor each entry carries (App. C)."""
+
+    model: str
+    tp_rank: int
+    prefix_hash: str
+    tokens: int
+    page_size: int
+    dtype: str
+    family: str
+    slab_count: int
+
+
+@dataclass(slots=True)
+class Block:
+    key: Key
+    desc: BlockDesc
+    slabs: list[int]
+    state: BlockState = BlockState.PENDING
+    dma_pins: int = 0
+    radix_refs: set[str] = field(default_factory=set)
+    last_use: int = 0
+
+
+class PrefixAgreement:
+    """Which (model, hash) pages every TP rank has committed; shared by the ranks of an instance."""
+
+    def __init__(self, tp_size: int = 1) -> None:
+        if tp_size < 1:
+            raise ValueError(f"tp_size={tp_size} must be >= 1")
+        self.tp_size = tp_size
+        self._ranks: dict[Key, set[int]] = {}
+
+    def commit(self, rank: int, key: Key) -> None:
+        self._ranks.setdefault(key, set()).add(rank)
+
+    def retract(self, rank: int, key: Key) -> None:
+        ranks = self._ranks.get(key)
+        if ranks is not None:
+            ranks.discard(rank)
+            if not ranks:
+                del self._ranks[key]
+
+    def committed(self, rank: int, key: Key) -> bool:
+        return rank in self._ranks.get(key, ())
+
+    def agreed(self, key: Key) -> bool:
+        return len(self._ranks.get(key, ())) == self.tp_size
+
+    def agreed_prefix(self, model: str, hashes: list[str]) -> int:
+        """Length of the longest page-aligned prefix of `hashes` every rank committed."""
+        n = 0
+        while n < len(hashes) and self.agreed((model, hashes[n])):
+            n += 1
+        return n
+
+
+class HostKVRegistry:
+    def __init__(self, slabs: SlabPool, agreement: PrefixAgreement, rank: int = 0) -> None:
+        self.pool = slabs
+        self.agreement = agreement
+        self.rank = rank
+        self.blocks: dict[Key, Block] = {}
+        self.sessions: dict[tuple[str, str], list[str]] = {}  # (model, session) -> page hashes
+        self._tick = 0
+
+    # ---- lookup ------------------------------------------------------------------------
+    def restorable(self, model: str, hashes: list[str], family: str = "mha") -> int:
+        """Pages of `hashes` a restore may expose: the all-rank agreed, completed prefix. For
+        Mamba-style state only the deepest agreed boundary matters (it summarises the prefix)."""
+        n = self.agreement.agreed_prefix(model, hashes)
+        return n if family != "mamba" else self._deepest_agreed(model, hashes)
+
+    def _deepest_agreed(self, model: str, hashes: list[str]) -> int:
+        agreed = [i + 1 for i, h in enumerate(hashes) if self.agreement.agreed((model, h))]
+        return max(agreed, default=0)
+
+    def session_hashes(self, model: str, session: str) -> list[str]:
+        return self.sessions.get((model, session), [])
+
+    def pending(self, model: str | None = None) -> list[Block]:
+        return [b for b in self.blocks.values()
+                if b.state is BlockState.PENDING and model in (None, b.key[0])]
+
+    # ---- save ------------------------------------------------------------------------------
+    def begin_save(self, model: str, session: str, hashes: list[str], layout: KVLayout) -> list[tuple[int, Block]]:
+        """Reference the session's pages and create pinned PENDING blocks for the new ones.
+
+        Returns (page index, block) pairs to copy; stops at the first page the pool cannot hold
+        even after evicting, so what is saved is always a prefix.
+        """
+        self._set_session(model, session, hashes)
+        self._touch(model, hashes)
+        held = [b for h in hashes if (b := self.blocks.get((model, h))) is not None]
+        self.pin(held)  # so evicting for a new page never punches a hole in this prefix
+        todo = []
+        # Mamba-style state summarises the whole prefix: only the deepest boundary is saved.
+        first = 0 if layout.family != "mamba" else max(len(hashes) - 1, 0)
+        for i, h in enumerate(hashes[first:], start=first):
+            block = self.blocks.get((model, h)) or self._new_block(model, h, i, layout)
+            if block is None:
+                break
+            block.radix_refs.add(session)
+            if block.state is BlockState.PENDING and block.dma_pins == 0:
+                block.dma_pins = 1
+                todo.append((i, block))
+        self.unpin(held)
+        self._touch(model, hashes)
+        return todo
+
+    def _new_block(self, model: str, h: str, index: int, layout: KVLayout) -> Block | None:
+        n = slabs_per_block(layout, self.pool.slab_bytes)
+        slabs = self.pool.alloc(n) if self.pool.can_alloc(n) else self._evict_for(n)
+        if slabs is None:
+            return None
+        desc = BlockDesc(model, self.rank, h, (index + 1) * layout.page_size, layout.page_size,
+                         layout.dtype, layout.family, n)
+        block = Block((model, h), desc, slabs)
+        self.blocks[block.key] = block
+        return block
+
+    def complete_save(self, block: Block) -> None:
+        """The block's D2H copy finished: unpin it and commit it for agreement."""
+        block.dma_pins -= 1
+        block.state = BlockState.READY
+        self.agreement.commit(self.rank, block.key)
+
+    # ---- restore -------------------------------------------------------------------------
+    def pin(self, blocks: list[Block]) -> None:
+        for b in blocks:
+            b.dma_pins += 1
+
+    def unpin(self, blocks: list[Block]) -> None:
+        for b in blocks:
+            b.dma_pins -= 1
+
+    def blocks_for(self, model: str, hashes: list[str]) -> list[Block]:
+        out = []
+        for h in hashes:
+            block = self.blocks.get((model, h))
+            if block is None or block.state is not BlockState.READY:
+                break
+            out.append(block)
+        self._touch(model, hashes)
+        return out
+
+    # ---- sessions, LRU -----------------------------------------------------------------
+    def _set_session(self, model: str, session: str, hashes: list[str]) -> None:
+        self.drop_session(model, session)
+        self.sessions[(model, session)] = list(hashes)
+
+    def drop_session(self, model: str, session: str) -> None:
+        for h in self.sessions.pop((model, session), []):
+            block = self.blocks.get((model, h))
+            if block is not None:
+                block.radix_refs.discard(session)
+
+    def _touch(self, model: str, hashes: list[str]) -> None:
+        # Deeper pages get older stamps so LRU eviction trims prefixes from the tail.
+        for h in reversed(hashes):
+            self._tick += 1
+            if (block := self.blocks.get((model, h))) is not None:
+                block.last_use = self._tick
+
+    def _evict_for(self, n: int) -> list[int] | None:
+        victims = sorted((b for b in self.blocks.values() if b.dma_pins == 0),
+                         key=lambda b: (bool(b.radix_refs), b.last_use))
+        freeable = self.pool.num_free + sum(len(b.slabs) for b in victims)
+        if freeable < n:
+            return None
+        for block in victims:
+            if self.pool.can_alloc(n):
+                break
+            self.evict(block)
+        return self.pool.alloc(n)
+
+    def evict(self, block: Block) -> bool:
+        if block.dma_pins:
+            return False
+        self.agreement.retract(self.rank, block.key)
+        self.pool.free(block.slabs)
+        del self.blocks[block.key]
+        return True
+
+    def check_integrity(self) -> None:
+        self.pool.check_integrity()
+        owned = [s for b in self.blocks.values() for s in b.slabs]
+        if len(owned) != len(set(owned)):
+            raise AssertionError("a slab belongs to two blocks")
+        if len(owned) != self.pool.num_slabs - self.pool.num_free:
+            raise AssertionError(f"blocks own {len(owned)} slabs, pool says {self.pool.num_slabs - self.pool.num_free}")
+        for b in self.blocks.values():
+            if b.dma_pins < 0 or (b.state is BlockState.PENDING and b.dma_pins < 1):
+                raise AssertionError(f"block {b.key} {b.state.value} with {b.dma_pins} pins")
+            if self.agreement.committed(self.rank, b.key) != (b.state is BlockState.READY):
+                raise AssertionError(f"block {b.key} committed before (or without) its copy")

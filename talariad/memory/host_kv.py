@@ -1,0 +1,109 @@
+"""HKVR byte movement: asynchronous page checkpoints (D2H) and restores (H2D) between the device
+KV pool and the host slab arena, driven by the pure `HostKVRegistry`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from talariad.memory.device import Device, Event
+from talariad.memory.hkvr import Block, HostKVRegistry
+from talariad.memory.kv_layout import KVGeometry
+from talariad.memory.transfer import block_copies
+
+
+@dataclass(slots=True)
+class PendingRestore:
+    model: str
+    blocks: list[Block]
+    pages: list[int]
+    event: Event
+
+
+class HostKV:
+    def __init__(self, device: Device, registry: HostKVRegistry) -> None:
+        self.device = device
+        self.registry = registry
+        pool = registry.pool
+        self.host = device.alloc_host(max(pool.num_slabs * pool.slab_bytes, 1))
+        self._saves: list[tuple[Block, Event]] = []
+        self.restores: dict[str, PendingRestore] = {}
+
+    def _copy_page(self, geo: KVGeometry, buffer: Any, page: int, block: Block, to_host: bool) -> Event:
+        event = None
+        for cp in block_copies(geo, page, block.slabs, self.registry.pool.slab_bytes):
+            spec = cp.device
+            dev = self.device.view(buffer, spec.offset, (spec.rows, spec.width), "uint8", (spec.stride, 1))
+            host = self.device.view(self.host, cp.host_offset, (spec.rows, spec.width))
+            event = self.device.copy_d2h(host, dev) if to_host else self.device.copy_h2d(dev, host)
+        return event
+
+    # ---- save ----------------------------------------------------------------------------
+    def save(self, geo: KVGeometry, buffer: Any, model: str, session: str, hashes: list[str],
+             pages: list[int]) -> list[Event]:
+        """Queue D2H copies of the session's not-yet-saved pages; returns their events."""
+        family = geo.layout.family
+        todo = self.registry.begin_save(model, session, hashes, geo.layout)
+        events = []
+        for index, block in todo:
+            page = pages[index] if family != "mamba" else pages[-1]
+            event = self._copy_page(geo, buffer, page, block, to_host=True)
+            self._saves.append((block, event))
+            events.append(event)
+        return events
+
+    def poll(self) -> int:
+        """Commit every save whose copy has completed; never blocks."""
+        done = [(b, e) for b, e in self._saves if e.query()]
+        self._finish(done)
+        return len(done)
+
+    def drain(self, model: str) -> int:
+        """The switch barrier: wait for the outgoing model's saves only."""
+        mine = [(b, e) for b, e in self._saves if b.key[0] == model]
+        for _, event in mine:
+            event.synchronize()
+        self._finish(mine)
+        return len(mine)
+
+    def _finish(self, done: list[tuple[Block, Event]]) -> None:
+        ids = {id(b) for b, _ in done}
+        self._saves = [(b, e) for b, e in self._saves if id(b) not in ids]
+        for block, _ in done:
+            self.registry.complete_save(block)
+
+    # ---- restore -------------------------------------------------------------------------
+    def restore_blocks(self, model: str, hashes: list[str], family: str) -> tuple[list[Block], int]:
+        """The blocks a restore of `hashes` would copy and how many prefix pages they cover."""
+        n = self.registry.restorable(model, hashes, family)
+        if family == "mamba":
+            blocks = self.registry.blocks_for(model, hashes[n - 1:n]) if n else []
+            return blocks, n if blocks else 0
+        blocks = self.registry.blocks_for(model, hashes[:n])
+        return blocks, len(blocks)
+
+    def restore(self, geo: KVGeometry, buffer: Any, session: str, model: str, blocks: list[Block],
+                pages: list[int]) -> Event | None:
+        self.registry.pin(blocks)
+        event = None
+        for block, page in zip(blocks, pages):
+            event = self._copy_page(geo, buffer, page, block, to_host=False)
+        self.restores[session] = PendingRestore(model, blocks, pages, event)
+        return event
+
+    def finish_restore(self, session: str, wait: bool) -> bool:
+        """Unpin a restore's blocks once its copies are done; True when nothing is left pending."""
+        pending = self.restores.get(session)
+        if pending is None:
+            return True
+        if pending.event is not None and not pending.event.query():
+            if not wait:
+                return False
+            pending.event.synchronize()
+        self.registry.unpin(pending.blocks)
+        del self.restores[session]
+        return True
+
+    def finish_restores(self, model: str | None, wait: bool) -> None:
+        for session in [s for s, p in self.restores.items() if model in (None, p.model)]:
+            self.finish_restore(session, wait)
