@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 
@@ -11,7 +12,8 @@ from talariad.admin import admin_pb2, server as admin_server
 from talariad.config import TalariaConfig
 from talariad.gateway.app import Gateway, build_app
 from talariad.gateway.instances import InstanceDirectory
-from talariad.gateway.placement import SimplePlacer
+from talariad.engine.build import model_profile
+from talariad.gateway.routing import RouterShell
 from talariad.supervisor import ProcState, Supervisor
 
 log = logging.getLogger("talariad")
@@ -22,8 +24,11 @@ class Daemon:
         self.cfg = cfg
         self.started = time.monotonic()
         self.supervisor = Supervisor(cfg, config_path)
-        self.directory = InstanceDirectory(self._urls, cfg.policy.telemetry_interval_s)
-        self.gateway = Gateway(cfg, self.directory, SimplePlacer(), self._healthy)
+        self.routing = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
+        self.directory = InstanceDirectory(self._urls, cfg.policy.telemetry_interval_s,
+                                           on_telemetry=self.routing.observe,
+                                           on_down=self.routing.instance_down)
+        self.gateway = Gateway(cfg, self.directory, self.routing, self._healthy)
         self.endpoint = ""
 
     def _urls(self) -> dict[str, str | None]:
@@ -75,6 +80,7 @@ class Daemon:
             return
         starting.result()
         await self.directory.poll_once()
+        gc.freeze()  # start-up objects never die; keeping them out of GC passes trims routing tail latency
         poller = asyncio.create_task(self.directory.poll_forever())
         watchdog = asyncio.create_task(_watchdog())
         sdnotify.notify("READY=1", f"STATUS=serving {len(self.cfg.models)} models on {len(self.cfg.instances)} instances")

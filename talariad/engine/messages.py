@@ -64,6 +64,16 @@ class SessionKV(BaseModel):
     kv_len: int
 
 
+class ModelLoad(BaseModel):
+    queued_calls: int = 0
+    queued_tokens: int = 0
+    """Prompt tokens of calls not yet prefilled."""
+    running: int = 0
+    switch_cost_s: float | None = None
+    """Predicted cost of switching this model in (measured EWMA once it has switched)."""
+    open_cost_s: float | None = None
+
+
 class Telemetry(BaseModel):
     """Versioned instance snapshot the gateway's router reads (§4.1)."""
 
@@ -82,3 +92,11 @@ class Telemetry(BaseModel):
     hbm_free_bytes: int = 0
     staging_slack_bytes: int = 0
     switches: int = 0
+    opened_models: list[str] = Field(default_factory=list)
+    """Models opened here at least once: switching them in costs a switch, not a full open."""
+    model_load: dict[str, ModelLoad] = Field(default_factory=dict)
+    round_load_s: float = 0.0
+    """Predicted length of the next round: what is left of this one plus queued prefill work."""
+    deadline_risk_share: float = 0.0
+    """Share of the last rounds whose wall time exceeded γ·T_TTFT."""
+    restore_s_per_token: float | None = None

@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator
 from talariad.cold_sched import ColdScheduler, Completion, Idle, Prefill, SchedKnobs, SubmittedCall, Switch
 from talariad.config import InstanceConfig, TalariaConfig
 from talariad.engine.executors.base import Executor, LiveCall
-from talariad.engine.messages import DoneEvent, ErrorEvent, GenerateRequest, SessionKV, Telemetry, TokenEvent, Usage
-from talariad.types import KVState
+from talariad.engine.messages import (DoneEvent, ErrorEvent, GenerateRequest, ModelLoad, SessionKV, Telemetry,
+                                      TokenEvent, Usage)
+from talariad.types import KVState, SwitchPath
 
 log = logging.getLogger("talariad.engine")
 
@@ -43,6 +44,9 @@ class Worker:
         self.queues: dict[str, asyncio.Queue[Event]] = {}
         self.version = 0
         self.switches = 0
+        self.profiles = profiles
+        self.round_bound_s = cfg.policy.gamma * cfg.policy.ttft_target_s
+        self.opened: set[str] = {inst.models[0]} if mode == "pinned" else set()
         self._t0 = time.monotonic()
         self._wake = asyncio.Event()
 
@@ -62,10 +66,11 @@ class Worker:
             self._emit(action, result.text)
             done = self.sched.finish(action, self.now(), self.now() - started, tokens=None,
                                      finished=result.stopped or None, switch_path=result.path)
-            self.switches += isinstance(action, Switch)
+            if isinstance(action, Switch):
+                self.switches += 1
+                self.opened.add(action.to_model)
             for c in done:
                 self._complete(c)
-            self.version += 1
 
     async def _idle(self, until: float | None) -> None:
         self._wake.clear()
@@ -144,14 +149,31 @@ class Worker:
 
     # -- telemetry -------------------------------------------------------------------------
 
+    def _model_load(self, model: str, running: int) -> ModelLoad:
+        waiting = [c for c in self.calls.values() if c.req.model == model and not c.out]
+        path = SwitchPath.D2D if self.sched.knobs.d2d else SwitchPath.H2D
+        return ModelLoad(queued_calls=len(waiting), queued_tokens=sum(len(c.prompt) for c in waiting), running=running,
+                         switch_cost_s=self.sched.switch_costs.predict(model, path),
+                         open_cost_s=self.profiles[model].open_s)
+
+    def _risk_share(self, last: int = 10) -> float:
+        rounds = [r for r in self.sched.round_summaries[-last:]]
+        return sum(r.wall_s > self.round_bound_s for r in rounds) / len(rounds) if rounds else 0.0
+
     def telemetry(self) -> Telemetry:
+        """A fresh, versioned snapshot: every read is a new observation (time-dependent fields move)."""
+        self.version += 1
         t = self.sched.telemetry(self.now())
+        load = {m: self._model_load(m, q.running) for m, q in t.queues.items()}
+        queued_work = sum(self.profiles[m].prefill_s(ml.queued_tokens) for m, ml in load.items())
         return Telemetry(
             instance=self.inst.name, version=self.version, pool=self.inst.pool, models=list(self.inst.models),
             active_model=t.active_model, loaded_models=[t.active_model] if t.active_model else [],
             queued={m: q.waiting + q.parked for m, q in t.queues.items()},
             running=sum(q.running for q in t.queues.values()), switches=self.switches,
-            round_remaining_s=t.round_remaining_s,
+            round_remaining_s=t.round_remaining_s, opened_models=sorted(self.opened), model_load=load,
+            round_load_s=t.round_remaining_s + queued_work, deadline_risk_share=self._risk_share(),
+            restore_s_per_token=self.profiles[self.inst.models[0]].restore_s_per_token,
             deadline_risk=t.risk_round_bound + t.risk_round_overrun + t.risk_prefill_shortfall + t.ttft_at_risk,
             kv_occupancy=t.kv_used_tokens / max(t.kv_capacity_tokens, 1),
             sessions=[SessionKV(session_id=s.session_id, model=s.model, state=s.state.value, kv_len=s.kv_len)

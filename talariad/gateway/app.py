@@ -17,7 +17,8 @@ from talariad.gateway import anthropic, errors
 from talariad.gateway.errors import APIError
 from talariad.gateway.instances import Event, InstanceDirectory
 from talariad.gateway.metrics import GatewayMetrics
-from talariad.gateway.placement import Candidate, CallInfo, Placer
+from talariad.gateway.routing import RouterShell
+from talariad.router import CallRequest
 from talariad.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from talariad.gateway.session import session_id
 
@@ -27,24 +28,20 @@ DEFAULT_MAX_TOKENS = 256
 class Gateway:
     """Everything a request handler needs; the daemon builds one and the tests can too."""
 
-    def __init__(self, cfg: TalariaConfig, directory: InstanceDirectory, placer: Placer,
+    def __init__(self, cfg: TalariaConfig, directory: InstanceDirectory, routing: RouterShell,
                  ready: Callable[[str], bool]):
-        self.cfg, self.directory, self.placer, self.ready = cfg, directory, placer, ready
+        self.cfg, self.directory, self.routing, self.ready = cfg, directory, routing, ready
         self.metrics = GatewayMetrics()
 
-    def candidates(self) -> list[Candidate]:
-        out = []
-        for inst in self.cfg.instances:
-            snap = self.directory.snapshot(inst.name)
-            loaded = tuple(snap.loaded_models) if snap else ()
-            out.append(Candidate(inst.name, tuple(inst.models), loaded, self.ready(inst.name)))
-        return out
+    @staticmethod
+    def clock() -> float:
+        return time.monotonic()
 
     def residency(self, model: str) -> str:
         snaps = [self.directory.snapshot(i.name) for i in self.cfg.instances if model in i.models]
         if any(s and s.active_model == model for s in snaps):
             return "loaded"
-        return "parked" if any(s and model in s.loaded_models for s in snaps) else "cold"
+        return "parked" if any(s and model in s.opened_models for s in snaps) else "cold"
 
 
 def _estimate_tokens(texts: list[str]) -> int:
@@ -53,6 +50,10 @@ def _estimate_tokens(texts: list[str]) -> int:
 
 async def _first(events: AsyncIterator[Event]) -> Event:
     return await anext(events, ErrorEvent(message="instance closed the stream without an answer"))
+
+
+def _canonical(messages: list[tuple[str, str]], prompt: str | None) -> str:
+    return prompt if prompt is not None else "".join(f"<|{r}|> {c}\n" for r, c in messages)
 
 
 class _Call:
@@ -65,32 +66,43 @@ class _Call:
         self.gw, self.body = gw, body
         self.id = uuid.uuid4().hex[:24]
         self.session = session_id(headers, body.model_dump(), messages)
-        self.started = time.monotonic()
-        self.info = info = CallInfo(self.id, self.session, body.model, _estimate_tokens([c for _, c in messages] + [prompt or ""]),
-                        body.limit(DEFAULT_MAX_TOKENS))
-        placement = gw.placer.place(info, gw.candidates(), self.started)
-        if placement.instance is None:
-            retry = str(max(1, round(placement.retry_after_s or 1)))
-            raise APIError(503, f"no instance can serve {body.model!r} right now ({placement.kind})",
-                           type="overloaded_error", code=placement.kind, headers={"Retry-After": retry})
-        self.instance = placement.instance
+        self.started = gw.clock()
+        self.text = _canonical(messages, prompt)
+        covered = gw.routing.prefixes.covered_chars(self.session, body.model, self.text)
+        self.info = CallRequest(self.id, self.session, body.model, _estimate_tokens([self.text]),
+                                min(_estimate_tokens([self.text[:covered]]) if covered else 0,
+                                    _estimate_tokens([self.text])),
+                                body.limit(DEFAULT_MAX_TOKENS))
         self.req = GenerateRequest(
             call_id=self.id, session_id=self.session, model=body.model, prompt=prompt,
-            messages=[ChatMessage(role=r, content=c) for r, c in messages], max_tokens=info.max_tokens,
+            messages=[ChatMessage(role=r, content=c) for r, c in messages], max_tokens=self.info.max_tokens,
             temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop_list())
+        self.instance = ""
+        self.route = ""
         self.first_token_at: float | None = None
-        self.done = False
-        gw.metrics.running.labels(body.model).inc()
+        self.answer: list[str] = []
+        self.done = True  # nothing to release until placed
+
+    async def place(self) -> None:
+        decision = await self.gw.routing.place(self.info, self.gw.clock)
+        if decision.instance is None:
+            retry = str(max(1, round(decision.retry_after_s or 1)))
+            raise APIError(429, f"no instance can take a {self.body.model!r} call now ({decision.reason})",
+                           type="rate_limit_exceeded", code=decision.kind.value, headers={"Retry-After": retry})
+        self.instance, self.route, self.done = decision.instance, decision.kind.value, False
+        self.gw.metrics.running.labels(self.body.model).inc()
 
     def headers(self) -> dict[str, str]:
-        return {"x-talaria-session-id": self.session, "x-talaria-instance": self.instance}
+        return {"x-talaria-session-id": self.session, "x-talaria-instance": self.instance,
+                "x-talaria-route": self.route}
 
     def events(self) -> AsyncIterator[Event]:
         return self.gw.directory.generate(self.instance, self.req)
 
-    def on_token(self) -> None:
+    def on_token(self, ev: TokenEvent) -> None:
+        self.answer.append(ev.text)
         if self.first_token_at is None:
-            self.first_token_at = time.monotonic()
+            self.first_token_at = self.gw.clock()
             self.gw.metrics.ttft.labels(self.body.model).observe(self.first_token_at - self.started)
 
     def finish(self, ev: DoneEvent | ErrorEvent) -> None:
@@ -99,12 +111,13 @@ class _Call:
         self.done = True
         m, model = self.gw.metrics, self.body.model
         m.running.labels(model).dec()
-        now = time.monotonic()
+        now = self.gw.clock()
         if isinstance(ev, ErrorEvent):
-            self.gw.placer.failed(self.id, now)
+            self.gw.routing.failed(self.id, now)
             m.finished.labels(model, "error").inc()
             return
-        self.gw.placer.completed(self.id, self.instance, ev.kv_state, ev.kv_len, now)
+        self.gw.routing.completed(self.id, self.instance, ev.kv_state, ev.kv_len, now)
+        self.gw.routing.prefixes.remember(self.session, model, self.text, "".join(self.answer))
         m.finished.labels(model, ev.finish_reason).inc()
         m.e2e.labels(model).observe(now - self.started)
         m.prompt_tokens.labels(model).inc(ev.usage.prompt_tokens)
@@ -117,7 +130,8 @@ class _Call:
             "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-            "talaria": {"kv_source": u.kv_source, "instance": self.instance, "session_id": self.session},
+            "talaria": {"kv_source": u.kv_source, "instance": self.instance, "session_id": self.session,
+                        "route": self.route},
         }
 
 
@@ -130,7 +144,7 @@ async def _collect(call: _Call, first: Event, rest: AsyncIterator[Event]) -> tup
     parts, ev = [], first
     while True:
         if isinstance(ev, TokenEvent):
-            call.on_token()
+            call.on_token(ev)
             parts.append(ev.text)
         elif isinstance(ev, DoneEvent):
             call.finish(ev)
@@ -159,7 +173,7 @@ async def _stream_lines(call: _Call, first: Event, rest: AsyncIterator[Event], c
     ev = first
     while True:
         if isinstance(ev, TokenEvent):
-            call.on_token()
+            call.on_token(ev)
             yield _sse(chunk(call, {"content": ev.text}, None))
         elif isinstance(ev, DoneEvent):
             call.finish(ev)
@@ -191,6 +205,7 @@ def text_chunk(call: _Call, delta: dict, finish: str | None) -> dict:
 
 
 async def _respond(call: _Call, chunk: Callable, full: Callable) -> Response:
+    await call.place()
     rest = call.events()
     first = await _first(rest)
     if isinstance(first, ErrorEvent):
@@ -221,7 +236,7 @@ async def _anthropic_stream(call: _Call, first: Event, rest: AsyncIterator[Event
             yield line
         ev = first
         while isinstance(ev, TokenEvent):
-            call.on_token()
+            call.on_token(ev)
             yield anthropic.token_event(ev)
             ev = await _first(rest)
         call.finish(ev)
@@ -236,6 +251,7 @@ async def _anthropic_stream(call: _Call, first: Event, rest: AsyncIterator[Event
 
 
 async def _respond_anthropic(call: _Call) -> Response:
+    await call.place()
     rest = call.events()
     first = await _first(rest)
     if isinstance(first, ErrorEvent):

@@ -21,8 +21,11 @@ Event = TokenEvent | DoneEvent | ErrorEvent
 class InstanceDirectory:
     """Base URLs come from the supervisor (`urls()`); telemetry is polled on the heartbeat."""
 
-    def __init__(self, urls: Callable[[], dict[str, str | None]], interval_s: float):
+    def __init__(self, urls: Callable[[], dict[str, str | None]], interval_s: float,
+                 on_telemetry: Callable[[Telemetry, float], None] | None = None,
+                 on_down: Callable[[str, float], None] | None = None):
         self.urls, self.interval_s = urls, interval_s
+        self.on_telemetry, self.on_down = on_telemetry, on_down
         self.snapshots: dict[str, tuple[float, Telemetry]] = {}
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None))
 
@@ -35,13 +38,20 @@ class InstanceDirectory:
         return now - entry[0] if entry else float("inf")
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(self._poll(n, u) for n, u in self.urls().items() if u))
+        urls = self.urls()
+        for name, url in urls.items():
+            if not url and self.on_down:
+                self.on_down(name, time.monotonic())
+        await asyncio.gather(*(self._poll(n, u) for n, u in urls.items() if u))
 
     async def _poll(self, name: str, url: str) -> None:
         try:
             r = await self.client.get(f"{url}/internal/telemetry", timeout=2.0)
             r.raise_for_status()
-            self.snapshots[name] = (time.monotonic(), Telemetry.model_validate(r.json()))
+            now, telemetry = time.monotonic(), Telemetry.model_validate(r.json())
+            self.snapshots[name] = (now, telemetry)
+            if self.on_telemetry:
+                self.on_telemetry(telemetry, now)
         except (httpx.HTTPError, ValueError) as err:
             log.debug("telemetry from %s failed: %s", name, err)
 

@@ -51,6 +51,10 @@ def test_continuation_reuses_prefix(daemon):
                                             extra_headers={"x-session-id": "s-cont"})
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert first.usage.prompt_tokens <= cached < second.usage.prompt_tokens
+    # the return came back within τ = 1 s: the router's soft reservation sent it to the same instance
+    talaria_first, talaria_second = first.usage.model_extra["talaria"], second.usage.model_extra["talaria"]
+    assert talaria_second["route"] == "lease_hit" and talaria_second["instance"] == talaria_first["instance"]
+    assert talaria_second["kv_source"] == "device"
 
 
 def test_streaming_chat(daemon):

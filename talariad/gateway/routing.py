@@ -1,0 +1,112 @@
+"""The gateway's shell around the sans-IO router: telemetry in, decisions out, overload waits.
+
+Instance telemetry becomes versioned `InstanceSnapshot`s stamped with the gateway's clock; the
+router's decisions come back with their explanation; a call the router holds under the `queue`
+overload policy waits here (bounded by the router's queue timeout) and is retried whenever a
+call completes or new telemetry arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+from talariad.config import TalariaConfig
+from talariad.engine.messages import Telemetry
+from talariad.router import (CallRequest, Decision, DecisionKind, InstanceSnapshot, ModelResidency, ModelState,
+                             Router, RouterKnobs, SessionKV)
+from talariad.types import KVState, LatencyProfile, Pool
+
+
+def router_knobs(cfg: TalariaConfig) -> RouterKnobs:
+    p, a = cfg.policy, cfg.ablations
+    return RouterKnobs(tau_s=p.tau_s if a.reservations else 0.0, gamma=p.gamma, ttft_target_s=p.ttft_target_s,
+                       admission_unit_s=p.admission_unit_s, replica_penalty_s=p.replica_penalty_s,
+                       staleness_s=p.staleness_s, heartbeat_s=max(p.staleness_s, 3 * p.telemetry_interval_s),
+                       overload=p.overload, queue_limit=p.queue_limit, queue_timeout_s=p.queue_timeout_s,
+                       reservations=a.reservations, residency_terms=a.residency_terms)
+
+
+def snapshot(t: Telemetry, allowed: list[str], taken_at: float, healthy: bool) -> InstanceSnapshot:
+    models = {}
+    for m in allowed:
+        load = t.model_load.get(m)
+        state = (ModelState.ACTIVE if m == t.active_model else
+                 ModelState.RESIDENT if m in t.opened_models else ModelState.ABSENT)
+        models[m] = ModelResidency(state, queued_tokens=load.queued_tokens if load else 0,
+                                   queued_calls=load.queued_calls if load else 0,
+                                   running_calls=load.running if load else 0,
+                                   switch_cost_s=load.switch_cost_s if load else None,
+                                   open_cost_s=load.open_cost_s if load else None)
+    sessions = {(s.session_id, s.model): SessionKV(KVState(s.state), s.kv_len) for s in t.sessions}
+    return InstanceSnapshot(
+        instance=t.instance, version=t.version, taken_at=taken_at, pool=Pool(t.pool), healthy=healthy,
+        allowed_models=frozenset(allowed), models=models, sessions=sessions,
+        round_remaining_s=t.round_remaining_s, round_load_s=t.round_load_s, deadline_risk=t.deadline_risk_share,
+        kv_occupancy=t.kv_occupancy, hbm_free_bytes=t.hbm_free_bytes, staging_slack_bytes=t.staging_slack_bytes,
+        restore_s_per_token=t.restore_s_per_token)
+
+
+class PrefixTracker:
+    """How much of a new prompt the session's previous call covered, from digests of its text.
+
+    Agents resend the whole conversation, so the previous prompt plus answer is usually a prefix
+    of the next prompt; we keep two digests per session rather than the text itself.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], tuple[int, bytes, int, bytes]] = {}
+
+    @staticmethod
+    def _digest(text: str) -> bytes:
+        return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+    def covered_chars(self, session: str, model: str, text: str) -> int:
+        entry = self._last.get((session, model))
+        if entry is None:
+            return 0
+        for length, digest in ((entry[2], entry[3]), (entry[0], entry[1])):
+            if length <= len(text) and self._digest(text[:length]) == digest:
+                return length
+        return 0
+
+    def remember(self, session: str, model: str, prompt: str, answer: str) -> None:
+        full = prompt + answer
+        self._last[(session, model)] = (len(prompt), self._digest(prompt), len(full), self._digest(full))
+
+
+class RouterShell:
+    def __init__(self, cfg: TalariaConfig, profiles: dict[str, LatencyProfile]):
+        self.router = Router(router_knobs(cfg), profiles, policy=cfg.policy.router)
+        self.allowed = {i.name: list(i.models) for i in cfg.instances}
+        self.prefixes = PrefixTracker()
+        self._changed = asyncio.Event()
+
+    def observe(self, t: Telemetry, now: float) -> None:
+        if self.router.observe(snapshot(t, self.allowed[t.instance], now, True), now):
+            self._changed.set()
+
+    def instance_down(self, instance: str, now: float) -> None:
+        """The supervisor lost the process: forget it; its restart reports in as a new instance."""
+        if any(s.instance == instance for s in self.router.instances(now)):
+            self.router.remove_instance(instance, now)
+
+    async def place(self, call: CallRequest, clock) -> Decision:
+        """Place now, or wait while the router holds the call under the queue overload policy."""
+        while True:
+            self._changed.clear()
+            decision = self.router.place(call, clock())
+            if decision.kind != DecisionKind.OVERLOAD_QUEUE:
+                return decision
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=0.25)
+            except TimeoutError:
+                self.router.expire(clock())
+
+    def completed(self, call_id: str, instance: str, kv_state: str, kv_len: int, now: float) -> None:
+        self.router.completed(call_id, instance, KVState(kv_state), kv_len, now)
+        self._changed.set()
+
+    def failed(self, call_id: str, now: float) -> None:
+        self.router.failed(call_id, now)
+        self._changed.set()

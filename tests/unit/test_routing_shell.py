@@ -1,0 +1,41 @@
+"""The gateway's shell around the router: telemetry → snapshot, prefix coverage, knobs from config."""
+
+import pathlib
+
+from talariad.config import load_config
+from talariad.engine.messages import ModelLoad, SessionKV, Telemetry
+from talariad.gateway.routing import PrefixTracker, router_knobs, snapshot
+from talariad.router import ModelState
+from talariad.types import KVState
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_snapshot_maps_model_states_and_sessions():
+    t = Telemetry(instance="cold0", version=7, pool="cold", models=["a", "b", "c"], active_model="a",
+                  loaded_models=["a"], opened_models=["a", "b"],
+                  model_load={"b": ModelLoad(queued_calls=2, queued_tokens=300, running=1, switch_cost_s=0.4)},
+                  sessions=[SessionKV(session_id="s1", model="b", state="host", kv_len=120)], round_load_s=1.5)
+    snap = snapshot(t, ["a", "b", "c"], taken_at=10.0, healthy=True)
+    assert snap.version == 7 and snap.taken_at == 10.0 and snap.round_load_s == 1.5
+    assert [snap.residency(m).state for m in "abc"] == [ModelState.ACTIVE, ModelState.RESIDENT, ModelState.ABSENT]
+    assert snap.residency("b").queued_tokens == 300 and snap.residency("b").switch_cost_s == 0.4
+    assert snap.sessions[("s1", "b")].state is KVState.HOST and snap.sessions[("s1", "b")].kv_len == 120
+
+
+def test_prefix_tracker_covers_previous_prompt_and_answer():
+    t = PrefixTracker()
+    assert t.covered_chars("s", "m", "hello") == 0
+    t.remember("s", "m", "<|user|> hi\n", "hello there")
+    assert t.covered_chars("s", "m", "<|user|> hi\nhello there<|user|> more") == len("<|user|> hi\nhello there")
+    assert t.covered_chars("s", "m", "<|user|> hi\nsomething else") == len("<|user|> hi\n")
+    assert t.covered_chars("s", "m", "<|user|> bye\n") == 0
+    assert t.covered_chars("s", "other-model", "<|user|> hi\nhello there") == 0
+
+
+def test_router_knobs_follow_config_and_ablations():
+    cfg = load_config(ROOT / "etc" / "talaria.yaml")
+    knobs = router_knobs(cfg)
+    assert knobs.tau_s == cfg.policy.tau_s and knobs.gamma == cfg.policy.gamma and knobs.reservations
+    off = cfg.model_copy(update={"ablations": cfg.ablations.model_copy(update={"reservations": False})})
+    assert router_knobs(off).tau_s == 0.0 and not router_knobs(off).reservations
