@@ -17,6 +17,10 @@ class Unreachable(Exception):
     """The daemon's admin socket does not answer."""
 
 
+class Refused(Exception):
+    """The daemon answered but refused the request (unknown id, bad argument)."""
+
+
 def _target(path: str) -> str:
     return f"unix://{os.path.abspath(path)}"
 
@@ -27,12 +31,29 @@ class AdminClient:
         self.channel = grpc.insecure_channel(_target(socket_path))
         self.stub = admin_pb2_grpc.AdminStub(self.channel)
 
-    def status(self) -> admin_pb2.StatusReply:
+    def _call(self, method: str, request):
         try:
-            return self.stub.Status(admin_pb2.StatusRequest(), timeout=self.timeout_s)
+            return getattr(self.stub, method)(request, timeout=self.timeout_s)
         except grpc.RpcError as err:
+            if err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                raise Refused(err.details()) from None
             raise Unreachable(f"talariad admin socket {self.socket_path}: {err.code().name.lower()}: "
                               f"{err.details()}") from None
+
+    def status(self) -> admin_pb2.StatusReply:
+        return self._call("Status", admin_pb2.StatusRequest())
+
+    def sessions(self, limit: int = 0) -> admin_pb2.SessionsReply:
+        return self._call("Sessions", admin_pb2.SessionsRequest(limit=limit))
+
+    def leases(self) -> admin_pb2.LeasesReply:
+        return self._call("Leases", admin_pb2.LeasesRequest())
+
+    def explain(self, call_id: str) -> admin_pb2.Decision:
+        return self._call("Explain", admin_pb2.ExplainRequest(call_id=call_id))
+
+    def decisions(self, limit: int) -> admin_pb2.DecisionsReply:
+        return self._call("Decisions", admin_pb2.DecisionsRequest(limit=limit))
 
     def watch(self, interval_s: float) -> Iterator[admin_pb2.StatusReply]:
         try:
@@ -44,5 +65,5 @@ class AdminClient:
         self.channel.close()
 
 
-def status_dict(reply: admin_pb2.StatusReply) -> dict:
+def as_dict(reply) -> dict:
     return MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)

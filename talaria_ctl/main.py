@@ -1,12 +1,13 @@
 """`talaria-ctl`: administer a running talariad over its gRPC admin socket.
 
-Exit codes: 0 ok, 1 daemon unreachable, 2 usage error.
+Exit codes: 0 ok, 1 daemon unreachable, 2 usage error, 3 refused (unknown id, bad argument).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -14,9 +15,17 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from talaria_ctl.client import DEFAULT_SOCKET, AdminClient, Unreachable, status_dict
+from talaria_ctl.client import DEFAULT_SOCKET, AdminClient, Refused, Unreachable, as_dict
 
 app = typer.Typer(no_args_is_help=True, add_completion=True, help="Administer a running talariad.")
+session_app = typer.Typer(no_args_is_help=True, help="The router's session table.")
+lease_app = typer.Typer(no_args_is_help=True, help="Live soft reservations.")
+call_app = typer.Typer(no_args_is_help=True, help="Routing decisions: where calls went and why.")
+app.add_typer(session_app, name="session")
+app.add_typer(lease_app, name="lease")
+app.add_typer(call_app, name="call")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document")]
 
 
 @app.callback()
@@ -26,32 +35,89 @@ def _global(ctx: typer.Context,
     ctx.obj = AdminClient(socket, timeout)
 
 
-def _instances_table(data: dict) -> Table:
-    t = Table(title=f"talariad {data['version']} at {data['http_endpoint']} (up {data['uptime_s']:.0f}s)",
-              box=box.SIMPLE_HEAD, title_justify="left")
-    for col in ("instance", "pool", "executor", "models", "active", "state", "healthy", "run/queue", "restarts"):
-        t.add_column(col, no_wrap=True)
-    for i in data["instances"]:
-        t.add_row(i["name"], i["pool"], f"{i['executor']}@{i['devices']}", ", ".join(i["models"]),
-                  i["active_model"] or "-", i["state"], "yes" if i["healthy"] else "no",
-                  f"{i['running']}/{i['queued']}", str(i["restarts"]))
-    return t
-
-
-@app.command()
-def status(ctx: typer.Context,
-           as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document")] = False) -> None:
-    """Instances, their pool, models and health."""
+def _fetch(fn: Callable):
     try:
-        data = status_dict(ctx.obj.status())
+        return as_dict(fn())
     except Unreachable as e:
         print(f"talaria-ctl: {e}", file=sys.stderr)
         raise typer.Exit(1) from None
+    except Refused as e:
+        print(f"talaria-ctl: {e}", file=sys.stderr)
+        raise typer.Exit(3) from None
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for col in columns:
+        t.add_column(col, no_wrap=True)
+    for row in rows:
+        t.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
+    # A pipe gets the full table rather than Rich's 80-column default.
+    Console(width=None if sys.stdout.isatty() else 200).print(t)
+
+
+def _json(data) -> None:
+    print(json.dumps(data, indent=2))
+
+
+@app.command()
+def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Instances, their pool, models and health."""
+    data = _fetch(ctx.obj.status)
     if as_json:
-        print(json.dumps(data, indent=2))
-    else:
-        # A pipe gets the full table rather than Rich's 80-column default.
-        Console(width=None if sys.stdout.isatty() else 200).print(_instances_table(data))
+        return _json(data)
+    _table(f"talariad {data['version']} at {data['http_endpoint']} (up {data['uptime_s']:.0f}s)",
+           ("instance", "pool", "executor", "models", "active", "state", "healthy", "run/queue", "restarts"),
+           [(i["name"], i["pool"], f"{i['executor']}@{i['devices']}", ", ".join(i["models"]),
+             i["active_model"] or "-", i["state"], "yes" if i["healthy"] else "no",
+             f"{i['running']}/{i['queued']}", i["restarts"]) for i in data["instances"]])
+
+
+@session_app.command("list")
+def session_list(ctx: typer.Context, as_json: JsonOpt = False,
+                 limit: Annotated[int, typer.Option(min=0, help="Most recent N (0: all)")] = 50) -> None:
+    """Sessions: last instance, model, KV length, idle time, lease."""
+    rows = _fetch(lambda: ctx.obj.sessions(limit)).get("sessions", [])
+    if as_json:
+        return _json(rows)
+    _table("sessions", ("session", "instance", "model", "kv_len", "idle_s", "leased"),
+           [(r["session_id"], r["instance"], r["model"], r["kv_len"], r["idle_s"], r["leased"]) for r in rows])
+
+
+@lease_app.command("list")
+def lease_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Live soft reservations and when they expire."""
+    rows = _fetch(ctx.obj.leases).get("leases", [])
+    if as_json:
+        return _json(rows)
+    _table("leases", ("session", "model", "instance", "kv_len", "expires_in_s"),
+           [(r["session_id"], r["model"], r["instance"], r["kv_len"], r["expires_in_s"]) for r in rows])
+
+
+def _candidates(d: dict) -> None:
+    _table(f"{d['call_id']}: {d['kind']} → {d['instance'] or '(not placed)'} [{d['policy']}] {d['reason']}",
+           ("instance", "queue", "prefill", "decode", "kv", "activation", "total", "kv_state", "feasible"),
+           [(c["instance"], c["queue_s"], c["prefill_s"], c["decode_s"], c["kv_recovery_s"], c["activation_s"],
+             c["total_s"], c["kv_state"], "yes" if c["feasible"] else c["reason"]) for c in d.get("candidates", [])])
+
+
+@call_app.command("explain")
+def call_explain(ctx: typer.Context, call_id: Annotated[str, typer.Argument(help="Response id or call id")],
+                 as_json: JsonOpt = False) -> None:
+    """Why one call went where it did: decision kind and Eq. (1) per candidate."""
+    data = _fetch(lambda: ctx.obj.explain(call_id))
+    return _json(data) if as_json else _candidates(data)
+
+
+@call_app.command("recent")
+def call_recent(ctx: typer.Context, as_json: JsonOpt = False,
+                limit: Annotated[int, typer.Option(min=1, max=4096, help="How many")] = 20) -> None:
+    """The latest routing decisions, newest first."""
+    rows = _fetch(lambda: ctx.obj.decisions(limit)).get("decisions", [])
+    if as_json:
+        return _json(rows)
+    _table("recent decisions", ("call", "kind", "instance", "age_s", "reason"),
+           [(r["call_id"], r["kind"], r["instance"] or "-", r["age_s"], r["reason"]) for r in rows])
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.widgets import DataTable, Footer, Header, Static
 
-from talaria_ctl.client import DEFAULT_SOCKET, AdminClient, Unreachable, status_dict
+from talaria_ctl.client import DEFAULT_SOCKET, AdminClient, Unreachable, as_dict
 
 COLUMNS = ("instance", "pool", "executor", "models", "active", "state", "healthy", "running", "queued", "restarts")
 
@@ -43,7 +43,7 @@ class Dashboard(App):
     @work(thread=True, exclusive=True)
     def _fetch(self) -> None:
         try:
-            data = status_dict(self.client.status())
+            data = as_dict(self.client.status())
         except Unreachable as e:
             self.call_from_thread(self._show_error, str(e))
             return

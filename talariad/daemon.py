@@ -61,7 +61,8 @@ class Daemon:
         host, port = sock.getsockname()[:2]
         self.endpoint = f"http://{host}:{port}"
         http, http_task = await httpserver.start(build_app(self.gateway), sock)
-        admin = await admin_server.start(self.cfg.listen.admin_socket, self.status)
+        admin = await admin_server.start(self.cfg.listen.admin_socket,
+                                         admin_server.AdminService(self.status, self.routing.router))
         try:
             await self._serve(stop)
         finally:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atalariad/admin/admin.proto\x12\x10talaria.admin.v1\"\x0f\n\rStatusRequest\"\"\n\x0cWatchRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"\x97\x02\n\x0eInstanceStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x10\n\x08\x65xecutor\x18\x03 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x04 \x01(\t\x12\x0e\n\x06models\x18\x05 \x03(\t\x12\x14\n\x0c\x61\x63tive_model\x18\x06 \x01(\t\x12\x15\n\rloaded_models\x18\x07 \x03(\t\x12\r\n\x05state\x18\x08 \x01(\t\x12\x0f\n\x07healthy\x18\t \x01(\x08\x12\x0b\n\x03pid\x18\n \x01(\x05\x12\x10\n\x08restarts\x18\x0b \x01(\x05\x12\x0f\n\x07running\x18\x0c \x01(\x05\x12\x0e\n\x06queued\x18\r \x01(\x05\x12\x10\n\x08switches\x18\x0e \x01(\x05\x12\x17\n\x0ftelemetry_age_s\x18\x0f \x01(\x01\"|\n\x0bStatusReply\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08uptime_s\x18\x02 \x01(\x01\x12\x15\n\rhttp_endpoint\x18\x03 \x01(\t\x12\x33\n\tinstances\x18\x04 \x03(\x0b\x32 .talaria.admin.v1.InstanceStatus2\xa1\x01\n\x05\x41\x64min\x12H\n\x06Status\x12\x1f.talaria.admin.v1.StatusRequest\x1a\x1d.talaria.admin.v1.StatusReply\x12N\n\x0bWatchStatus\x12\x1e.talaria.admin.v1.WatchRequest\x1a\x1d.talaria.admin.v1.StatusReply0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atalariad/admin/admin.proto\x12\x10talaria.admin.v1\"\x0f\n\rStatusRequest\"\"\n\x0cWatchRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"\x97\x02\n\x0eInstanceStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x10\n\x08\x65xecutor\x18\x03 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x04 \x01(\t\x12\x0e\n\x06models\x18\x05 \x03(\t\x12\x14\n\x0c\x61\x63tive_model\x18\x06 \x01(\t\x12\x15\n\rloaded_models\x18\x07 \x03(\t\x12\r\n\x05state\x18\x08 \x01(\t\x12\x0f\n\x07healthy\x18\t \x01(\x08\x12\x0b\n\x03pid\x18\n \x01(\x05\x12\x10\n\x08restarts\x18\x0b \x01(\x05\x12\x0f\n\x07running\x18\x0c \x01(\x05\x12\x0e\n\x06queued\x18\r \x01(\x05\x12\x10\n\x08switches\x18\x0e \x01(\x05\x12\x17\n\x0ftelemetry_age_s\x18\x0f \x01(\x01\"|\n\x0bStatusReply\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08uptime_s\x18\x02 \x01(\x01\x12\x15\n\rhttp_endpoint\x18\x03 \x01(\t\x12\x33\n\tinstances\x18\x04 \x03(\x0b\x32 .talaria.admin.v1.InstanceStatus\" \n\x0fSessionsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"n\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0e\n\x06kv_len\x18\x04 \x01(\x03\x12\x0e\n\x06idle_s\x18\x05 \x01(\x01\x12\x0e\n\x06leased\x18\x06 \x01(\x08\"<\n\rSessionsReply\x12+\n\x08sessions\x18\x01 \x03(\x0b\x32\x19.talaria.admin.v1.Session\"\x0f\n\rLeasesRequest\"b\n\x05Lease\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x08instance\x18\x03 \x01(\t\x12\x0e\n\x06kv_len\x18\x04 \x01(\x03\x12\x14\n\x0c\x65xpires_in_s\x18\x05 \x01(\x01\"6\n\x0bLeasesReply\x12\'\n\x06leases\x18\x01 \x03(\x0b\x32\x17.talaria.admin.v1.Lease\"!\n\x0e\x45xplainRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\"\xdc\x01\n\tCandidate\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0f\n\x07queue_s\x18\x02 \x01(\x01\x12\x11\n\tprefill_s\x18\x03 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x04 \x01(\x01\x12\x15\n\rkv_recovery_s\x18\x05 \x01(\x01\x12\x14\n\x0c\x61\x63tivation_s\x18\x06 \x01(\x01\x12\x0f\n\x07total_s\x18\x07 \x01(\x01\x12\x10\n\x08\x66\x65\x61sible\x18\x08 \x01(\x08\x12\x0e\n\x06reason\x18\t \x01(\t\x12\x10\n\x08kv_state\x18\n \x01(\t\x12\x15\n\rneeds_replica\x18\x0b \x01(\x08\"\xb2\x01\n\x08\x44\x65\x63ision\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x10\n\x08instance\x18\x03 \x01(\t\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\r\n\x05\x61ge_s\x18\x06 \x01(\x01\x12\x15\n\rretry_after_s\x18\x07 \x01(\x01\x12/\n\ncandidates\x18\x08 \x03(\x0b\x32\x1b.talaria.admin.v1.Candidate\"!\n\x10\x44\x65\x63isionsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"?\n\x0e\x44\x65\x63isionsReply\x12-\n\tdecisions\x18\x01 \x03(\x0b\x32\x1a.talaria.admin.v1.Decision2\xd7\x03\n\x05\x41\x64min\x12H\n\x06Status\x12\x1f.talaria.admin.v1.StatusRequest\x1a\x1d.talaria.admin.v1.StatusReply\x12N\n\x0bWatchStatus\x12\x1e.talaria.admin.v1.WatchRequest\x1a\x1d.talaria.admin.v1.StatusReply0\x01\x12N\n\x08Sessions\x12!.talaria.admin.v1.SessionsRequest\x1a\x1f.talaria.admin.v1.SessionsReply\x12H\n\x06Leases\x12\x1f.talaria.admin.v1.LeasesRequest\x1a\x1d.talaria.admin.v1.LeasesReply\x12G\n\x07\x45xplain\x12 .talaria.admin.v1.ExplainRequest\x1a\x1a.talaria.admin.v1.Decision\x12Q\n\tDecisions\x12\".talaria.admin.v1.DecisionsRequest\x1a .talaria.admin.v1.DecisionsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,6 +39,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INSTANCESTATUS']._serialized_end=381
   _globals['_STATUSREPLY']._serialized_start=383
   _globals['_STATUSREPLY']._serialized_end=507
-  _globals['_ADMIN']._serialized_start=510
-  _globals['_ADMIN']._serialized_end=671
+  _globals['_SESSIONSREQUEST']._serialized_start=509
+  _globals['_SESSIONSREQUEST']._serialized_end=541
+  _globals['_SESSION']._serialized_start=543
+  _globals['_SESSION']._serialized_end=653
+  _globals['_SESSIONSREPLY']._serialized_start=655
+  _globals['_SESSIONSREPLY']._serialized_end=715
+  _globals['_LEASESREQUEST']._serialized_start=717
+  _globals['_LEASESREQUEST']._serialized_end=732
+  _globals['_LEASE']._serialized_start=734
+  _globals['_LEASE']._serialized_end=832
+  _globals['_LEASESREPLY']._serialized_start=834
+  _globals['_LEASESREPLY']._serialized_end=888
+  _globals['_EXPLAINREQUEST']._serialized_start=890
+  _globals['_EXPLAINREQUEST']._serialized_end=923
+  _globals['_CANDIDATE']._serialized_start=926
+  _globals['_CANDIDATE']._serialized_end=1146
+  _globals['_DECISION']._serialized_start=1149
+  _globals['_DECISION']._serialized_end=1327
+  _globals['_DECISIONSREQUEST']._serialized_start=1329
+  _globals['_DECISIONSREQUEST']._serialized_end=1362
+  _globals['_DECISIONSREPLY']._serialized_start=1364
+  _globals['_DECISIONSREPLY']._serialized_end=1427
+  _globals['_ADMIN']._serialized_start=1430
+  _globals['_ADMIN']._serialized_end=1901
 # @@protoc_insertion_point(module_scope)

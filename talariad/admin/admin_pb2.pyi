@@ -61,3 +61,119 @@ class StatusReply(_message.Message):
     http_endpoint: str
     instances: _containers.RepeatedCompositeFieldContainer[InstanceStatus]
     def __init__(self, version: _Optional[str] = ..., uptime_s: _Optional[float] = ..., http_endpoint: _Optional[str] = ..., instances: _Optional[_Iterable[_Union[InstanceStatus, _Mapping]]] = ...) -> None: ...
+
+class SessionsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class Session(_message.Message):
+    __slots__ = ("session_id", "instance", "model", "kv_len", "idle_s", "leased")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KV_LEN_FIELD_NUMBER: _ClassVar[int]
+    IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    LEASED_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    instance: str
+    model: str
+    kv_len: int
+    idle_s: float
+    leased: bool
+    def __init__(self, session_id: _Optional[str] = ..., instance: _Optional[str] = ..., model: _Optional[str] = ..., kv_len: _Optional[int] = ..., idle_s: _Optional[float] = ..., leased: _Optional[bool] = ...) -> None: ...
+
+class SessionsReply(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[Session]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ...) -> None: ...
+
+class LeasesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("session_id", "model", "instance", "kv_len", "expires_in_s")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    KV_LEN_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    model: str
+    instance: str
+    kv_len: int
+    expires_in_s: float
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., instance: _Optional[str] = ..., kv_len: _Optional[int] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
+
+class LeasesReply(_message.Message):
+    __slots__ = ("leases",)
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[Lease]
+    def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
+
+class ExplainRequest(_message.Message):
+    __slots__ = ("call_id",)
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    def __init__(self, call_id: _Optional[str] = ...) -> None: ...
+
+class Candidate(_message.Message):
+    __slots__ = ("instance", "queue_s", "prefill_s", "decode_s", "kv_recovery_s", "activation_s", "total_s", "feasible", "reason", "kv_state", "needs_replica")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_S_FIELD_NUMBER: _ClassVar[int]
+    KV_RECOVERY_S_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATION_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    FEASIBLE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    KV_STATE_FIELD_NUMBER: _ClassVar[int]
+    NEEDS_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    queue_s: float
+    prefill_s: float
+    decode_s: float
+    kv_recovery_s: float
+    activation_s: float
+    total_s: float
+    feasible: bool
+    reason: str
+    kv_state: str
+    needs_replica: bool
+    def __init__(self, instance: _Optional[str] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., kv_recovery_s: _Optional[float] = ..., activation_s: _Optional[float] = ..., total_s: _Optional[float] = ..., feasible: _Optional[bool] = ..., reason: _Optional[str] = ..., kv_state: _Optional[str] = ..., needs_replica: _Optional[bool] = ...) -> None: ...
+
+class Decision(_message.Message):
+    __slots__ = ("call_id", "kind", "instance", "policy", "reason", "age_s", "retry_after_s", "candidates")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    kind: str
+    instance: str
+    policy: str
+    reason: str
+    age_s: float
+    retry_after_s: float
+    candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
+    def __init__(self, call_id: _Optional[str] = ..., kind: _Optional[str] = ..., instance: _Optional[str] = ..., policy: _Optional[str] = ..., reason: _Optional[str] = ..., age_s: _Optional[float] = ..., retry_after_s: _Optional[float] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ...) -> None: ...
+
+class DecisionsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class DecisionsReply(_message.Message):
+    __slots__ = ("decisions",)
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...

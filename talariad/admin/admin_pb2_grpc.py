@@ -44,6 +44,26 @@ class AdminStub:
                 request_serializer=talariad_dot_admin_dot_admin__pb2.WatchRequest.SerializeToString,
                 response_deserializer=talariad_dot_admin_dot_admin__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Sessions = channel.unary_unary(
+                '/talaria.admin.v1.Admin/Sessions',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.SessionsRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.SessionsReply.FromString,
+                _registered_method=True)
+        self.Leases = channel.unary_unary(
+                '/talaria.admin.v1.Admin/Leases',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.LeasesRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.LeasesReply.FromString,
+                _registered_method=True)
+        self.Explain = channel.unary_unary(
+                '/talaria.admin.v1.Admin/Explain',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.ExplainRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.Decision.FromString,
+                _registered_method=True)
+        self.Decisions = channel.unary_unary(
+                '/talaria.admin.v1.Admin/Decisions',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.DecisionsRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.DecisionsReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -63,6 +83,34 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Sessions(self, request, context):
+        """The router's session table (last instance, model, KV length, live lease).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Leases(self, request, context):
+        """Live soft reservations.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Explain(self, request, context):
+        """Why a call went where it did: the decision kind and the per-candidate cost breakdown.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Decisions(self, request, context):
+        """The most recent routing decisions, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +123,26 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.WatchStatus,
                     request_deserializer=talariad_dot_admin_dot_admin__pb2.WatchRequest.FromString,
                     response_serializer=talariad_dot_admin_dot_admin__pb2.StatusReply.SerializeToString,
+            ),
+            'Sessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.Sessions,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.SessionsRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.SessionsReply.SerializeToString,
+            ),
+            'Leases': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leases,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.LeasesRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.LeasesReply.SerializeToString,
+            ),
+            'Explain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Explain,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.ExplainRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.Decision.SerializeToString,
+            ),
+            'Decisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.Decisions,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.DecisionsRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.DecisionsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +199,114 @@ class Admin:
             '/talaria.admin.v1.Admin/WatchStatus',
             talariad_dot_admin_dot_admin__pb2.WatchRequest.SerializeToString,
             talariad_dot_admin_dot_admin__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/Sessions',
+            talariad_dot_admin_dot_admin__pb2.SessionsRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.SessionsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/Leases',
+            talariad_dot_admin_dot_admin__pb2.LeasesRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.LeasesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Explain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/Explain',
+            talariad_dot_admin_dot_admin__pb2.ExplainRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.Decision.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Decisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/Decisions',
+            talariad_dot_admin_dot_admin__pb2.DecisionsRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.DecisionsReply.FromString,
             options,
             channel_credentials,
             insecure,

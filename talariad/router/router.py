@@ -141,6 +141,10 @@ class Router:
         """The latest decision for `call_id`, with its kind and per-candidate breakdown."""
         return self._decisions.get(call_id)
 
+    def recent(self, limit: int) -> tuple[Decision, ...]:
+        """The latest `limit` decisions, newest first."""
+        return tuple(reversed(list(self._decisions.values())[-limit:])) if limit > 0 else ()
+
     def profiles(self) -> dict[str, LatencyProfile]:
         return self._profiles.all()
 

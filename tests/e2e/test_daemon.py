@@ -126,6 +126,29 @@ def test_ctl_status_json(daemon):
     assert all(i["state"] == "ready" and i["healthy"] and i["pid"] > 0 for i in inst.values())
 
 
+def test_ctl_explains_calls_and_lists_sessions(daemon):
+    r = _client(daemon).chat.completions.create(model="tiny-code", messages=CHAT, max_tokens=2,
+                                                extra_headers={"x-session-id": "s-explain"})
+    served_by = r.usage.model_extra["talaria"]["instance"]
+    explained = _ctl(daemon, "call", "explain", r.id, "--json")
+    assert explained.returncode == 0, explained.stderr
+    d = json.loads(explained.stdout)
+    assert d["instance"] == served_by and d["kind"] in ("cost", "replica_open", "lease_hit")
+    assert {c["instance"] for c in d["candidates"]} <= {"hot0", "cold0"}
+    assert all(c["total_s"] >= 0 for c in d["candidates"])
+    sessions = json.loads(_ctl(daemon, "session", "list", "--json").stdout)
+    row = next(s for s in sessions if s["session_id"] == "s-explain")
+    assert row["instance"] == served_by and row["model"] == "tiny-code" and int(row["kv_len"]) > 0
+    assert isinstance(json.loads(_ctl(daemon, "lease", "list", "--json").stdout), list)
+    recent = json.loads(_ctl(daemon, "call", "recent", "--limit", "3", "--json").stdout)
+    assert recent[0]["call_id"] == r.id.removeprefix("chatcmpl-")
+
+
+def test_ctl_unknown_call_is_refused(daemon):
+    r = _ctl(daemon, "call", "explain", "chatcmpl-nope")
+    assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1 and "nope" in r.stderr
+
+
 def test_ctl_human_table(daemon):
     r = _ctl(daemon, "status")
     assert r.returncode == 0 and "hot0" in r.stdout and "cold0" in r.stdout

@@ -1,0 +1,46 @@
+"""Router state as admin API messages (the ctl and the dashboard read these)."""
+
+from __future__ import annotations
+
+from talariad.admin import admin_pb2
+from talariad.router import Decision, Lease, Router, SessionEntry
+
+_RESPONSE_PREFIXES = ("chatcmpl-", "cmpl-", "msg_")
+
+
+def bare_call_id(call_id: str) -> str:
+    for prefix in _RESPONSE_PREFIXES:
+        if call_id.startswith(prefix):
+            return call_id[len(prefix):]
+    return call_id
+
+
+def session(e: SessionEntry, now: float) -> admin_pb2.Session:
+    return admin_pb2.Session(session_id=e.session_id, instance=e.instance or "", model=e.model or "",
+                             kv_len=e.kv_len, idle_s=max(0.0, now - e.last_used),
+                             leased=e.lease is not None and e.lease.live(now))
+
+
+def lease(le: Lease, now: float) -> admin_pb2.Lease:
+    return admin_pb2.Lease(session_id=le.session_id, model=le.model, instance=le.instance, kv_len=le.kv_len,
+                           expires_in_s=max(0.0, le.t_exp - now))
+
+
+def decision(d: Decision, now: float) -> admin_pb2.Decision:
+    cands = [admin_pb2.Candidate(instance=c.instance, queue_s=c.queue_s, prefill_s=c.prefill_s, decode_s=c.decode_s,
+                                 kv_recovery_s=c.kv_recovery_s, activation_s=c.activation_s, total_s=c.total_s,
+                                 feasible=c.feasible, reason=c.reason, kv_state=c.kv_state.value,
+                                 needs_replica=c.needs_replica) for c in d.candidates]
+    return admin_pb2.Decision(call_id=d.call_id, kind=d.kind.value, instance=d.instance or "", policy=d.policy,
+                              reason=d.reason, age_s=max(0.0, now - d.at), retry_after_s=d.retry_after_s or 0.0,
+                              candidates=cands)
+
+
+def sessions(router: Router, now: float, limit: int) -> admin_pb2.SessionsReply:
+    rows = sorted(router.sessions(), key=lambda e: e.last_used, reverse=True)
+    rows = rows[:limit] if limit > 0 else rows
+    return admin_pb2.SessionsReply(sessions=[session(e, now) for e in rows])
+
+
+def leases(router: Router, now: float) -> admin_pb2.LeasesReply:
+    return admin_pb2.LeasesReply(leases=[lease(le, now) for le in router.leases() if le.live(now)])
