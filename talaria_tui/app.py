@@ -1,5 +1,4 @@
-"""`talaria-tui`: a live dashboard over the admin API (instances for now; rounds, switches and
-leases join as their telemetry lands)."""
+"""`talaria-tui`: a live dashboard over the admin API: instances, leases and routing decisions."""
 
 from __future__ import annotations
 
@@ -8,11 +7,27 @@ import sys
 
 from textual import work
 from textual.app import App, ComposeResult
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
-from talaria_ctl.client import DEFAULT_SOCKET, AdminClient, Unreachable, as_dict
+from talaria_ctl.client import DEFAULT_SOCKET, AdminClient, Refused, Unreachable, as_dict
 
-COLUMNS = ("instance", "pool", "executor", "models", "active", "state", "healthy", "running", "queued", "restarts")
+INSTANCE_COLUMNS = ("instance", "pool", "executor", "models", "active", "state", "healthy", "running", "queued",
+                    "restarts")
+LEASE_COLUMNS = ("session", "model", "instance", "kv_len", "expires_in_s")
+DECISION_COLUMNS = ("call", "kind", "instance", "age_s", "reason")
+
+
+def _instance_row(i: dict) -> tuple:
+    return (i["name"], i["pool"], i["executor"], ",".join(i["models"]), i["active_model"] or "-", i["state"],
+            "yes" if i["healthy"] else "no", str(i["running"]), str(i["queued"]), str(i["restarts"]))
+
+
+def _lease_row(le: dict) -> tuple:
+    return (le["session_id"], le["model"], le["instance"], str(le["kv_len"]), f"{le['expires_in_s']:.2f}")
+
+
+def _decision_row(d: dict) -> tuple:
+    return (d["call_id"], d["kind"], d["instance"] or "-", f"{d['age_s']:.1f}", d["reason"])
 
 
 class Dashboard(App):
@@ -27,13 +42,21 @@ class Dashboard(App):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static("connecting…", id="banner")
-        yield DataTable(id="instances", zebra_stripes=True)
+        with TabbedContent():
+            with TabPane("Instances", id="tab-instances"):
+                yield DataTable(id="instances", zebra_stripes=True)
+            with TabPane("Leases", id="tab-leases"):
+                yield DataTable(id="leases", zebra_stripes=True)
+            with TabPane("Decisions", id="tab-decisions"):
+                yield DataTable(id="decisions", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one("#instances", DataTable)
-        for col in COLUMNS:
-            table.add_column(col, key=col)
+        for table_id, columns in (("instances", INSTANCE_COLUMNS), ("leases", LEASE_COLUMNS),
+                                  ("decisions", DECISION_COLUMNS)):
+            table = self.query_one(f"#{table_id}", DataTable)
+            for col in columns:
+                table.add_column(col, key=col)
         self.action_refresh()
         self.set_interval(self.interval_s, self.action_refresh)
 
@@ -43,27 +66,41 @@ class Dashboard(App):
     @work(thread=True, exclusive=True)
     def _fetch(self) -> None:
         try:
-            data = as_dict(self.client.status())
-        except Unreachable as e:
+            status = as_dict(self.client.status())
+            leases = as_dict(self.client.leases()).get("leases", [])
+            decisions = as_dict(self.client.decisions(50)).get("decisions", [])
+        except (Unreachable, Refused) as e:
             self.call_from_thread(self._show_error, str(e))
             return
-        self.call_from_thread(self._show, data)
+        self.call_from_thread(self._show, status, leases, decisions)
 
     def _show_error(self, message: str) -> None:
         self.query_one("#banner", Static).update(f"[red]{message}[/]")
 
-    def _show(self, data: dict) -> None:
+    def _show(self, status: dict, leases: list[dict], decisions: list[dict]) -> None:
         self.query_one("#banner", Static).update(
-            f"{data['http_endpoint']}  ·  up {data['uptime_s']:.0f}s  ·  talariad {data['version']}")
-        table = self.query_one("#instances", DataTable)
-        for i in data["instances"]:
-            row = (i["name"], i["pool"], i["executor"], ",".join(i["models"]), i["active_model"] or "-", i["state"],
-                   "yes" if i["healthy"] else "no", str(i["running"]), str(i["queued"]), str(i["restarts"]))
-            if i["name"] in table.rows:
-                for col, value in zip(COLUMNS, row):
-                    table.update_cell(i["name"], col, value)
+            f"{status['http_endpoint']}  ·  up {status['uptime_s']:.0f}s  ·  talariad {status['version']}"
+            f"  ·  {len(leases)} live leases")
+        self._upsert("instances", [(i["name"], _instance_row(i)) for i in status["instances"]])
+        self._replace("leases", [_lease_row(le) for le in leases])
+        self._replace("decisions", [_decision_row(d) for d in decisions])
+
+    def _upsert(self, table_id: str, rows: list[tuple[str, tuple]]) -> None:
+        """Update rows in place by key, so the cursor and sort survive a refresh."""
+        table = self.query_one(f"#{table_id}", DataTable)
+        columns = [c.key for c in table.ordered_columns]
+        for key, row in rows:
+            if key in table.rows:
+                for col, value in zip(columns, row):
+                    table.update_cell(key, col, value)
             else:
-                table.add_row(*row, key=i["name"])
+                table.add_row(*row, key=key)
+
+    def _replace(self, table_id: str, rows: list[tuple]) -> None:
+        table = self.query_one(f"#{table_id}", DataTable)
+        table.clear()
+        for row in rows:
+            table.add_row(*row)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -166,6 +166,7 @@ async def test_tui_shows_instances(daemon):
     from talaria_tui.app import Dashboard
     from textual.widgets import DataTable
 
+    _client(daemon).chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=1)
     app = Dashboard(AdminClient(daemon.socket_path), interval_s=0.2)
     async with app.run_test(size=(140, 30)) as pilot:
         table = app.query_one("#instances", DataTable)
@@ -175,6 +176,8 @@ async def test_tui_shows_instances(daemon):
                 break
         assert table.row_count == 2
         assert table.get_row("hot0")[1] == "hot" and table.get_row("cold0")[1] == "cold"
+        decisions = app.query_one("#decisions", DataTable)
+        assert decisions.row_count >= 1
 
 
 def test_supervisor_restarts_a_crashed_instance(daemon):
