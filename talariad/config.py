@@ -55,6 +55,9 @@ class ModelConfig(_Strict):
     """Weight footprint per instance in GiB, used for HBM feasibility until the engine measures it."""
     max_context: int = Field(default=32768, ge=16)
     """Longest prompt plus completion accepted for this model, in tokens."""
+    seed: int | None = Field(default=None, ge=0)
+    """torch executor without `path`: seed of the random weights built from the `profile`
+    architecture (default: derived from the model name, so each model differs)."""
 
 
 class InstanceConfig(_Strict):
@@ -70,6 +73,15 @@ class InstanceConfig(_Strict):
     """Models this instance may host; a hot instance hosts exactly one."""
     time_scale: float = Field(default=1.0, gt=0)
     """sim executor only: multiply modelled durations by this factor (1.0 = real time)."""
+    torch_threads: int = Field(default=1, ge=1)
+    """torch executor: intra-op threads of this instance process (many threads on a busy CPU are
+    far slower than one)."""
+    memory_gib: float | None = Field(default=None, gt=0)
+    """torch executor: size of the device buffer the memory substrate manages (weights, KV pool,
+    staging). Default: on CUDA policy.mem_fraction_bump of free memory; on the CPU twice the
+    largest model plus 128 MiB."""
+    host_kv_gib: float = Field(default=0.125, gt=0)
+    """torch executor: host memory for the host KV registry (HKVR) of this instance."""
 
 
 class PolicyConfig(_Strict):

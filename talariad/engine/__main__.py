@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from talariad import httpserver
 from talariad.config import ConfigError, InstanceConfig, TalariaConfig, load_config
@@ -32,9 +33,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str) -> int:
+async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str, config_dir: Path) -> int:
     stop = httpserver.stop_event()
-    worker = build_worker(cfg, inst)
+    try:
+        worker = build_worker(cfg, inst, config_dir)
+    except ValueError as err:  # a config the engine cannot serve (no CUDA, memory too small ...)
+        print(f"instance {inst.name}: {err}", file=sys.stderr)
+        return 2
     loop = asyncio.create_task(worker.run())
     sock = httpserver.bind(host, 0)
     server, task = await httpserver.start(build_app(worker), sock)
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: instances: no instance named {args.instance!r}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {inst.name}: %(message)s")
-    return asyncio.run(_serve(cfg, inst, args.host))
+    return asyncio.run(_serve(cfg, inst, args.host, Path(args.config).resolve().parent))
 
 
 if __name__ == "__main__":

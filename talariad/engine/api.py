@@ -20,6 +20,12 @@ def build_app(worker: Worker) -> FastAPI:
     async def telemetry() -> Telemetry:
         return worker.telemetry()
 
+    @app.get("/internal/memory")
+    async def memory() -> dict:
+        """HBM layout rows and switch records of an executor that owns a memory substrate."""
+        report = getattr(worker.executor, "memory_report", None)
+        return {"instance": worker.inst.name, **(report() if report is not None else {})}
+
     @app.post("/internal/generate")
     async def generate(req: GenerateRequest) -> StreamingResponse:
         async def lines():

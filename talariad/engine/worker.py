@@ -7,6 +7,7 @@ scheduler what happened; tokens flow to each call's event queue as they are prod
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -39,7 +40,11 @@ class Worker:
     def __init__(self, cfg: TalariaConfig, inst: InstanceConfig, executor: Executor, profiles: dict):
         self.inst, self.executor = inst, executor
         mode = "pinned" if inst.pool == "hot" else "time_shared"
-        self.sched = ColdScheduler(sched_knobs(cfg), profiles, list(inst.models), mode=mode)
+        knobs = sched_knobs(cfg)
+        capacity = getattr(executor, "kv_capacity_tokens", None)  # an executor with a real KV pool
+        if capacity:
+            knobs = dataclasses.replace(knobs, kv_capacity_tokens=capacity)
+        self.sched = ColdScheduler(knobs, profiles, list(inst.models), mode=mode)
         self.calls: dict[str, LiveCall] = {}
         self.queues: dict[str, asyncio.Queue[Event]] = {}
         self.version = 0
@@ -66,6 +71,8 @@ class Worker:
             self._emit(action, result.text)
             done = self.sched.finish(action, self.now(), self.now() - started, tokens=None,
                                      finished=result.stopped or None, switch_path=result.path)
+            for session, model, state, kv_len in result.kv_updates:
+                self.sched.set_kv_state(session, model, state, kv_len, self.now())
             if isinstance(action, Switch):
                 self.switches += 1
                 self.opened.add(action.to_model)
@@ -99,9 +106,11 @@ class Worker:
             return
         self.executor.remember(c.session_id, c.model, call)
         stopped = len(call.out) < call.req.max_tokens
-        usage = Usage(prompt_tokens=c.prompt_tokens, completion_tokens=len(call.out), cached_tokens=c.cached_tokens,
+        cached = c.cached_tokens if call.cached_tokens is None else call.cached_tokens
+        usage = Usage(prompt_tokens=c.prompt_tokens, completion_tokens=len(call.out), cached_tokens=cached,
                       kv_source=call.kv_source)
-        queue.put_nowait(DoneEvent(finish_reason="stop" if stopped else "length", usage=usage,
+        reason = call.finish_reason or ("stop" if stopped else "length")
+        queue.put_nowait(DoneEvent(finish_reason=reason, usage=usage,
                                    kv_state=c.kv_state.value, kv_len=c.kv_len, ttft_s=c.ttft_s))
 
     # -- calls -----------------------------------------------------------------------------
@@ -144,8 +153,10 @@ class Worker:
                     return
         finally:  # the client went away: drop what has not started, discard the rest
             if req.call_id in self.calls and self.sched.cancel(req.call_id, self.now()):
-                self.calls.pop(req.call_id, None)
+                call = self.calls.pop(req.call_id, None)
                 self.queues.pop(req.call_id, None)
+                if (release := getattr(self.executor, "cancelled", None)) is not None:
+                    release(call)  # an executor holding KV pages for the call frees them
 
     # -- telemetry -------------------------------------------------------------------------
 
@@ -165,6 +176,8 @@ class Worker:
         self.version += 1
         t = self.sched.telemetry(self.now())
         load = {m: self._model_load(m, q.running) for m, q in t.queues.items()}
+        stats = getattr(self.executor, "memory_stats", None)  # executors over a real substrate
+        mem = stats() if stats is not None else {}
         queued_work = sum(self.profiles[m].prefill_s(ml.queued_tokens) for m, ml in load.items())
         return Telemetry(
             instance=self.inst.name, version=self.version, pool=self.inst.pool, models=list(self.inst.models),
@@ -176,5 +189,6 @@ class Worker:
             restore_s_per_token=self.profiles[self.inst.models[0]].restore_s_per_token,
             deadline_risk=t.risk_round_bound + t.risk_round_overrun + t.risk_prefill_shortfall + t.ttft_at_risk,
             kv_occupancy=t.kv_used_tokens / max(t.kv_capacity_tokens, 1),
+            hbm_free_bytes=mem.get("hbm_free_bytes", 0), staging_slack_bytes=mem.get("staging_slack_bytes", 0),
             sessions=[SessionKV(session_id=s.session_id, model=s.model, state=s.state.value, kv_len=s.kv_len)
                       for s in t.sessions])

@@ -51,8 +51,12 @@ def _pump(stream, sink: queue.Queue) -> None:
         sink.put(line)
 
 
-def start_daemon(tmp_path: pathlib.Path, overrides: dict | None = None) -> Daemon:
+def start_daemon(tmp_path: pathlib.Path, overrides: dict | None = None, executor: str | None = None) -> Daemon:
+    """The embedded default config, with `overrides` merged into its sections and every instance's
+    executor replaced by `executor` when given."""
     cfg = yaml.safe_load((ROOT / "etc" / "talaria.yaml").read_text())
+    for inst in cfg["instances"] if executor else ():
+        inst["executor"] = executor
     sock_path = str(tmp_path / "admin.sock")
     cfg["listen"] = {"http": "127.0.0.1:0", "admin_socket": sock_path}
     for key, value in (overrides or {}).items():
@@ -97,7 +101,9 @@ def stop_daemon(d: Daemon, timeout: float = 15) -> int:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    d = start_daemon(tmp_path_factory.mktemp("talariad"))
+    # these tests count the sim executor's placeholder words; tests/e2e/test_torch_daemon.py runs
+    # the default (torch) engine
+    d = start_daemon(tmp_path_factory.mktemp("talariad"), executor="sim")
     yield d
     stop_daemon(d)
     d.notify.close()

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from talariad.cold_sched import Action
 from talariad.engine.messages import GenerateRequest
-from talariad.types import SwitchPath
+from talariad.types import KVState, SwitchPath
 
 
 @dataclass
@@ -25,6 +25,11 @@ class LiveCall:
     """Executor-private per-call state (planned words, sampler, block table ...)."""
     kv_source: str = "none"
     """Where the reused prefix came from: device, host, recompute (had one, lost it) or none."""
+    cached_tokens: int | None = None
+    """Prompt tokens the executor really reused, when it knows better than the scheduler's plan
+    (a restore the substrate declined or cut to whole pages); None: the plan's number."""
+    finish_reason: str | None = None
+    """Set by an executor that knows why the call ended (stop token or string: "stop")."""
 
 
 @dataclass
@@ -35,6 +40,9 @@ class StepResult:
     """Calls that hit a stop condition (stop token or string) in this action."""
     path: SwitchPath | None = None
     """For a switch: how the target weights were actually opened."""
+    kv_updates: list[tuple[str, str, KVState, int]] = field(default_factory=list)
+    """(session, model, state, kv_len) the substrate really holds after this action (a switch
+    saved KV to host page-aligned, an eviction dropped it); the worker tells the scheduler."""
 
 
 class Executor(Protocol):

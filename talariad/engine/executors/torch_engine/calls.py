@@ -1,0 +1,27 @@
+"""A call's private state inside the torch executor (kept in LiveCall.state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from talariad.engine.executors.torch_engine.kv import KVRecord
+from talariad.engine.executors.torch_engine.text import TextStream
+from talariad.engine.model import SamplingParams
+
+
+@dataclass(slots=True)
+class CallState:
+    """A call's private state (LiveCall.state): its context ids, sampler and text stream."""
+
+    call_id: str
+    owner: str
+    """Substrate owner of its pages: the session, or session#call when the session is busy."""
+    model: str
+    ids: list[int]
+    prompt_len: int
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    text: TextStream
+    rec: KVRecord

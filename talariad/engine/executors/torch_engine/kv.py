@@ -1,0 +1,90 @@
+"""What each session's KV pages hold on one torch instance (pure bookkeeping, no torch).
+
+The substrate knows pages and host blocks; this book knows which token ids they hold, so a new
+prompt can be matched against them: on device any common prefix counts, on host whole pages only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from talariad.types import KVState
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass(slots=True)
+class KVRecord:
+    """One owner's context for one model: token ids and how much of it has KV where."""
+
+    tokens: list[int]
+    """The context: prompt and generated ids (the last sampled id has no KV yet)."""
+    valid: int = 0
+    """Leading tokens whose KV is in the owner's device pages (0 when it has none)."""
+    host_tokens: int = 0
+    """Leading tokens checkpointed to the host KV registry (whole pages)."""
+    busy: str | None = None
+    """The call whose prefill/decode is using the pages now."""
+    last_use: int = 0
+
+    @property
+    def on_device(self) -> bool:
+        return self.valid > 0
+
+
+class KVBook:
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.records: dict[tuple[str, str], KVRecord] = {}
+        self._tick = 0
+
+    def get(self, owner: str, model: str) -> KVRecord | None:
+        return self.records.get((owner, model))
+
+    def open(self, owner: str, model: str, call_id: str) -> KVRecord:
+        """The owner's record for a call about to run (created empty the first time)."""
+        rec = self.records.setdefault((owner, model), KVRecord([]))
+        rec.busy = call_id
+        self.touch(rec)
+        return rec
+
+    def touch(self, rec: KVRecord) -> None:
+        self._tick += 1
+        rec.last_use = self._tick
+
+    def drop(self, owner: str, model: str) -> None:
+        self.records.pop((owner, model), None)
+
+    def reusable(self, owner: str, model: str, prompt: Sequence[int], host_kv: bool) -> int:
+        """Prompt tokens whose KV this instance holds: any device prefix, or whole host pages."""
+        rec = self.records.get((owner, model))
+        if rec is None:
+            return 0
+        device = common_prefix(rec.tokens[:rec.valid], prompt)
+        host = common_prefix(rec.tokens[:rec.host_tokens], prompt) if host_kv else 0
+        return max(device, host // self.page_size * self.page_size)
+
+    def idle_on_device(self, model: str, keep: set[str]) -> list[str]:
+        """Owners whose device pages no call is using, least recently used first (`keep` last)."""
+        idle = [(o, r) for (o, m), r in self.records.items() if m == model and r.on_device and r.busy is None]
+        idle.sort(key=lambda item: (item[0] in keep, item[1].last_use))
+        return [o for o, _ in idle]
+
+    def off_device(self, owner: str, model: str, host_kv: bool) -> tuple[str, str, KVState, int]:
+        """The owner's pages are gone: where its prefix now lives, as a scheduler ledger update."""
+        rec = self.records[(owner, model)]
+        rec.valid = 0
+        if host_kv and rec.host_tokens > 0:
+            return owner, model, KVState.HOST, rec.host_tokens
+        return owner, model, KVState.MISSING, 0
+
+    def on_device_owners(self, model: str) -> list[str]:
+        return [o for (o, m), r in self.records.items() if m == model and r.on_device]

@@ -1,0 +1,319 @@
+"""The `torch` executor: real tokens from the built-in engine over the instance's memory substrate.
+
+Every hosted model is registered with one `Substrate`; its weights are views of the bump buffer
+and its KV pool is the substrate's pool, so a scheduler `Switch` moves real bytes (H2D from the
+host image, D2D from chunks staged while the previous model served). A finished call checkpoints
+its session's KV pages to the host KV registry; a returning session restores its agreed prefix
+from host and recomputes only the tail. Steps run on one worker thread so the event loop (the
+internal API) stays responsive; the scheduler core never waits on torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from talariad.cold_sched import Action, Decode, Prefill, Switch
+from talariad.engine.executors.base import LiveCall, StepResult
+from talariad.engine.executors.torch_engine import HostedModel, KVBook, KVRecord, TextStream
+from talariad.engine.executors.torch_engine.calls import CallState
+from talariad.engine.executors.torch_engine.kv import common_prefix
+from talariad.engine.executors.torch_engine.report import memory_report, memory_stats
+from talariad.engine.messages import GenerateRequest
+from talariad.engine.model import DecodeItem, ModelRunner, PrefillItem, SamplingParams
+from talariad.engine.model.sampling import make_generator, sample
+from talariad.memory import Substrate, prefix_hashes
+from talariad.memory.layout import align_up
+
+HEADROOM_SEQS = 64
+"""Sequences whose last partly-filled page the scheduler's token accounting does not see."""
+
+
+class TorchExecutor:
+    def __init__(self, substrate: Substrate, models: dict[str, HostedModel], *, page_size: int = 16,
+                 host_kv: bool = True, d2d: bool = True, pinned: bool = False, threads: int = 1) -> None:
+        self.sub, self.models, self.page_size = substrate, models, page_size
+        self.order = list(models)
+        self.host_kv, self.d2d, self.pinned = host_kv, d2d, pinned
+        self.book = KVBook(page_size)
+        self.runners: dict[str, ModelRunner] = {}
+        self.private: set[str] = set()
+        self._cancelled: list[LiveCall] = []
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic()
+        for name, hosted in models.items():
+            self._register(name, hosted)
+        self.kv_capacity_tokens = self._capacity_tokens()
+        self.stats: dict[str, int] = {}
+        torch.set_num_threads(threads)
+        self._thread = ThreadPoolExecutor(1, "torch-exec", initializer=torch.set_num_threads, initargs=(threads,))
+        if pinned:
+            self._open(self.order[0])
+
+    # ---- setup ---------------------------------------------------------------------------
+
+    def _register(self, name: str, hosted: HostedModel) -> None:
+        views = self.sub.register_model(name, hosted.shapes(), hosted.kv_layout(self.page_size))
+        for key, view in views.items():
+            view.copy_(hosted.params[key])
+        hosted.params = {}  # the substrate's host image is the copy from now on
+
+    def _capacity_tokens(self) -> int:
+        """Prompt + output tokens the smallest model's KV pool holds (the scheduler's admission cap)."""
+        cfg = self.sub.config
+        free = cfg.capacity_bytes - cfg.runtime_bytes - cfg.graph_pool_bytes
+        pages = min((free - align_up(e.nbytes, cfg.alignment)) // e.kv_layout.row_bytes
+                    for e in self.sub.models.values())
+        if pages < 2 * HEADROOM_SEQS:
+            raise ValueError(f"memory_gib: the device buffer leaves {max(pages, 0)} KV pages for the largest model; "
+                             f"need at least {2 * HEADROOM_SEQS}")
+        return (pages - HEADROOM_SEQS) * self.page_size
+
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+    # ---- the Executor protocol -------------------------------------------------------------
+
+    def encode(self, req: GenerateRequest) -> list[int]:
+        tok = self.models[req.model].tokenizer
+        if req.prompt is not None:
+            return tok.encode(req.prompt)
+        return tok.encode_chat([{"role": m.role, "content": m.content} for m in req.messages])
+
+    def reusable(self, session: str, model: str, prompt: list) -> int:
+        return self.book.reusable(session, model, prompt, self.host_kv)
+
+    def remember(self, session: str, model: str, call: LiveCall) -> None:
+        """Keep the session's context; checkpoint its KV pages to host (async on CUDA)."""
+        st: CallState | None = call.state
+        if st is None:
+            return
+        st.rec.busy = None
+        if st.owner in self.private:
+            self._free(st.owner, model)
+            return
+        if self.host_kv and self.sub.active == model:
+            self._checkpoint(st.owner, model, st.rec)
+
+    def cancelled(self, call: LiveCall | None) -> None:
+        """A call dropped by its client: release its pages at the next step (one may be running)."""
+        if call is not None and call.state is not None:
+            self._cancelled.append(call)
+
+    async def run(self, action: Action, calls: dict[str, LiveCall]) -> StepResult:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self._step, action, calls)
+
+    # ---- one step, on the torch thread ---------------------------------------------------------
+
+    def _step(self, action: Action, calls: dict[str, LiveCall]) -> StepResult:
+        with self._lock:
+            self._release_cancelled()
+            self.sub.poll(self._now())
+            if isinstance(action, Switch):
+                result = self._switch(action, calls)
+            elif isinstance(action, Prefill):
+                result = self._prefill(action, calls)
+            else:
+                result = self._decode(action, calls)
+            self._stage_some()
+            self.stats = memory_stats(self.sub)
+            return result
+
+    def _release_cancelled(self) -> None:
+        while self._cancelled:
+            st: CallState = self._cancelled.pop().state
+            st.rec.busy = None
+            if st.owner in self.private:
+                self._free(st.owner, st.model)
+
+    # ---- switching -------------------------------------------------------------------------------
+
+    def _switch(self, action: Switch, calls: dict[str, LiveCall]) -> StepResult:
+        updates = self._save_outgoing(self.sub.active) if self.sub.active else []
+        record = self._open(action.to_model)
+        return StepResult(path=record.path, kv_updates=updates)
+
+    def _open(self, model: str):
+        record = self.sub.switch_to(model, self._now())
+        if record is None:
+            raise RuntimeError(f"the substrate cannot open model {model!r} (weights do not fit)")
+        pool = self.sub.kv_pool().transpose(0, 1)  # [C, L, ...] -> the runner's [L, 2, ...]
+        weights = self.sub.weights_view(model)
+        runner = self.runners.get(model)
+        if runner is None or runner.allocator.num_pages != pool.shape[2]:
+            self.runners[model] = ModelRunner(self.models[model].config, weights, kv_pool=pool)
+        else:
+            runner.bind_params(weights)
+            runner.bind_kv_pool(pool)
+        self._start_staging(model)
+        return record
+
+    def _save_outgoing(self, model: str) -> list:
+        """Checkpoint every device-resident context of the outgoing model (the switch drains the
+        copies) and say where each now lives."""
+        updates = []
+        for owner in self.book.on_device_owners(model):
+            rec = self.book.get(owner, model)
+            if self.host_kv:
+                self._checkpoint(owner, model, rec)
+            update = self.book.off_device(owner, model, self.host_kv)
+            if owner in self.private:
+                self.book.drop(owner, model)
+            else:
+                updates.append(update)
+        return updates
+
+    def _start_staging(self, active: str) -> None:
+        """Stage the next model of the rotation into the pool's free tail while this one serves."""
+        if not self.d2d or self.pinned or len(self.order) < 2:
+            return
+        nxt = self.order[(self.order.index(active) + 1) % len(self.order)]
+        if self.sub.stage(nxt, self._now()):
+            self._stage_some()
+
+    def _stage_some(self, max_chunks: int = 8) -> None:
+        if self.sub.staging is not None and self.sub.staging.model is not None:
+            self.sub.stage_step(self._now(), max_chunks)
+
+    # ---- KV pages --------------------------------------------------------------------------------
+
+    def _checkpoint(self, owner: str, model: str, rec: KVRecord) -> None:
+        hashes = prefix_hashes(rec.tokens[:rec.valid], self.page_size, model)
+        if not hashes:
+            return
+        self.sub.checkpoint(owner, hashes, self._now())
+        blocks = self.sub.registry.blocks
+        saved = next((i for i, h in enumerate(hashes) if (model, h) not in blocks), len(hashes))
+        rec.host_tokens = saved * self.page_size
+
+    def _free(self, owner: str, model: str) -> None:
+        self.sub.free_session(owner)
+        self.book.drop(owner, model)
+        self.private.discard(owner)
+
+    def _ensure_pages(self, st: CallState, protect: set[str], updates: list) -> list[int]:
+        """Grow the owner's pages to hold its prompt and every token it may still generate."""
+        total = st.prompt_len + st.sampling.max_tokens
+        need = -(-total // self.page_size) - len(self.sub.session_pages(st.owner))
+        while need > 0 and self.sub.allocate_pages(st.owner, need) is None:
+            victim = self._victim(st.model, protect)
+            if victim is None:
+                raise RuntimeError(f"KV pool exhausted: {need} pages for {st.owner!r} and nothing to evict")
+            self._evict(victim, st.model, updates)
+        return self.sub.session_pages(st.owner)
+
+    def _victim(self, model: str, protect: set[str]) -> str | None:
+        idle = self.book.idle_on_device(model, keep=set())
+        parked = [o for o in self.book.on_device_owners(model) if o not in protect and o not in idle]
+        return next(iter(idle + parked), None)
+
+    def _evict(self, owner: str, model: str, updates: list) -> None:
+        rec = self.book.get(owner, model)
+        if self.host_kv:
+            self._checkpoint(owner, model, rec)
+            self.sub.poll(self._now())
+        self.sub.free_session(owner)
+        update = self.book.off_device(owner, model, self.host_kv)
+        if owner in self.private and rec.busy is None:
+            self._free(owner, model)
+        elif owner not in self.private:
+            updates.append(update)
+
+    # ---- prefill and decode ----------------------------------------------------------------------
+
+    def _state(self, call: LiveCall, model: str) -> CallState:
+        """The call's state, created at its first admission."""
+        if call.state is not None:
+            return call.state
+        req = call.req
+        session = req.session_id or f"call-{req.call_id}"
+        owner = session
+        current = self.book.get(session, model)
+        if current is not None and current.busy not in (None, req.call_id):
+            owner = f"{session}#{req.call_id}"  # the session runs two calls at once: no sharing
+            self.private.add(owner)
+        rec = self.book.open(owner, model, req.call_id)
+        sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_tokens,
+                                  seed=req.seed)
+        hosted = self.models[model]
+        call.state = CallState(req.call_id, owner, model, list(call.prompt), len(call.prompt), sampling,
+                               make_generator(sampling), TextStream(hosted.tokenizer, req.stop), rec)
+        return call.state
+
+    def _reuse(self, st: CallState, want: int) -> tuple[int, str]:
+        """Tokens of the context whose KV is in the owner's pages before the tail is computed."""
+        rec = st.rec
+        device = common_prefix(rec.tokens[:rec.valid], st.ids)
+        if want <= 0:
+            return 0, "none"
+        if device > 0:
+            return min(want, device), "device"
+        if not self.host_kv:
+            return 0, "recompute"
+        if self.sub.session_pages(st.owner):
+            self.sub.free_session(st.owner)  # stale pages: a restore needs the owner empty
+        hashes = prefix_hashes(st.ids[:want], self.page_size, st.model)
+        res = self.sub.restore(st.owner, hashes, self._now())
+        if res is None or res.restored_tokens == 0:
+            return 0, "recompute"
+        self.sub.wait_restore(st.owner)
+        return res.restored_tokens, "host"
+
+    def _prefill(self, action: Prefill, calls: dict[str, LiveCall]) -> StepResult:
+        states = [self._state(calls[item.call_id], action.model) for item in action.calls]
+        protect = {st.owner for st in states}
+        items, updates = [], []
+        for item, st in zip(action.calls, states):
+            call = calls[item.call_id]
+            prior = common_prefix(st.rec.tokens, st.ids)
+            cached, source = self._reuse(st, item.cached_device_tokens + item.restore_tokens)
+            table = self._ensure_pages(st, protect, updates)
+            if not call.out:  # first admission: say truthfully where the prefix came from
+                call.cached_tokens = cached
+                call.kv_source = source if source != "none" else ("recompute" if prior else call.kv_source)
+            st.rec.tokens = st.ids
+            items.append(PrefillItem(st.owner, st.ids, cached, table))
+        logits = self.runners[action.model].prefill(items)
+        result = self._emit(states, calls, logits)
+        result.kv_updates = updates
+        return result
+
+    def _decode(self, action: Decode, calls: dict[str, LiveCall]) -> StepResult:
+        states = [calls[cid].state for cid in action.call_ids]
+        items = [DecodeItem(st.owner, st.ids[-1], len(st.ids) - 1, self.sub.session_pages(st.owner))
+                 for st in states]
+        return self._emit(states, calls, self.runners[action.model].decode(items))
+
+    def _emit(self, states: list[CallState], calls: dict[str, LiveCall], logits: torch.Tensor) -> StepResult:
+        tokens = sample(logits, [st.sampling for st in states], [st.generator for st in states])
+        result = StepResult()
+        for st, tok in zip(states, tokens):
+            st.ids.append(tok)
+            st.rec.valid = len(st.ids) - 1  # the sampled token gets its KV at the next step
+            eos = tok in self.models[st.model].eos_ids()
+            last = eos or len(st.ids) - st.prompt_len >= st.sampling.max_tokens
+            piece, hit = st.text.push(tok, final=last)
+            result.text[st.call_id] = piece
+            if hit or eos:
+                result.stopped.add(st.call_id)
+                calls[st.call_id].finish_reason = "stop"
+        return result
+
+    # ---- reports -----------------------------------------------------------------------------------
+
+    def memory_stats(self) -> dict[str, int]:
+        """HBM free and staging slack as of the last step (cheap; read by telemetry)."""
+        return self.stats
+
+    def memory_report(self, last: int = 50) -> dict:
+        """The HBM layout rows and the latest switch records (for /internal/memory)."""
+        with self._lock:
+            return memory_report(self.sub, last)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
+
