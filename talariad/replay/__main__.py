@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from talariad.replay.client import add_run_parser, run_command
 from talariad.replay.generate import PAPER_MODELS, characterization, fixed_replay
 from talariad.replay.metrics import nearest_rank
 from talariad.replay.swebv import load_swebv
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("out")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--sessions", type=int, default=445, help="characterization only")
+    add_run_parser(sub)
     args = p.parse_args(argv)
     try:
         return _run(args)
@@ -69,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
+    if args.cmd == "run":
+        return run_command(args)
     if args.cmd == "generate":
         trace = fixed_replay(args.seed) if args.kind == "fixed" else characterization(args.sessions, args.seed, PAPER_MODELS)
         write_jsonl(trace, args.out)
