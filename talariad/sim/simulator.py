@@ -1,0 +1,219 @@
+"""The discrete-event simulator: closed-loop sessions in virtual time through the real `Router`
+and one `SimInstance` (real `ColdScheduler`) per configured instance.
+
+Events on one heap (time, seq, kind, payload): a session's call is released one gap after its
+previous response and placed through the router as the gateway would (a queued or rejected call
+is placed again after the router's `retry_after_s`); an instance asks its scheduler for the next
+action whenever it is idle and something changed (a submit, a wake-up time, a finished action);
+every `heartbeat_s` each instance that changed (or whose snapshot is getting old) publishes a
+snapshot, closed rounds feed `Router.round_summary`, and leases expire.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from talariad.replay.metrics import CallRecord, RoundRecord, RunResult, SessionRecord, SwitchRecord
+from talariad.replay.oracle import oracle_bounds
+from talariad.replay.trace import Trace, TraceCall
+from talariad.router import CallRequest, Router
+from talariad.sim.configs import SimConfig, memory_spec
+from talariad.sim.instance import SimInstance
+from talariad.sim.memory import SimMemory
+from talariad.sim.profiles import ProfileSet
+
+RELEASE, RETRY, DONE, WAKE, TICK = range(5)
+REFRESH_S = 1.0  # re-publish an unchanged snapshot this often (the router's staleness bound is 2 s)
+MAX_VIRTUAL_S = 1e7
+
+
+@dataclass(slots=True)
+class Pending:
+    """One call between its release and its completion."""
+
+    session: int
+    call: TraceCall
+    call_id: str
+    intended_s: float
+    instance: str | None = None
+    resident: bool | None = None
+    opened: bool = False
+    avoidable: bool = False
+
+
+class Simulator:
+    def __init__(self, trace: Trace, config: SimConfig, pset: ProfileSet,
+                 on_session_done: Callable[[], None] | None = None) -> None:
+        missing = sorted(set(trace.models()) - set(pset.models))
+        if missing:
+            raise ValueError(f"trace models {missing} have no profile in set {pset.name!r}")
+        self.trace, self.cfg, self.profiles = trace, config, pset.profiles()
+        self.router = Router(config.router, self.profiles, policy=config.policy)
+        spec = memory_spec(pset)
+        self.instances = {
+            i.name: SimInstance(i.name, i.pool, list(i.models), config.sched, self.profiles,
+                                SimMemory(spec, config.sched.d2d, config.sched.host_kv), config.prewarm)
+            for i in config.instances}
+        self.on_session_done = on_session_done or (lambda: None)
+        self._heap: list = []
+        self._seq = 0
+        self._pending: dict[str, Pending] = {}
+        self._last_inst: dict[int, str] = {}
+        self._starts: dict[int, float] = {}
+        self._left = len(trace.sessions)
+        self._now = 0.0
+        self.result = RunResult(config.name, policy=config.policy if config.load or config.tau_s is not None
+                                else None, load=config.load, tau_s=config.tau_s)
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        t0 = time.perf_counter()
+        for inst in self.instances.values():
+            self.router.observe(inst.snapshot(0.0), 0.0)
+        for s, _ in enumerate(self.trace.sessions):
+            self._push(s * self.cfg.start_interval_s, RELEASE, (s, 0))
+        self._push(self.cfg.heartbeat_s, TICK, None)
+        handlers = (self._release, self._retry, self._done, self._wake, self._tick)
+        while self._heap and self._left:
+            now, _, kind, payload = heapq.heappop(self._heap)
+            self._now = now
+            if now > MAX_VIRTUAL_S:
+                raise RuntimeError(f"{self.cfg.name}: no progress by t={now:.0f}s ({self._left} sessions left)")
+            handlers[kind](now, payload)
+        if self._left:
+            raise RuntimeError(f"{self.cfg.name}: event queue ran dry with {self._left} sessions left")
+        self._finish_result()
+        self.result.wall_clock_s = time.perf_counter() - t0
+        return self.result
+
+    def _push(self, t: float, kind: int, payload) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, payload))
+
+    # ---- sessions and placement -----------------------------------------------------------
+
+    def _release(self, now: float, payload: tuple[int, int]) -> None:
+        s, k = payload
+        call = self.trace.sessions[s][k]
+        if k == 0:
+            self._starts[s] = now
+        pending = Pending(s, call, f"{call.session_id}#{k}", now)
+        self._pending[pending.call_id] = pending
+        self._place(pending, now)
+
+    def _retry(self, now: float, call_id: str) -> None:
+        self._place(self._pending[call_id], now)
+
+    def _place(self, p: Pending, now: float) -> None:
+        c = p.call
+        req = CallRequest(p.call_id, c.session_id, c.model, c.prompt_tokens, c.prefix_tokens,
+                          max(c.output_tokens, 1))
+        decision = self.router.place(req, now)
+        if not decision.kind.places:
+            self._push(now + (decision.retry_after_s or self.cfg.heartbeat_s), RETRY, p.call_id)
+            return
+        inst = self.instances[decision.instance]
+        p.instance = inst.name
+        p.resident = c.model in inst.opened
+        p.opened = not p.resident
+        p.avoidable = p.opened and any(c.model in o.opened for o in self.instances.values() if o is not inst)
+        inst.submit(p.call_id, c.session_id, c.model, max(c.prompt_tokens, 1), c.prefix_tokens,
+                    req.max_tokens, now)
+        if not inst.busy:
+            self._step(inst, now)
+
+    # ---- instances ------------------------------------------------------------------------
+
+    def _step(self, inst: SimInstance, now: float) -> None:
+        end, wake = inst.start(now)
+        if end is not None:
+            self._push(end, DONE, inst.name)
+        elif wake is not None:
+            self._push(wake, WAKE, inst.name)
+
+    def _wake(self, now: float, name: str) -> None:
+        inst = self.instances[name]
+        if not inst.busy:
+            self._step(inst, now)
+
+    def _done(self, now: float, name: str) -> None:
+        inst = self.instances[name]
+        for c in inst.finish(now):
+            self._complete(inst, c, now)
+        self._step(inst, now)
+
+    def _complete(self, inst: SimInstance, c, now: float) -> None:
+        p = self._pending.pop(c.call_id)
+        self.router.completed(c.call_id, inst.name, c.kv_state, c.kv_len, now)
+        s, k = p.session, p.call.call_idx
+        prev = self._last_inst.get(s)
+        self._last_inst[s] = inst.name
+        source = inst.kv_source.pop(c.call_id, "none")
+        if source == "none" and p.call.prefix_tokens > 0:
+            source = "recompute"
+        self.result.calls.append(CallRecord(
+            p.call.session_id, k, p.call.model, inst.name, p.intended_s, c.first_token_at, now,
+            same_instance=None if k == 0 else prev == inst.name, model_resident=p.resident,
+            opened_model=p.opened, avoidable_open=p.avoidable, kv_source=source))
+        session = self.trace.sessions[s]
+        if k + 1 < len(session):
+            self._push(now + session[k + 1].gap_s, RELEASE, (s, k + 1))
+        else:
+            self._left -= 1
+            self.result.sessions.append(SessionRecord(p.call.session_id, p.call.model, self._starts[s], now))
+            self.on_session_done()
+
+    # ---- telemetry ------------------------------------------------------------------------
+
+    def _tick(self, now: float, _payload) -> None:
+        for inst in self.instances.values():
+            if inst.version != inst.published_version or now - inst.published_at >= REFRESH_S:
+                self.router.observe(inst.snapshot(now), now)
+            else:
+                self.router.heartbeat(inst.name, now)
+            for model, measured in inst.round_measurements():
+                self.router.round_summary(inst.name, model, measured, now)
+        self.router.expire(now)
+        self._push(now + self.cfg.heartbeat_s, TICK, None)
+
+    # ---- results --------------------------------------------------------------------------
+
+    def _finish_result(self) -> None:
+        r = self.result
+        oracle = oracle_bounds(self.trace, self.profiles)
+        r.sessions = sorted((SessionRecord(x.session_id, x.model, x.start_s, x.end_s, oracle[x.session_id])
+                             for x in r.sessions), key=lambda x: x.session_id)
+        r.calls.sort(key=lambda x: (x.session_id, x.call_idx))
+        for inst in self.instances.values():
+            r.switches += [SwitchRecord(w.at_s, inst.name, w.from_model, w.to_model, w.path, w.latency_s)
+                           for w in inst.switches]
+            s = inst.sched
+            r.rounds += [RoundRecord(x.index, inst.name, x.wall_s, x.active_s, x.switch_s,
+                                     inst.hbm_by_round.get(x.index, 0)) for x in s.round_summaries]
+            if (last := open_round(inst, self._now)) is not None:
+                r.rounds.append(last)
+            r.hbm_peak_bytes = max(r.hbm_peak_bytes, inst.hbm_peak)
+            r.sp_admitted += s.sp_admitted
+            r.sp_parked += s.sp_parked
+        r.switches.sort(key=lambda w: (w.at_s, w.instance))
+
+
+def open_round(inst: SimInstance, end: float) -> RoundRecord | None:
+    """The round still open when the last session finished (its slot is holding for returns
+    that will not come), measured up to `end`."""
+    cur, slot = inst.sched.rounds.current, inst.sched.slot
+    if cur is None:
+        return None
+    active = cur.active_s + (end - slot.opened_at if slot is not None else 0.0)
+    return RoundRecord(cur.index, inst.name, active + cur.switch_s, active, cur.switch_s,
+                       inst.hbm_by_round.get(cur.index, 0))
+
+
+def simulate(trace: Trace, config: SimConfig, pset: ProfileSet,
+             on_session_done: Callable[[], None] | None = None) -> RunResult:
+    """Run one configuration over one trace; same inputs give the same numbers."""
+    return Simulator(trace, config, pset, on_session_done).run()

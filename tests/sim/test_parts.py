@@ -1,0 +1,90 @@
+import json
+
+import pytest
+
+from talariad.cold_sched import Decode, Prefill, PrefillItem, Switch
+from talariad.replay.trace import Trace, write_jsonl
+from talariad.sim.__main__ import main, router_subset
+from talariad.sim.configs import memory_spec
+from talariad.sim.costs import action_seconds, switch_seconds
+from talariad.sim.memory import MemorySpec, SimMemory
+from talariad.types import LatencyProfile, SwitchPath
+
+from .conftest import MODELS, growing
+
+PROF = LatencyProfile(prefill_base_s=0.01, prefill_s_per_token=1e-3, decode_step_s=0.02, decode_s_per_seq=0.001,
+                      restore_s_per_token=1e-4, switch_s={SwitchPath.D2D: 0.1, SwitchPath.PARTIAL: 1.0,
+                                                          SwitchPath.H2D: 2.1}, open_s=3.0)
+
+
+def test_action_costs_follow_the_profile():
+    profiles = {"m": PROF}
+    pre = Prefill([PrefillItem("a", 100, 50, 10), PrefillItem("b", 0, 50, 0)], "P", "m")
+    assert action_seconds(pre, profiles) == pytest.approx(0.01 + 0.1 + 0.01)
+    assert action_seconds(Decode("m", ["a", "b"]), profiles) == pytest.approx(0.022)
+    sw = Switch("x", "m", SwitchPath.D2D)
+    assert action_seconds(sw, profiles) == pytest.approx(0.1)
+    assert action_seconds(sw, profiles, SwitchPath.PARTIAL, uncovered=0.5) == pytest.approx(1.1)
+    assert action_seconds(sw, profiles, SwitchPath.PARTIAL) == pytest.approx(1.0)
+    assert switch_seconds(PROF, SwitchPath.D2D, first_open=True) == 3.0
+
+
+def spec(**kw) -> MemorySpec:
+    base = dict(hbm_bytes=100, host_kv_bytes=50, tp=1, h2d_bytes_per_s=10.0,
+                weight_bytes={"a": 40, "b": 40}, kv_bytes_per_token={"a": 1, "b": 1})
+    return MemorySpec(**{**base, **kw})
+
+
+def test_staging_decides_the_switch_path():
+    mem = SimMemory(spec())
+    mem.switched(0.0)
+    assert mem.plan_switch("a", "b", 0, 10.0).path is SwitchPath.D2D  # 40 B staged by t=4 s
+    partial = mem.plan_switch("a", "b", 0, 2.0)  # only 20 B copied so far
+    assert partial.path is SwitchPath.PARTIAL and partial.uncovered == pytest.approx(0.5)
+    assert mem.plan_switch("a", "b", 60, 10.0).path is SwitchPath.H2D  # KV took all the slack
+    assert SimMemory(spec(), d2d=False).plan_switch("a", "b", 0, 10.0).path is SwitchPath.H2D
+
+
+def test_host_kv_evicts_least_recently_used():
+    mem = SimMemory(spec())
+    assert mem.save([(("s1", "a"), 20), (("s2", "a"), 20)]) == []
+    mem.touch(("s1", "a"))
+    assert mem.save([(("s3", "a"), 20)]) == [("s2", "a")]
+    mem.check_integrity()
+    assert SimMemory(spec(), host_kv=False).save([(("s1", "a"), 80)]) == []
+
+
+def test_memory_spec_from_the_paper_box(paper):
+    s = memory_spec(paper)
+    assert s.tp == 8 and s.hbm_bytes < paper.box.hbm_per_gpu_bytes
+    assert 0 < s.host_kv_bytes < paper.box.host_memory_bytes
+    assert set(s.weight_bytes) == set(MODELS)
+
+
+def test_router_subset_shape(small_trace):
+    sub = router_subset(small_trace, calls=12, sessions=4)
+    assert len(sub) == 4 and sub.n_calls == 12
+
+
+def test_cli_compare_writes_json(tmp_path, capsys):
+    trace = Trace([growing("a:q", "qwen3-235b", 3), growing("b:g", "glm5-nvfp4", 3)])
+    path = write_jsonl(trace, tmp_path / "t.jsonl")
+    out = tmp_path / "r.json"
+    rc = main(["compare", "--trace", str(path), "--json", str(out), "--no-progress", "--width", "250"])
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["config"] for r in rows] == ["Talaria", "no-SP", "no-HKVR", "H2D-only", "Round-only"]
+    assert all(r["calls"] == 6 for r in rows)
+    assert "Round-only / Talaria" in capsys.readouterr().out
+
+
+def test_cli_bad_input_exits_2(tmp_path, capsys):
+    assert main(["compare", "--trace", str(tmp_path / "missing.jsonl")]) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"session_id": "x"}\n')
+    assert main(["compare", "--trace", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "missing.jsonl" in err and "bad.jsonl:1" in err
+    with pytest.raises(SystemExit) as e:
+        main(["compare", "--suite", "nope"])
+    assert e.value.code == 2
