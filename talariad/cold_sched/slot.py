@@ -50,8 +50,11 @@ class Slot:
         return max(0.0, min(by_share, by_clock))
 
     def can_decode(self, now: float, step_s: float) -> bool:
-        """A decode step that would cross the slot end is not started (the round must not grow)."""
-        return self.remaining(now) >= step_s - 1e-9
+        """A decode step that would cross the slot end is not started (the round must not grow),
+        except that the Eq. (4) reservation of d_m steps is always honoured: a forced prefill that
+        overran the slot must not starve decode, or a call whose KV is lost at every switch would
+        gain one token per round. The overrun shows up as round-bound risk, not hidden."""
+        return self.remaining(now) >= step_s - 1e-9 or self.decode_steps < self.plan.decode_iters
 
     def begin_decode(self, now: float, step_s: float) -> SlotPhase:
         """Label the next decode step: D1 after P, D after an SP batch, Dfin once only the

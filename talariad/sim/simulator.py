@@ -5,8 +5,10 @@ Events on one heap (time, seq, kind, payload): a session's call is released one 
 previous response and placed through the router as the gateway would (a queued or rejected call
 is placed again after the router's `retry_after_s`); an instance asks its scheduler for the next
 action whenever it is idle and something changed (a submit, a wake-up time, a finished action);
-every `heartbeat_s` each instance that changed (or whose snapshot is getting old) publishes a
-snapshot, closed rounds feed `Router.round_summary`, and leases expire.
+telemetry is sampled as the daemon polls it: just before the router decides, every instance whose
+published snapshot is at least `heartbeat_s` old publishes a new one (so the router decides on
+state at most one heartbeat stale, as in the daemon), closed rounds feed `Router.round_summary`,
+and leases expire. Sampling lazily instead of on a timer keeps long idle stretches free.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from talariad.sim.instance import SimInstance
 from talariad.sim.memory import SimMemory
 from talariad.sim.profiles import ProfileSet
 
-RELEASE, RETRY, DONE, WAKE, TICK = range(5)
+RELEASE, RETRY, DONE, WAKE = range(4)
 REFRESH_S = 1.0  # re-publish an unchanged snapshot this often (the router's staleness bound is 2 s)
 MAX_VIRTUAL_S = 1e7
 
@@ -76,8 +78,7 @@ class Simulator:
             self.router.observe(inst.snapshot(0.0), 0.0)
         for s, _ in enumerate(self.trace.sessions):
             self._push(s * self.cfg.start_interval_s, RELEASE, (s, 0))
-        self._push(self.cfg.heartbeat_s, TICK, None)
-        handlers = (self._release, self._retry, self._done, self._wake, self._tick)
+        handlers = (self._release, self._retry, self._done, self._wake)
         while self._heap and self._left:
             now, _, kind, payload = heapq.heappop(self._heap)
             self._now = now
@@ -112,6 +113,7 @@ class Simulator:
         c = p.call
         req = CallRequest(p.call_id, c.session_id, c.model, c.prompt_tokens, c.prefix_tokens,
                           max(c.output_tokens, 1))
+        self._telemetry(now)
         decision = self.router.place(req, now)
         if not decision.kind.places:
             self._push(now + (decision.retry_after_s or self.cfg.heartbeat_s), RETRY, p.call_id)
@@ -169,8 +171,10 @@ class Simulator:
 
     # ---- telemetry ------------------------------------------------------------------------
 
-    def _tick(self, now: float, _payload) -> None:
+    def _telemetry(self, now: float) -> None:
         for inst in self.instances.values():
+            if now - inst.published_at < self.cfg.heartbeat_s:
+                continue
             if inst.version != inst.published_version or now - inst.published_at >= REFRESH_S:
                 self.router.observe(inst.snapshot(now), now)
             else:
@@ -178,7 +182,6 @@ class Simulator:
             for model, measured in inst.round_measurements():
                 self.router.round_summary(inst.name, model, measured, now)
         self.router.expire(now)
-        self._push(now + self.cfg.heartbeat_s, TICK, None)
 
     # ---- results --------------------------------------------------------------------------
 

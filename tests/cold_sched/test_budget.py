@@ -154,3 +154,21 @@ def test_round_summary_keeps_wall_active_switch_and_phases_apart():
     assert r0.phase_s["Dfin"] > 0 and r0.phase_s["D1"] > 0
     assert r0.phase_s["restore"] == 0.0  # the return's prefix was still on device
     assert r0.decode_parked >= 1  # bg did not finish in A's slot
+
+
+def test_an_over_budget_recompute_still_gets_its_protected_decode_steps():
+    """Round-only drops a parked call's KV at every switch; its recompute overruns the slot's
+    prefill budget, yet the slot still runs its d_m reserved decode steps (Eq. 4), so the call
+    makes real progress each round instead of one token per round."""
+    knobs = ablation("round-only")
+    sched = ColdScheduler(knobs, {"A": PROFILE, "B": PROFILE}, ["A", "B"])
+    long = Session("long", "A", [Turn(60_000, 400)])  # 6 s of prefill: over any slot's budget
+    other = Session("b", "B", [Turn(1000, 30, gap_s=0.1)] * 60)
+    d = VirtualDriver(sched, [long, other])
+    d.run(until=600.0)
+    done = d.completions.get("long#0")
+    assert done is not None and done.completion_tokens == 400
+    step = PROFILE.decode_s(1)
+    plan = plan_slot(knobs.round_bound_s, 2, 2 * PROFILE.switch_cost_s(SwitchPath.H2D), knobs.tpot_target_s, step)
+    a_prefills = [s for s in d.actions(Prefill) if "long#0" in s.action.call_ids]
+    assert len(a_prefills) <= 400 // plan.decode_iters + 1  # one recompute per slot it decoded in
