@@ -29,8 +29,10 @@ def _get(profiles: Mapping[str, LatencyProfile], model: str) -> LatencyProfile:
 
 
 def oracle_call_s(call: TraceCall, prof: LatencyProfile) -> float:
-    """Service time of one call alone: tail prefill + one decode step per output token."""
-    return prof.prefill_s(call.new_tokens) + call.output_tokens * prof.decode_s(1)
+    """Service time of one call alone, charged as every engine runs it: the prefill of the new tail
+    (at least one token: a fully cached prompt still recomputes its last token) yields the first
+    output token, then one decode step per further token."""
+    return prof.prefill_s(max(call.new_tokens, 1)) + max(call.output_tokens - 1, 0) * prof.decode_s(1)
 
 
 def oracle_sct(session: Session, profiles: ProfileLookup) -> float:

@@ -1,7 +1,8 @@
 """The `sim` executor: a performance model of an instance that emits deterministic placeholder text.
 
-It tokenizes by words and punctuation (so prefix reuse is measurable on real chat text), waits the
-latency profile's prefill/restore/decode/switch times (scaled by the instance's `time_scale`), and
+It tokenizes by words and punctuation (so prefix reuse is measurable on real chat text), waits what
+the simulator's cost function charges for each action (`talariad.sim.costs`, scaled by the
+instance's `time_scale`), and
 generates words chosen by a hash of the prompt so the same call always yields the same answer.
 """
 
@@ -11,9 +12,10 @@ import asyncio
 import hashlib
 import re
 
-from talariad.cold_sched import Action, Decode, Prefill, Switch
+from talariad.cold_sched import Action, Switch
 from talariad.engine.executors.base import LiveCall, StepResult
 from talariad.engine.messages import GenerateRequest
+from talariad.sim.costs import action_seconds
 from talariad.types import LatencyProfile, SwitchPath
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -68,6 +70,7 @@ class SimExecutor:
     def __init__(self, profiles: dict[str, LatencyProfile], time_scale: float = 1.0):
         self.profiles, self.time_scale = profiles, time_scale
         self.contexts: dict[tuple[str, str], list[str]] = {}
+        self.opened: set[str] = set()
 
     def encode(self, req: GenerateRequest) -> list[str]:
         text = req.prompt if req.prompt is not None else render([(m.role, m.content) for m in req.messages])
@@ -80,15 +83,11 @@ class SimExecutor:
         self.contexts[(session, model)] = call.prompt + tokenize("".join(call.out))
 
     async def run(self, action: Action, calls: dict[str, LiveCall]) -> StepResult:
+        first_open = isinstance(action, Switch) and action.to_model not in self.opened
+        await self._wait(action_seconds(action, self.profiles, first_open=first_open))
         if isinstance(action, Switch):
-            await self._wait(self.profiles[action.to_model].switch_cost_s(action.path))
+            self.opened.add(action.to_model)
             return StepResult(path=action.path)
-        prof = self.profiles[action.model]
-        if isinstance(action, Prefill):
-            new = sum(i.recompute_tokens for i in action.calls)
-            await self._wait(prof.prefill_s(new) + prof.restore_s(sum(i.restore_tokens for i in action.calls)))
-        else:
-            await self._wait(prof.decode_s(len(action.call_ids)))
         ids = action.call_ids
         return StepResult(text={cid: self._next_word(calls[cid]) for cid in ids if cid in calls})
 
