@@ -3,7 +3,8 @@
 Run: .venv/bin/python bench/e2e_replay.py [--sessions 9] [--max-calls 12] [--scale 50] [--output-scale 2]
 
 Each configuration is `etc/talaria.yaml` as it is at run time (whatever executor it uses), on free
-loopback ports; Round-only also sets `ablations: {sp: false, host_kv: false, d2d: false}` (§5.1).
+loopback ports, with only its cold instances unless `--with-hot` (the paper's fixed replay runs on
+one box time-sharing every model); Round-only also sets `ablations: {sp: false, host_kv: false, d2d: false}` (§5.1).
 The trace is the paper's fixed-replay shape (seed 0): its first `--sessions` model-sessions (three
 issues x three models by default), the first `--max-calls` calls of each, prompts divided by
 `--scale`, outputs by `--output-scale`, gaps as generated (capped at 10 s). Times are real wall
@@ -41,9 +42,11 @@ CONFIGS = {
 }
 
 
-def write_config(workdir: Path, ablations: dict) -> Path:
+def write_config(workdir: Path, ablations: dict, with_hot: bool) -> Path:
     cfg = yaml.safe_load((ROOT / "etc" / "talaria.yaml").read_text())
     cfg["listen"] = {"http": "127.0.0.1:0", "admin_socket": str(workdir / "admin.sock")}
+    if not with_hot:  # the paper's box: every call goes through the time-shared cold pool (§5.1)
+        cfg["instances"] = [i for i in cfg["instances"] if i.get("pool") == "cold"]
     cfg["ablations"] = {**(cfg.get("ablations") or {}), **ablations}
     path = workdir / "talaria.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -88,7 +91,7 @@ def stop_daemon(proc: subprocess.Popen) -> None:
 def run_config(name: str, ablations: dict, args) -> object:
     with tempfile.TemporaryDirectory(prefix="talaria-bench-") as tmp:
         started = time.monotonic()
-        proc, endpoint = start_daemon(write_config(Path(tmp), ablations), args.ready_timeout)
+        proc, endpoint = start_daemon(write_config(Path(tmp), ablations, args.with_hot), args.ready_timeout)
         print(f"{name}: talariad up at {endpoint} in {time.monotonic() - started:.1f} s", flush=True)
         try:
             trace = load_trace("fixed", args.seed, args.sessions)
@@ -110,6 +113,8 @@ def main() -> None:
     p.add_argument("--scale", type=float, default=50.0, help="prompt sizes divided by this")
     p.add_argument("--output-scale", type=float, default=2.0, help="output lengths divided by this")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--with-hot", action="store_true",
+                   help="keep the default config's hot instances (default: cold pool only, as in §5.1)")
     p.add_argument("--timeout", type=float, default=240.0, help="bound on each configuration's replay, s")
     p.add_argument("--ready-timeout", type=float, default=180.0, help="bound on each daemon's start-up, s")
     args = p.parse_args()

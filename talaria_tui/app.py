@@ -38,6 +38,7 @@ class Dashboard(App):
     def __init__(self, client: AdminClient, interval_s: float = 1.0):
         super().__init__()
         self.client, self.interval_s = client, interval_s
+        self._fetching = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -61,9 +62,13 @@ class Dashboard(App):
         self.set_interval(self.interval_s, self.action_refresh)
 
     def action_refresh(self) -> None:
-        self._fetch()
+        # NOTE: a refresh still in flight is left to finish rather than replaced, so a slow daemon
+        # still gets its answers shown instead of every fetch being cancelled by the next tick.
+        if not self._fetching:
+            self._fetching = True
+            self._fetch()
 
-    @work(thread=True, exclusive=True)
+    @work(thread=True)
     def _fetch(self) -> None:
         try:
             status = as_dict(self.client.status())
@@ -72,6 +77,8 @@ class Dashboard(App):
         except (Unreachable, Refused) as e:
             self.call_from_thread(self._show_error, str(e))
             return
+        finally:
+            self._fetching = False
         self.call_from_thread(self._show, status, leases, decisions)
 
     def _show_error(self, message: str) -> None:

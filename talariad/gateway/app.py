@@ -158,13 +158,19 @@ def _sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-async def _stream(call: _Call, first: Event, rest: AsyncIterator[Event], chunk: Callable, usage_chunk: bool):
+async def _guarded(call: _Call, rest: AsyncIterator[Event], lines: AsyncIterator[str]):
     try:
-        async for line in _stream_lines(call, first, rest, chunk, usage_chunk):
+        async for line in lines:
             yield line
     finally:  # a client that disconnects mid-stream still releases its placement
         call.finish(ErrorEvent(message="client disconnected"))
         await rest.aclose()
+
+
+def _openai_stream(chunk: Callable) -> Callable:
+    def stream(call: _Call, first: Event, rest: AsyncIterator[Event]):
+        return _stream_lines(call, first, rest, chunk, call.body.include_usage())
+    return stream
 
 
 async def _stream_lines(call: _Call, first: Event, rest: AsyncIterator[Event], chunk: Callable, usage_chunk: bool):
@@ -204,15 +210,16 @@ def text_chunk(call: _Call, delta: dict, finish: str | None) -> dict:
             "choices": [{"index": 0, "text": delta.get("content", ""), "finish_reason": finish}]}
 
 
-async def _respond(call: _Call, chunk: Callable, full: Callable) -> Response:
+async def _respond(call: _Call, stream: Callable, full: Callable) -> Response:
+    """Place, forward, and answer as one body or as a stream (`stream` renders the event lines)."""
     await call.place()
     rest = call.events()
     first = await _first(rest)
     if isinstance(first, ErrorEvent):
         raise _upstream_error(call, first)
     if call.body.stream:
-        return StreamingResponse(_stream(call, first, rest, chunk, call.body.include_usage()),
-                                 media_type="text/event-stream", headers=call.headers())
+        return StreamingResponse(_guarded(call, rest, stream(call, first, rest)), media_type="text/event-stream",
+                                 headers=call.headers())
     text, done = await _collect(call, first, rest)
     return JSONResponse(full(call, text, done), headers=call.headers())
 
@@ -231,36 +238,23 @@ def _completion_body(call: _Call, text: str, done: DoneEvent) -> dict:
 
 
 async def _anthropic_stream(call: _Call, first: Event, rest: AsyncIterator[Event]):
-    try:
-        for line in anthropic.start_events(call.id, call.body.model, call.info.prompt_tokens):
+    for line in anthropic.start_events(call.id, call.body.model, call.info.prompt_tokens):
+        yield line
+    ev = first
+    while isinstance(ev, TokenEvent):
+        call.on_token(ev)
+        yield anthropic.token_event(ev)
+        ev = await _first(rest)
+    call.finish(ev)
+    if isinstance(ev, DoneEvent):
+        for line in anthropic.end_events(ev):
             yield line
-        ev = first
-        while isinstance(ev, TokenEvent):
-            call.on_token(ev)
-            yield anthropic.token_event(ev)
-            ev = await _first(rest)
-        call.finish(ev)
-        if isinstance(ev, DoneEvent):
-            for line in anthropic.end_events(ev):
-                yield line
-        else:
-            yield anthropic.event("error", {"error": anthropic.error_body(503, ev.message)["error"]})
-    finally:
-        call.finish(ErrorEvent(message="client disconnected"))
-        await rest.aclose()
+    else:
+        yield anthropic.event("error", {"error": anthropic.error_body(503, ev.message)["error"]})
 
 
-async def _respond_anthropic(call: _Call) -> Response:
-    await call.place()
-    rest = call.events()
-    first = await _first(rest)
-    if isinstance(first, ErrorEvent):
-        raise _upstream_error(call, first)
-    if call.body.stream:
-        return StreamingResponse(_anthropic_stream(call, first, rest), media_type="text/event-stream",
-                                 headers=call.headers())
-    text, done = await _collect(call, first, rest)
-    return JSONResponse(anthropic.message_body(call.id, call.body.model, text, done), headers=call.headers())
+def _message_body(call: _Call, text: str, done: DoneEvent) -> dict:
+    return anthropic.message_body(call.id, call.body.model, text, done)
 
 
 def build_app(gw: Gateway) -> FastAPI:
@@ -283,17 +277,17 @@ def build_app(gw: Gateway) -> FastAPI:
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         messages = [(m.role, m.text()) for m in body.messages]
         call = _Call(gw, body, request.headers, messages, None)
-        return await _respond(call, chat_chunk, _chat_body)
+        return await _respond(call, _openai_stream(chat_chunk), _chat_body)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         call = _Call(gw, body, request.headers, [("user", body.text())], body.text())
-        return await _respond(call, text_chunk, _completion_body)
+        return await _respond(call, _openai_stream(text_chunk), _completion_body)
 
     @app.post("/v1/messages")
     async def messages(body: anthropic.MessagesRequest, request: Request) -> Response:
         """Anthropic Messages; `?beta=true`, `anthropic-version` and the API key are accepted and ignored."""
-        return await _respond_anthropic(_Call(gw, body, request.headers, body.chat(), None))
+        return await _respond(_Call(gw, body, request.headers, body.chat(), None), _anthropic_stream, _message_body)
 
     @app.get("/metrics")
     async def metrics() -> Response:

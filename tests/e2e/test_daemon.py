@@ -169,14 +169,13 @@ async def test_tui_shows_instances(daemon):
     _client(daemon).chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=1)
     app = Dashboard(AdminClient(daemon.socket_path), interval_s=0.2)
     async with app.run_test(size=(140, 30)) as pilot:
-        table = app.query_one("#instances", DataTable)
-        for _ in range(50):
+        table, decisions = app.query_one("#instances", DataTable), app.query_one("#decisions", DataTable)
+        for _ in range(200):
             await pilot.pause(0.1)
-            if table.row_count == 2:
+            if table.row_count == 2 and decisions.row_count >= 1:
                 break
         assert table.row_count == 2
         assert table.get_row("hot0")[1] == "hot" and table.get_row("cold0")[1] == "cold"
-        decisions = app.query_one("#decisions", DataTable)
         assert decisions.row_count >= 1
 
 

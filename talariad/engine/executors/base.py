@@ -7,11 +7,22 @@ prompts, knows how much of a prompt a session can reuse, and runs one scheduler 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Protocol
 
 from talariad.cold_sched import Action
 from talariad.engine.messages import GenerateRequest
 from talariad.types import KVState, SwitchPath
+
+
+def common_prefix(a: Sequence, b: Sequence) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 @dataclass

@@ -13,7 +13,7 @@ import hashlib
 import re
 
 from talariad.cold_sched import Action, Switch
-from talariad.engine.executors.base import LiveCall, StepResult
+from talariad.engine.executors.base import LiveCall, StepResult, common_prefix
 from talariad.engine.messages import GenerateRequest
 from talariad.sim.costs import action_seconds
 from talariad.types import LatencyProfile, SwitchPath
@@ -55,15 +55,6 @@ def placeholder_words(prompt_tokens: list[str], n: int, seed: int | None) -> lis
         state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)
         words.append(_WORDS[(state >> 33) % len(_WORDS)])
     return words
-
-
-def common_prefix(a: list, b: list) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class SimExecutor:

@@ -18,10 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from talariad.cold_sched import Action, Decode, Prefill, Switch
-from talariad.engine.executors.base import LiveCall, StepResult
+from talariad.engine.executors.base import LiveCall, StepResult, common_prefix
 from talariad.engine.executors.torch_engine import HostedModel, KVBook, KVRecord, TextStream
 from talariad.engine.executors.torch_engine.calls import CallState
-from talariad.engine.executors.torch_engine.kv import common_prefix
 from talariad.engine.executors.torch_engine.report import memory_report, memory_stats
 from talariad.engine.messages import GenerateRequest
 from talariad.engine.model import DecodeItem, ModelRunner, PrefillItem, SamplingParams
