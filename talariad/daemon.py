@@ -27,7 +27,8 @@ class Daemon:
         self.routing = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
         self.directory = InstanceDirectory(self._urls, cfg.policy.telemetry_interval_s,
                                            on_telemetry=self.routing.observe,
-                                           on_down=self.routing.instance_down)
+                                           on_down=self.routing.instance_down,
+                                           on_unhealthy=self.routing.unhealthy)
         self.gateway = Gateway(cfg, self.directory, self.routing, self._healthy)
         self.endpoint = ""
 

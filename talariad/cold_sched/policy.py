@@ -65,7 +65,12 @@ class SlotPolicy:
     def can_admit_sp(self, now: float) -> bool:
         """An SP opportunity: SP on, a decode boundary after D1 or D, not Dfin, returns waiting."""
         slot = self.slot
-        if not self.knobs.sp or slot is None or slot.phase not in (SlotPhase.D1, SlotPhase.D):
+        if not self.knobs.sp or slot is None:
+            return False
+        # an SP batch whose calls all finished at prefill leaves nothing to decode: that is a
+        # boundary too, or the next return would wait for the next slot
+        drained_sp = slot.phase is SlotPhase.SP and not self.table.running
+        if slot.phase not in (SlotPhase.D1, SlotPhase.D) and not drained_sp:
             return False
         at_boundary = slot.decode_steps > 0 or not self.table.running
         return at_boundary and any(

@@ -70,6 +70,26 @@ def round_remaining_s(s: ColdScheduler, now: float) -> float:
     return max(0.0, s.slot.remaining(now)) + rest
 
 
+def switch_path(s: ColdScheduler) -> SwitchPath:
+    return SwitchPath.D2D if s.knobs.d2d else SwitchPath.H2D
+
+
+def queued_suffix_tokens(s: ColdScheduler, model: str) -> int:
+    """Prompt tokens still to prefill for `model`'s waiting calls (reusable prefixes excluded)."""
+    return sum(r.call.prompt_tokens - r.call.prefix_tokens for r in s.table.waiting_records(model))
+
+
+def round_load_s(s: ColdScheduler) -> float:
+    """Eq. (3) as far as it is known now, for the router's round-admission check: queued prefill
+    work of every model plus the predicted switches among the models with work (the time left in
+    an open slot's budget is not load, so it is not counted)."""
+    busy = [m for m in s.models if s.table.has_work(m)]
+    load = sum(s.profiles[m].prefill_s_per_token * queued_suffix_tokens(s, m) for m in busy)
+    if s.mode == "time_shared" and len(busy) > 1:
+        load += sum(s.switch_costs.predict(m, switch_path(s)) for m in busy)
+    return load
+
+
 def check_integrity(s: ColdScheduler) -> None:
     s.table.check_integrity()
     problems = []

@@ -13,11 +13,12 @@ import time
 from collections.abc import AsyncIterator
 
 from talariad.cold_sched import ColdScheduler, Completion, Idle, Prefill, SchedKnobs, SubmittedCall, Switch
+from talariad.cold_sched.snapshot import queued_suffix_tokens, round_load_s, switch_path
 from talariad.config import InstanceConfig, TalariaConfig
 from talariad.engine.executors.base import Executor, LiveCall
 from talariad.engine.messages import (DoneEvent, ErrorEvent, GenerateRequest, ModelLoad, SessionKV, Telemetry,
                                       TokenEvent, Usage)
-from talariad.types import KVState, SwitchPath
+from talariad.types import KVState
 
 log = logging.getLogger("talariad.engine")
 
@@ -47,6 +48,8 @@ class Worker:
         self.sched = ColdScheduler(knobs, profiles, list(inst.models), mode=mode)
         self.calls: dict[str, LiveCall] = {}
         self.queues: dict[str, asyncio.Queue[Event]] = {}
+        self._abandoned: set[str] = set()
+        """Calls whose client left while they were in the running batch: finished at their next step."""
         self.version = 0
         self.switches = 0
         self.profiles = profiles
@@ -69,8 +72,10 @@ class Worker:
             started = self.now()
             result = await self.executor.run(action, self.calls)
             self._emit(action, result.text)
+            stopped = result.stopped | (self._abandoned & set(getattr(action, "call_ids", ())))
             done = self.sched.finish(action, self.now(), self.now() - started, tokens=None,
-                                     finished=result.stopped or None, switch_path=result.path)
+                                     finished=stopped or None, switch_path=result.path)
+            self._abandoned -= stopped
             for session, model, state, kv_len in result.kv_updates:
                 self.sched.set_kv_state(session, model, state, kv_len, self.now())
             if isinstance(action, Switch):
@@ -151,20 +156,22 @@ class Worker:
                 yield event
                 if not isinstance(event, TokenEvent):
                     return
-        finally:  # the client went away: drop what has not started, discard the rest
-            if req.call_id in self.calls and self.sched.cancel(req.call_id, self.now()):
-                call = self.calls.pop(req.call_id, None)
-                self.queues.pop(req.call_id, None)
-                if (release := getattr(self.executor, "cancelled", None)) is not None:
-                    release(call)  # an executor holding KV pages for the call frees them
+        finally:  # the client went away: drop what has not started, stop the rest at its next step
+            if req.call_id in self.calls:
+                if self.sched.cancel(req.call_id, self.now()):
+                    call = self.calls.pop(req.call_id, None)
+                    self.queues.pop(req.call_id, None)
+                    if (release := getattr(self.executor, "cancelled", None)) is not None:
+                        release(call)  # an executor holding KV pages for the call frees them
+                else:
+                    self._abandoned.add(req.call_id)
 
     # -- telemetry -------------------------------------------------------------------------
 
     def _model_load(self, model: str, running: int) -> ModelLoad:
-        waiting = [c for c in self.calls.values() if c.req.model == model and not c.out]
-        path = SwitchPath.D2D if self.sched.knobs.d2d else SwitchPath.H2D
-        return ModelLoad(queued_calls=len(waiting), queued_tokens=sum(len(c.prompt) for c in waiting), running=running,
-                         switch_cost_s=self.sched.switch_costs.predict(model, path),
+        return ModelLoad(queued_calls=len(self.sched.table.waiting[model]),
+                         queued_tokens=queued_suffix_tokens(self.sched, model), running=running,
+                         switch_cost_s=self.sched.switch_costs.predict(model, switch_path(self.sched)),
                          open_cost_s=self.profiles[model].open_s)
 
     def _risk_share(self, last: int = 10) -> float:
@@ -185,8 +192,7 @@ class Worker:
             queued={m: q.waiting + q.parked for m, q in t.queues.items()},
             running=sum(q.running for q in t.queues.values()), switches=self.switches,
             round_remaining_s=t.round_remaining_s, opened_models=sorted(self.opened), model_load=load,
-            round_load_s=t.round_remaining_s + queued_work, deadline_risk_share=self._risk_share(),
-            restore_s_per_token=self.profiles[self.inst.models[0]].restore_s_per_token,
+            round_load_s=round_load_s(self.sched), deadline_risk_share=self._risk_share(),
             deadline_risk=t.risk_round_bound + t.risk_round_overrun + t.risk_prefill_shortfall + t.ttft_at_risk,
             kv_occupancy=t.kv_used_tokens / max(t.kv_capacity_tokens, 1),
             hbm_free_bytes=mem.get("hbm_free_bytes", 0), staging_slack_bytes=mem.get("staging_slack_bytes", 0),

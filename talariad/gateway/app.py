@@ -214,13 +214,18 @@ async def _respond(call: _Call, stream: Callable, full: Callable) -> Response:
     """Place, forward, and answer as one body or as a stream (`stream` renders the event lines)."""
     await call.place()
     rest = call.events()
-    first = await _first(rest)
-    if isinstance(first, ErrorEvent):
-        raise _upstream_error(call, first)
-    if call.body.stream:
-        return StreamingResponse(_guarded(call, rest, stream(call, first, rest)), media_type="text/event-stream",
-                                 headers=call.headers())
-    text, done = await _collect(call, first, rest)
+    try:
+        first = await _first(rest)
+        if isinstance(first, ErrorEvent):
+            raise _upstream_error(call, first)
+        if call.body.stream:
+            return StreamingResponse(_guarded(call, rest, stream(call, first, rest)),
+                                     media_type="text/event-stream", headers=call.headers())
+        text, done = await _collect(call, first, rest)
+    except BaseException:  # cancelled or failed before a stream took over: release the placement
+        call.finish(ErrorEvent(message="call aborted"))
+        await rest.aclose()
+        raise
     return JSONResponse(full(call, text, done), headers=call.headers())
 
 

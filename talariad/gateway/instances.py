@@ -23,9 +23,10 @@ class InstanceDirectory:
 
     def __init__(self, urls: Callable[[], dict[str, str | None]], interval_s: float,
                  on_telemetry: Callable[[Telemetry, float], None] | None = None,
-                 on_down: Callable[[str, float], None] | None = None):
+                 on_down: Callable[[str, float], None] | None = None,
+                 on_unhealthy: Callable[[str, float], None] | None = None):
         self.urls, self.interval_s = urls, interval_s
-        self.on_telemetry, self.on_down = on_telemetry, on_down
+        self.on_telemetry, self.on_down, self.on_unhealthy = on_telemetry, on_down, on_unhealthy
         self.snapshots: dict[str, tuple[float, Telemetry]] = {}
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None))
 
@@ -54,6 +55,8 @@ class InstanceDirectory:
                 self.on_telemetry(telemetry, now)
         except (httpx.HTTPError, ValueError) as err:
             log.debug("telemetry from %s failed: %s", name, err)
+            if self.on_unhealthy:
+                self.on_unhealthy(name, time.monotonic())
 
     async def poll_forever(self) -> None:
         while True:
@@ -74,7 +77,7 @@ class InstanceDirectory:
                 async for line in r.aiter_lines():
                     if line:
                         yield _event(json.loads(line))
-        except httpx.HTTPError as err:
+        except (httpx.HTTPError, ValueError) as err:  # ValueError: a garbled event line
             yield ErrorEvent(message=f"instance {instance} failed: {err}")
 
     async def aclose(self) -> None:

@@ -81,10 +81,23 @@ class RouterShell:
         self.allowed = {i.name: list(i.models) for i in cfg.instances}
         self.prefixes = PrefixTracker()
         self._changed = asyncio.Event()
+        self._expired_at = float("-inf")
 
     def observe(self, t: Telemetry, now: float) -> None:
         if self.router.observe(snapshot(t, self.allowed[t.instance], now, True), now):
             self._changed.set()
+        self._expire(now)
+
+    def unhealthy(self, instance: str, now: float) -> None:
+        """A telemetry poll failed: the instance is alive but not answering; leases on it lapse."""
+        self.router.heartbeat(instance, now, healthy=False)
+
+    def _expire(self, now: float) -> None:
+        """Drop expired leases and idle sessions about once a second (held calls time out in
+        their own waiters, see `place`)."""
+        if now - self._expired_at >= 1.0:
+            self._expired_at = now
+            self.router.expire(now)
 
     def instance_down(self, instance: str, now: float) -> None:
         """The supervisor lost the process: forget it; its restart reports in as a new instance."""
@@ -92,16 +105,27 @@ class RouterShell:
             self.router.remove_instance(instance, now)
 
     async def place(self, call: CallRequest, clock) -> Decision:
-        """Place now, or wait while the router holds the call under the queue overload policy."""
-        while True:
-            self._changed.clear()
-            decision = self.router.place(call, clock())
-            if decision.kind != DecisionKind.OVERLOAD_QUEUE:
-                return decision
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=0.25)
-            except TimeoutError:
-                self.router.expire(clock())
+        """Place now, or wait while the router holds the call under the queue overload policy;
+        past `queue_timeout_s` of waiting here the call is rejected, whatever the router's queue
+        bookkeeping says (its `expire` may have dropped the entry and a re-hold would restart it)."""
+        deadline = clock() + self.router.knobs.queue_timeout_s
+        try:
+            while True:
+                self._changed.clear()
+                decision = self.router.place(call, clock())
+                if decision.kind != DecisionKind.OVERLOAD_QUEUE:
+                    return decision
+                if clock() >= deadline:
+                    self.router.failed(call.call_id, clock())
+                    return decision._replace(kind=DecisionKind.OVERLOAD_REJECT,
+                                             reason=f"{decision.reason}; queue timeout")
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=0.25)
+                except TimeoutError:
+                    pass
+        except asyncio.CancelledError:  # the client went away while held: free its queue place
+            self.router.failed(call.call_id, clock())
+            raise
 
     def completed(self, call_id: str, instance: str, kv_state: str, kv_len: int, now: float) -> None:
         self.router.completed(call_id, instance, KVState(kv_state), kv_len, now)

@@ -68,7 +68,7 @@ class InstanceState:
     def add(self, rec: InFlight) -> None:
         self.inflight[rec.call.call_id] = rec
         snap = self.snapshot
-        if snap is None or rec.forwarded_at > snap.taken_at:
+        if snap is None or rec.forwarded_at >= snap.taken_at:
             self._count(rec, +1)
 
     def remove(self, call_id: str) -> InFlight | None:
@@ -83,7 +83,9 @@ class InstanceState:
         self._reset_overlay()
         for rec in self.inflight.values():
             rec.counted = False
-            if rec.forwarded_at > snapshot.taken_at:
+            # NOTE: >=: a forward stamped at the snapshot's own instant was placed after it was
+            # taken (the simulator samples and places at one `now`), so the snapshot lacks it
+            if rec.forwarded_at >= snapshot.taken_at:
                 self._count(rec, +1)
 
     def ov_tokens(self, model: str) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from talariad.cold_sched import ColdScheduler, Completion, Decode, Idle, Prefill, SchedKnobs, SubmittedCall, Switch
-from talariad.cold_sched.snapshot import round_remaining_s
+from talariad.cold_sched.snapshot import queued_suffix_tokens, round_load_s, round_remaining_s, switch_path
 from talariad.router import InstanceSnapshot, ModelResidency, ModelState, RoundMeasurement, SessionKV
 from talariad.sim.costs import action_seconds
 from talariad.sim.memory import SimMemory
@@ -236,24 +236,14 @@ class SimInstance:
             state = ModelState.ACTIVE
         else:
             state = ModelState.RESIDENT if model in self.loaded else ModelState.ABSENT
-        waiting = s.table.waiting_records(model)
-        queued = sum(r.call.prompt_tokens - r.call.prefix_tokens for r in waiting)
+        waiting = len(s.table.waiting[model])
         running = len(s.table.running) if model == s.active else 0
-        path = SwitchPath.D2D if s.knobs.d2d else SwitchPath.H2D
-        return ModelResidency(state, 0.0, queued, len(waiting), running,
-                              s.switch_costs.measured.get((model, path)))
+        # the scheduler's own prediction (measured EWMA, else the profile): the path it will take
+        return ModelResidency(state, 0.0, queued_suffix_tokens(s, model), waiting, running,
+                              s.switch_costs.predict(model, switch_path(s)))
 
     def round_load_s(self) -> float:
-        """Eq. (3) as far as it is known now: queued prefill work of every model plus the
-        predicted switches among the models with work (none on a hot instance)."""
-        s = self.sched
-        busy = [m for m in self.models if s.table.has_work(m)]
-        load = sum(self.profiles[m].prefill_s_per_token * (r.call.prompt_tokens - r.call.prefix_tokens)
-                   for m in busy for r in s.table.waiting_records(m))
-        if s.mode == "time_shared" and len(busy) > 1:
-            path = SwitchPath.D2D if s.knobs.d2d else SwitchPath.H2D
-            load += sum(s.switch_costs.predict(m, path) for m in busy)
-        return load
+        return round_load_s(self.sched)
 
     def deadline_risk(self) -> float:
         recent = self.sched.rounds.closed[-RISK_WINDOW:]

@@ -165,3 +165,36 @@ def test_an_emptied_slot_holds_for_a_return_within_sp_hold():
     closed.run()
     assert closed.prefill_of("s1#1").action.tag == "P"
     assert closed.completions["s1#1"].ttft_s > 2.0
+
+
+def test_sp_stays_open_after_an_sp_batch_that_finished_at_prefill():
+    """A return whose SP prefill also produced its last token leaves nothing to decode; the slot is
+    still at a decode boundary, so the next mid-slot return is SP-admitted, not sent to P."""
+    from talariad.cold_sched import ColdScheduler, Idle, SchedKnobs, SubmittedCall
+    from talariad.types import KVState
+    from tests.cold_sched.driver import PROFILE
+
+    s = ColdScheduler(SchedKnobs(), {"a": PROFILE, "b": PROFILE}, ["a", "b"])
+    done, now = {}, 0.0
+
+    def drive(now, stop):
+        while True:
+            a = s.next_action(now)
+            if isinstance(a, Idle):
+                if a.until is None or stop():
+                    return now
+                now = a.until
+                continue
+            now += a.predicted_s
+            done.update((c.call_id, c) for c in s.finish(a, now, a.predicted_s))
+            if stop():
+                return now
+
+    for sid in ("s1", "s2"):
+        s.submit(SubmittedCall(f"{sid}#0", sid, "a", 1000, max_tokens=2, arrived_at=0.0), 0.0)
+    now = drive(now, lambda: {"s1#0", "s2#0"} <= done.keys()) + 0.1
+    s.submit(SubmittedCall("s1#1", "s1", "a", 1100, 1002, KVState.DEVICE, 1, now, True), now)
+    now = drive(now, lambda: "s1#1" in done) + 0.05
+    s.submit(SubmittedCall("s2#1", "s2", "a", 1100, 1002, KVState.DEVICE, 5, now, True), now)
+    drive(now, lambda: "s2#1" in done)
+    assert done["s1#1"].admitted_by == "SP" and done["s2#1"].admitted_by == "SP"

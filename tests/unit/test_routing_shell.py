@@ -39,3 +39,48 @@ def test_router_knobs_follow_config_and_ablations():
     assert knobs.tau_s == cfg.policy.tau_s and knobs.gamma == cfg.policy.gamma and knobs.reservations
     off = cfg.model_copy(update={"ablations": cfg.ablations.model_copy(update={"reservations": False})})
     assert router_knobs(off).tau_s == 0.0 and not router_knobs(off).reservations
+
+
+def _shell(**knobs):
+    import asyncio
+
+    from talariad.gateway.routing import RouterShell
+    from talariad.router import Router, RouterKnobs
+    from tests.router.router_factories import MODEL, PROFILE
+
+    shell = RouterShell.__new__(RouterShell)  # the shell's methods over a hand-built router
+    shell.router = Router(RouterKnobs(**knobs), {MODEL: PROFILE})
+    shell.prefixes, shell._changed, shell._expired_at = PrefixTracker(), asyncio.Event(), float("-inf")
+    return shell
+
+
+async def test_a_held_call_is_rejected_after_the_queue_timeout_even_if_expire_ran():
+    import time
+
+    from talariad.router import DecisionKind
+    from tests.router.router_factories import Snaps, call
+
+    shell = _shell(queue_timeout_s=0.6, staleness_s=1e9, heartbeat_s=1e9)
+    t0 = time.monotonic()
+    clock = lambda: time.monotonic() - t0  # noqa: E731
+    shell.router.observe(Snaps()("a", 0.0, hbm_free_bytes=0), 0.0)  # no HBM: nothing is feasible
+    shell._expired_at = -10.0
+    decision = await shell.place(call("c1"), clock)
+    assert decision.kind is DecisionKind.OVERLOAD_REJECT and "queue timeout" in decision.reason
+    assert 0.6 <= clock() < 3.0 and shell.router.held() == ()
+
+
+def test_a_failed_poll_marks_the_instance_unhealthy_and_its_lease_is_not_honoured():
+    from talariad.router import DecisionKind
+    from talariad.types import KVState
+    from tests.router.router_factories import Snaps, call
+
+    shell = _shell(staleness_s=1e9, heartbeat_s=1e9)
+    snaps = Snaps()
+    for name in ("a", "b"):
+        shell.router.observe(snaps(name, 0.0), 0.0)
+    first = shell.router.place(call("c1", session="s"), 0.0)
+    shell.router.completed("c1", first.instance, KVState.DEVICE, 100, 0.1)
+    shell.unhealthy(first.instance, 0.2)
+    again = shell.router.place(call("c2", session="s"), 0.3)
+    assert again.kind is not DecisionKind.LEASE_HIT and again.instance != first.instance
