@@ -14,6 +14,7 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from talaria_ctl.client import DEFAULT_SOCKET, AdminClient, Refused, Unreachable, as_dict
 
@@ -46,12 +47,17 @@ def _fetch(fn: Callable):
         raise typer.Exit(3) from None
 
 
+def _cell(v) -> Text:
+    # Text, not str: session ids and reasons are client data, never Rich markup
+    return Text(f"{v:.3f}" if isinstance(v, float) else str(v))
+
+
 def _table(title: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
-    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    t = Table(title=Text(title), box=box.SIMPLE_HEAD, title_justify="left")
     for col in columns:
         t.add_column(col, no_wrap=True)
     for row in rows:
-        t.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
+        t.add_row(*(_cell(v) for v in row))
     # A pipe gets the full table rather than Rich's 80-column default.
     Console(width=None if sys.stdout.isatty() else 200).print(t)
 

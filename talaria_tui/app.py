@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
@@ -82,12 +83,12 @@ class Dashboard(App):
         self.call_from_thread(self._show, status, leases, decisions)
 
     def _show_error(self, message: str) -> None:
-        self.query_one("#banner", Static).update(f"[red]{message}[/]")
+        self.query_one("#banner", Static).update(Text(message, style="red"))
 
     def _show(self, status: dict, leases: list[dict], decisions: list[dict]) -> None:
-        self.query_one("#banner", Static).update(
+        self.query_one("#banner", Static).update(Text(
             f"{status['http_endpoint']}  ·  up {status['uptime_s']:.0f}s  ·  talariad {status['version']}"
-            f"  ·  {len(leases)} live leases")
+            f"  ·  {len(leases)} live leases"))
         self._upsert("instances", [(i["name"], _instance_row(i)) for i in status["instances"]])
         self._replace("leases", [_lease_row(le) for le in leases])
         self._replace("decisions", [_decision_row(d) for d in decisions])
@@ -97,17 +98,18 @@ class Dashboard(App):
         table = self.query_one(f"#{table_id}", DataTable)
         columns = [c.key for c in table.ordered_columns]
         for key, row in rows:
+            cells = [Text(v) for v in row]  # client data (session ids, reasons) is never markup
             if key in table.rows:
-                for col, value in zip(columns, row):
+                for col, value in zip(columns, cells):
                     table.update_cell(key, col, value)
             else:
-                table.add_row(*row, key=key)
+                table.add_row(*cells, key=key)
 
     def _replace(self, table_id: str, rows: list[tuple]) -> None:
         table = self.query_one(f"#{table_id}", DataTable)
         table.clear()
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*(Text(v) for v in row))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--socket", default=DEFAULT_SOCKET, help="admin socket path (default: %(default)s)")
     p.add_argument("--interval", type=float, default=1.0, help="refresh interval in seconds")
     args = p.parse_args(argv)
-    if args.interval < 0.1:
+    if not args.interval >= 0.1:  # also refuses nan
         print("talaria-tui: --interval must be at least 0.1", file=sys.stderr)
         sys.exit(2)
     Dashboard(AdminClient(args.socket), args.interval).run()

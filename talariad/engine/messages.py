@@ -24,7 +24,7 @@ class GenerateRequest(BaseModel):
     max_tokens: int = Field(default=256, ge=1)
     temperature: float = Field(default=0.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stop: list[str] = Field(default_factory=list)
 
 
@@ -55,6 +55,10 @@ class DoneEvent(BaseModel):
 class ErrorEvent(BaseModel):
     type: Literal["error"] = "error"
     message: str
+    status: int = 503
+    """HTTP status the gateway answers with: 4xx when the call itself can never be served."""
+    code: str | None = None
+    param: str | None = None
 
 
 class SessionKV(BaseModel):

@@ -40,6 +40,7 @@ def _source(item) -> str:
 class Worker:
     def __init__(self, cfg: TalariaConfig, inst: InstanceConfig, executor: Executor, profiles: dict):
         self.inst, self.executor = inst, executor
+        self.max_context = {m: cfg.model(m).max_context for m in inst.models}
         mode = "pinned" if inst.pool == "hot" else "time_shared"
         knobs = sched_knobs(cfg)
         capacity = getattr(executor, "kv_capacity_tokens", None)  # an executor with a real KV pool
@@ -64,6 +65,14 @@ class Worker:
     # -- the loop --------------------------------------------------------------------------
 
     async def run(self) -> None:
+        try:
+            await self._loop()
+        except Exception as err:  # the process exits and is restarted: tell every caller first
+            for queue in self.queues.values():
+                queue.put_nowait(ErrorEvent(message=f"instance {self.inst.name} failed: {type(err).__name__}"))
+            raise
+
+    async def _loop(self) -> None:
         while True:
             action = self.sched.next_action(self.now())
             if isinstance(action, Idle):
@@ -120,8 +129,23 @@ class Worker:
 
     # -- calls -----------------------------------------------------------------------------
 
-    def _submit(self, req: GenerateRequest) -> asyncio.Queue[Event]:
-        prompt = self.executor.encode(req)
+    def _refusal(self, req: GenerateRequest, prompt: list) -> ErrorEvent | None:
+        """A call that can never be served here, as the client's error (HTTP 400)."""
+        if not prompt:
+            return ErrorEvent(status=400, code="invalid_value", param="messages", message="the prompt is empty")
+        need, limit = len(prompt) + req.max_tokens, self.max_context[req.model]
+        if need > limit:
+            return ErrorEvent(status=400, code="context_length_exceeded", param="max_tokens",
+                              message=f"this model's maximum context is {limit} tokens; the call needs {need} "
+                                      f"({len(prompt)} prompt + {req.max_tokens} max_tokens)")
+        if need > self.sched.knobs.kv_capacity_tokens:
+            return ErrorEvent(status=400, code="context_length_exceeded", param="max_tokens",
+                              message=f"the call needs {need} tokens of KV cache ({len(prompt)} prompt + "
+                                      f"{req.max_tokens} max_tokens); this instance holds at most "
+                                      f"{self.sched.knobs.kv_capacity_tokens}")
+        return None
+
+    def _submit(self, req: GenerateRequest, prompt: list) -> asyncio.Queue[Event]:
         session = req.session_id or f"call-{req.call_id}"
         state, kv_len = self._kv(session, req.model)
         prefix = min(self.executor.reusable(session, req.model, prompt), kv_len, len(prompt) - 1)
@@ -145,10 +169,15 @@ class Worker:
         if req.model not in self.inst.models:
             yield ErrorEvent(message=f"instance {self.inst.name} does not host model {req.model!r}")
             return
+        prompt = self.executor.encode(req)
+        refusal = self._refusal(req, prompt)
+        if refusal is not None:
+            yield refusal
+            return
         try:
-            queue = self._submit(req)
-        except ValueError as err:  # the scheduler refuses a call that can never fit
-            yield ErrorEvent(message=str(err))
+            queue = self._submit(req, prompt)
+        except ValueError as err:  # anything else the scheduler finds it can never fit
+            yield ErrorEvent(status=400, code="invalid_value", message=str(err))
             return
         try:
             while True:

@@ -16,7 +16,8 @@ from talariad.engine.messages import DoneEvent, TokenEvent
 
 STOP_REASONS = {"length": "max_tokens", "stop": "end_turn"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 429: "rate_limit_error", 503: "overloaded_error"}
+               404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+               429: "rate_limit_error", 503: "overloaded_error"}
 
 
 class _Open(BaseModel):
@@ -60,7 +61,7 @@ class MessagesRequest(_Open):
     stop_sequences: list[str] | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
 
     def chat(self) -> list[tuple[str, str]]:
         system = self.system if isinstance(self.system, str) else "".join(b.flat() for b in self.system or [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from urllib.parse import quote
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -93,7 +94,8 @@ class _Call:
         self.gw.metrics.running.labels(self.body.model).inc()
 
     def headers(self) -> dict[str, str]:
-        return {"x-talaria-session-id": self.session, "x-talaria-instance": self.instance,
+        # the session id is client text: percent-encode it so any value is a legal header
+        return {"x-talaria-session-id": quote(self.session, safe="-_.~:@+="), "x-talaria-instance": self.instance,
                 "x-talaria-route": self.route}
 
     def events(self) -> AsyncIterator[Event]:
@@ -137,6 +139,8 @@ class _Call:
 
 def _upstream_error(call: _Call, ev: ErrorEvent) -> APIError:
     call.finish(ev)
+    if ev.status < 500:  # the call itself can never be served: retrying would not help
+        return APIError(ev.status, ev.message, param=ev.param, code=ev.code)
     return APIError(503, ev.message, type="api_error", code="instance_unavailable", headers={"Retry-After": "1"})
 
 

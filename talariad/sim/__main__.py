@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit_sessions is not None and args.limit_sessions < 1:
         print("error: --limit-sessions must be >= 1", file=sys.stderr)
         return 2
+    if args.width is not None and args.width < 40:
+        print("error: --width must be at least 40 columns", file=sys.stderr)
+        return 2
     try:
         return compare(args)
     except (TraceError, ValueError, OSError) as e:

@@ -98,6 +98,33 @@ def test_client_errors_use_openai_shape(daemon, body, status, param, code):
     assert err["param"] == param and err["code"] == code and err["message"]
 
 
+def test_client_controlled_session_ids_are_safe_everywhere(daemon):
+    """Non-ASCII, control characters and Rich markup in a session id: a legal response header,
+    and the ctl tables print it as text."""
+    for user in ("日本", "x\ny", "[/]bad"):
+        r = httpx.post(f"{daemon.endpoint}/v1/chat/completions", timeout=30,
+                       json={"model": "tiny-chat", "messages": CHAT, "max_tokens": 2, "user": user})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["talaria"]["session_id"] == user
+        with httpx.stream("POST", f"{daemon.endpoint}/v1/chat/completions", timeout=30,
+                          json={"model": "tiny-chat", "messages": CHAT, "max_tokens": 2, "user": user,
+                                "stream": True}) as s:
+            assert s.status_code == 200 and "[DONE]" in s.read().decode()
+    listed = _ctl(daemon, "session", "list")
+    assert listed.returncode == 0 and "[/]bad" in listed.stdout, listed.stderr
+
+
+@pytest.mark.parametrize("body, param, code", [
+    ({"max_tokens": 10**9}, "max_tokens", "context_length_exceeded"),
+    ({"seed": 10**30}, "seed", "invalid_value"),
+])
+def test_calls_that_can_never_be_served_are_400(daemon, body, param, code):
+    r = httpx.post(f"{daemon.endpoint}/v1/chat/completions", timeout=30,
+                   json={"model": "tiny-chat", "messages": CHAT, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and r.json()["error"]["code"] == code
+
+
 def test_malformed_json_is_400(daemon):
     r = httpx.post(f"{daemon.endpoint}/v1/chat/completions", content=b'{"model": "tiny-chat", "messa',
                    headers={"content-type": "application/json"}, timeout=10)
@@ -175,7 +202,7 @@ async def test_tui_shows_instances(daemon):
             if table.row_count == 2 and decisions.row_count >= 1:
                 break
         assert table.row_count == 2
-        assert table.get_row("hot0")[1] == "hot" and table.get_row("cold0")[1] == "cold"
+        assert str(table.get_row("hot0")[1]) == "hot" and str(table.get_row("cold0")[1]) == "cold"
         assert decisions.row_count >= 1
 
 

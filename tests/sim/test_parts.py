@@ -88,3 +88,22 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["compare", "--suite", "nope"])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("text, words", [
+    ("- a\n- b\n", "expected a mapping"),
+    ("box: [\n", "invalid YAML"),
+    ("box: {gpus: 8, tp: 8, hbm_per_gpu_gib: 10, host_memory_gib: 10, switch_ms_pooled: 5}\nmodels: {m: {}}\n",
+     "malformed"),
+])
+def test_cli_bad_profile_file_is_one_line_exit_2(tmp_path, capsys, text, words):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    assert main(["compare", "--profiles", str(bad), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and str(bad) in err[0]
+
+
+def test_cli_rejects_a_useless_width(capsys):
+    assert main(["compare", "--width", "-5"]) == 2
+    assert "--width" in capsys.readouterr().err

@@ -76,7 +76,17 @@ def load_set(name: str = "paper-tp8") -> ProfileSet:
     path = Path(name) if name.endswith((".yaml", ".yml")) else HERE / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown profile set {name!r}; bundled: {available()}")
-    doc = yaml.safe_load(path.read_text()) or {}
+    try:
+        return _parse_set(path, yaml.safe_load(path.read_text()) or {})
+    except yaml.YAMLError as err:
+        raise ValueError(f"profile set {path}: invalid YAML: {getattr(err, 'problem', None) or err}") from None
+    except (TypeError, AttributeError, KeyError) as err:  # a field of the wrong shape deeper down
+        raise ValueError(f"profile set {path}: malformed: {type(err).__name__}: {err}") from None
+
+
+def _parse_set(path: Path, doc) -> ProfileSet:
+    if not isinstance(doc, dict):
+        raise ValueError(f"profile set {path}: expected a mapping with 'box' and 'models'")
     box = _box(_section(doc, "box", path.stem))
     models = _section(doc, "models", path.stem)
     weights = {m: _weight_bytes(spec, box) for m, spec in models.items()}
