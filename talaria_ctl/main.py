@@ -11,6 +11,8 @@ from collections.abc import Callable
 from typing import Annotated
 
 import typer
+
+from talariad.cliutil import run_app
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -127,7 +129,7 @@ def call_recent(ctx: typer.Context, as_json: JsonOpt = False,
 
 
 def main() -> None:
-    app()
+    run_app(app, "talaria-ctl")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from talariad.cliutil import run_app
+
 from talariad.config import ConfigError, TalariaConfig, load_config
 
 DEFAULT_CONFIG = "etc/talaria.yaml"
@@ -58,7 +60,7 @@ def run(config: ConfigOpt = DEFAULT_CONFIG,
 
 
 def main() -> None:
-    app()
+    run_app(app, "talariad")
 
 
 if __name__ == "__main__":

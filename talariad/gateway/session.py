@@ -2,12 +2,14 @@
 
 Order: `x-session-id` header, `X-Claude-Code-Session-Id` header, body `prompt_cache_key`, body
 `user`, the `_session_` suffix of `metadata.user_id` (Claude Code), else a hash of the system
-prompt and first user message, which is stable across the calls of one agent task.
+prompt and first user message, which is stable across the calls of one agent task (a call with
+neither gets a session of its own rather than sharing one with every such call).
 """
 
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Mapping
 
 _HEADERS = ("x-session-id", "x-claude-code-session-id")
@@ -30,5 +32,7 @@ def session_id(headers: Mapping[str, str], body: Mapping, messages: list[tuple[s
 def _prefix_hash(messages: list[tuple[str, str]]) -> str:
     system = next((c for r, c in messages if r in ("system", "developer")), "")
     first_user = next((c for r, c in messages if r == "user"), "")
+    if not system and not first_user:  # nothing stable to key on: a session of its own
+        return f"anon-{uuid.uuid4().hex[:16]}"
     digest = hashlib.blake2b(f"{system}\0{first_user}".encode(), digest_size=8).hexdigest()
     return f"anon-{digest}"

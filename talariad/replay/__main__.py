@@ -35,12 +35,23 @@ def _context(c) -> int:
     return c.prompt_tokens + c.output_tokens
 
 
+def _model_map(pairs: list[str] | None) -> dict[str, str]:
+    bad = [kv for kv in pairs or [] if "=" not in kv or not all(kv.split("=", 1))]
+    if bad:
+        raise ValueError(f"--model-map expects FROM=TO pairs, got {bad[0]!r}")
+    return dict(kv.split("=", 1) for kv in pairs or [])
+
+
 def _load(args) -> Trace:
+    if args.limit_sessions is not None and args.limit_sessions < 1:
+        raise ValueError("--limit-sessions must be >= 1")
     if args.format == "swebv":
         return load_swebv(args.trace, seed=args.seed, limit_sessions=args.limit_sessions,
-                          model_map=dict(kv.split("=", 1) for kv in args.model_map or []),
-                          assign_models=args.assign_models)
-    return read_jsonl(args.trace)
+                          model_map=_model_map(args.model_map), assign_models=args.assign_models)
+    if args.model_map or args.assign_models:
+        raise ValueError("--model-map and --assign-models apply to --format swebv only")
+    trace = read_jsonl(args.trace)
+    return Trace(trace.sessions[:args.limit_sessions]) if args.limit_sessions else trace
 
 
 def main(argv: list[str] | None = None) -> int:

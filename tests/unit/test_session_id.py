@@ -19,3 +19,8 @@ def test_fallback_hash_is_stable_across_turns_and_distinct_across_tasks():
     later = MSGS + [("tool", "output"), ("assistant", "done")]
     assert session_id({}, {}, MSGS) == session_id({}, {}, later)
     assert session_id({}, {}, MSGS) != session_id({}, {}, [("system", "you are an agent"), ("user", "fix bug 13")])
+
+
+def test_calls_with_nothing_to_hash_do_not_share_a_session():
+    only_tools = [("assistant", "ok"), ("tool", "3 passed")]
+    assert session_id({}, {}, only_tools) != session_id({}, {}, only_tools)
