@@ -1,6 +1,6 @@
 """Real-mode replay, Talaria vs Round-only: the same scaled trace against two real `talariad` runs.
 
-Run: .venv/bin/python bench/e2e_replay.py [--sessions 9] [--max-calls 12] [--scale 50] [--output-scale 2]
+Run: .venv/bin/python bench/e2e_replay.py [--sessions 9] [--max-calls 12] [--scale 50] [--output-scale 4]
 
 Each configuration is `etc/talaria.yaml` as it is at run time (whatever executor it uses), on free
 loopback ports, with only its cold instances unless `--with-hot` (the paper's fixed replay runs on
@@ -111,7 +111,7 @@ def main() -> None:
     p.add_argument("--sessions", type=int, default=9, help="first N model-sessions of the fixed replay")
     p.add_argument("--max-calls", type=int, default=12, help="first N calls of each session")
     p.add_argument("--scale", type=float, default=50.0, help="prompt sizes divided by this")
-    p.add_argument("--output-scale", type=float, default=2.0, help="output lengths divided by this")
+    p.add_argument("--output-scale", type=float, default=4.0, help="output lengths divided by this")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--with-hot", action="store_true",
                    help="keep the default config's hot instances (default: cold pool only, as in §5.1)")
