@@ -52,6 +52,9 @@ class AdminClient:
     def explain(self, call_id: str) -> admin_pb2.Decision:
         return self._call("Explain", admin_pb2.ExplainRequest(call_id=call_id))
 
+    def memory(self, instance: str) -> admin_pb2.MemoryReply:
+        return self._call("Memory", admin_pb2.MemoryRequest(instance=instance))
+
     def decisions(self, limit: int) -> admin_pb2.DecisionsReply:
         return self._call("Decisions", admin_pb2.DecisionsRequest(limit=limit))
 

@@ -27,6 +27,8 @@ call_app = typer.Typer(no_args_is_help=True, help="Routing decisions: where call
 app.add_typer(session_app, name="session")
 app.add_typer(lease_app, name="lease")
 app.add_typer(call_app, name="call")
+instance_app = typer.Typer(no_args_is_help=True, help="One instance: its managed device memory.")
+app.add_typer(instance_app, name="instance")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document")]
 
@@ -126,6 +128,30 @@ def call_recent(ctx: typer.Context, as_json: JsonOpt = False,
         return _json(rows)
     _table("recent decisions", ("call", "kind", "instance", "age_s", "reason"),
            [(r["call_id"], r["kind"], r["instance"] or "-", r["age_s"], r["reason"]) for r in rows])
+
+
+def _mib(n) -> str:
+    return f"{int(n) / 2**20:.1f}"
+
+
+@instance_app.command("memory")
+def instance_memory(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Instance name")],
+                    as_json: JsonOpt = False) -> None:
+    """HBM layout (region, offset, size, owner) and the latest switch records with their phases."""
+    data = _fetch(lambda: ctx.obj.memory(name))
+    if as_json:
+        return _json(data)
+    if not data.get("managed"):
+        print(f"{name}: this executor keeps no managed device memory")
+        return
+    _table(f"{name}: {_mib(data['capacity_bytes'])} MiB managed, active {data['active_model'] or '-'}, "
+           f"free {_mib(data['hbm_free_bytes'])} MiB, staging slack {_mib(data['staging_slack_bytes'])} MiB",
+           ("region", "offset MiB", "size MiB", "owner"),
+           [(r["region"], _mib(r["offset"]), _mib(r["size"]), r["owner"]) for r in data.get("layout", [])])
+    _table("switches (latest last)", ("from", "to", "path", "total ms", "phases ms", "staged MiB", "dirty MiB"),
+           [(w["from_model"] or "-", w["to_model"], w["path"], w["total_ms"],
+             " / ".join(f"{x:.1f}" for x in w["phase_ms"]), _mib(w["staged_bytes"]), _mib(w["dirty_bytes"]))
+            for w in data.get("switches", [])])
 
 
 def main() -> None:

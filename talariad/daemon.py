@@ -63,7 +63,8 @@ class Daemon:
         self.endpoint = f"http://{host}:{port}"
         http, http_task = await httpserver.start(build_app(self.gateway), sock)
         admin = await admin_server.start(self.cfg.listen.admin_socket,
-                                         admin_server.AdminService(self.status, self.routing.router))
+                                         admin_server.AdminService(self.status, self.routing.router,
+                                                                   memory=self.directory.memory))
         try:
             await self._serve(stop)
         finally:

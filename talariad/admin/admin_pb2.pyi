@@ -177,3 +177,65 @@ class DecisionsReply(_message.Message):
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     decisions: _containers.RepeatedCompositeFieldContainer[Decision]
     def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
+
+class MemoryRequest(_message.Message):
+    __slots__ = ("instance",)
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    def __init__(self, instance: _Optional[str] = ...) -> None: ...
+
+class Region(_message.Message):
+    __slots__ = ("region", "offset", "size", "owner")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    offset: int
+    size: int
+    owner: str
+    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+
+class SwitchTiming(_message.Message):
+    __slots__ = ("from_model", "to_model", "path", "phase_ms", "total_ms", "staged_bytes", "dirty_bytes", "h2d_bytes", "d2d_gather_ms", "h2d_gather_ms")
+    FROM_MODEL_FIELD_NUMBER: _ClassVar[int]
+    TO_MODEL_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    PHASE_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    STAGED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DIRTY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    H2D_BYTES_FIELD_NUMBER: _ClassVar[int]
+    D2D_GATHER_MS_FIELD_NUMBER: _ClassVar[int]
+    H2D_GATHER_MS_FIELD_NUMBER: _ClassVar[int]
+    from_model: str
+    to_model: str
+    path: str
+    phase_ms: _containers.RepeatedScalarFieldContainer[float]
+    total_ms: float
+    staged_bytes: int
+    dirty_bytes: int
+    h2d_bytes: int
+    d2d_gather_ms: float
+    h2d_gather_ms: float
+    def __init__(self, from_model: _Optional[str] = ..., to_model: _Optional[str] = ..., path: _Optional[str] = ..., phase_ms: _Optional[_Iterable[float]] = ..., total_ms: _Optional[float] = ..., staged_bytes: _Optional[int] = ..., dirty_bytes: _Optional[int] = ..., h2d_bytes: _Optional[int] = ..., d2d_gather_ms: _Optional[float] = ..., h2d_gather_ms: _Optional[float] = ...) -> None: ...
+
+class MemoryReply(_message.Message):
+    __slots__ = ("instance", "managed", "active_model", "capacity_bytes", "hbm_free_bytes", "staging_slack_bytes", "layout", "switches")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    MANAGED_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HBM_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STAGING_SLACK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    managed: bool
+    active_model: str
+    capacity_bytes: int
+    hbm_free_bytes: int
+    staging_slack_bytes: int
+    layout: _containers.RepeatedCompositeFieldContainer[Region]
+    switches: _containers.RepeatedCompositeFieldContainer[SwitchTiming]
+    def __init__(self, instance: _Optional[str] = ..., managed: _Optional[bool] = ..., active_model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., hbm_free_bytes: _Optional[int] = ..., staging_slack_bytes: _Optional[int] = ..., layout: _Optional[_Iterable[_Union[Region, _Mapping]]] = ..., switches: _Optional[_Iterable[_Union[SwitchTiming, _Mapping]]] = ...) -> None: ...

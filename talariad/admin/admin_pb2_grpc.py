@@ -64,6 +64,11 @@ class AdminStub:
                 request_serializer=talariad_dot_admin_dot_admin__pb2.DecisionsRequest.SerializeToString,
                 response_deserializer=talariad_dot_admin_dot_admin__pb2.DecisionsReply.FromString,
                 _registered_method=True)
+        self.Memory = channel.unary_unary(
+                '/talaria.admin.v1.Admin/Memory',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.MemoryRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.MemoryReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -111,6 +116,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Memory(self, request, context):
+        """One instance's managed device memory: layout regions and recent switch records.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +155,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Decisions,
                     request_deserializer=talariad_dot_admin_dot_admin__pb2.DecisionsRequest.FromString,
                     response_serializer=talariad_dot_admin_dot_admin__pb2.DecisionsReply.SerializeToString,
+            ),
+            'Memory': grpc.unary_unary_rpc_method_handler(
+                    servicer.Memory,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.MemoryRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.MemoryReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +324,33 @@ class Admin:
             '/talaria.admin.v1.Admin/Decisions',
             talariad_dot_admin_dot_admin__pb2.DecisionsRequest.SerializeToString,
             talariad_dot_admin_dot_admin__pb2.DecisionsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Memory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/Memory',
+            talariad_dot_admin_dot_admin__pb2.MemoryRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.MemoryReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,7 +6,7 @@ import asyncio
 import os
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -19,8 +19,9 @@ SERVICE = "talaria.admin.v1.Admin"
 
 class AdminService(admin_pb2_grpc.AdminServicer):
     def __init__(self, status: Callable[[], admin_pb2.StatusReply], router: Router,
-                 clock: Callable[[], float] = time.monotonic):
-        self._status, self.router, self.clock = status, router, clock
+                 clock: Callable[[], float] = time.monotonic,
+                 memory: Callable[[str], Awaitable[dict | None]] | None = None):
+        self._status, self.router, self.clock, self._memory = status, router, clock, memory
 
     async def Status(self, request, context):  # noqa: N802 (gRPC method names)
         return self._status()
@@ -53,6 +54,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         now = self.clock()
         return admin_pb2.DecisionsReply(decisions=[views.decision(d, now)
                                                    for d in self.router.recent(request.limit or 20)])
+
+
+    async def Memory(self, request, context):  # noqa: N802
+        report = await self._memory(request.instance) if self._memory else None
+        if report is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no ready instance named {request.instance!r}")
+        return views.memory(request.instance, report)
 
 
 def socket_target(path: str) -> str:

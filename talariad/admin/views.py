@@ -44,3 +44,23 @@ def sessions(router: Router, now: float, limit: int) -> admin_pb2.SessionsReply:
 
 def leases(router: Router, now: float) -> admin_pb2.LeasesReply:
     return admin_pb2.LeasesReply(leases=[lease(le, now) for le in router.leases() if le.live(now)])
+
+
+def memory(instance: str, report: dict) -> admin_pb2.MemoryReply:
+    """An instance's `/internal/memory` report as the admin message (empty when unmanaged)."""
+    if not report.get("layout"):
+        return admin_pb2.MemoryReply(instance=instance, managed=False)
+    return admin_pb2.MemoryReply(
+        instance=instance, managed=True, active_model=report.get("active_model") or "",
+        capacity_bytes=report.get("capacity_bytes", 0), hbm_free_bytes=report.get("hbm_free_bytes", 0),
+        staging_slack_bytes=report.get("staging_slack_bytes", 0),
+        layout=[admin_pb2.Region(**row) for row in report["layout"]],
+        switches=[_switch(r) for r in report.get("switches", [])])
+
+
+def _switch(r: dict) -> admin_pb2.SwitchTiming:
+    return admin_pb2.SwitchTiming(
+        from_model=r.get("from_model") or "", to_model=r["to_model"], path=r["path"],
+        phase_ms=[1e3 * x for x in r["phase_s"]], total_ms=1e3 * r["total_s"], staged_bytes=r["staged_bytes"],
+        dirty_bytes=r["dirty_bytes"], h2d_bytes=r["h2d_bytes"], d2d_gather_ms=1e3 * r["d2d_gather_s"],
+        h2d_gather_ms=1e3 * r["h2d_gather_s"])

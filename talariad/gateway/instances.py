@@ -63,6 +63,18 @@ class InstanceDirectory:
             await self.poll_once()
             await asyncio.sleep(self.interval_s)
 
+    async def memory(self, instance: str) -> dict | None:
+        """The instance's memory report (layout rows, switch records); None when it is not ready."""
+        url = self.urls().get(instance)
+        if not url:
+            return None
+        try:
+            r = await self.client.get(f"{url}/internal/memory", timeout=5.0)
+            r.raise_for_status()
+            return r.json()
+        except (httpx.HTTPError, ValueError):
+            return None
+
     async def generate(self, instance: str, req: GenerateRequest) -> AsyncIterator[Event]:
         url = self.urls().get(instance)
         if not url:

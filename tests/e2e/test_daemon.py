@@ -171,6 +171,13 @@ def test_ctl_explains_calls_and_lists_sessions(daemon):
     assert recent[0]["call_id"] == r.id.removeprefix("chatcmpl-")
 
 
+def test_ctl_memory_of_a_sim_instance_says_unmanaged(daemon):
+    r = _ctl(daemon, "instance", "memory", "cold0", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["managed"] is False
+    missing = _ctl(daemon, "instance", "memory", "ghost")
+    assert missing.returncode == 3 and "ghost" in missing.stderr
+
+
 def test_ctl_unknown_call_is_refused(daemon):
     r = _ctl(daemon, "call", "explain", "chatcmpl-nope")
     assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1 and "nope" in r.stderr

@@ -65,3 +65,22 @@ def test_raw_completion(torch_daemon):
     assert r.status_code == 200, r.text
     body = r.json()
     assert isinstance(body["choices"][0]["text"], str) and 1 <= body["usage"]["completion_tokens"] <= 4
+
+
+def test_ctl_shows_the_cold_instances_memory_layout_and_switches(torch_daemon):
+    import json
+    import subprocess
+    import sys
+
+    _client(torch_daemon).chat.completions.create(model="tiny-code", messages=CHAT, max_tokens=2)
+    r = subprocess.run([sys.executable, "-m", "talaria_ctl.main", "--socket", torch_daemon.socket_path,
+                        "instance", "memory", "cold0", "--json"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["managed"] and int(data["capacity_bytes"]) > 0
+    regions = [row["region"] for row in data["layout"]]
+    assert regions[:2] == ["weights", "kv_pool"] and regions[-1] == "runtime"
+    ends = [(int(row.get("offset", 0)), int(row["size"])) for row in data["layout"]
+            if not row["region"].startswith("staged")]
+    assert all(a + n <= b for (a, n), (b, _) in zip(ends, ends[1:]))  # regions in order, never overlapping
+    assert any(w["to_model"] == "tiny-code" and len(w["phase_ms"]) == 5 for w in data["switches"])
