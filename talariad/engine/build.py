@@ -6,6 +6,7 @@ from pathlib import Path
 
 from talariad.config import InstanceConfig, TalariaConfig
 from talariad.engine.executors import sim
+from talariad.sim.profiles import available, named_profile
 from talariad.engine.worker import Worker
 from talariad.types import LatencyProfile
 
@@ -13,9 +14,10 @@ from talariad.types import LatencyProfile
 def model_profile(cfg: TalariaConfig, model: str) -> LatencyProfile:
     """The latency profile placement and scheduling start from (instances refine it by measurement)."""
     name = cfg.model(model).profile or "tiny"
-    if name not in sim.PROFILES:
-        raise ValueError(f"model {model!r}: unknown sim profile {name!r} (known: {', '.join(sorted(sim.PROFILES))})")
-    return sim.PROFILES[name]
+    found = named_profile(name)
+    if found is None:
+        raise ValueError(f"model {model!r}: no bundled latency profile named {name!r} (sets: {', '.join(available())})")
+    return found
 
 
 def build_executor(cfg: TalariaConfig, inst: InstanceConfig, profiles: dict, config_dir: Path | None = None):

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 
 from talariad.cold_sched import ColdScheduler, Completion, Idle, Prefill, SchedKnobs, SubmittedCall, Switch
-from talariad.cold_sched.snapshot import queued_suffix_tokens, round_load_s, switch_path
+from talariad.cold_sched.snapshot import deadline_risk_share, queued_suffix_tokens, round_load_s, switch_path
 from talariad.config import InstanceConfig, TalariaConfig
 from talariad.engine.executors.base import Executor, LiveCall
 from talariad.engine.messages import (DoneEvent, ErrorEvent, GenerateRequest, ModelLoad, SessionKV, Telemetry,
@@ -54,7 +54,6 @@ class Worker:
         self.version = 0
         self.switches = 0
         self.profiles = profiles
-        self.round_bound_s = cfg.policy.gamma * cfg.policy.ttft_target_s
         self.opened: set[str] = {inst.models[0]} if mode == "pinned" else set()
         self._t0 = time.monotonic()
         self._wake = asyncio.Event()
@@ -203,10 +202,6 @@ class Worker:
                          switch_cost_s=self.sched.switch_costs.predict(model, switch_path(self.sched)),
                          open_cost_s=self.profiles[model].open_s)
 
-    def _risk_share(self, last: int = 10) -> float:
-        rounds = [r for r in self.sched.round_summaries[-last:]]
-        return sum(r.wall_s > self.round_bound_s for r in rounds) / len(rounds) if rounds else 0.0
-
     def telemetry(self) -> Telemetry:
         """A fresh, versioned snapshot: every read is a new observation (time-dependent fields move)."""
         self.version += 1
@@ -221,7 +216,7 @@ class Worker:
             queued={m: q.waiting + q.parked for m, q in t.queues.items()},
             running=sum(q.running for q in t.queues.values()), switches=self.switches,
             round_remaining_s=t.round_remaining_s, opened_models=sorted(self.opened), model_load=load,
-            round_load_s=round_load_s(self.sched), deadline_risk_share=self._risk_share(),
+            round_load_s=round_load_s(self.sched), deadline_risk_share=deadline_risk_share(self.sched),
             deadline_risk=t.risk_round_bound + t.risk_round_overrun + t.risk_prefill_shortfall + t.ttft_at_risk,
             kv_occupancy=t.kv_used_tokens / max(t.kv_capacity_tokens, 1),
             hbm_free_bytes=mem.get("hbm_free_bytes", 0), staging_slack_bytes=mem.get("staging_slack_bytes", 0),

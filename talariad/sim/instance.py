@@ -15,13 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from talariad.cold_sched import ColdScheduler, Completion, Decode, Idle, Prefill, SchedKnobs, SubmittedCall, Switch
-from talariad.cold_sched.snapshot import queued_suffix_tokens, round_load_s, round_remaining_s, switch_path
+from talariad.cold_sched.snapshot import (deadline_risk_share, queued_suffix_tokens, round_load_s,
+                                          round_remaining_s, switch_path)
 from talariad.router import InstanceSnapshot, ModelResidency, ModelState, RoundMeasurement, SessionKV
 from talariad.sim.costs import action_seconds
 from talariad.sim.memory import SimMemory
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath
 
-RISK_WINDOW = 8  # recent rounds whose overrun share is the snapshot's deadline risk
 
 
 @dataclass(slots=True)
@@ -246,9 +246,7 @@ class SimInstance:
         return round_load_s(self.sched)
 
     def deadline_risk(self) -> float:
-        recent = self.sched.rounds.closed[-RISK_WINDOW:]
-        bound = self.sched.knobs.round_bound_s
-        return sum(r.wall_s > bound + 1e-9 for r in recent) / len(recent) if recent else 0.0
+        return deadline_risk_share(self.sched)
 
     def check_integrity(self) -> None:
         self.sched.check_integrity()

@@ -3,14 +3,15 @@ import json
 
 import pytest
 
-from talariad.engine.executors.sim import PROFILES
 from talariad.replay.__main__ import main
-from talariad.sim.profiles import available, load_profiles, load_set
+from talariad.sim.profiles import available, load_profiles, load_set, named_profile
 from talariad.types import SwitchPath
 
 
-def test_tiny_mirrors_the_sim_executor():
-    assert load_profiles("tiny")["tiny"] == PROFILES["tiny"]
+def test_a_config_profile_name_resolves_in_whichever_bundled_set_defines_it():
+    assert named_profile("tiny") == load_profiles("tiny")["tiny"]
+    assert named_profile("qwen3-235b") == load_profiles("paper-tp8")["qwen3-235b"]
+    assert named_profile("no-such-model") is None
 
 
 def test_paper_set_values():

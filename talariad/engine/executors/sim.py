@@ -16,26 +16,13 @@ from talariad.cold_sched import Action, Switch
 from talariad.engine.executors.base import LiveCall, StepResult, common_prefix
 from talariad.engine.messages import GenerateRequest
 from talariad.sim.costs import action_seconds
-from talariad.types import LatencyProfile, SwitchPath
+from talariad.types import LatencyProfile
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _WORDS = (
     "the agent reads the file and runs the test then edits the function to fix the bug "
     "before it checks the output again with a smaller patch"
 ).split()
-
-PROFILES: dict[str, LatencyProfile] = {
-    # A small CPU-sized model: fast enough for interactive use and tests.
-    "tiny": LatencyProfile(
-        prefill_base_s=0.002,
-        prefill_s_per_token=2e-5,
-        decode_step_s=0.004,
-        restore_s_per_token=2e-6,
-        switch_s={SwitchPath.D2D: 0.01, SwitchPath.PARTIAL: 0.05, SwitchPath.H2D: 0.1},
-        open_s=0.2,
-    ),
-}
-
 
 def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text)

@@ -67,6 +67,15 @@ def available() -> list[str]:
     return sorted(p.stem for p in HERE.glob("*.yaml"))
 
 
+def named_profile(model: str) -> LatencyProfile | None:
+    """The profile of `model` in whichever bundled set defines it (a config's `profile:` name)."""
+    for name in available():
+        found = load_set(name).profiles().get(model)
+        if found is not None:
+            return found
+    return None
+
+
 def load_profiles(name: str = "paper-tp8") -> dict[str, LatencyProfile]:
     """LatencyProfile per model of a bundled set (`available()`) or a YAML path."""
     return load_set(name).profiles()
