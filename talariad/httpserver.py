@@ -18,7 +18,10 @@ class Server(uvicorn.Server):
 
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose protocol is TCP, and an
+    # accepted socket inherits the listener's. Without it Nagle holds each small response until the
+    # client's delayed ACK (~40 ms) on every kept-alive call.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.set_inheritable(False)
