@@ -28,12 +28,16 @@ class Daemon:
         self.directory = InstanceDirectory(self._urls, cfg.policy.telemetry_interval_s,
                                            on_telemetry=self.routing.observe,
                                            on_down=self.routing.instance_down,
-                                           on_unhealthy=self.routing.unhealthy)
+                                           on_unhealthy=self.routing.unhealthy,
+                                           sockets=self._sockets)
         self.gateway = Gateway(cfg, self.directory, self.routing, self._healthy)
         self.endpoint = ""
 
     def _urls(self) -> dict[str, str | None]:
         return {name: m.base_url for name, m in self.supervisor.procs.items()}
+
+    def _sockets(self) -> dict[str, str | None]:
+        return {name: m.call_socket for name, m in self.supervisor.procs.items()}
 
     def _healthy(self, name: str) -> bool:
         m = self.supervisor.procs[name]

@@ -32,6 +32,7 @@ class Managed:
     inst: InstanceConfig
     state: ProcState = ProcState.STARTING
     port: int | None = None
+    socket: str | None = None
     pid: int | None = None
     restarts: int = 0
     proc: asyncio.subprocess.Process | None = field(default=None, repr=False)
@@ -40,6 +41,11 @@ class Managed:
     @property
     def base_url(self) -> str | None:
         return f"http://127.0.0.1:{self.port}" if self.port and self.state == ProcState.READY else None
+
+    @property
+    def call_socket(self) -> str | None:
+        """The instance's call-stream unix socket (`engine/stream.py`), when it is ready."""
+        return self.socket if self.state == ProcState.READY else None
 
 
 class Supervisor:
@@ -66,7 +72,7 @@ class Supervisor:
             rc = await self._run_once(m)
             if self._stopping:
                 break
-            m.state, m.port = ProcState.BACKOFF, None
+            m.state, m.port, m.socket = ProcState.BACKOFF, None, None
             backoff = self.cfg.supervisor.restart_backoff_s if time.monotonic() - started > _STABLE_S else backoff
             log.warning("instance %s exited with %s; restarting in %.1fs", m.inst.name, rc, backoff)
             await asyncio.sleep(backoff)
@@ -84,7 +90,7 @@ class Supervisor:
         async for line in m.proc.stdout:
             port = _ready_port(line)
             if port:
-                m.port, m.state = port, ProcState.READY
+                m.port, m.socket, m.state = port, _ready_socket(line), ProcState.READY
                 m.ready.set()
                 log.info("instance %s ready on port %d (pid %d)", m.inst.name, port, m.pid)
         return await m.proc.wait()
@@ -115,3 +121,8 @@ def _ready_port(line: bytes) -> int | None:
     except ValueError:
         return None
     return msg.get("port") if isinstance(msg, dict) and msg.get("ready") else None
+
+
+def _ready_socket(line: bytes) -> str | None:
+    path = json.loads(line).get("socket")
+    return path if isinstance(path, str) and path else None

@@ -1,7 +1,8 @@
 """`python -m talariad.engine --config FILE --instance NAME`: one instance process.
 
-It binds a loopback port, prints one JSON ready line (`{"ready": true, "port": N}`) on stdout
-for the supervisor, serves the internal API, and exits with status 0 on SIGTERM or SIGINT.
+It binds a loopback port and a unix socket for the call stream (`engine/stream.py`), prints one JSON
+ready line (`{"ready": true, "port": N, "socket": PATH}`) on stdout for the supervisor, serves the
+internal API, and exits with status 0 on SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import ctypes
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 from talariad import httpserver
+from talariad.engine import stream
 from talariad.config import ConfigError, InstanceConfig, TalariaConfig, load_config
 from talariad.engine.api import build_app
 from talariad.engine.build import build_worker
@@ -43,10 +47,17 @@ async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str, config_dir
     loop = asyncio.create_task(worker.run())
     sock = httpserver.bind(host, 0)
     server, task = await httpserver.start(build_app(worker), sock)
-    print(json.dumps({"ready": True, "port": sock.getsockname()[1]}), flush=True)
-    await asyncio.wait([task, loop, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
-    server.should_exit = True
-    await task
+    sock_dir = tempfile.mkdtemp(prefix="talaria-")  # mode 0700: only this user reaches the socket
+    calls = await stream.serve(worker, os.path.join(sock_dir, "calls.sock"))
+    try:
+        print(json.dumps({"ready": True, "port": sock.getsockname()[1],
+                          "socket": os.path.join(sock_dir, "calls.sock")}), flush=True)
+        await asyncio.wait([task, loop, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        server.should_exit = True
+        calls.close()
+        await task
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
     if loop.done():  # the scheduler loop died: exit non-zero so the supervisor restarts us
         log.error("instance loop stopped", exc_info=loop.exception())
         return 1

@@ -1,9 +1,11 @@
 """The gateway's view of instance processes: where they listen, their latest telemetry, and the
-internal HTTP hop that forwards a call and reads back its stream of events."""
+internal hop that forwards a call and reads back its stream of events (the instance's unix-socket
+call stream when it has one, else its internal HTTP API)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -12,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 
 from talariad.engine.messages import DoneEvent, ErrorEvent, GenerateRequest, Telemetry, TokenEvent
+from talariad.engine.stream import StreamClient
 
 log = logging.getLogger("talariad.gateway")
 
@@ -24,8 +27,10 @@ class InstanceDirectory:
     def __init__(self, urls: Callable[[], dict[str, str | None]], interval_s: float,
                  on_telemetry: Callable[[Telemetry, float], None] | None = None,
                  on_down: Callable[[str, float], None] | None = None,
-                 on_unhealthy: Callable[[str, float], None] | None = None):
-        self.urls, self.interval_s = urls, interval_s
+                 on_unhealthy: Callable[[str, float], None] | None = None,
+                 sockets: Callable[[], dict[str, str | None]] | None = None):
+        self.urls, self.interval_s, self.sockets = urls, interval_s, sockets
+        self.streams = StreamClient()
         self.on_telemetry, self.on_down, self.on_unhealthy = on_telemetry, on_down, on_unhealthy
         self.snapshots: dict[str, tuple[float, Telemetry]] = {}
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None))
@@ -76,10 +81,25 @@ class InstanceDirectory:
             return None
 
     async def generate(self, instance: str, req: GenerateRequest) -> AsyncIterator[Event]:
+        path = self.sockets().get(instance) if self.sockets else None
+        async with contextlib.aclosing(self._stream(instance, path, req) if path else self._http(instance, req)) as events:
+            async for ev in events:  # aclosing: a caller that stops early closes the hop at once
+                yield ev
+
+    async def _stream(self, instance: str, path: str, req: GenerateRequest) -> AsyncIterator[Event]:
+        try:
+            async with contextlib.aclosing(self.streams.generate(path, req)) as events:
+                async for ev in events:
+                    yield ev
+        except (OSError, asyncio.IncompleteReadError, ValueError) as err:  # ValueError: a garbled frame
+            yield ErrorEvent(message=f"instance {instance} failed: {err or type(err).__name__}")
+
+    async def _http(self, instance: str, req: GenerateRequest) -> AsyncIterator[Event]:
         url = self.urls().get(instance)
         if not url:
             yield ErrorEvent(message=f"instance {instance} is not ready")
             return
+        final: Event | None = None
         try:
             async with self.client.stream("POST", f"{url}/internal/generate", content=req.model_dump_json(),
                                           headers={"content-type": "application/json"}) as r:
@@ -87,12 +107,20 @@ class InstanceDirectory:
                     yield ErrorEvent(message=f"instance {instance} answered HTTP {r.status_code}")
                     return
                 async for line in r.aiter_lines():
-                    if line:
-                        yield _event(json.loads(line))
+                    if not line:
+                        continue
+                    ev = _event(json.loads(line))
+                    if isinstance(ev, TokenEvent):
+                        yield ev
+                    else:  # the last event: hold it until the body is read to its end, which hands
+                        final = ev  # the connection back to the pool (a consumer stops at this event)
         except (httpx.HTTPError, ValueError) as err:  # ValueError: a garbled event line
-            yield ErrorEvent(message=f"instance {instance} failed: {err}")
+            final = ErrorEvent(message=f"instance {instance} failed: {err}")
+        if final is not None:
+            yield final
 
     async def aclose(self) -> None:
+        await self.streams.aclose()
         await self.client.aclose()
 
 
