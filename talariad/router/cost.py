@@ -24,7 +24,7 @@ from talariad.router.knobs import RouterKnobs
 from talariad.router.messages import CallRequest, CandidateCost, ModelResidency, ModelState
 from talariad.router.profiles import DemandTracker, ProfileBook, switch_estimate
 from talariad.router.sessions import KVRecord, LeaseBook, SessionTable
-from talariad.router.telemetry import InFlight, InstanceState
+from talariad.router.telemetry import InFlight, InstanceBook, InstanceState
 from talariad.types import KVState, LatencyProfile, Pool
 
 GIB = float(1 << 30)
@@ -43,6 +43,20 @@ class CallPlan(NamedTuple):
     kv_record: KVRecord | None  # where the session's last completion left its prefix
     decode_s: float  # max_tokens decode steps at batch 0 (per-sequence part added per instance)
     kv_bytes: int  # KV footprint of the whole call if nothing is on device
+
+
+class Inputs(NamedTuple):
+    """One instance's side of Eq. (1) for one call, captured at placement time."""
+
+    instance: str
+    row: tuple  # the cached snapshot/profile row (`CostModel._row`)
+    ov: tuple[int, int, int] | None  # overlay for the model: new tokens, calls, opening calls
+    kv_state: KVState
+    kv_len: int
+    leased: int  # live leases on the instance for this model
+    leased_all: int  # for all models
+    ov_work_s: float
+    ov_hbm: int
 
 
 class CostModel:
@@ -73,35 +87,53 @@ class CostModel:
         return inst.snapshot.residency(model).state  # type: ignore[union-attr]
 
     def evaluate(self, plan: CallPlan, inst: InstanceState) -> CandidateCost:
-        """Eq. (1) plus the round-admission and HBM checks for one placeable instance.
+        """Eq. (1) plus the round-admission and HBM checks for one placeable instance."""
+        return self.score(plan, self.inputs(plan, inst))
 
-        NOTE: the per-instance inner loop of place(), written flat on purpose; what depends only
-        on the snapshot and the profile comes from a cached row (`_row`)."""
-        call, prof, k = plan.call, plan.profile, self.knobs
-        model, prefix = call.model, call.prefix_tokens
-        row = inst.rows.get(model)
-        if row is None or row[0] != self.profiles.epoch:
-            row = self._row(inst, model, prof)
-        (_, queued, batch, state, activation, needs_replica, added, risk, slot_wait, base_load,
-         restore_rate, taken_at, hbm_free) = row
+    def inputs(self, plan: CallPlan, inst: InstanceState) -> Inputs:
+        """What `score` reads about `inst` now, as immutable values: a score rendered from them
+        later (a lazy explanation) equals the one `evaluate` gives now."""
+        model = plan.call.model
+        row = self.row(inst, model, plan.profile)
         ov = inst.ov_model.get(model)
-        if ov is not None:
-            queued, batch = queued + ov[0], batch + ov[1]
-            if ov[2]:  # an in-flight forward already opens it there
-                state, activation, needs_replica, added = ModelState.ACTIVE, 0.0, False, 0
         rec, kv_state, kv_len = plan.kv_record, KVState.MISSING, 0
-        if rec is not None and rec.instance == inst.name and rec.at > taken_at:
+        if rec is not None and rec.instance == inst.name and rec.at > row[11]:
             kv_state, kv_len = rec.state, rec.kv_len  # a completion newer than the snapshot
         elif plan.key is not None:
             entry = inst.snapshot.sessions.get(plan.key)
             if entry is not None:
                 kv_state, kv_len = entry.state, entry.kv_len
+        per_model = self.leases.by_instance.get(inst.name)
+        leased = (per_model.get(model, 0), per_model.get(None, 0)) if per_model else (0, 0)
+        return Inputs(inst.name, row, (ov[0], ov[1], ov[2]) if ov is not None else None,
+                      kv_state, kv_len, leased[0], leased[1], inst.ov_work_s, inst.ov_hbm)
+
+    def prime(self, inst: InstanceState) -> None:
+        """Compute a new snapshot's cost rows now rather than in the next placements."""
+        for model in inst.allowed:
+            self._row(inst, model, self.profiles.get(model))
+
+    def row(self, inst: InstanceState, model: str, prof: LatencyProfile) -> tuple:
+        row = inst.rows.get(model)
+        if row is None or row[0] != self.profiles.epoch:
+            row = self._row(inst, model, prof)
+        return row
+
+    def score(self, plan: CallPlan, x: Inputs) -> CandidateCost:
+        """Eq. (1) and the round/HBM checks from captured inputs (pure: no state is read).
+
+        NOTE: the per-instance inner loop of place(), written flat on purpose."""
+        call, prof, k = plan.call, plan.profile, self.knobs
+        prefix = call.prefix_tokens
+        (_, queued, batch, state, activation, needs_replica, added, risk, slot_wait, base_load,
+         restore_rate, _, hbm_free) = x.row
+        if x.ov is not None:
+            queued, batch = queued + x.ov[0], batch + x.ov[1]
+            if x.ov[2]:  # an in-flight forward already opens it there
+                state, activation, needs_replica, added = ModelState.ACTIVE, 0.0, False, 0
+        kv_state, kv_len = x.kv_state, x.kv_len
         reusable = 0 if kv_state is KVState.MISSING else (kv_len if kv_len < prefix else prefix)
-        missing = prefix - reusable
-        if plan.suffix > 0 or missing == 0:
-            recovery = prof.prefill_s_per_token * missing  # the suffix already paid the base
-        else:
-            recovery = prof.prefill_s(missing)
+        recovery = _recompute_s(plan, prefix - reusable)
         hbm_need = plan.kv_bytes + added
         if kv_state is KVState.HOST:
             recovery += restore_rate * reusable
@@ -111,25 +143,20 @@ class CostModel:
             slot_wait = 0.0  # SP admits a continuation with reusable KV mid-slot (§3.4)
         if not k.residency_terms:
             recovery, activation, needs_replica = 0.0, 0.0, False
-        per_model = self.leases.by_instance.get(inst.name)
         unit = k.admission_unit_s
-        if per_model:
-            leased, leased_all = unit * per_model.get(model, 0), unit * per_model.get(None, 0)
-        else:
-            leased = leased_all = 0.0
-        queue = risk * (slot_wait + prof.prefill_s_per_token * queued + leased)
+        queue = risk * (slot_wait + prof.prefill_s_per_token * queued + unit * x.leased)
         decode = plan.decode_s + call.max_tokens * prof.decode_s_per_seq * (batch + 1)
-        base = risk * (base_load + inst.ov_work_s + leased_all)
+        base = risk * (base_load + x.ov_work_s + unit * x.leased_all)
         prefill = plan.prefill_s
         round_load = base + prefill + recovery + activation
         if base > 0.0 and round_load > k.round_budget_s:
             reason = "round"
-        elif hbm_need > hbm_free - inst.ov_hbm:
+        elif hbm_need > hbm_free - x.ov_hbm:
             reason = "hbm"
         else:
             reason = "ok"
         total = queue + prefill + decode + recovery + activation
-        return CandidateCost(inst.name, queue, prefill, decode, recovery, activation, total,
+        return CandidateCost(x.instance, queue, prefill, decode, recovery, activation, total,
                              reason == "ok", reason, kv_state, needs_replica, round_load)
 
     def _row(self, inst: InstanceState, model: str, prof: LatencyProfile) -> tuple:
@@ -150,10 +177,15 @@ class CostModel:
     def passes_eq2(self, plan: CallPlan, inst: InstanceState, cand: CandidateCost,
                    gain: float) -> bool:
         """Eq. (2): open a fresh replica only if gain > T_swap + μ_j·ΔW_m + ν_m."""
-        res = inst.snapshot.residency(plan.call.model)  # type: ignore[union-attr]
-        state = self.model_state(inst, plan.call.model)
-        return gain > self._replica_cost(plan.call.model, plan.profile, res, state,
-                                         inst.snapshot, cand.activation_s)
+        return self.passes_eq2_on(plan, inst.snapshot, self.model_state(inst, plan.call.model),
+                                  cand, gain)
+
+    def passes_eq2_on(self, plan: CallPlan, snap, state: ModelState, cand: CandidateCost,
+                      gain: float) -> bool:
+        """Eq. (2) from a snapshot and the model's state there (pure: for lazy explanations)."""
+        res = snap.residency(plan.call.model)
+        return gain > self._replica_cost(plan.call.model, plan.profile, res, state, snap,
+                                         cand.activation_s)
 
     def inflight(self, plan: CallPlan, inst: InstanceState, cand: CandidateCost | None,
                  now: float) -> InFlight:
@@ -171,22 +203,19 @@ class CostModel:
         work = cand.prefill_s + cand.kv_recovery_s + cand.activation_s
         return InFlight(call, inst.name, now, work, call.prompt_tokens - reusable, hbm, opens)
 
-    def replica_gain(self, plan: CallPlan, instances: list[InstanceState], demand: DemandTracker,
+    def replica_gain(self, plan: CallPlan, instances: InstanceBook, demand: DemandTracker,
                      now: float) -> float:
         """gain(m, ·) of Eq. (2): how much one more replica shrinks the per-replica backlog of m
         over the next control window, D / (k (k + 1)) with D = queued prefill work of m on its k
         open replicas + arrivals' work over the last window + m's live lease charges. No open
-        replica (k = 0) means the first one must open: infinite gain."""
-        model, prof, open_replicas, backlog, leases = plan.call.model, plan.profile, 0, 0.0, 0
-        for inst in instances:
-            leases += self.leases.charge(inst.name, model)
-            if inst.healthy() and self.model_state(inst, model) in _OPEN:
-                open_replicas += 1
-                queued = inst.snapshot.residency(model).queued_tokens + inst.ov_tokens(model)
-                backlog += prof.prefill_s_per_token * queued
+        replica (k = 0) means the first one must open: infinite gain. O(1): the book keeps k and
+        the queued tokens up to date."""
+        model = plan.call.model
+        open_replicas, queued = instances.open_replicas(model)
         if open_replicas == 0:
             return math.inf
-        backlog += demand.work_s(model, now) + leases * self.knobs.admission_unit_s
+        backlog = plan.profile.prefill_s_per_token * queued
+        backlog += demand.work_s(model, now) + self.leases.by_model.get(model, 0) * self.knobs.admission_unit_s
         return backlog / (open_replicas * (open_replicas + 1))
 
     def _replica_cost(self, model: str, prof: LatencyProfile, res, state: ModelState, snap,
@@ -198,6 +227,15 @@ class CostModel:
         uncovered = max(added - snap.staging_slack_bytes, 0) / added if added > 0 else 0.0
         mu = self.knobs.hbm_price_s_per_gib * (1.0 + u / (1.0 - u)) * (1.0 + uncovered)
         return activation + mu * added / GIB + self.knobs.replica_penalty(model)
+
+
+def _recompute_s(plan: CallPlan, missing: int) -> float:
+    """Prefill of the part of the prefix that must be recomputed (the suffix already paid the
+    prefill base cost when there is one)."""
+    prof = plan.profile
+    if plan.suffix > 0 or missing == 0:
+        return prof.prefill_s_per_token * missing
+    return prof.prefill_s(missing)
 
 
 def _kv_lookup(inst: InstanceState, key: tuple[str, str] | None,

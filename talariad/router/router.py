@@ -49,7 +49,10 @@ class Router:
     # --- telemetry ---------------------------------------------------------------------------
     def observe(self, snapshot: InstanceSnapshot, now: float) -> bool:
         """Install a snapshot; False if an equal or newer version is already installed."""
-        return self._instances.observe(snapshot, now)
+        if not self._instances.observe(snapshot, now):
+            return False
+        self._cost.prime(self._instances.get(snapshot.instance))  # off the placement path
+        return True
 
     def heartbeat(self, instance: str, now: float, healthy: bool = True) -> bool:
         """A heartbeat carrying the instance's health-check result; False if unknown."""
@@ -173,7 +176,9 @@ class Router:
     def _forward(self, call: CallRequest, choice: Choice, kind: DecisionKind,
                  now: float) -> Decision:
         inst = self._instances.get(choice.instance)  # type: ignore[arg-type]
-        cand = next((c for c in choice.candidates if c.instance == choice.instance), None)
+        cand = choice.best
+        if cand is None or cand.instance != choice.instance:  # reading candidates renders them all
+            cand = next((c for c in choice.candidates if c.instance == choice.instance), None)
         self._instances.add_inflight(self._cost.inflight(self._cost.plan(call), inst, cand, now))
         self._queued.pop(call.call_id, None)
         self._policy.on_placed(call, inst.name, now)

@@ -26,6 +26,7 @@ class LeaseBook:
         self._seq = itertools.count()
         # instance -> {model: live leases, None: all of them}; read directly by the cost model
         self.by_instance: dict[str, defaultdict[str | None, int]] = {}
+        self.by_model: defaultdict[str, int] = defaultdict(int)  # live leases per model
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -37,6 +38,7 @@ class LeaseBook:
         per_model = self.by_instance.setdefault(lease.instance, defaultdict(int))
         per_model[lease.model] += 1
         per_model[None] += 1
+        self.by_model[lease.model] += 1
 
     def get(self, key: LeaseKey) -> Lease | None:
         return self._by_key.get(key)
@@ -83,6 +85,11 @@ class LeaseBook:
                     raise AssertionError(f"charge {inst}/{model}={n} disagrees with the leases")
             if per_model.get(None, 0) != sum(n for m, n in per_model.items() if m is not None):
                 raise AssertionError(f"total charge of {inst} out of step")
+        per_model_total: defaultdict[str, int] = defaultdict(int)
+        for (_, model), n in counts.items():
+            per_model_total[model] += n
+        if {m: n for m, n in self.by_model.items() if n} != dict(per_model_total):
+            raise AssertionError("per-model lease totals out of step")
         live = {id(entry[2]) for entry in self._heap}
         if any(id(lease) not in live for lease in self._by_key.values()):
             raise AssertionError("a lease is missing from the expiry heap")
@@ -91,6 +98,7 @@ class LeaseBook:
         per_model = self.by_instance[lease.instance]
         per_model[lease.model] -= 1
         per_model[None] -= 1
+        self.by_model[lease.model] -= 1
 
 
 @dataclass(slots=True)

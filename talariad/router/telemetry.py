@@ -12,7 +12,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from talariad.router.knobs import RouterKnobs
-from talariad.router.messages import CallRequest, InstanceSnapshot
+from talariad.router.messages import CallRequest, InstanceSnapshot, ModelState
+
+_OPEN = (ModelState.ACTIVE, ModelState.RESIDENT)
 
 
 @dataclass(slots=True)
@@ -33,7 +35,7 @@ class InstanceState:
     """Everything the router knows about one instance."""
 
     __slots__ = ("name", "snapshot", "taken_at", "allowed", "last_seen", "health_ok", "health_at",
-                 "inflight", "ov_work_s", "ov_hbm", "ov_calls", "ov_model", "rows")
+                 "inflight", "ov_work_s", "ov_hbm", "ov_calls", "ov_model", "rows", "open_share")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -45,7 +47,19 @@ class InstanceState:
         self.health_ok = False
         self.health_at = float("-inf")
         self.inflight: dict[str, InFlight] = {}
+        self.open_share: dict[str, int] = {}  # model -> queued tokens, where it is open (Eq. 2)
         self._reset_overlay()
+
+    def open_tokens(self, model: str) -> int | None:
+        """Queued tokens of `model` (snapshot + overlay) if it is open here on a healthy
+        instance (active, resident, or being opened by an in-flight forward), else None."""
+        if self.snapshot is None or not self.health_ok:
+            return None
+        res = self.snapshot.models.get(model)
+        ov = self.ov_model.get(model)
+        if not (ov is not None and ov[2] > 0) and (res is None or res.state not in _OPEN):
+            return None
+        return (res.queued_tokens if res is not None else 0) + (ov[0] if ov is not None else 0)
 
     def healthy(self) -> bool:
         """Passes the health check: has telemetry and its latest health report is good."""
@@ -141,6 +155,14 @@ class InstanceBook:
         self._by_name: dict[str, InstanceState] = {}
         self._ordered: list[InstanceState] = []
         self._calls: dict[str, InstanceState] = {}
+        # model -> [open replicas, their queued tokens] over healthy instances: Eq. (2)'s k and
+        # backlog, kept up to date by every event that can change them
+        self._open: dict[str, list[int]] = {}
+
+    def open_replicas(self, model: str) -> tuple[int, int]:
+        """(k, queued tokens) of `model` over its open replicas on healthy instances."""
+        agg = self._open.get(model)
+        return (agg[0], agg[1]) if agg is not None else (0, 0)
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
@@ -158,19 +180,25 @@ class InstanceBook:
             return False
         inst.install(snapshot)
         inst.report_health(snapshot.healthy, now)
+        self._reshare(inst, inst.open_share.keys() | snapshot.models.keys() | inst.ov_model.keys())
         return True
 
     def heartbeat(self, name: str, now: float, healthy: bool) -> bool:
         inst = self._by_name.get(name)
         if inst is None:
             return False
+        before = inst.health_ok
         inst.report_health(healthy, now)
+        if inst.health_ok != before and inst.snapshot is not None:
+            self._reshare(inst, inst.open_share.keys() | inst.snapshot.models.keys() | inst.ov_model.keys())
         return True
 
     def remove(self, name: str) -> list[InFlight]:
         inst = self._by_name.pop(name, None)
         if inst is None:
             return []
+        inst.health_ok = False  # gone: it no longer counts as an open replica
+        self._reshare(inst, set(inst.open_share))
         self._ordered.remove(inst)
         for call_id in inst.inflight:
             self._calls.pop(call_id, None)
@@ -183,6 +211,7 @@ class InstanceBook:
         self.pop_inflight(rec.call.call_id)
         inst.add(rec)
         self._calls[rec.call.call_id] = inst
+        self._reshare(inst, (rec.call.model,))
         return True
 
     def inflight(self, call_id: str) -> InFlight | None:
@@ -191,7 +220,26 @@ class InstanceBook:
 
     def pop_inflight(self, call_id: str) -> InFlight | None:
         inst = self._calls.pop(call_id, None)
-        return inst.remove(call_id) if inst is not None else None
+        if inst is None:
+            return None
+        rec = inst.remove(call_id)
+        if rec is not None:
+            self._reshare(inst, (rec.call.model,))
+        return rec
+
+    def _reshare(self, inst: InstanceState, models) -> None:
+        """Move `inst`'s share of the open-replica aggregates of `models` to its current state."""
+        for model in list(models):
+            old = inst.open_share.pop(model, None)
+            agg = self._open.setdefault(model, [0, 0])
+            if old is not None:
+                agg[0] -= 1
+                agg[1] -= old
+            new = inst.open_tokens(model)
+            if new is not None:
+                inst.open_share[model] = new
+                agg[0] += 1
+                agg[1] += new
 
     def check_integrity(self) -> None:
         for inst in self._ordered:
@@ -201,6 +249,18 @@ class InstanceBook:
                     raise AssertionError(f"call {call_id} not indexed to {inst.name}")
         if len(self._calls) != sum(len(i.inflight) for i in self._ordered):
             raise AssertionError("call index holds calls no instance has in flight")
+        fresh: dict[str, list[int]] = {}
+        for inst in self._ordered:
+            for model in inst.open_share.keys() | inst.ov_model.keys() | (inst.snapshot.models.keys() if inst.snapshot else set()):
+                tokens = inst.open_tokens(model)
+                if tokens != inst.open_share.get(model):
+                    raise AssertionError(f"open-replica share of {inst.name}/{model} out of step")
+                if tokens is not None:
+                    agg = fresh.setdefault(model, [0, 0])
+                    agg[0] += 1
+                    agg[1] += tokens
+        if {m: a for m, a in self._open.items() if a != [0, 0]} != fresh:
+            raise AssertionError("open-replica aggregates out of step with the instances")
 
     def _add(self, name: str) -> InstanceState:
         inst = InstanceState(name)

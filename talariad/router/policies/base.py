@@ -33,6 +33,7 @@ class Choice(NamedTuple):
     candidates: tuple[CandidateCost, ...] = ()
     reason: str = ""
     spill: str | None = None
+    best: CandidateCost | None = None  # the chosen instance's candidate, when it was scored
 
 
 class ClusterView:

@@ -11,16 +11,17 @@ staleness only removes an instance from step 2.
 
 from __future__ import annotations
 
-import math
 from talariad.router.cost import CallPlan
-from talariad.router.messages import CallRequest, CandidateCost, DecisionKind
+from talariad.router.messages import DecisionKind, CallRequest
 from talariad.router.policies.base import POLICIES, Choice, ClusterView, Policy, cheapest
+from talariad.router.ranking import rank
 from talariad.types import KVState
 
 
 @POLICIES.register("talaria")
 class TalariaPolicy(Policy):
     installs_leases = True
+    ranker = staticmethod(rank)  # `rank_all` scores every instance: the reference it must equal
 
     def choose(self, call: CallRequest, view: ClusterView, now: float) -> Choice:
         plan = view.cost.plan(call)
@@ -45,36 +46,15 @@ class TalariaPolicy(Policy):
         if view.kv(inst, call)[0] is KVState.MISSING:
             return None, "lease prefix missing"
         cand = view.cost.evaluate(plan, inst)
-        return Choice(inst.name, DecisionKind.LEASE_HIT, (cand,), "lease"), ""
+        return Choice(inst.name, DecisionKind.LEASE_HIT, (cand,), "lease", best=cand), ""
 
     def _cost_placement(self, plan: CallPlan, view: ClusterView, now: float,
                         note: str) -> Choice:
-        cands = [view.cost.evaluate(plan, inst) for inst in view.eligible(plan.call.model, now)]
-        if view.knobs.residency_terms and any(c.needs_replica and c.feasible for c in cands):
-            cands = self._apply_eq2(plan, view, now, cands)
-        best = min((c for c in cands if c.feasible), key=_rank, default=None)
+        insts = view.eligible(plan.call.model, now)
+        best, cands = self.ranker(view.cost, plan, insts, view.instances, view.demand, now)
         prefix = f"{note}; " if note else ""
         if best is None:
-            return Choice(None, DecisionKind.COST, tuple(cands), prefix + "no feasible instance",
+            return Choice(None, DecisionKind.COST, cands, prefix + "no feasible instance",
                           cheapest(cands))
         kind = DecisionKind.REPLICA_OPEN if best.needs_replica else DecisionKind.COST
-        return Choice(best.instance, kind, tuple(cands), prefix + "min cost")
-
-    @staticmethod
-    def _apply_eq2(plan: CallPlan, view: ClusterView, now: float,
-                   cands: list[CandidateCost]) -> list[CandidateCost]:
-        instances = view.instances.all()
-        gain = view.cost.replica_gain(plan, instances, view.demand, now)
-        if math.isinf(gain):
-            return cands
-        out = []
-        for cand in cands:
-            if cand.needs_replica and cand.feasible and not view.cost.passes_eq2(
-                    plan, view.instances.get(cand.instance), cand, gain):
-                cand = cand._replace(feasible=False, reason="eq2")
-            out.append(cand)
-        return out
-
-
-def _rank(c: CandidateCost) -> tuple[float, str]:
-    return (c.total_s, c.instance)
+        return Choice(best.instance, kind, cands, prefix + "min cost", best=best)
