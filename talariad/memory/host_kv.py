@@ -9,7 +9,7 @@ from typing import Any
 from talariad.memory.device import Device, Event
 from talariad.memory.hkvr import Block, HostKVRegistry
 from talariad.memory.kv_layout import KVGeometry
-from talariad.memory.transfer import block_copies
+from talariad.memory.transfer import run_copies
 
 
 @dataclass(slots=True)
@@ -29,14 +29,19 @@ class HostKV:
         self._saves: list[tuple[Block, Event]] = []
         self.restores: dict[str, PendingRestore] = {}
 
-    def _copy_page(self, geo: KVGeometry, buffer: Any, page: int, block: Block, to_host: bool) -> Event:
-        event = None
-        for cp in block_copies(geo, page, block.slabs, self.registry.pool.slab_bytes):
+    def _copy_pages(self, geo: KVGeometry, buffer: Any, pages: list[int], blocks: list[Block],
+                    to_host: bool) -> list[Event]:
+        """Copy pages to or from their blocks as merged runs; the event covering each block."""
+        events: list[Event] = []
+        for cp in run_copies(geo, pages, [b.slabs for b in blocks], self.registry.pool.slab_bytes):
             spec = cp.device
-            dev = self.device.view(buffer, spec.offset, (spec.rows, spec.width), "uint8", (spec.stride, 1))
-            host = self.device.view(self.host, cp.host_offset, (spec.rows, spec.width))
+            shape = (cp.pages, spec.rows, spec.width)
+            dev = self.device.view(buffer, spec.offset, shape, "uint8", (cp.page_stride, spec.stride, 1))
+            host = self.device.view(self.host, cp.host_offset, shape, "uint8", (cp.host_stride, spec.width, 1))
             event = self.device.copy_d2h(host, dev) if to_host else self.device.copy_h2d(dev, host)
-        return event
+            events.append(event)
+        # copies on one stream complete in order: the last one covers every block
+        return [events[-1]] * len(blocks) if events else []
 
     # ---- save ----------------------------------------------------------------------------
     def save(self, geo: KVGeometry, buffer: Any, model: str, session: str, hashes: list[str],
@@ -44,12 +49,10 @@ class HostKV:
         """Queue D2H copies of the session's not-yet-saved pages; returns their events."""
         family = geo.layout.family
         todo = self.registry.begin_save(model, session, hashes, geo.layout)
-        events = []
-        for index, block in todo:
-            page = pages[index] if family != "mamba" else pages[-1]
-            event = self._copy_page(geo, buffer, page, block, to_host=True)
-            self._saves.append((block, event))
-            events.append(event)
+        src = [pages[index] if family != "mamba" else pages[-1] for index, _ in todo]
+        blocks = [block for _, block in todo]
+        events = self._copy_pages(geo, buffer, src, blocks, to_host=True)
+        self._saves += zip(blocks, events)
         return events
 
     def poll(self) -> int:
@@ -85,9 +88,9 @@ class HostKV:
     def restore(self, geo: KVGeometry, buffer: Any, session: str, model: str, blocks: list[Block],
                 pages: list[int]) -> Event | None:
         self.registry.pin(blocks)
-        event = None
-        for block, page in zip(blocks, pages):
-            event = self._copy_page(geo, buffer, page, block, to_host=False)
+        n = min(len(blocks), len(pages))
+        events = self._copy_pages(geo, buffer, pages[:n], blocks[:n], to_host=False)
+        event = events[-1] if events else None
         self.restores[session] = PendingRestore(model, blocks, pages, event)
         return event
 
