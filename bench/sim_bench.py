@@ -1,5 +1,7 @@
 """Time the simulator on the paper-shaped fixed replay (960 calls, 30 model-sessions): the five
-ablation configurations, seconds per config and in total, plus decisions per second.
+ablation configurations, seconds per config and in total, plus decisions per second, and a digest
+of each run's full result (every call, session, switch and round record) so that two versions of
+the simulator can be shown to produce identical results for the same seed.
 
 Run: .venv/bin/python bench/sim_bench.py [--seed N] [--configs Talaria,no-SP,...]
 """
@@ -7,6 +9,9 @@ Run: .venv/bin/python bench/sim_bench.py [--seed N] [--configs Talaria,no-SP,...
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,20 +32,30 @@ def main() -> None:
     pset = load_set("paper-tp8")
     trace = fixed_replay(args.seed)
     wanted = set(args.configs.split(",")) if args.configs else None
-    total = 0.0
+    total = total_cpu = 0.0
+    print(f"fixed replay, seed {args.seed}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     for cfg in ablation_configs(pset, tuple(trace.models())):
         if wanted and cfg.name not in wanted:
             continue
         sim = Simulator(trace, cfg, pset)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         run = sim.run()
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         total += dt
+        total_cpu += cpu
         sched = next(iter(sim.instances.values())).sched
         actions = sum(r.decode_steps for r in sched.round_summaries) + len(run.switches)
-        print(f"{cfg.name:<11} {dt:7.2f} s  calls={len(run.calls)} rounds={len(run.rounds)} "
-              f"switches={len(run.switches)} decode+switch actions={actions} ({actions / dt:,.0f}/s)")
-    print(f"{'total':<11} {total:7.2f} s")
+        print(f"{cfg.name:<11} {dt:7.2f} s (cpu {cpu:5.2f} s)  calls={len(run.calls)} rounds={len(run.rounds)} "
+              f"switches={len(run.switches)} decode+switch actions={actions} ({actions / dt:,.0f}/s) "
+              f"result {digest(run)}")
+    print(f"{'total':<11} {total:7.2f} s (cpu {total_cpu:5.2f} s)  (goal < 5 s: {'met' if total < 5 else 'not met'})")
+
+
+def digest(run) -> str:
+    """A short hash of everything the run produced except its own wall-clock time."""
+    fields = dataclasses.asdict(run)
+    fields.pop("wall_clock_s", None)
+    return hashlib.sha256(repr(fields).encode()).hexdigest()[:12]
 
 
 if __name__ == "__main__":

@@ -125,9 +125,14 @@ class SessionLedger:
     entries: dict[tuple[str, str], SessionKV] = field(default_factory=dict)
 
     def set(self, session: str, model: str, state: KVState, kv_len: int, now: float) -> None:
-        state = KVState(state)
+        if state.__class__ is not KVState:  # hot path: every decode step sets every running call
+            state = KVState(state)
         kv_len = 0 if state is KVState.MISSING else max(kv_len, 0)
-        self.entries[(session, model)] = SessionKV(state, kv_len, now)
+        entry = self.entries.get((session, model))
+        if entry is None:
+            self.entries[(session, model)] = SessionKV(state, kv_len, now)
+        else:  # in place: readers copy the fields out, none keeps an entry
+            entry.state, entry.kv_len, entry.updated_at = state, kv_len, now
 
     def get(self, session: str, model: str) -> SessionKV:
         return self.entries.get((session, model), SessionKV(KVState.MISSING, 0))

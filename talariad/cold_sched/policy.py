@@ -51,8 +51,8 @@ class SlotPolicy:
             slot.phase = SlotPhase.D1
         if self.can_admit_sp(now) and (items := self._sp_batch(now)):
             return self._prefill(items, "SP")
-        if self.table.running and slot.can_decode(now, self._step()):
-            return self._decode()
+        if self.table.running and slot.can_decode(now, step := self._step()):
+            return self._decode(step)
         if (until := self._hold_until(now)) is not None:
             slot.hold_since = now if slot.hold_since is None else slot.hold_since
             return Idle(until)

@@ -24,6 +24,7 @@ from .telemetry import PHASES, RiskCounters, RoundSummary, SchedTelemetry
 from .validate import validate_call, validate_setup
 
 Mode = Literal["pinned", "time_shared"]
+_LABEL = {phase: phase.value for phase in SlotPhase}  # enum .value is slow on the per-step path
 
 
 class ColdScheduler(SlotPolicy):
@@ -155,10 +156,10 @@ class ColdScheduler(SlotPolicy):
             self.rounds.current.p_admitted += tag == "P"
         self.sp_admitted += tag == "SP"
 
-    def _decode(self) -> Decode:
-        step = self._step()
+    def _decode(self, step: float | None = None) -> Decode:
+        step = self._step() if step is None else step
         self._label = (
-            self.slot.begin_decode(self._now, step).value if self.slot is not None else "D"
+            _LABEL[self.slot.begin_decode(self._now, step)] if self.slot is not None else "D"
         )
         return Decode(self.active, list(self.table.running), step)
 
@@ -175,18 +176,17 @@ class ColdScheduler(SlotPolicy):
         finished: set[str],
     ) -> list[Completion]:
         done = []
+        records, ledger_set, device = self.table.records, self.ledger.set, KVState.DEVICE
         for cid in action.call_ids:
-            rec = self.table.records[cid]
+            rec = records[cid]
             rec.generated += 1 if tokens is None else max(0, tokens.get(cid, 0))
             if rec.first_token_at is None and (rec.generated > 0 or cid in finished):
                 rec.first_token_at = now
             if cid in finished or rec.generated >= rec.call.max_tokens:
                 done.append(self._complete(rec, now))
             else:
-                self.ledger.set(
-                    rec.call.session_id, rec.call.model, KVState.DEVICE, rec.kv_len, now
-                )
-        if isinstance(action, Decode) and self.slot is not None:
+                ledger_set(rec.call.session_id, rec.call.model, device, rec.kv_len, now)
+        if action.__class__ is Decode and self.slot is not None:
             self.slot.after_decode()
             if self.rounds.current is not None:
                 self.rounds.current.decode_steps += 1
@@ -238,9 +238,10 @@ class ColdScheduler(SlotPolicy):
         return set(getattr(self._inflight, "call_ids", ()))
 
     def _tick(self, now: float) -> None:
-        if now < self._now - 1e-9:
+        if now > self._now:
+            self._now = now
+        elif now < self._now - 1e-9:
             raise ValueError(f"now={now} is earlier than the previous event at {self._now}")
-        self._now = max(self._now, now)
 
     @property
     def round_summaries(self) -> list[RoundSummary]:

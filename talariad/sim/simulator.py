@@ -132,6 +132,15 @@ class Simulator:
 
     def _step(self, inst: SimInstance, now: float) -> None:
         end, wake = inst.start(now)
+        # NOTE: an action ending strictly before every queued event would be popped next anyway:
+        # finish it here instead of a heap round trip (ties go through the heap, which orders them)
+        while end is not None and (not self._heap or end < self._heap[0][0]) and self._left:
+            if end > MAX_VIRTUAL_S:
+                break
+            self._now = now = end
+            for c in inst.finish(now):
+                self._complete(inst, c, now)
+            end, wake = inst.start(now)
         if end is not None:
             self._push(end, DONE, inst.name)
         elif wake is not None:
