@@ -218,10 +218,11 @@ def start_direct(tmp: Path) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-def start_talariad(tmp: Path) -> tuple[subprocess.Popen, int]:
+def start_talariad(tmp: Path, extra: str = "") -> tuple[subprocess.Popen, int]:
+    """`extra`: more top-level YAML for the config (e.g. a `policy:` block)."""
     port = _free_port()
     cfg = tmp / "talaria.yaml"
-    cfg.write_text(CONFIG.format(port=port, admin=tmp / "admin.sock", model=MODEL))
+    cfg.write_text(CONFIG.format(port=port, admin=tmp / "admin.sock", model=MODEL) + extra)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "talariad.cli", "run", "--config", str(cfg),
                              "--log-level", "warning"], env=env, stdout=subprocess.PIPE, text=True)

@@ -112,6 +112,10 @@ class PolicyConfig(_Strict):
     """Snapshots older than this exclude an instance from non-reserved placement (§4.1)."""
     telemetry_interval_s: float = Field(default=0.25, gt=0)
     """How often the gateway polls each instance's telemetry (the control-plane heartbeat)."""
+    session_idle_s: float = Field(default=3600.0, gt=0)
+    """The router and gateway forget a session idle this long (its KV is long gone by then)."""
+    max_sessions: int = Field(default=100_000, ge=1)
+    """Most sessions the router and gateway remember; past it the least recently used is forgotten."""
 
 
 class AblationConfig(_Strict):

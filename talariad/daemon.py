@@ -29,7 +29,8 @@ class Daemon:
                                            on_telemetry=self.routing.observe,
                                            on_down=self.routing.instance_down,
                                            on_unhealthy=self.routing.unhealthy,
-                                           sockets=self._sockets)
+                                           sockets=self._sockets,
+                                           on_payload=lambda name, n: self.gateway.metrics.telemetry_bytes.labels(name).set(n))
         self.gateway = Gateway(cfg, self.directory, self.routing, self._healthy)
         self.endpoint = ""
 

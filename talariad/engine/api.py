@@ -2,23 +2,47 @@
 
 from __future__ import annotations
 
+import random
+
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from talariad.engine.messages import GenerateRequest, Telemetry
+from talariad.engine.messages import GenerateRequest, SessionKV, Telemetry
 from talariad.engine.worker import Worker
+
+
+class SessionDeltas:
+    """Per-session KV telemetry as changes since the consumer's last view, so a poll's size follows
+    what changed, not how many sessions exist. One base view is kept: a consumer whose `since` is
+    not the latest view (another poller, a lost reply, a restarted instance) gets the whole list."""
+
+    def __init__(self) -> None:
+        self.epoch = random.getrandbits(62)  # a restarted instance never continues an old view
+        self.sent: dict[tuple[str, str], SessionKV] = {}
+
+    def apply(self, t: Telemetry, since: int | None) -> Telemetry:
+        now = {(s.session_id, s.model): s for s in t.sessions}
+        base, self.epoch = self.epoch, self.epoch + 1
+        if since is not None and since == base:
+            changed = [s for k, s in now.items() if self.sent.get(k) != s]
+            removed = [k for k in self.sent if k not in now]
+            t = t.model_copy(update={"sessions": changed, "sessions_removed": removed, "sessions_base": base})
+        self.sent = now
+        return t.model_copy(update={"sessions_epoch": self.epoch})
 
 
 def build_app(worker: Worker) -> FastAPI:
     app = FastAPI(title=f"talaria instance {worker.inst.name}", docs_url=None, redoc_url=None)
+    deltas = SessionDeltas()
 
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "instance": worker.inst.name}
 
     @app.get("/internal/telemetry")
-    async def telemetry() -> Telemetry:
-        return worker.telemetry()
+    async def telemetry(since: int | None = None) -> Telemetry:
+        """`since`: the `sessions_epoch` of the caller's last snapshot (sessions as changes)."""
+        return deltas.apply(worker.telemetry(), since)
 
     @app.get("/internal/memory")
     async def memory() -> dict:

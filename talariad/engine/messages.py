@@ -104,3 +104,9 @@ class Telemetry(BaseModel):
     deadline_risk_share: float = 0.0
     """Share of the last rounds whose wall time exceeded γ·T_TTFT."""
     restore_s_per_token: float | None = None
+    sessions_epoch: int | None = None
+    """Names this snapshot's session view; pass it back as `?since=` to get only what changes."""
+    sessions_base: int | None = None
+    """None: `sessions` is the whole list. Else `sessions` holds only entries that changed since the
+    view named `sessions_base`, and `sessions_removed` the (session, model) pairs it no longer has."""
+    sessions_removed: list[tuple[str, str]] = Field(default_factory=list)

@@ -80,6 +80,8 @@ async def _connection(worker, reader: asyncio.StreamReader, writer: asyncio.Stre
                 break
     except (ConnectionError, asyncio.IncompleteReadError) as err:
         log.debug("call stream closed: %s", err)
+    except asyncio.CancelledError:  # the instance is shutting down; nothing awaits this task
+        pass
     finally:
         writer.close()
 

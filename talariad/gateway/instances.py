@@ -28,8 +28,10 @@ class InstanceDirectory:
                  on_telemetry: Callable[[Telemetry, float], None] | None = None,
                  on_down: Callable[[str, float], None] | None = None,
                  on_unhealthy: Callable[[str, float], None] | None = None,
-                 sockets: Callable[[], dict[str, str | None]] | None = None):
-        self.urls, self.interval_s, self.sockets = urls, interval_s, sockets
+                 sockets: Callable[[], dict[str, str | None]] | None = None,
+                 on_payload: Callable[[str, int], None] | None = None):
+        self.urls, self.interval_s, self.sockets, self.on_payload = urls, interval_s, sockets, on_payload
+        self._epochs: dict[str, int | None] = {}  # the session view each instance last sent us
         self.streams = StreamClient()
         self.on_telemetry, self.on_down, self.on_unhealthy = on_telemetry, on_down, on_unhealthy
         self.snapshots: dict[str, tuple[float, Telemetry]] = {}
@@ -51,11 +53,18 @@ class InstanceDirectory:
         await asyncio.gather(*(self._poll(n, u) for n, u in urls.items() if u))
 
     async def _poll(self, name: str, url: str) -> None:
+        # sessions come as changes since the view we hold (`since`); on_telemetry sees every
+        # reply in order, so it can apply them (RouterShell.observe)
+        since = self._epochs.get(name)
         try:
-            r = await self.client.get(f"{url}/internal/telemetry", timeout=2.0)
+            r = await self.client.get(f"{url}/internal/telemetry", timeout=2.0,
+                                      params={"since": since} if since is not None else None)
             r.raise_for_status()
-            now, telemetry = time.monotonic(), Telemetry.model_validate(r.json())
+            now, telemetry = time.monotonic(), Telemetry.model_validate_json(r.content)
+            self._epochs[name] = telemetry.sessions_epoch
             self.snapshots[name] = (now, telemetry)
+            if self.on_payload:
+                self.on_payload(name, len(r.content))
             if self.on_telemetry:
                 self.on_telemetry(telemetry, now)
         except (httpx.HTTPError, ValueError) as err:

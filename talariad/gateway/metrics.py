@@ -21,3 +21,5 @@ class GatewayMetrics:
         self.cached_tokens = Counter("talaria_prefix_cache_hit_tokens", "Prompt tokens served from a reused prefix",
                                      ["model", "source"], registry=r)
         self.running = Gauge("talaria_requests_running", "Calls in flight at the gateway", ["model"], registry=r)
+        self.telemetry_bytes = Gauge("talaria_telemetry_payload_bytes", "Size of an instance's latest telemetry reply",
+                                     ["instance"], registry=r)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import OrderedDict
 
 from talariad.config import TalariaConfig
 from talariad.engine.messages import Telemetry
@@ -24,10 +25,14 @@ def router_knobs(cfg: TalariaConfig) -> RouterKnobs:
                        admission_unit_s=p.admission_unit_s, replica_penalty_s=p.replica_penalty_s,
                        staleness_s=p.staleness_s, heartbeat_s=max(p.staleness_s, 3 * p.telemetry_interval_s),
                        overload=p.overload, queue_limit=p.queue_limit, queue_timeout_s=p.queue_timeout_s,
-                       reservations=a.reservations, residency_terms=a.residency_terms)
+                       reservations=a.reservations, residency_terms=a.residency_terms,
+                       session_idle_s=p.session_idle_s, max_sessions=p.max_sessions)
 
 
-def snapshot(t: Telemetry, allowed: list[str], taken_at: float, healthy: bool) -> InstanceSnapshot:
+def snapshot(t: Telemetry, allowed: list[str], taken_at: float, healthy: bool,
+             sessions: dict | None = None) -> InstanceSnapshot:
+    """The router's view of one telemetry reply; `sessions`: the merged session view when the
+    reply carries only changes (default: the reply's own list)."""
     models = {}
     for m in allowed:
         load = t.model_load.get(m)
@@ -38,7 +43,8 @@ def snapshot(t: Telemetry, allowed: list[str], taken_at: float, healthy: bool) -
                                    running_calls=load.running if load else 0,
                                    switch_cost_s=load.switch_cost_s if load else None,
                                    open_cost_s=load.open_cost_s if load else None)
-    sessions = {(s.session_id, s.model): SessionKV(KVState(s.state), s.kv_len) for s in t.sessions}
+    if sessions is None:
+        sessions = {(s.session_id, s.model): SessionKV(KVState(s.state), s.kv_len) for s in t.sessions}
     return InstanceSnapshot(
         instance=t.instance, version=t.version, taken_at=taken_at, pool=Pool(t.pool), healthy=healthy,
         allowed_models=frozenset(allowed), models=models, sessions=sessions,
@@ -54,8 +60,9 @@ class PrefixTracker:
     of the next prompt; we keep two digests per session rather than the text itself.
     """
 
-    def __init__(self) -> None:
-        self._last: dict[tuple[str, str], tuple[int, bytes, int, bytes]] = {}
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self._last: OrderedDict[tuple[str, str], tuple[int, bytes, int, bytes]] = OrderedDict()
+        self.max_entries = max_entries  # least recently remembered first out
 
     @staticmethod
     def _digest(text: str) -> bytes:
@@ -73,20 +80,36 @@ class PrefixTracker:
     def remember(self, session: str, model: str, prompt: str, answer: str) -> None:
         full = prompt + answer
         self._last[(session, model)] = (len(prompt), self._digest(prompt), len(full), self._digest(full))
+        self._last.move_to_end((session, model))
+        if len(self._last) > self.max_entries:
+            self._last.popitem(last=False)
 
 
 class RouterShell:
     def __init__(self, cfg: TalariaConfig, profiles: dict[str, LatencyProfile]):
         self.router = Router(router_knobs(cfg), profiles, policy=cfg.policy.router)
         self.allowed = {i.name: list(i.models) for i in cfg.instances}
-        self.prefixes = PrefixTracker()
+        self.prefixes = PrefixTracker(cfg.policy.max_sessions)
         self._changed = asyncio.Event()
         self._expired_at = float("-inf")
+        self._sessions: dict[str, dict[tuple[str, str], SessionKV]] = {}  # per instance, merged
 
     def observe(self, t: Telemetry, now: float) -> None:
-        if self.router.observe(snapshot(t, self.allowed[t.instance], now, True), now):
+        """Install one telemetry reply; replies of an instance must come in order (deltas)."""
+        view = self._merge(t)
+        if self.router.observe(snapshot(t, self.allowed[t.instance], now, True, dict(view)), now):
             self._changed.set()
         self._expire(now)
+
+    def _merge(self, t: Telemetry) -> dict[tuple[str, str], SessionKV]:
+        view = self._sessions.setdefault(t.instance, {})
+        if t.sessions_base is None:
+            view.clear()
+        for key in t.sessions_removed:
+            view.pop(tuple(key), None)
+        for s in t.sessions:
+            view[(s.session_id, s.model)] = SessionKV(KVState(s.state), s.kv_len)
+        return view
 
     def unhealthy(self, instance: str, now: float) -> None:
         """A telemetry poll failed: the instance is alive but not answering; leases on it lapse."""
@@ -101,6 +124,7 @@ class RouterShell:
 
     def instance_down(self, instance: str, now: float) -> None:
         """The supervisor lost the process: forget it; its restart reports in as a new instance."""
+        self._sessions.pop(instance, None)
         if any(s.instance == instance for s in self.router.instances(now)):
             self.router.remove_instance(instance, now)
 

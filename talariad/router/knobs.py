@@ -68,8 +68,12 @@ class RouterKnobs:
     ewma_alpha: float = 0.2
     """Weight of a new round summary in the per-model latency-profile EWMA."""
 
-    session_idle_s: float = 14400.0
-    """A session-table row idle this long is forgotten (SGLang's sticky map uses 4 h)."""
+    session_idle_s: float = 3600.0
+    """A session-table row idle this long is forgotten (SGLang's sticky map uses 4 h; an agent
+    session idle for an hour has long lost its KV anyway)."""
+
+    max_sessions: int = 100_000
+    """Most session-table rows kept; past it the least recently used row is forgotten."""
 
     seed: int = 0
     """Seed of the per-router RNG that seeded baseline policies (random, power-of-two) draw from."""
@@ -77,7 +81,7 @@ class RouterKnobs:
     def __post_init__(self) -> None:
         _check_nonneg(self, "tau_s", "admission_unit_s", "replica_penalty_s", "hbm_price_s_per_gib")
         _check_positive(self, "ttft_target_s", "control_window_s", "staleness_s", "heartbeat_s")
-        _check_positive(self, "queue_timeout_s", "session_idle_s")
+        _check_positive(self, "queue_timeout_s", "session_idle_s", "max_sessions")
         if not 0.0 < self.gamma < 1.0:
             raise ValueError(f"gamma must satisfy 0 < gamma < 1 (Eq. 5), got {self.gamma!r}")
         if not 0.0 < self.ewma_alpha <= 1.0:

@@ -34,7 +34,8 @@ class Router:
         self.knobs = knobs
         self._policy = POLICIES.get(policy)(knobs, random.Random(knobs.seed))
         self._profiles = ProfileBook(profiles, knobs.ewma_alpha)
-        self._leases, self._sessions, self._instances = LeaseBook(), SessionTable(), InstanceBook()
+        self._leases, self._instances = LeaseBook(), InstanceBook()
+        self._sessions = SessionTable(knobs.max_sessions)
         self._demand = DemandTracker(knobs.control_window_s)
         self._cost = CostModel(knobs, self._profiles, self._leases, self._sessions)
         self._view = ClusterView(knobs, self._instances, self._sessions, self._leases,

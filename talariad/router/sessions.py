@@ -120,11 +120,13 @@ class KVRecord:
 
 
 class SessionTable:
-    """Per session id: last serving instance, model, observed KV length, last-use time (§4.1)."""
+    """Per session id: last serving instance, model, observed KV length, last-use time (§4.1).
+    At most `max_rows` rows: a new session past that forgets the least recently used one."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_rows: int | None = None) -> None:
         self._rows: OrderedDict[str, _Row] = OrderedDict()  # least recently used first
-        self._kv: dict[LeaseKey, KVRecord] = {}
+        self._kv: dict[str, dict[str, KVRecord]] = {}  # session -> model -> record
+        self.max_rows = max_rows
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -133,18 +135,22 @@ class SessionTable:
         return self._rows.get(session_id)
 
     def kv_record(self, session_id: str, model: str) -> KVRecord | None:
-        return self._kv.get((session_id, model))
+        per_model = self._kv.get(session_id)
+        return per_model.get(model) if per_model is not None else None
 
     def completed(self, session_id: str, model: str, instance: str, state: KVState,
                   kv_len: int, now: float) -> None:
         self.touch(session_id, instance, model, kv_len, now)
-        self._kv[(session_id, model)] = KVRecord(instance, state, kv_len, now)
+        self._kv.setdefault(session_id, {})[model] = KVRecord(instance, state, kv_len, now)
 
     def touch(self, session_id: str, instance: str | None, model: str | None, kv_len: int,
               now: float) -> None:
         row = self._rows.get(session_id)
         if row is None:
             self._rows[session_id] = _Row(instance, model, kv_len, now)
+            if self.max_rows is not None and len(self._rows) > self.max_rows:
+                gone, _ = self._rows.popitem(last=False)
+                self._kv.pop(gone, None)
             return
         row.instance, row.model, row.kv_len, row.last_used = instance, model, kv_len, now
         self._rows.move_to_end(session_id)
@@ -158,9 +164,8 @@ class SessionTable:
                 break
             del self._rows[sid]
             gone.append(sid)
-        if gone:
-            dropped = set(gone)
-            self._kv = {k: v for k, v in self._kv.items() if k[0] not in dropped}
+        for sid in gone:
+            self._kv.pop(sid, None)
         return gone
 
     def entries(self, leases: LeaseBook) -> tuple[SessionEntry, ...]:
