@@ -7,7 +7,7 @@ import random
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from talariad.engine.messages import GenerateRequest, SessionKV, Telemetry
+from talariad.engine.messages import GenerateRequest, Telemetry
 from talariad.engine.worker import Worker
 
 
@@ -18,14 +18,15 @@ class SessionDeltas:
 
     def __init__(self) -> None:
         self.epoch = random.getrandbits(62)  # a restarted instance never continues an old view
-        self.sent: dict[tuple[str, str], SessionKV] = {}
+        self.sent: dict[tuple[str, str], tuple[str, int]] = {}  # what the consumer holds
 
     def apply(self, t: Telemetry, since: int | None) -> Telemetry:
-        now = {(s.session_id, s.model): s for s in t.sessions}
+        now = {(s.session_id, s.model): (s.state, s.kv_len) for s in t.sessions}
         base, self.epoch = self.epoch, self.epoch + 1
         if since is not None and since == base:
-            changed = [s for k, s in now.items() if self.sent.get(k) != s]
-            removed = [k for k in self.sent if k not in now]
+            sent = self.sent
+            changed = [s for s in t.sessions if sent.get((s.session_id, s.model)) != (s.state, s.kv_len)]
+            removed = list(sent.keys() - now.keys())
             t = t.model_copy(update={"sessions": changed, "sessions_removed": removed, "sessions_base": base})
         self.sent = now
         return t.model_copy(update={"sessions_epoch": self.epoch})
