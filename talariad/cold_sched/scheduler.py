@@ -220,6 +220,9 @@ class ColdScheduler(SlotPolicy):
         self._open_slot(action.to_model, now)
 
     def _record_phase(self, action: Prefill | Decode, measured_s: float) -> None:
+        if action.__class__ is Decode:  # the per-step case: one phase, no split
+            self._record_seconds(self._label, measured_s)
+            return
         split = {self._label: measured_s}
         if isinstance(action, Prefill) and action.predicted_s > 0:
             restore = restore_batch_s(action.calls, self.profiles[action.model])

@@ -18,7 +18,7 @@ from talariad.cold_sched import ColdScheduler, Completion, Decode, Idle, Prefill
 from talariad.cold_sched.snapshot import (deadline_risk_share, queued_suffix_tokens, round_load_s,
                                           round_remaining_s, switch_path)
 from talariad.router import InstanceSnapshot, ModelResidency, ModelState, RoundMeasurement, SessionKV
-from talariad.sim.costs import action_seconds
+from talariad.sim.costs import action_seconds, decode_seconds
 from talariad.sim.memory import SimMemory
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath
 
@@ -82,6 +82,10 @@ class SimInstance:
         """Ask the scheduler for the next action: (end time, None) if one started, else
         (None, wake-up time or None)."""
         action = self.sched.next_action(now)
+        if action.__class__ is Decode:  # most actions: the same seconds as action_seconds()
+            seconds = decode_seconds(action, self.profiles[action.model])
+            self.action, self.end_s, self._measured = action, now + seconds, seconds
+            return self.end_s, None
         if isinstance(action, Idle):
             return None, action.until
         if isinstance(action, Switch):
