@@ -8,8 +8,10 @@ import enum
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -54,9 +56,11 @@ class Supervisor:
         self.procs = {i.name: Managed(i) for i in cfg.instances}
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
+        self.socket_dir = ""  # the instances' call-stream sockets, made by start()
 
     async def start(self) -> None:
         """Spawn every instance and return once all reported ready (or raise on timeout)."""
+        self.socket_dir = tempfile.mkdtemp(prefix="talaria-")  # mode 0700: only this user reaches them
         self._tasks = [asyncio.create_task(self._keep(m)) for m in self.procs.values()]
         waits = [asyncio.wait_for(m.ready.wait(), self.cfg.supervisor.ready_timeout_s) for m in self.procs.values()]
         try:
@@ -84,6 +88,7 @@ class Supervisor:
         m.state = ProcState.STARTING
         m.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "talariad.engine", "--config", self.config_path, "--instance", m.inst.name,
+            "--socket", os.path.join(self.socket_dir, f"{m.inst.name}.sock"),
             stdout=asyncio.subprocess.PIPE, env={**os.environ, "TALARIA_PARENT_PID": str(os.getpid())},
         )
         m.pid = m.proc.pid
@@ -113,6 +118,8 @@ class Supervisor:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for m in self.procs.values():
             m.state = ProcState.STOPPED
+        if self.socket_dir:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 def _ready_port(line: bytes) -> int | None:

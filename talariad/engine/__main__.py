@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import json
 import logging
@@ -34,10 +35,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", required=True)
     p.add_argument("--instance", required=True)
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--socket", help="unix socket path of the call stream (default: in a new temp folder)")
     return p.parse_args(argv)
 
 
-async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str, config_dir: Path) -> int:
+async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str, config_dir: Path,
+                 socket_path: str | None = None) -> int:
     stop = httpserver.stop_event()
     try:
         worker = build_worker(cfg, inst, config_dir)
@@ -47,17 +50,21 @@ async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str, config_dir
     loop = asyncio.create_task(worker.run())
     sock = httpserver.bind(host, 0)
     server, task = await httpserver.start(build_app(worker), sock)
-    sock_dir = tempfile.mkdtemp(prefix="talaria-")  # mode 0700: only this user reaches the socket
-    calls = await stream.serve(worker, os.path.join(sock_dir, "calls.sock"))
+    own_dir = None if socket_path else tempfile.mkdtemp(prefix="talaria-")  # mode 0700
+    socket_path = socket_path or os.path.join(own_dir, "calls.sock")
+    calls = await stream.serve(worker, socket_path)
     try:
-        print(json.dumps({"ready": True, "port": sock.getsockname()[1],
-                          "socket": os.path.join(sock_dir, "calls.sock")}), flush=True)
+        print(json.dumps({"ready": True, "port": sock.getsockname()[1], "socket": socket_path}), flush=True)
         await asyncio.wait([task, loop, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         server.should_exit = True
         calls.close()
         await task
     finally:
-        shutil.rmtree(sock_dir, ignore_errors=True)
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(socket_path)
     if loop.done():  # the scheduler loop died: exit non-zero so the supervisor restarts us
         log.error("instance loop stopped", exc_info=loop.exception())
         return 1
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: instances: no instance named {args.instance!r}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {inst.name}: %(message)s")
-    return asyncio.run(_serve(cfg, inst, args.host, Path(args.config).resolve().parent))
+    return asyncio.run(_serve(cfg, inst, args.host, Path(args.config).resolve().parent, args.socket))
 
 
 if __name__ == "__main__":
