@@ -177,15 +177,14 @@ class CostModel:
     def passes_eq2(self, plan: CallPlan, inst: InstanceState, cand: CandidateCost,
                    gain: float) -> bool:
         """Eq. (2): open a fresh replica only if gain > T_swap + μ_j·ΔW_m + ν_m."""
-        return self.passes_eq2_on(plan, inst.snapshot, self.model_state(inst, plan.call.model),
-                                  cand, gain)
+        snap = inst.snapshot
+        return self.passes_eq2_on(plan, replica_facts(snap, plan.call.model),
+                                  self.model_state(inst, plan.call.model), cand, gain)
 
-    def passes_eq2_on(self, plan: CallPlan, snap, state: ModelState, cand: CandidateCost,
+    def passes_eq2_on(self, plan: CallPlan, facts: tuple, state: ModelState, cand: CandidateCost,
                       gain: float) -> bool:
-        """Eq. (2) from a snapshot and the model's state there (pure: for lazy explanations)."""
-        res = snap.residency(plan.call.model)
-        return gain > self._replica_cost(plan.call.model, plan.profile, res, state, snap,
-                                         cand.activation_s)
+        """Eq. (2) from `replica_facts` and the model's state there (pure: lazy explanations)."""
+        return gain > self._replica_cost(plan.call.model, plan.profile, state, facts, cand.activation_s)
 
     def inflight(self, plan: CallPlan, inst: InstanceState, cand: CandidateCost | None,
                  now: float) -> InFlight:
@@ -218,15 +217,22 @@ class CostModel:
         backlog += demand.work_s(model, now) + self.leases.by_model.get(model, 0) * self.knobs.admission_unit_s
         return backlog / (open_replicas * (open_replicas + 1))
 
-    def _replica_cost(self, model: str, prof: LatencyProfile, res, state: ModelState, snap,
+    def _replica_cost(self, model: str, prof: LatencyProfile, state: ModelState, facts: tuple,
                       activation: float) -> float:
         """Right side of Eq. (2): T_swap + μ_j·ΔW_m + ν_m; μ_j rises with KV occupancy and with
         the share of ΔW that the instance's staging slack cannot cover."""
+        res, kv_occupancy, staging_slack = facts
         added = _added_weights(prof, res, state)
-        u = min(max(snap.kv_occupancy, 0.0), 0.95)
-        uncovered = max(added - snap.staging_slack_bytes, 0) / added if added > 0 else 0.0
+        u = min(max(kv_occupancy, 0.0), 0.95)
+        uncovered = max(added - staging_slack, 0) / added if added > 0 else 0.0
         mu = self.knobs.hbm_price_s_per_gib * (1.0 + u / (1.0 - u)) * (1.0 + uncovered)
         return activation + mu * added / GIB + self.knobs.replica_penalty(model)
+
+
+def replica_facts(snap, model: str) -> tuple:
+    """What Eq. (2)'s replica cost reads from a snapshot: the model's residency, KV occupancy and
+    staging slack (a lazy explanation keeps these, not the whole snapshot)."""
+    return snap.residency(model), snap.kv_occupancy, snap.staging_slack_bytes
 
 
 def _recompute_s(plan: CallPlan, missing: int) -> float:

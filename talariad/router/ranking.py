@@ -51,24 +51,28 @@ def rank(cost: CostModel, plan: CallPlan, insts: list[InstanceState],
     k, prof = cost.knobs, plan.profile
     if not prof.decode_s_per_seq >= 0.0 or not k.admission_unit_s >= 0.0:
         return rank_all(cost, plan, insts, every, demand, now)  # the bound needs these terms >= 0
-    search = _Search(cost, plan, every, demand, now)
-    plain = search.score_special(insts)
+    search = _Search(cost, plan, every, demand, now, len(insts))
+    bounds, idxs = search.score_special(insts)
     common = plan.prefill_s + plan.decode_s + plan.call.max_tokens * prof.decode_s_per_seq
     if k.residency_terms:
         common += _recompute_s(plan, plan.call.prefix_tokens)
-    plain.sort()
-    for n, (bound, idx) in enumerate(plain):
-        if search.beaten(bound + common):  # every later instance is bounded at least as high
-            return search.result(insts, [i for _, i in plain[n:]])
-        search.score(idx, insts[idx])
-    return search.result(insts, [])
+    order = sorted(range(len(bounds)), key=bounds.__getitem__)  # stable: ties keep name order
+    for n, j in enumerate(order):
+        if search.beaten(bounds[j] + common):  # every later instance is bounded at least as high
+            return search.result(insts, [idxs[m] for m in order[n:]])
+        search.score(idxs[j], insts[idxs[j]])
+    return search.result(insts, ())
 
 
 class _Search:
+    # NOTE: few container allocations per call: each one brings the next GC pass nearer, and a
+    # pass that lands inside place() is its tail latency
+    __slots__ = ("cost", "plan", "every", "demand", "now", "scored", "best", "_gain")
+
     def __init__(self, cost: CostModel, plan: CallPlan, every: InstanceBook,
-                 demand: DemandTracker, now: float) -> None:
+                 demand: DemandTracker, now: float, n: int) -> None:
         self.cost, self.plan, self.every, self.demand, self.now = cost, plan, every, demand, now
-        self.scored: dict[int, CandidateCost] = {}
+        self.scored: list[CandidateCost | None] = [None] * n
         self.best: CandidateCost | None = None
         self._gain: float | None = None
 
@@ -77,12 +81,14 @@ class _Search:
             self._gain = self.cost.replica_gain(self.plan, self.every, self.demand, self.now)
         return self._gain
 
-    def score_special(self, insts: list[InstanceState]) -> list[tuple[float, int]]:
-        """Score the instances whose cost the bound does not cover; (bound, index) of the rest."""
+    def score_special(self, insts: list[InstanceState]) -> tuple[list[float], list[int]]:
+        """Score the instances whose cost the bound does not cover; the bounds and indexes of
+        the rest."""
         cost, plan = self.cost, self.plan
         model, key, rec, prof = plan.call.model, plan.key, plan.kv_record, plan.profile
         ppt, activation_counts = prof.prefill_s_per_token, cost.knobs.residency_terms
-        plain = []
+        bounds: list[float] = []
+        idxs: list[int] = []
         for idx, inst in enumerate(insts):
             row = cost.row(inst, model, prof)
             ov = inst.ov_model.get(model)
@@ -92,9 +98,9 @@ class _Search:
                 self.score(idx, inst)
                 continue
             # queue without lease charges, plus activation (row: see CostModel._row)
-            bound = row[7] * (row[8] + ppt * row[1]) + (row[4] if activation_counts else 0.0)
-            plain.append((bound, idx))
-        return plain
+            bounds.append(row[7] * (row[8] + ppt * row[1]) + (row[4] if activation_counts else 0.0))
+            idxs.append(idx)
+        return bounds, idxs
 
     def score(self, idx: int, inst: InstanceState) -> None:
         cost, plan = self.cost, self.plan
@@ -105,7 +111,8 @@ class _Search:
                 cand = cand._replace(feasible=False, reason="eq2")
         self.scored[idx] = cand
         best = self.best
-        if cand.feasible and (best is None or _rank(cand) < _rank(best)):
+        if cand.feasible and (best is None or cand.total_s < best.total_s
+                              or (cand.total_s == best.total_s and cand.instance < best.instance)):
             self.best = cand
 
     def beaten(self, bound: float) -> bool:
@@ -114,47 +121,59 @@ class _Search:
             return False
         return bound > best.total_s + _RELATIVE_SLACK * abs(best.total_s) + 1e-12
 
-    def result(self, insts: list[InstanceState], skipped: list[int]) -> Ranking:
+    def result(self, insts: list[InstanceState], skipped) -> Ranking:
+        scored = self.scored
         if not skipped:
-            return Ranking(self.best, tuple(self.scored[i] for i in range(len(insts))))
+            return Ranking(self.best, tuple(scored))
         cost, model = self.cost, self.plan.call.model
-        leases, captured, replica = cost.leases.by_instance, {}, False
-        for i in skipped:  # what `CostModel.inputs` would read; no session KV, no overlay here
+        leases, replica = cost.leases.by_instance, False
+        flat: list = []  # what `CostModel.inputs` would read, _CAPTURED values per skipped instance
+        for i in skipped:  # no session KV and no overlay for the model there (not special)
             inst = insts[i]
-            per_model, row = leases.get(inst.name), inst.rows[model]
-            captured[i] = (inst.name, row, per_model.get(model, 0) if per_model else 0,
-                           per_model.get(None, 0) if per_model else 0, inst.ov_work_s, inst.ov_hbm,
-                           inst.snapshot)
+            per_model, row, snap = leases.get(inst.name), inst.rows[model], inst.snapshot
+            scored[i] = len(flat)  # type: ignore[call-overload]  # where its values start
+            flat.append(inst.name)
+            flat.append(row)
+            flat.append(per_model.get(model, 0) if per_model else 0)
+            flat.append(per_model.get(None, 0) if per_model else 0)
+            flat.append(inst.ov_work_s)
+            flat.append(inst.ov_hbm)
+            flat.append(snap.models.get(model) or snap.residency(model))  # not the snapshot: small
+            flat.append(snap.kv_occupancy)
+            flat.append(snap.staging_slack_bytes)
             replica = replica or row[5]
         # Eq. (2) may mark a skipped candidate: keep the gain of this moment for the rendering
         gain = self.gain() if replica and cost.knobs.residency_terms else None
-        entries = [self.scored.get(i) or captured[i] for i in range(len(insts))]
-        return Ranking(self.best, LazyCandidates(cost, self.plan, entries, gain))
+        return Ranking(self.best, LazyCandidates(cost, self.plan, scored, flat, gain))
 
+
+_CAPTURED = 9
 
 class LazyCandidates(Sequence):
     """The per-candidate breakdown of one placement, scored from captured inputs when first read."""
 
-    __slots__ = ("_cost", "_plan", "_entries", "_gain", "_rendered")
+    __slots__ = ("_cost", "_plan", "_entries", "_flat", "_gain", "_rendered")
 
-    def __init__(self, cost: CostModel, plan: CallPlan, entries: list, gain: float | None) -> None:
-        self._cost, self._plan, self._entries, self._gain = cost, plan, entries, gain
+    def __init__(self, cost: CostModel, plan: CallPlan, entries: list, flat: list,
+                 gain: float | None) -> None:
+        """entries: a candidate, or where a skipped instance's captured values start in `flat`."""
+        self._cost, self._plan, self._entries, self._flat, self._gain = cost, plan, entries, flat, gain
         self._rendered: tuple[CandidateCost, ...] | None = None
 
     def _all(self) -> tuple[CandidateCost, ...]:
         if self._rendered is None:
-            self._rendered = tuple(e if isinstance(e, CandidateCost) else self._render(*e)
+            self._rendered = tuple(e if isinstance(e, CandidateCost) else self._render(e)
                                    for e in self._entries)
-            self._entries = []
+            self._entries, self._flat = [], []
         return self._rendered
 
-    def _render(self, name: str, row: tuple, leased: int, leased_all: int, ov_work_s: float,
-                ov_hbm: int, snap) -> CandidateCost:
+    def _render(self, at: int) -> CandidateCost:
         cost, plan, gain = self._cost, self._plan, self._gain
+        name, row, leased, leased_all, ov_work_s, ov_hbm, res, occupancy, slack = self._flat[at:at + _CAPTURED]
         cand = cost.score(plan, Inputs(name, row, None, KVState.MISSING, 0, leased, leased_all,
                                        ov_work_s, ov_hbm))
         if (cand.needs_replica and cand.feasible and gain is not None and not math.isinf(gain)
-                and not cost.passes_eq2_on(plan, snap, snap.residency(plan.call.model).state, cand, gain)):
+                and not cost.passes_eq2_on(plan, (res, occupancy, slack), res.state, cand, gain)):
             cand = cand._replace(feasible=False, reason="eq2")
         return cand
 
