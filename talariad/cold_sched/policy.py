@@ -73,9 +73,10 @@ class SlotPolicy:
         if slot.phase not in (SlotPhase.D1, SlotPhase.D) and not drained_sp:
             return False
         at_boundary = slot.decode_steps > 0 or not self.table.running
-        return at_boundary and any(
-            self.sp_eligible(r) for r in self.table.waiting_records(slot.model)
-        )
+        if not at_boundary:
+            return False
+        records = self.table.records
+        return any(self.sp_eligible(records[c]) for c in self.table.waiting[slot.model])
 
     def sp_eligible(self, rec: CallRecord) -> bool:
         """Active model, a continuation arrived after P, prefix on device or host-restorable."""

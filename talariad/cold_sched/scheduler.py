@@ -164,9 +164,8 @@ class ColdScheduler(SlotPolicy):
         return Decode(self.active, list(self.table.running), step)
 
     def _step(self, batch: int | None = None) -> float:
-        return self.profiles[self.active].decode_s(
-            max(1, len(self.table.running) if batch is None else batch)
-        )
+        n = len(self.table.running) if batch is None else batch
+        return self.profiles[self.active].decode_s(n if n > 1 else 1)
 
     def _finish_tokens(
         self,

@@ -191,8 +191,10 @@ class SimInstance:
     # ---- measurements for the router's profile EWMA ----------------------------------------
 
     def _measure(self, action: Prefill | Decode, seconds: float) -> None:
-        m = self._meas.setdefault(action.model, [0.0] * 6 + [None, None])
-        if isinstance(action, Decode):
+        m = self._meas.get(action.model)
+        if m is None:
+            m = self._meas[action.model] = [0.0] * 6 + [None, None]
+        if action.__class__ is Decode:
             m[2] += 1
             m[3] += seconds
             return
