@@ -30,12 +30,15 @@ class Daemon:
                                            on_down=self.routing.instance_down,
                                            on_unhealthy=self.routing.unhealthy,
                                            sockets=self._sockets,
-                                           on_payload=lambda name, n: self.gateway.metrics.telemetry_bytes.labels(name).set(n))
+                                           on_payload=self._telemetry_payload)
         self.gateway = Gateway(cfg, self.directory, self.routing, self._healthy)
         self.endpoint = ""
 
     def _urls(self) -> dict[str, str | None]:
         return {name: m.base_url for name, m in self.supervisor.procs.items()}
+
+    def _telemetry_payload(self, instance: str, nbytes: int) -> None:
+        self.gateway.metrics.telemetry_bytes.labels(instance).set(nbytes)
 
     def _sockets(self) -> dict[str, str | None]:
         return {name: m.call_socket for name, m in self.supervisor.procs.items()}

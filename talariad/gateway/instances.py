@@ -91,8 +91,9 @@ class InstanceDirectory:
 
     async def generate(self, instance: str, req: GenerateRequest) -> AsyncIterator[Event]:
         path = self.sockets().get(instance) if self.sockets else None
-        async with contextlib.aclosing(self._stream(instance, path, req) if path else self._http(instance, req)) as events:
-            async for ev in events:  # aclosing: a caller that stops early closes the hop at once
+        hop = self._stream(instance, path, req) if path else self._http(instance, req)
+        async with contextlib.aclosing(hop) as events:  # a caller that stops early closes the hop
+            async for ev in events:
                 yield ev
 
     async def _stream(self, instance: str, path: str, req: GenerateRequest) -> AsyncIterator[Event]:

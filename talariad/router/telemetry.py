@@ -251,7 +251,8 @@ class InstanceBook:
             raise AssertionError("call index holds calls no instance has in flight")
         fresh: dict[str, list[int]] = {}
         for inst in self._ordered:
-            for model in inst.open_share.keys() | inst.ov_model.keys() | (inst.snapshot.models.keys() if inst.snapshot else set()):
+            models = inst.snapshot.models.keys() if inst.snapshot else set()
+            for model in inst.open_share.keys() | inst.ov_model.keys() | models:
                 tokens = inst.open_tokens(model)
                 if tokens != inst.open_share.get(model):
                     raise AssertionError(f"open-replica share of {inst.name}/{model} out of step")
