@@ -8,7 +8,9 @@ explanation (a property test holds them equal on random states) but scores only
   session's KV is there (snapshot or a newer completion) or in-flight forwards of the model are;
 - the others in ascending order of a call-independent lower bound of Eq. (1) (queue and activation
   from the cached snapshot row, plus what every such instance pays alike: prefill, decode at batch
-  0, recompute of the whole prefix), stopping once the bound exceeds the best total found.
+  0, recompute of the whole prefix), stopping once the bound exceeds the best total found; while
+  nothing feasible is found, an instance is skipped only if it is infeasible (round or HBM check,
+  exact and cheap for these instances) and bounded above the cheapest one (the spill target).
 The instances it skips are captured as immutable `Inputs` and scored when the explanation is read.
 """
 
@@ -30,6 +32,7 @@ _RELATIVE_SLACK = 1e-9  # the bound is summed in another order than the total: a
 class Ranking(NamedTuple):
     best: CandidateCost | None  # the cheapest feasible candidate
     candidates: Sequence[CandidateCost]  # every eligible instance, in name order
+    cheapest: str | None  # the cheapest candidate ignoring feasibility (where a spill goes)
 
 
 def rank_all(cost: CostModel, plan: CallPlan, insts: list[InstanceState],
@@ -42,7 +45,8 @@ def rank_all(cost: CostModel, plan: CallPlan, insts: list[InstanceState],
             cands = [c._replace(feasible=False, reason="eq2")
                      if c.needs_replica and c.feasible and not cost.passes_eq2(plan, inst, c, gain)
                      else c for c, inst in zip(cands, insts)]
-    return Ranking(min((c for c in cands if c.feasible), key=_rank, default=None), tuple(cands))
+    return Ranking(min((c for c in cands if c.feasible), key=_rank, default=None), tuple(cands),
+                   min(cands, key=_rank).instance if cands else None)
 
 
 def rank(cost: CostModel, plan: CallPlan, insts: list[InstanceState],
@@ -57,23 +61,30 @@ def rank(cost: CostModel, plan: CallPlan, insts: list[InstanceState],
     if k.residency_terms:
         common += _recompute_s(plan, plan.call.prefix_tokens)
     order = sorted(range(len(bounds)), key=bounds.__getitem__)  # stable: ties keep name order
+    skipped: list[int] = []
     for n, j in enumerate(order):
-        if search.beaten(bounds[j] + common):  # every later instance is bounded at least as high
-            return search.result(insts, [idxs[m] for m in order[n:]])
-        search.score(idxs[j], insts[idxs[j]])
-    return search.result(insts, ())
+        bound, idx = bounds[j] + common, idxs[j]
+        if search.best is not None and search.beaten(bound):  # every later one is bounded as high
+            skipped += [idxs[m] for m in order[n:]]
+            break
+        if search.best is None and search.above_cheapest(bound) and search.infeasible(insts[idx]):
+            skipped.append(idx)  # cannot win, nor be the spill target
+            continue
+        search.score(idx, insts[idx])
+    return search.result(insts, skipped)
 
 
 class _Search:
     # NOTE: few container allocations per call: each one brings the next GC pass nearer, and a
     # pass that lands inside place() is its tail latency
-    __slots__ = ("cost", "plan", "every", "demand", "now", "scored", "best", "_gain")
+    __slots__ = ("cost", "plan", "every", "demand", "now", "scored", "best", "cheapest", "_gain")
 
     def __init__(self, cost: CostModel, plan: CallPlan, every: InstanceBook,
                  demand: DemandTracker, now: float, n: int) -> None:
         self.cost, self.plan, self.every, self.demand, self.now = cost, plan, every, demand, now
         self.scored: list[CandidateCost | None] = [None] * n
         self.best: CandidateCost | None = None
+        self.cheapest: CandidateCost | None = None  # feasible or not
         self._gain: float | None = None
 
     def gain(self) -> float:
@@ -110,21 +121,37 @@ class _Search:
             if not math.isinf(gain) and not cost.passes_eq2(plan, inst, cand, gain):
                 cand = cand._replace(feasible=False, reason="eq2")
         self.scored[idx] = cand
-        best = self.best
-        if cand.feasible and (best is None or cand.total_s < best.total_s
-                              or (cand.total_s == best.total_s and cand.instance < best.instance)):
+        if cand.feasible and _before(cand, self.best):
             self.best = cand
+        if _before(cand, self.cheapest):
+            self.cheapest = cand
 
     def beaten(self, bound: float) -> bool:
-        best = self.best
-        if best is None:
-            return False
-        return bound > best.total_s + _RELATIVE_SLACK * abs(best.total_s) + 1e-12
+        """The bound exceeds the best feasible total: such an instance cannot win."""
+        return _above(bound, self.best)
+
+    def above_cheapest(self, bound: float) -> bool:
+        return _above(bound, self.cheapest)
+
+    def infeasible(self, inst: InstanceState) -> bool:
+        """The round or HBM check fails for a plain instance (no session KV, no overlay for the
+        model there), computed as `CostModel.score` does."""
+        cost, plan = self.cost, self.plan
+        k, model = cost.knobs, plan.call.model
+        row = inst.rows[model]
+        per_model = cost.leases.by_instance.get(inst.name)
+        leased_all = per_model.get(None, 0) if per_model else 0
+        recovery = _recompute_s(plan, plan.call.prefix_tokens) if k.residency_terms else 0.0
+        activation = row[4] if k.residency_terms else 0.0
+        base = row[7] * (row[9] + inst.ov_work_s + k.admission_unit_s * leased_all)
+        if base > 0.0 and base + plan.prefill_s + recovery + activation > k.round_budget_s:
+            return True
+        return plan.kv_bytes + row[6] > row[12] - inst.ov_hbm
 
     def result(self, insts: list[InstanceState], skipped) -> Ranking:
-        scored = self.scored
+        scored, cheapest = self.scored, self.cheapest.instance if self.cheapest is not None else None
         if not skipped:
-            return Ranking(self.best, tuple(scored))
+            return Ranking(self.best, tuple(scored), cheapest)
         cost, model = self.cost, self.plan.call.model
         leases, replica = cost.leases.by_instance, False
         flat: list = []  # what `CostModel.inputs` would read, _CAPTURED values per skipped instance
@@ -144,7 +171,7 @@ class _Search:
             replica = replica or row[5]
         # Eq. (2) may mark a skipped candidate: keep the gain of this moment for the rendering
         gain = self.gain() if replica and cost.knobs.residency_terms else None
-        return Ranking(self.best, LazyCandidates(cost, self.plan, scored, flat, gain))
+        return Ranking(self.best, LazyCandidates(cost, self.plan, scored, flat, gain), cheapest)
 
 
 _CAPTURED = 9
@@ -198,3 +225,14 @@ class LazyCandidates(Sequence):
 
 def _rank(c: CandidateCost) -> tuple[float, str]:
     return (c.total_s, c.instance)
+
+
+def _before(cand: CandidateCost, other: CandidateCost | None) -> bool:
+    """`cand` ranks before `other` (lower total, ties by name); anything ranks before None."""
+    return other is None or cand.total_s < other.total_s or (
+        cand.total_s == other.total_s and cand.instance < other.instance)
+
+
+def _above(bound: float, cand: CandidateCost | None) -> bool:
+    """`bound` (summed in another order than a total) is surely above `cand`'s total."""
+    return cand is not None and bound > cand.total_s + _RELATIVE_SLACK * abs(cand.total_s) + 1e-12

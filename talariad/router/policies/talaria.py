@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from talariad.router.cost import CallPlan
 from talariad.router.messages import DecisionKind, CallRequest
-from talariad.router.policies.base import POLICIES, Choice, ClusterView, Policy, cheapest
+from talariad.router.policies.base import POLICIES, Choice, ClusterView, Policy
 from talariad.router.ranking import rank
 from talariad.types import KVState
 
@@ -51,10 +51,9 @@ class TalariaPolicy(Policy):
     def _cost_placement(self, plan: CallPlan, view: ClusterView, now: float,
                         note: str) -> Choice:
         insts = view.eligible(plan.call.model, now)
-        best, cands = self.ranker(view.cost, plan, insts, view.instances, view.demand, now)
+        best, cands, spill = self.ranker(view.cost, plan, insts, view.instances, view.demand, now)
         prefix = f"{note}; " if note else ""
         if best is None:
-            return Choice(None, DecisionKind.COST, cands, prefix + "no feasible instance",
-                          cheapest(cands))
+            return Choice(None, DecisionKind.COST, cands, prefix + "no feasible instance", spill)
         kind = DecisionKind.REPLICA_OPEN if best.needs_replica else DecisionKind.COST
         return Choice(best.instance, kind, cands, prefix + "min cost", best=best)
