@@ -21,15 +21,22 @@ class SessionDeltas:
         self.sent: dict[tuple[str, str], tuple[str, int]] = {}  # what the consumer holds
 
     def apply(self, t: Telemetry, since: int | None) -> Telemetry:
-        now = {(s.session_id, s.model): (s.state, s.kv_len) for s in t.sessions}
         base, self.epoch = self.epoch, self.epoch + 1
-        if since is not None and since == base:
-            sent = self.sent
-            changed = [s for s in t.sessions if sent.get((s.session_id, s.model)) != (s.state, s.kv_len)]
-            removed = list(sent.keys() - now.keys())
-            t = t.model_copy(update={"sessions": changed, "sessions_removed": removed, "sessions_base": base})
-        self.sent = now
-        return t.model_copy(update={"sessions_epoch": self.epoch})
+        if since is None or since != base:
+            self.sent = {(s.session_id, s.model): (s.state, s.kv_len) for s in t.sessions}
+            return t.model_copy(update={"sessions_epoch": self.epoch})
+        sent = self.sent  # updated in place: a poll's work follows what changed, bar one pass
+        changed = [s for s in t.sessions if sent.get((s.session_id, s.model)) != (s.state, s.kv_len)]
+        for s in changed:
+            sent[(s.session_id, s.model)] = (s.state, s.kv_len)
+        removed: list[tuple[str, str]] = []
+        if len(sent) != len(t.sessions):  # some pair is gone from the instance's list
+            now = {(s.session_id, s.model) for s in t.sessions}
+            removed = [k for k in sent if k not in now]
+            for k in removed:
+                del sent[k]
+        return t.model_copy(update={"sessions": changed, "sessions_removed": removed,
+                                    "sessions_base": base, "sessions_epoch": self.epoch})
 
 
 def build_app(worker: Worker) -> FastAPI:

@@ -112,3 +112,23 @@ def test_session_bounds_come_from_the_config():
     for n in range(3):
         tracker.remember(f"s{n}", "m", "p", "a")
     assert tracker.covered_chars("s0", "m", "pa") == 0 and tracker.covered_chars("s2", "m", "pa") == 2
+
+
+def test_session_deltas_report_changes_and_removals_against_the_consumers_view():
+    from talariad.engine.api import SessionDeltas
+    from talariad.engine.messages import SessionKV as Msg, Telemetry
+
+    def tel(*rows):
+        return Telemetry(instance="i", version=1, pool="cold", models=["m"], active_model=None, loaded_models=[],
+                         sessions=[Msg(session_id=s, model="m", state=st, kv_len=n) for s, st, n in rows])
+
+    d = SessionDeltas()
+    full = d.apply(tel(("a", "device", 10), ("b", "host", 20)), None)
+    assert full.sessions_base is None and len(full.sessions) == 2
+    delta = d.apply(tel(("a", "device", 10), ("b", "device", 25), ("c", "device", 5)), full.sessions_epoch)
+    assert delta.sessions_base == full.sessions_epoch and delta.sessions_removed == []
+    assert [(s.session_id, s.state, s.kv_len) for s in delta.sessions] == [("b", "device", 25), ("c", "device", 5)]
+    gone = d.apply(tel(("b", "device", 25)), delta.sessions_epoch)
+    assert gone.sessions == [] and sorted(map(tuple, gone.sessions_removed)) == [("a", "m"), ("c", "m")]
+    stale = d.apply(tel(("b", "device", 25)), full.sessions_epoch)  # an older view: the whole list
+    assert stale.sessions_base is None and [s.session_id for s in stale.sessions] == ["b"]
