@@ -127,7 +127,7 @@ class SessionLedger:
     def set(self, session: str, model: str, state: KVState, kv_len: int, now: float) -> None:
         if state.__class__ is not KVState:  # hot path: every decode step sets every running call
             state = KVState(state)
-        kv_len = 0 if state is KVState.MISSING else max(kv_len, 0)
+        kv_len = 0 if state is KVState.MISSING or kv_len < 0 else kv_len
         entry = self.entries.get((session, model))
         if entry is None:
             self.entries[(session, model)] = SessionKV(state, kv_len, now)

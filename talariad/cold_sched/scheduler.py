@@ -87,7 +87,7 @@ class ColdScheduler(SlotPolicy):
         if self._inflight is not None:
             raise RuntimeError(f"next_action() while {type(self._inflight).__name__} is in flight")
         action = self._next_pinned() if self.mode == "pinned" else self._next_time_shared(now)
-        if not isinstance(action, Idle):
+        if action.__class__ is not Idle:
             self._inflight = action
         return action
 
@@ -103,14 +103,15 @@ class ColdScheduler(SlotPolicy):
         """The driver ran `action`. tokens: emitted per call (default 1 each); finished: calls
         that hit a stop condition (default: generated >= max_tokens)."""
         self._tick(now)
-        if isinstance(action, Idle):
+        kind = action.__class__  # the action classes are final: a class test is an isinstance
+        if kind is Idle:
             return []
         if action is not self._inflight:
             raise ValueError(
                 f"finish() got {type(action).__name__} that is not the action in flight"
             )
         self._inflight = None
-        if isinstance(action, Switch):
+        if kind is Switch:
             self._finish_switch(action, now, measured_s, switch_path)
             return []
         self._record_phase(action, measured_s)
@@ -176,6 +177,18 @@ class ColdScheduler(SlotPolicy):
     ) -> list[Completion]:
         done = []
         records, ledger_set, device = self.table.records, self.ledger.set, KVState.DEVICE
+        if tokens is None and not finished:  # the per-step case: one token each, no stop hit
+            for cid in action.call_ids:
+                rec = records[cid]
+                rec.generated = generated = rec.generated + 1
+                if rec.first_token_at is None:
+                    rec.first_token_at = now
+                call = rec.call
+                if generated >= call.max_tokens:
+                    done.append(self._complete(rec, now))
+                else:
+                    ledger_set(call.session_id, call.model, device, call.prompt_tokens + generated, now)
+            return self._after_tokens(action, done)
         for cid in action.call_ids:
             rec = records[cid]
             rec.generated += 1 if tokens is None else max(0, tokens.get(cid, 0))
@@ -185,6 +198,9 @@ class ColdScheduler(SlotPolicy):
                 done.append(self._complete(rec, now))
             else:
                 ledger_set(rec.call.session_id, rec.call.model, device, rec.kv_len, now)
+        return self._after_tokens(action, done)
+
+    def _after_tokens(self, action: Prefill | Decode, done: list[Completion]) -> list[Completion]:
         if action.__class__ is Decode and self.slot is not None:
             self.slot.after_decode()
             if self.rounds.current is not None:

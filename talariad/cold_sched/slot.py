@@ -37,7 +37,7 @@ class Slot:
         return now - self.opened_at
 
     def remaining(self, now: float) -> float:
-        return self.plan.budget_s - self.elapsed(now)
+        return self.plan.budget_s - (now - self.opened_at)  # budget - elapsed, inlined: per step
 
     def protected_s(self, step_s: float) -> float:
         """The Eq. (4) reservation: the slot's last d_m decode steps (Dfin) at the current step."""

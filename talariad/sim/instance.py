@@ -101,11 +101,12 @@ class SimInstance:
         action, self.action = self.action, None
         measured = self._measured
         self.version += 1
-        if isinstance(action, Switch):
+        kind = action.__class__
+        if kind is Switch:
             return self._finish_switch(action, now)
         done = self.sched.finish(action, now, measured)
         self._measure(action, measured)
-        if isinstance(action, Prefill):
+        if kind is Prefill:
             self._relieve_device(now)
         return done
 
