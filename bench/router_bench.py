@@ -30,7 +30,7 @@ from talariad.types import KVState, LatencyProfile, Pool  # noqa: E402
 
 MODELS = ["qwen3-235b", "glm5", "qwen3.5-122b", "llama-70b"]
 SESSIONS = 10_000
-STATES = (ModelState.ACTIVE, ModelState.RESIDENT, ModelState.STAGED, ModelState.ABSENT)
+STATES = (ModelState.ACTIVE, ModelState.RESIDENT, ModelState.ABSENT)
 KINDS = ("lease_hit", "cost", "replica_open", "overload_spill")
 STEP_S = 0.05  # virtual time between arrivals (20 calls/s over 16 instances)
 SNAPSHOT_EVERY = 10  # calls between telemetry refreshes (0.5 s)
@@ -57,7 +57,7 @@ class World:
             self.kv[inst][(sid, model)] = SessionKV(state, kv_len)
 
     def snapshot(self, inst: str, idx: int, now: float) -> InstanceSnapshot:
-        models = {m: ModelResidency(STATES[(idx + k) % 4], staged_fraction=0.5,
+        models = {m: ModelResidency(STATES[(idx + k) % len(STATES)], staged_fraction=0.5,
                                     queued_tokens=self.rng.randint(0, 20_000),
                                     queued_calls=self.rng.randint(0, 8),
                                     running_calls=self.rng.randint(0, 16))

@@ -31,7 +31,8 @@ def _load(path: str) -> TalariaConfig:
 
 @app.command("check-config")
 def check_config(path: Annotated[str, typer.Argument(help="Config file to validate")]) -> None:
-    """Validate a config file; exit 2 with one line per problem."""
+    """Run every check `run` does before starting (schema, cross-field, profiles, executors,
+    devices); exit 2 with one line per problem."""
     cfg = _load(path)
     print(f"{path}: ok ({len(cfg.models)} models, {len(cfg.instances)} instances)")
 
@@ -54,7 +55,7 @@ def run(config: ConfigOpt = DEFAULT_CONFIG,
     except OSError as err:
         print(f"talariad: cannot start: {err}", file=sys.stderr)
         raise typer.Exit(1) from None
-    except RuntimeError as err:
+    except (RuntimeError, ValueError) as err:  # something the config checks could not foresee
         print(f"talariad: {err}", file=sys.stderr)
         raise typer.Exit(1) from None
 

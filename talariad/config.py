@@ -196,21 +196,89 @@ def _duplicates(names: list[str], prefix: str) -> list[tuple[str, str]]:
     return out
 
 
-def _semantic_lines(cfg: TalariaConfig) -> list[tuple[str, str]]:
-    problems = _duplicates([m.name for m in cfg.models], "models")
-    problems += _duplicates([i.name for i in cfg.instances], "instances")
-    defined = {m.name for m in cfg.models}
-    for i, inst in enumerate(cfg.instances):
-        for j, m in enumerate(inst.models):
-            if m not in defined:
+def _semantic_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str, str]]:
+    """Cross-field checks on the parsed YAML, so they run even when the schema check failed
+    (every problem of a file is reported in one pass); malformed parts are the schema's to
+    report."""
+    models = [m for m in _list(data.get("models")) if isinstance(m, dict)]
+    instances = [i for i in _list(data.get("instances")) if isinstance(i, dict)]
+    names = [m.get("name") for m in models if isinstance(m.get("name"), str)]
+    problems = _duplicates(names, "models")
+    inst_names = [i.get("name") for i in instances if isinstance(i.get("name"), str)]
+    problems += _duplicates(inst_names, "instances")
+    defined = set(names)
+    for i, inst in enumerate(_list(data.get("instances"))):
+        hosted = _list(inst.get("models")) if isinstance(inst, dict) else []
+        for j, m in enumerate(hosted):
+            if isinstance(m, str) and defined and m not in defined:
                 problems.append((f"instances[{i}].models[{j}]",
                                  f"model {m!r} is not defined under models (defined: {', '.join(sorted(defined))})"))
-        if inst.pool == "hot" and len(inst.models) != 1:
+        if isinstance(inst, dict) and inst.get("pool") == "hot" and len(hosted) != 1:
             problems.append((f"instances[{i}].models", "a hot instance pins exactly one model"))
-    names = _policy_names()
-    if cfg.policy.router not in names:
-        problems.append(("policy.router", f"unknown policy {cfg.policy.router!r} (valid: {', '.join(names)})"))
+    policy = data.get("policy") if isinstance(data.get("policy"), dict) else {}
+    valid = _policy_names()
+    if isinstance(policy.get("router"), str) and policy["router"] not in valid:
+        problems.append(("policy.router",
+                         f"unknown policy {policy['router']!r} (valid: {', '.join(valid)})"))
+    stale, interval = policy.get("staleness_s", 2.0), policy.get("telemetry_interval_s", 0.25)
+    if _num(stale) and _num(interval) and 0 < stale <= interval:
+        problems.append(("policy.staleness_s",
+                         f"{stale} s is not longer than policy.telemetry_interval_s "
+                         f"({interval} s): "
+                         "every snapshot would be stale before the next poll"))
+    sup = data.get("supervisor") if isinstance(data.get("supervisor"), dict) else {}
+    first, most = sup.get("restart_backoff_s", 0.5), sup.get("max_backoff_s", 30.0)
+    if _num(first) and _num(most) and first > most:
+        problems.append(("supervisor.restart_backoff_s",
+                         f"{first} s is above supervisor.max_backoff_s ({most} s)"))
+    return problems + _build_lines(data, base_dir)
+
+
+def _build_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str, str]]:
+    """What `run` would fail on when it builds the instances: a profile no bundled set defines, an
+    executor this build cannot run, devices it cannot use, a checkpoint directory that is not
+    there (relative to `base_dir`, the config file's folder)."""
+    from talariad.engine.build import executor_problem
+    from talariad.sim.profiles import available, find_model
+
+    problems = []
+    for i, m in enumerate(_list(data.get("models"))):
+        name = m.get("profile", "tiny") if isinstance(m, dict) else None
+        if isinstance(name, str) and find_model(name) is None:
+            problems.append((f"models[{i}].profile",
+                             f"no bundled latency profile named {name!r} "
+                             f"(sets: {', '.join(available())})"))
+    for i, inst in enumerate(_list(data.get("instances"))):
+        if not isinstance(inst, dict) or not isinstance(inst.get("executor", "sim"), str):
+            continue
+        found = executor_problem(inst.get("executor", "sim"), inst.get("devices", "cpu"))
+        if found is not None:
+            problems.append((f"instances[{i}].{found[0]}", found[1]))
+    return problems + _checkpoint_lines(data, base_dir)
+
+
+def _checkpoint_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str, str]]:
+    """A `path` a torch instance would load must be a checkpoint directory (config.json)."""
+    if base_dir is None:
+        return []
+    torch_models = {m for inst in _list(data.get("instances")) if isinstance(inst, dict)
+                    and inst.get("executor") == "torch" for m in _list(inst.get("models"))}
+    problems = []
+    for i, m in enumerate(_list(data.get("models"))):
+        path = m.get("path") if isinstance(m, dict) else None
+        if isinstance(path, str) and m.get("name") in torch_models:
+            if not (base_dir / path / "config.json").is_file():
+                problems.append((f"models[{i}].path",
+                                 f"{path!r} is not a checkpoint directory (no config.json there)"))
     return problems
+
+
+def _list(value: object) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _num(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _policy_names() -> list[str]:
@@ -219,15 +287,18 @@ def _policy_names() -> list[str]:
     return sorted(POLICIES.names())
 
 
-def parse_config(data: object, source: str) -> TalariaConfig:
-    """Validate already-parsed YAML data; raises ConfigError naming `source`."""
+def parse_config(data: object, source: str, base_dir: pathlib.Path | None = None) -> TalariaConfig:
+    """Validate already-parsed YAML data; raises ConfigError naming `source`. `base_dir`: where
+    relative model paths start (the file's folder); None skips the checkpoint check."""
     if not isinstance(data, dict):
         raise ConfigError([f"{source}: (top level): expected a mapping of sections, got {type(data).__name__}"])
+    problems, cfg = [], None
     try:
         cfg = TalariaConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError([f"{source}: {p}: {m}" for p, m in _pydantic_lines(err)]) from None
-    problems = _semantic_lines(cfg)
+        problems = _pydantic_lines(err)
+    seen = set(problems)
+    problems += [p for p in _semantic_lines(data, base_dir) if p not in seen]
     if problems:
         raise ConfigError([f"{source}: {p}: {m}" for p, m in problems])
     return cfg
@@ -245,4 +316,4 @@ def load_config(path: str | pathlib.Path) -> TalariaConfig:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(top level)"
         raise ConfigError([f"{path}: {where}: invalid YAML: {getattr(err, 'problem', None) or err}"]) from None
-    return parse_config(data, str(path))
+    return parse_config(data, str(path), path.resolve().parent)

@@ -12,7 +12,7 @@ from talariad.admin import admin_pb2, server as admin_server
 from talariad.config import TalariaConfig
 from talariad.gateway.app import Gateway, build_app
 from talariad.gateway.instances import InstanceDirectory
-from talariad.engine.build import model_profile
+from talariad.knobs import model_profile
 from talariad.gateway.routing import RouterShell
 from talariad.supervisor import ProcState, Supervisor
 

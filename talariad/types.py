@@ -59,3 +59,16 @@ class LatencyProfile:
         if self.switch_s and path in self.switch_s:
             return self.switch_s[path]
         return self.open_s
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchRecord:
+    """One logical model switch of an instance (the maximum over TP ranks, as in §5.6); a free
+    first activation of a prewarmed instance is not one."""
+
+    at_s: float
+    instance: str
+    from_model: str | None
+    to_model: str
+    path: SwitchPath
+    latency_s: float

@@ -1,11 +1,11 @@
 """Cold-pool scheduler core (sans-IO): rounds, slots, SP admission, budgets, telemetry."""
 
-from .budget import SlotPlan, decode_iterations, decode_share_ok, plan_slot, within_round_bound
+from .budget import SlotPlan, decode_iterations, plan_slot
 from .knobs import ABLATIONS, SchedKnobs, ablation
 from .messages import Action, Completion, Decode, Idle, Prefill, PrefillItem, SubmittedCall, Switch
 from .scheduler import ColdScheduler
 from .slot import SlotPhase
-from .telemetry import ModelQueue, RiskCounters, RoundSummary, SchedTelemetry, SessionKVView
+from .telemetry import LedgerRow, ModelQueue, RiskCounters, RoundSummary, SchedTelemetry
 
 __all__ = [
     "ABLATIONS",
@@ -14,6 +14,7 @@ __all__ = [
     "Completion",
     "Decode",
     "Idle",
+    "LedgerRow",
     "ModelQueue",
     "Prefill",
     "PrefillItem",
@@ -21,14 +22,11 @@ __all__ = [
     "RoundSummary",
     "SchedKnobs",
     "SchedTelemetry",
-    "SessionKVView",
     "SlotPhase",
     "SlotPlan",
     "SubmittedCall",
     "Switch",
     "ablation",
     "decode_iterations",
-    "decode_share_ok",
     "plan_slot",
-    "within_round_bound",
 ]

@@ -8,12 +8,12 @@ from typing import Callable
 from talariad.types import KVState, LatencyProfile
 
 from .budget import prefill_batch_s
-from .calls import CallRecord, SessionLedger
+from .calls import CallProgress, SessionLedger
 from .knobs import SchedKnobs
 from .messages import PrefillItem
 
 
-def plan_item(rec: CallRecord, ledger: SessionLedger, host_kv: bool) -> PrefillItem:
+def plan_item(rec: CallProgress, ledger: SessionLedger, host_kv: bool) -> PrefillItem:
     """Split the call's context into device-cached, host-restored and recomputed tokens."""
     call = rec.call
     target = rec.kv_len if rec.resumed else call.prompt_tokens
@@ -25,7 +25,7 @@ def plan_item(rec: CallRecord, ledger: SessionLedger, host_kv: bool) -> PrefillI
     return PrefillItem(call.call_id, reuse - cached, target - reuse, cached)
 
 
-def has_reusable_prefix(rec: CallRecord, ledger: SessionLedger, host_kv: bool) -> bool:
+def has_reusable_prefix(rec: CallProgress, ledger: SessionLedger, host_kv: bool) -> bool:
     item = plan_item(rec, ledger, host_kv)
     return item.cached_device_tokens + item.restore_tokens > 0
 
@@ -50,7 +50,7 @@ class BatchBuilder:
     def predicted_s(self, items: list[PrefillItem] | None = None) -> float:
         return prefill_batch_s(self.items if items is None else items, self.profile)
 
-    def can_add(self, rec: CallRecord, item: PrefillItem, budget: BudgetFn) -> bool:
+    def can_add(self, rec: CallProgress, item: PrefillItem, budget: BudgetFn) -> bool:
         if len(self.items) >= self.max_items:
             return False
         if self.kv_used + self.kv_added + rec.kv_reservation > self.knobs.kv_capacity_tokens:
@@ -64,12 +64,12 @@ class BatchBuilder:
         trial = [*self.items, item]
         return self.predicted_s(trial) <= budget(self.running + len(trial)) + 1e-9
 
-    def add(self, rec: CallRecord, item: PrefillItem) -> None:
+    def add(self, rec: CallProgress, item: PrefillItem) -> None:
         self.items.append(item)
         self.kv_added += rec.kv_reservation
 
     def fill(
-        self, recs: list[CallRecord], ledger: SessionLedger, budget: BudgetFn
+        self, recs: list[CallProgress], ledger: SessionLedger, budget: BudgetFn
     ) -> list[PrefillItem]:
         for rec in recs:
             item = plan_item(rec, ledger, self.knobs.host_kv)

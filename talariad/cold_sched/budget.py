@@ -19,16 +19,6 @@ def decode_iterations(round_s: float, tpot_s: float, step_s: float) -> int | Non
     return max(1, math.ceil(round_s / tpot_s - 1e-9))
 
 
-def decode_share_ok(d: int, round_s: float, tpot_s: float, step_s: float) -> bool:
-    """Eq. (4) as written: d_m * (T_TPOT - t_D) >= U_m."""
-    return d * (tpot_s - step_s) >= round_s - d * step_s - 1e-9
-
-
-def within_round_bound(round_s: float, gamma: float, ttft_target_s: float) -> bool:
-    """Eq. (5): R_i <= gamma * T_TTFT."""
-    return round_s <= gamma * ttft_target_s + 1e-9
-
-
 def prefill_batch_s(items: list[PrefillItem], profile: LatencyProfile) -> float:
     """Predicted time of one batched prefill: one base cost, per-token compute and restore."""
     recompute = sum(item.recompute_tokens for item in items)

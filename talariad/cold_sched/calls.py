@@ -18,7 +18,7 @@ class CallStatus(str, enum.Enum):
 
 
 @dataclass(slots=True)
-class CallRecord:
+class CallProgress:
     call: SubmittedCall
     status: CallStatus = CallStatus.WAITING
     generated: int = 0
@@ -48,19 +48,19 @@ class CallTable:
     """Waiting queues per model (FIFO) and the running batch of the active model."""
 
     def __init__(self, models: list[str]) -> None:
-        self.records: dict[str, CallRecord] = {}
+        self.records: dict[str, CallProgress] = {}
         self.waiting: dict[str, list[str]] = {m: [] for m in models}
         self.running: list[str] = []
 
-    def add(self, call: SubmittedCall) -> CallRecord:
-        rec = self.records[call.call_id] = CallRecord(call)
+    def add(self, call: SubmittedCall) -> CallProgress:
+        rec = self.records[call.call_id] = CallProgress(call)
         self.waiting[call.model].append(call.call_id)
         return rec
 
-    def waiting_records(self, model: str) -> list[CallRecord]:
+    def waiting_records(self, model: str) -> list[CallProgress]:
         return [self.records[c] for c in self.waiting[model]]
 
-    def running_records(self) -> list[CallRecord]:
+    def running_records(self) -> list[CallProgress]:
         return [self.records[c] for c in self.running]
 
     def start(self, call_id: str) -> None:
@@ -68,13 +68,13 @@ class CallTable:
         self.records[call_id].status = CallStatus.RUNNING
         self.running.append(call_id)
 
-    def finish(self, call_id: str) -> CallRecord:
+    def finish(self, call_id: str) -> CallProgress:
         self.running.remove(call_id)
         rec = self.records.pop(call_id)
         rec.status = CallStatus.FINISHED
         return rec
 
-    def park_running(self) -> list[CallRecord]:
+    def park_running(self) -> list[CallProgress]:
         """Move the running batch to the front of its model's queue (it is older than the queue)."""
         parked = self.running_records()
         for rec in parked:
@@ -112,7 +112,7 @@ class CallTable:
 
 
 @dataclass(slots=True)
-class SessionKV:
+class LedgerEntry:
     state: KVState
     kv_len: int
     updated_at: float = 0.0
@@ -122,7 +122,7 @@ class SessionKV:
 class SessionLedger:
     """(session, model) -> where that prefix lives here; the substrate corrects it via set()."""
 
-    entries: dict[tuple[str, str], SessionKV] = field(default_factory=dict)
+    entries: dict[tuple[str, str], LedgerEntry] = field(default_factory=dict)
 
     def set(self, session: str, model: str, state: KVState, kv_len: int, now: float) -> None:
         if state.__class__ is not KVState:  # hot path: every decode step sets every running call
@@ -130,18 +130,18 @@ class SessionLedger:
         kv_len = 0 if state is KVState.MISSING or kv_len < 0 else kv_len
         entry = self.entries.get((session, model))
         if entry is None:
-            self.entries[(session, model)] = SessionKV(state, kv_len, now)
+            self.entries[(session, model)] = LedgerEntry(state, kv_len, now)
         else:  # in place: readers copy the fields out, none keeps an entry
             entry.state, entry.kv_len, entry.updated_at = state, kv_len, now
 
-    def get(self, session: str, model: str) -> SessionKV:
-        return self.entries.get((session, model), SessionKV(KVState.MISSING, 0))
+    def get(self, session: str, model: str) -> LedgerEntry:
+        return self.entries.get((session, model), LedgerEntry(KVState.MISSING, 0))
 
-    def reusable(self, session: str, model: str, host_kv: bool) -> SessionKV:
+    def reusable(self, session: str, model: str, host_kv: bool) -> LedgerEntry:
         """The prefix as the scheduler may use it: host copies count only with host KV enabled."""
         entry = self.get(session, model)
         if entry.state is KVState.HOST and not host_kv:
-            return SessionKV(KVState.MISSING, 0, entry.updated_at)
+            return LedgerEntry(KVState.MISSING, 0, entry.updated_at)
         return entry
 
     def demote(self, model: str, to: KVState, now: float) -> None:

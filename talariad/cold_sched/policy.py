@@ -8,10 +8,10 @@ from talariad.types import KVState, LatencyProfile, SwitchPath
 
 from .admission import has_reusable_prefix, plan_item
 from .budget import SlotPlan, decode_iterations, plan_slot
-from .calls import CallRecord, CallTable, SessionLedger
+from .calls import CallProgress, CallTable, SessionLedger
 from .knobs import SchedKnobs
 from .messages import Action, Idle, PrefillItem, Switch
-from .rounds import RoundLog, SwitchCosts
+from .rounds import RoundLog, SwitchCosts, rotation
 from .slot import Slot, SlotPhase
 from .telemetry import RiskCounters
 
@@ -48,7 +48,7 @@ class SlotPolicy:
         if slot.phase is SlotPhase.P:
             if items := self._p_batch(now):
                 return self._prefill(items, "P")
-            slot.phase = SlotPhase.D1
+            slot.end_p()
         if self.can_admit_sp(now) and (items := self._sp_batch(now)):
             return self._prefill(items, "SP")
         if self.table.running and slot.can_decode(now, step := self._step()):
@@ -78,7 +78,7 @@ class SlotPolicy:
         records = self.table.records
         return any(self.sp_eligible(records[c]) for c in self.table.waiting[slot.model])
 
-    def sp_eligible(self, rec: CallRecord) -> bool:
+    def sp_eligible(self, rec: CallProgress) -> bool:
         """Active model, a continuation arrived after P, prefix on device or host-restorable."""
         return (
             rec.sp_return
@@ -120,9 +120,7 @@ class SlotPolicy:
         return Switch(self.active, model, path, predicted)
 
     def _next_model(self) -> str | None:
-        start = self.models.index(self.active) + 1 if self.active in self.models else 0
-        order = self.models[start:] + self.models[:start]
-        return next((m for m in order if self.table.has_work(m)), None)
+        return next((m for m in rotation(self.models, self.active) if self.table.has_work(m)), None)
 
     def _open_slot(self, model: str, now: float) -> None:
         rnd = self.rounds.round_for(model, now)
@@ -183,7 +181,7 @@ class SlotPolicy:
             self._record_seconds("hold", now - slot.hold_since)
             slot.hold_since = None
 
-    def _arrives_mid_slot(self, rec: CallRecord) -> bool:
+    def _arrives_mid_slot(self, rec: CallProgress) -> bool:
         slot = self.slot
         return (
             slot is not None

@@ -3,11 +3,27 @@ wall = active + switch decomposition, and the switch-cost estimates refined from
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from talariad.types import LatencyProfile, SwitchPath
 
 from .telemetry import RiskCounters, RoundSummary
 
 _EWMA = 0.5  # weight of the newest measured switch; switch cost moves with staging coverage (§3.4)
+
+
+def rotation(models: list[str], active: str | None) -> list[str]:
+    """Every model in rotation order, starting after `active` (which comes last)."""
+    start = models.index(active) + 1 if active in models else 0
+    return models[start:] + models[:start]
+
+
+def staging_target(models: list[str], active: str | None,
+                   has_work: Callable[[str], bool]) -> str | None:
+    """The model the rotation will switch to next, so the one worth staging now: the first after
+    `active` with work; with none, simply the next one (None: nothing else to stage)."""
+    others = [m for m in rotation(models, active) if m != active]
+    return next((m for m in others if has_work(m)), others[0] if others else None)
 
 
 class RoundLog:

@@ -14,7 +14,7 @@ from talariad.types import KVState, LatencyProfile, SwitchPath
 from . import snapshot
 from .admission import BatchBuilder
 from .budget import prefill_batch_s, restore_batch_s
-from .calls import CallRecord, CallStatus, CallTable, SessionLedger
+from .calls import CallProgress, CallStatus, CallTable, SessionLedger
 from .knobs import SchedKnobs
 from .messages import Action, Completion, Decode, Idle, Prefill, PrefillItem, SubmittedCall, Switch
 from .policy import SlotPolicy
@@ -140,12 +140,11 @@ class ColdScheduler(SlotPolicy):
         for item in items:
             self._admit(self.table.records[item.call_id], item, tag)
         if self.slot is not None:
-            self.slot.prefill_spent_s += predicted
-            self.slot.phase = SlotPhase.SP if tag == "SP" else self.slot.phase
+            self.slot.charge_prefill(predicted, tag)
         self._label = tag
         return Prefill(items, tag, self.active, predicted)
 
-    def _admit(self, rec: CallRecord, item: PrefillItem, tag: str) -> None:
+    def _admit(self, rec: CallProgress, item: PrefillItem, tag: str) -> None:
         self.table.start(rec.call.call_id)
         if self.slot is not None and rec.call.call_id in self.slot.p_pending:
             self.slot.p_pending.remove(rec.call.call_id)
@@ -207,7 +206,7 @@ class ColdScheduler(SlotPolicy):
                 self.rounds.current.decode_steps += 1
         return done
 
-    def _complete(self, rec: CallRecord, now: float) -> Completion:
+    def _complete(self, rec: CallProgress, now: float) -> Completion:
         call = self.table.finish(rec.call.call_id).call
         if self.slot is not None:
             self.slot.completed[call.session_id] = now

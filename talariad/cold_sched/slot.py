@@ -1,4 +1,5 @@
-"""One model slot, P -> D1 -> (SP -> D)* -> Dfin (§3.4, Figure 4), and its budget arithmetic."""
+"""One model slot, P -> D1 -> (SP -> D)* -> Dfin (§3.4, Figure 4), and its budget arithmetic.
+Only the slot's own methods move its phase."""
 
 from __future__ import annotations
 
@@ -55,6 +56,17 @@ class Slot:
         overran the slot must not starve decode, or a call whose KV is lost at every switch would
         gain one token per round. The overrun shows up as round-bound risk, not hidden."""
         return self.remaining(now) >= step_s - 1e-9 or self.decode_steps < self.plan.decode_iters
+
+    def end_p(self) -> None:
+        """P has nothing left to admit: the slot moves on to its first decode phase."""
+        if self.phase is SlotPhase.P:
+            self.phase = SlotPhase.D1
+
+    def charge_prefill(self, predicted_s: float, tag: str) -> None:
+        """A P or SP batch was issued: charge its predicted time; an SP batch opens an SP phase."""
+        self.prefill_spent_s += predicted_s
+        if tag == "SP":
+            self.phase = SlotPhase.SP
 
     def begin_decode(self, now: float, step_s: float) -> SlotPhase:
         """Label the next decode step: D1 after P, D after an SP batch, Dfin once only the

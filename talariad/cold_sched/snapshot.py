@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from talariad.types import SwitchPath
 
-from .telemetry import ModelQueue, SchedTelemetry, SessionKVView
+from .telemetry import LedgerRow, ModelQueue, SchedTelemetry
 
 if TYPE_CHECKING:
     from .scheduler import ColdScheduler
@@ -38,7 +38,7 @@ def build_telemetry(s: ColdScheduler, now: float) -> SchedTelemetry:
         kv_used_tokens=s.table.kv_used(),
         kv_capacity_tokens=s.knobs.kv_capacity_tokens,
         sessions=[
-            SessionKVView(k[0], k[1], e.state, e.kv_len)
+            LedgerRow(k[0], k[1], e.state, e.kv_len)
             for k, e in sorted(s.ledger.entries.items())
         ],
         measured_switch_s=s.switch_costs.view(),

@@ -66,7 +66,7 @@ class ModelQueue:
 
 
 @dataclass(frozen=True)
-class SessionKVView:
+class LedgerRow:
     session_id: str
     model: str
     state: KVState
@@ -96,7 +96,7 @@ class SchedTelemetry:
     tpot_infeasible: list[str]
     kv_used_tokens: int
     kv_capacity_tokens: int
-    sessions: list[SessionKVView]
+    sessions: list[LedgerRow]
     measured_switch_s: dict[str, float]
     phase_totals_s: dict[str, float]
     """Measured seconds per phase since start (both modes; pinned mode has no rounds)."""

@@ -55,8 +55,7 @@ def build_app(worker: Worker) -> FastAPI:
     @app.get("/internal/memory")
     async def memory() -> dict:
         """HBM layout rows and switch records of an executor that owns a memory substrate."""
-        report = getattr(worker.executor, "memory_report", None)
-        return {"instance": worker.inst.name, **(report() if report is not None else {})}
+        return {"instance": worker.inst.name, **worker.executor.memory_report()}
 
     @app.post("/internal/generate")
     async def generate(req: GenerateRequest) -> StreamingResponse:

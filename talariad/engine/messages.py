@@ -61,7 +61,11 @@ class ErrorEvent(BaseModel):
     param: str | None = None
 
 
-class SessionKV(BaseModel):
+StreamEvent = TokenEvent | DoneEvent | ErrorEvent
+"""One line of an instance's generate stream."""
+
+
+class KVEntry(BaseModel):
     session_id: str
     model: str
     state: Literal["device", "host", "missing"]
@@ -78,6 +82,22 @@ class ModelLoad(BaseModel):
     open_cost_s: float | None = None
 
 
+class RoundReport(BaseModel):
+    """What an instance measured for one model over one closed round (the router's profile EWMA)."""
+
+    seq: int
+    """Increasing per instance: a reader feeds each report once."""
+    model: str
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_steps: int = 0
+    decode_s: float = 0.0
+    restored_tokens: int = 0
+    restore_s: float = 0.0
+    switch_path: Literal["d2d", "partial", "h2d"] | None = None
+    switch_s: float | None = None
+
+
 class Telemetry(BaseModel):
     """Versioned instance snapshot the gateway's router reads (§4.1)."""
 
@@ -89,12 +109,12 @@ class Telemetry(BaseModel):
     loaded_models: list[str]
     queued: dict[str, int] = Field(default_factory=dict)
     running: int = 0
-    sessions: list[SessionKV] = Field(default_factory=list)
+    sessions: list[KVEntry] = Field(default_factory=list)
     round_remaining_s: float = 0.0
-    deadline_risk: int = 0
     kv_occupancy: float = 0.0
-    hbm_free_bytes: int = 0
-    staging_slack_bytes: int = 0
+    hbm_free_bytes: int | None = None
+    """None: the executor does not measure its memory (the router then skips its HBM check)."""
+    staging_slack_bytes: int | None = None
     switches: int = 0
     opened_models: list[str] = Field(default_factory=list)
     """Models opened here at least once: switching them in costs a switch, not a full open."""
@@ -103,10 +123,12 @@ class Telemetry(BaseModel):
     """Predicted length of the next round: what is left of this one plus queued prefill work."""
     deadline_risk_share: float = 0.0
     """Share of the last rounds whose wall time exceeded γ·T_TTFT."""
-    restore_s_per_token: float | None = None
     sessions_epoch: int | None = None
     """Names this snapshot's session view; pass it back as `?since=` to get only what changes."""
     sessions_base: int | None = None
     """None: `sessions` is the whole list. Else `sessions` holds only entries that changed since the
     view named `sessions_base`, and `sessions_removed` the (session, model) pairs it no longer has."""
     sessions_removed: list[tuple[str, str]] = Field(default_factory=list)
+    rounds: list[RoundReport] = Field(default_factory=list)
+    """Round measurements since the previous snapshot (bounded); the gateway feeds them to the
+    router's profile EWMA."""

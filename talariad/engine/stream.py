@@ -24,12 +24,11 @@ from typing import Annotated
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from talariad.engine.messages import DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
+from talariad.engine.messages import ErrorEvent, GenerateRequest, StreamEvent, TokenEvent
 
 log = logging.getLogger("talariad.stream")
 
-Event = TokenEvent | DoneEvent | ErrorEvent
-_EVENT = TypeAdapter(Annotated[Event, Field(discriminator="type")])
+_EVENT = TypeAdapter(Annotated[StreamEvent, Field(discriminator="type")])
 _HEADER = struct.Struct("!I")
 MAX_FRAME = 64 << 20  # a request frame carries the whole prompt; refuse anything absurd
 
@@ -52,7 +51,7 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
     return await reader.readexactly(size)
 
 
-def parse_event(payload: bytes) -> Event:
+def parse_event(payload: bytes) -> StreamEvent:
     return _EVENT.validate_json(payload)
 
 
@@ -112,7 +111,7 @@ class StreamClient:
     def __init__(self) -> None:
         self.idle: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
 
-    async def generate(self, path: str, req: GenerateRequest) -> AsyncIterator[Event]:
+    async def generate(self, path: str, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         reader, writer, data = await self._send(path, frame(req.model_dump_json().encode()))
         clean = False
         try:

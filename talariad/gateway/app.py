@@ -16,7 +16,8 @@ from talariad.config import TalariaConfig
 from talariad.engine.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
 from talariad.gateway import anthropic, errors
 from talariad.gateway.errors import APIError
-from talariad.gateway.instances import Event, InstanceDirectory
+from talariad.engine.messages import StreamEvent
+from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import GatewayMetrics
 from talariad.gateway.routing import RouterShell
 from talariad.router import CallRequest
@@ -49,7 +50,7 @@ def _estimate_tokens(texts: list[str]) -> int:
     return sum(len(t) for t in texts) // 4 + 1
 
 
-async def _first(events: AsyncIterator[Event]) -> Event:
+async def _first(events: AsyncIterator[StreamEvent]) -> StreamEvent:
     return await anext(events, ErrorEvent(message="instance closed the stream without an answer"))
 
 
@@ -98,7 +99,7 @@ class _Call:
         return {"x-talaria-session-id": quote(self.session, safe="-_.~:@+="), "x-talaria-instance": self.instance,
                 "x-talaria-route": self.route}
 
-    def events(self) -> AsyncIterator[Event]:
+    def events(self) -> AsyncIterator[StreamEvent]:
         return self.gw.directory.generate(self.instance, self.req)
 
     def on_token(self, ev: TokenEvent) -> None:
@@ -144,7 +145,8 @@ def _upstream_error(call: _Call, ev: ErrorEvent) -> APIError:
     return APIError(503, ev.message, type="api_error", code="instance_unavailable", headers={"Retry-After": "1"})
 
 
-async def _collect(call: _Call, first: Event, rest: AsyncIterator[Event]) -> tuple[str, DoneEvent]:
+async def _collect(call: _Call, first: StreamEvent,
+                   rest: AsyncIterator[StreamEvent]) -> tuple[str, DoneEvent]:
     parts, ev = [], first
     while True:
         if isinstance(ev, TokenEvent):
@@ -162,7 +164,7 @@ def _sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-async def _guarded(call: _Call, rest: AsyncIterator[Event], lines: AsyncIterator[str]):
+async def _guarded(call: _Call, rest: AsyncIterator[StreamEvent], lines: AsyncIterator[str]):
     try:
         async for line in lines:
             yield line
@@ -172,12 +174,13 @@ async def _guarded(call: _Call, rest: AsyncIterator[Event], lines: AsyncIterator
 
 
 def _openai_stream(chunk: Callable) -> Callable:
-    def stream(call: _Call, first: Event, rest: AsyncIterator[Event]):
+    def stream(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
         return _stream_lines(call, first, rest, chunk, call.body.include_usage())
     return stream
 
 
-async def _stream_lines(call: _Call, first: Event, rest: AsyncIterator[Event], chunk: Callable, usage_chunk: bool):
+async def _stream_lines(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent],
+                        chunk: Callable, usage_chunk: bool):
     if chunk is chat_chunk:
         yield _sse(chunk(call, {"role": "assistant", "content": ""}, None))
     ev = first
@@ -246,7 +249,7 @@ def _completion_body(call: _Call, text: str, done: DoneEvent) -> dict:
             "choices": [{"index": 0, "text": text, "finish_reason": done.finish_reason}]}
 
 
-async def _anthropic_stream(call: _Call, first: Event, rest: AsyncIterator[Event]):
+async def _anthropic_stream(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
     for line in anthropic.start_events(call.id, call.body.model, call.info.prompt_tokens):
         yield line
     ev = first

@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 
-from talariad.engine.messages import DoneEvent, ErrorEvent, GenerateRequest, Telemetry, TokenEvent
+from talariad.engine.messages import (DoneEvent, ErrorEvent, GenerateRequest, StreamEvent,
+                                      Telemetry, TokenEvent)
 from talariad.engine.stream import StreamClient
 
 log = logging.getLogger("talariad.gateway")
 
-Event = TokenEvent | DoneEvent | ErrorEvent
 
 
 class InstanceDirectory:
@@ -89,14 +89,15 @@ class InstanceDirectory:
         except (httpx.HTTPError, ValueError):
             return None
 
-    async def generate(self, instance: str, req: GenerateRequest) -> AsyncIterator[Event]:
+    async def generate(self, instance: str, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         path = self.sockets().get(instance) if self.sockets else None
         hop = self._stream(instance, path, req) if path else self._http(instance, req)
         async with contextlib.aclosing(hop) as events:  # a caller that stops early closes the hop
             async for ev in events:
                 yield ev
 
-    async def _stream(self, instance: str, path: str, req: GenerateRequest) -> AsyncIterator[Event]:
+    async def _stream(self, instance: str, path: str,
+                      req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         try:
             async with contextlib.aclosing(self.streams.generate(path, req)) as events:
                 async for ev in events:
@@ -104,12 +105,12 @@ class InstanceDirectory:
         except (OSError, asyncio.IncompleteReadError, ValueError) as err:  # ValueError: a garbled frame
             yield ErrorEvent(message=f"instance {instance} failed: {err or type(err).__name__}")
 
-    async def _http(self, instance: str, req: GenerateRequest) -> AsyncIterator[Event]:
+    async def _http(self, instance: str, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         url = self.urls().get(instance)
         if not url:
             yield ErrorEvent(message=f"instance {instance} is not ready")
             return
-        final: Event | None = None
+        final: StreamEvent | None = None
         try:
             async with self.client.stream("POST", f"{url}/internal/generate", content=req.model_dump_json(),
                                           headers={"content-type": "application/json"}) as r:
@@ -134,7 +135,7 @@ class InstanceDirectory:
         await self.client.aclose()
 
 
-def _event(data: dict) -> Event:
+def _event(data: dict) -> StreamEvent:
     kind = data.get("type")
     if kind == "token":
         return TokenEvent.model_validate(data)

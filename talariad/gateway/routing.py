@@ -14,43 +14,13 @@ from collections import OrderedDict
 
 from talariad.config import TalariaConfig
 from talariad.engine.messages import Telemetry
-from talariad.router import (CallRequest, Decision, DecisionKind, InstanceSnapshot, ModelResidency, ModelState,
-                             Router, RouterKnobs, SessionKV)
-from talariad.types import KVState, LatencyProfile, Pool
+from talariad.instance.telemetry import round_measurement
+from talariad.instance.telemetry import router_snapshot as snapshot
+from talariad.knobs import config_router_knobs as router_knobs
+from talariad.router import CallRequest, Decision, DecisionKind, Router, SessionKV
+from talariad.types import KVState, LatencyProfile
 
-
-def router_knobs(cfg: TalariaConfig) -> RouterKnobs:
-    p, a = cfg.policy, cfg.ablations
-    return RouterKnobs(tau_s=p.tau_s if a.reservations else 0.0, gamma=p.gamma, ttft_target_s=p.ttft_target_s,
-                       admission_unit_s=p.admission_unit_s, replica_penalty_s=p.replica_penalty_s,
-                       staleness_s=p.staleness_s, heartbeat_s=max(p.staleness_s, 3 * p.telemetry_interval_s),
-                       overload=p.overload, queue_limit=p.queue_limit, queue_timeout_s=p.queue_timeout_s,
-                       reservations=a.reservations, residency_terms=a.residency_terms,
-                       session_idle_s=p.session_idle_s, max_sessions=p.max_sessions)
-
-
-def snapshot(t: Telemetry, allowed: list[str], taken_at: float, healthy: bool,
-             sessions: dict | None = None) -> InstanceSnapshot:
-    """The router's view of one telemetry reply; `sessions`: the merged session view when the
-    reply carries only changes (default: the reply's own list)."""
-    models = {}
-    for m in allowed:
-        load = t.model_load.get(m)
-        state = (ModelState.ACTIVE if m == t.active_model else
-                 ModelState.RESIDENT if m in t.opened_models else ModelState.ABSENT)
-        models[m] = ModelResidency(state, queued_tokens=load.queued_tokens if load else 0,
-                                   queued_calls=load.queued_calls if load else 0,
-                                   running_calls=load.running if load else 0,
-                                   switch_cost_s=load.switch_cost_s if load else None,
-                                   open_cost_s=load.open_cost_s if load else None)
-    if sessions is None:
-        sessions = {(s.session_id, s.model): SessionKV(KVState(s.state), s.kv_len) for s in t.sessions}
-    return InstanceSnapshot(
-        instance=t.instance, version=t.version, taken_at=taken_at, pool=Pool(t.pool), healthy=healthy,
-        allowed_models=frozenset(allowed), models=models, sessions=sessions,
-        round_remaining_s=t.round_remaining_s, round_load_s=t.round_load_s, deadline_risk=t.deadline_risk_share,
-        kv_occupancy=t.kv_occupancy, hbm_free_bytes=t.hbm_free_bytes, staging_slack_bytes=t.staging_slack_bytes,
-        restore_s_per_token=t.restore_s_per_token)
+__all__ = ["PrefixTracker", "RouterShell", "router_knobs", "snapshot"]
 
 
 class PrefixTracker:
@@ -93,12 +63,14 @@ class RouterShell:
         self._changed = asyncio.Event()
         self._expired_at = float("-inf")
         self._sessions: dict[str, dict[tuple[str, str], SessionKV]] = {}  # per instance, merged
+        self._fed: dict[str, int] = {}
 
     def observe(self, t: Telemetry, now: float) -> None:
         """Install one telemetry reply; replies of an instance must come in order (deltas)."""
         view = self._merge(t)
         if self.router.observe(snapshot(t, self.allowed[t.instance], now, True, dict(view)), now):
             self._changed.set()
+        self._feed_rounds(t, now)
         self._expire(now)
 
     def _merge(self, t: Telemetry) -> dict[tuple[str, str], SessionKV]:
@@ -110,6 +82,16 @@ class RouterShell:
         for s in t.sessions:
             view[(s.session_id, s.model)] = SessionKV(KVState(s.state), s.kv_len)
         return view
+
+    def _feed_rounds(self, t: Telemetry, now: float) -> None:
+        """New round measurements refine the router's per-model profile (EWMA), each once."""
+        fed = self._fed.get(t.instance, 0)
+        if t.rounds and t.rounds[-1].seq < fed:
+            fed = 0  # the instance restarted: its sequence starts over
+        for r in t.rounds:
+            if r.seq > fed:
+                self.router.round_summary(t.instance, r.model, round_measurement(r), now)
+        self._fed[t.instance] = max([fed] + [r.seq for r in t.rounds])
 
     def unhealthy(self, instance: str, now: float) -> None:
         """A telemetry poll failed: the instance is alive but not answering; leases on it lapse."""
@@ -125,6 +107,7 @@ class RouterShell:
     def instance_down(self, instance: str, now: float) -> None:
         """The supervisor lost the process: forget it; its restart reports in as a new instance."""
         self._sessions.pop(instance, None)
+        self._fed.pop(instance, None)
         if any(s.instance == instance for s in self.router.instances(now)):
             self.router.remove_instance(instance, now)
 

@@ -4,16 +4,16 @@ Bookkeeping modules (layout, pages, staging, slabs, hkvr, transfer, kv_layout, m
 bytes move through `device.Device`, implemented over torch in `torch_device` (imported lazily).
 """
 
-from talariad.memory.device import Device, Event
+from talariad.memory.device import Device, CopyEvent
 from talariad.memory.hkvr import BlockState, HostKVRegistry, PrefixAgreement, prefix_hashes
 from talariad.memory.kv_layout import KVGeometry, KVLayout
 from talariad.memory.layout import BumpLayout, Region
 from talariad.memory.staging import ChunkState, GatherPlan, StagingBitmap
 from talariad.memory.substrate import RestoreResult, Substrate, SubstrateConfig
-from talariad.memory.switch import PointerCheck, SwitchRecord, switch_all
+from talariad.memory.switch import PointerCheck, SwitchTiming, switch_all
 
 __all__ = [
-    "BlockState", "BumpLayout", "ChunkState", "Device", "Event", "GatherPlan", "HostKVRegistry",
+    "BlockState", "BumpLayout", "ChunkState", "Device", "CopyEvent", "GatherPlan", "HostKVRegistry",
     "KVGeometry", "KVLayout", "PointerCheck", "PrefixAgreement", "Region", "RestoreResult",
-    "StagingBitmap", "Substrate", "SubstrateConfig", "SwitchRecord", "prefix_hashes", "switch_all",
+    "StagingBitmap", "Substrate", "SubstrateConfig", "SwitchTiming", "prefix_hashes", "switch_all",
 ]

@@ -1,7 +1,7 @@
 """The one interface through which the substrate moves bytes (no torch here).
 
 Buffers are flat byte buffers; `view` turns a byte range into a typed, possibly strided tensor.
-Copies are asynchronous on a device and return an `Event`; on the CPU they complete at once.
+Copies are asynchronous on a device and return an `CopyEvent`; on the CPU they complete at once.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
-class Event(Protocol):
+class CopyEvent(Protocol):
     def query(self) -> bool:
         """True once the copy has completed (never blocks)."""
 
@@ -31,11 +31,11 @@ class Device(Protocol):
              strides: tuple[int, ...] | None = None) -> Any:
         """A typed view of `buf` starting `offset` bytes in; `strides` in elements (None: contiguous)."""
 
-    def copy_h2d(self, dst: Any, src: Any) -> Event: ...
+    def copy_h2d(self, dst: Any, src: Any) -> CopyEvent: ...
 
-    def copy_d2h(self, dst: Any, src: Any) -> Event: ...
+    def copy_d2h(self, dst: Any, src: Any) -> CopyEvent: ...
 
-    def copy_d2d(self, dst: Any, src: Any) -> Event: ...
+    def copy_d2d(self, dst: Any, src: Any) -> CopyEvent: ...
 
     def address(self, buf: Any) -> int:
         """The base address of a buffer or view (what captured graphs hold on to)."""

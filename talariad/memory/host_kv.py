@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from talariad.memory.device import Device, Event
+from talariad.memory.device import CopyEvent, Device
 from talariad.memory.hkvr import Block, HostKVRegistry
 from talariad.memory.kv_layout import KVGeometry
 from talariad.memory.transfer import run_copies
@@ -17,7 +17,7 @@ class PendingRestore:
     model: str
     blocks: list[Block]
     pages: list[int]
-    event: Event
+    event: CopyEvent
 
 
 class HostKV:
@@ -26,13 +26,13 @@ class HostKV:
         self.registry = registry
         pool = registry.pool
         self.host = device.alloc_host(max(pool.num_slabs * pool.slab_bytes, 1))
-        self._saves: list[tuple[Block, Event]] = []
+        self._saves: list[tuple[Block, CopyEvent]] = []
         self.restores: dict[str, PendingRestore] = {}
 
     def _copy_pages(self, geo: KVGeometry, buffer: Any, pages: list[int], blocks: list[Block],
-                    to_host: bool) -> list[Event]:
+                    to_host: bool) -> list[CopyEvent]:
         """Copy pages to or from their blocks as merged runs; the event covering each block."""
-        events: list[Event] = []
+        events: list[CopyEvent] = []
         for cp in run_copies(geo, pages, [b.slabs for b in blocks], self.registry.pool.slab_bytes):
             spec = cp.device
             shape = (cp.pages, spec.rows, spec.width)
@@ -45,7 +45,7 @@ class HostKV:
 
     # ---- save ----------------------------------------------------------------------------
     def save(self, geo: KVGeometry, buffer: Any, model: str, session: str, hashes: list[str],
-             pages: list[int]) -> list[Event]:
+             pages: list[int]) -> list[CopyEvent]:
         """Queue D2H copies of the session's not-yet-saved pages; returns their events."""
         family = geo.layout.family
         todo = self.registry.begin_save(model, session, hashes, geo.layout)
@@ -69,7 +69,7 @@ class HostKV:
         self._finish(mine)
         return len(mine)
 
-    def _finish(self, done: list[tuple[Block, Event]]) -> None:
+    def _finish(self, done: list[tuple[Block, CopyEvent]]) -> None:
         ids = {id(b) for b, _ in done}
         self._saves = [(b, e) for b, e in self._saves if id(b) not in ids]
         for block, _ in done:
@@ -86,7 +86,7 @@ class HostKV:
         return blocks, len(blocks)
 
     def restore(self, geo: KVGeometry, buffer: Any, session: str, model: str, blocks: list[Block],
-                pages: list[int]) -> Event | None:
+                pages: list[int]) -> CopyEvent | None:
         self.registry.pin(blocks)
         n = min(len(blocks), len(pages))
         events = self._copy_pages(geo, buffer, pages[:n], blocks[:n], to_host=False)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from talariad.memory.device import Device, Event
+from talariad.memory.device import Device, CopyEvent
 from talariad.memory.hkvr import HostKVRegistry, PrefixAgreement
 from talariad.memory.host_kv import HostKV
 from talariad.memory.kv_layout import KVGeometry, KVLayout, contiguous_strides, dtype_bytes, take_bytes
@@ -18,7 +18,7 @@ from talariad.memory.models import ModelEntry, Shapes, pack_params
 from talariad.memory.pages import PageAllocator
 from talariad.memory.slabs import SlabPool
 from talariad.memory.staging import StagingBitmap
-from talariad.memory.switch import PointerCheck, SwitchRecord, run_switch
+from talariad.memory.switch import PointerCheck, SwitchTiming, run_switch
 from talariad.types import KVState
 
 
@@ -76,11 +76,12 @@ class Substrate:
         self.staging: StagingBitmap | None = None
         self.sessions: dict[str, list[int]] = {}  # session -> its pages in logical order
         self.shells: dict[str, KVGeometry] = {}
-        self.records: list[SwitchRecord] = []
+        self.records: list[SwitchTiming] = []
         self.last_pointer_check: PointerCheck | None = None
-        self._stage_events: list[tuple[int, Event]] = []
-        self._deferred: list[tuple[str, list[Event], list[int]]] = []  # pages freed while a copy still reads them
-        self._save_events: dict[str, list[Event]] = {}
+        self._stage_events: list[tuple[int, CopyEvent]] = []
+        # pages freed while a copy still reads them
+        self._deferred: list[tuple[str, list[CopyEvent], list[int]]] = []
+        self._save_events: dict[str, list[CopyEvent]] = {}
 
     # ---- models ----------------------------------------------------------------------------
     def register_model(self, name: str, shapes: Shapes, kv_layout: KVLayout) -> dict[str, Any]:
@@ -274,7 +275,8 @@ class Substrate:
             issued += 1
         return issued
 
-    def _copy_specs(self, specs: list, flat: Any, flat_offset: int, to_pool: bool, d2d: bool = False) -> Event:
+    def _copy_specs(self, specs: list, flat: Any, flat_offset: int, to_pool: bool,
+                    d2d: bool = False) -> CopyEvent:
         """Copy between pool views and a contiguous span of `flat` (host image or weight region)."""
         event = None
         for spec in specs:
@@ -302,7 +304,7 @@ class Substrate:
         return 0 if self.staging is None else self.staging.slack_bytes()
 
     # ---- switching and reports ----------------------------------------------------------------
-    def switch_to(self, model: str, now: float) -> SwitchRecord | None:
+    def switch_to(self, model: str, now: float) -> SwitchTiming | None:
         """Run the five switch phases (App. D); None if `model` is unknown, active, or cannot fit."""
         return run_switch(self, model, now)
 

@@ -45,7 +45,7 @@ class PointerCheck:
 
 
 @dataclass(frozen=True, slots=True)
-class SwitchRecord:
+class SwitchTiming:
     """One rank's SWITCH_TIMING line: feeds the router's switch cost and the dashboard."""
 
     rank: int
@@ -122,7 +122,7 @@ def _path(plan: GatherPlan | None) -> SwitchPath:
     return SwitchPath.D2D if not plan.h2d else SwitchPath.PARTIAL
 
 
-def run_switch(sub: Substrate, target: str, now: float) -> SwitchRecord | None:
+def run_switch(sub: Substrate, target: str, now: float) -> SwitchTiming | None:
     entry = sub.models.get(target)
     if entry is None or target == sub.active or not sub.layout.can_resize_weights(entry.nbytes):
         return None
@@ -141,7 +141,7 @@ def run_switch(sub: Substrate, target: str, now: float) -> SwitchRecord | None:
     sub.active = target                                        # phase 5
     marks.append(clock())
     phases = tuple(b - a for a, b in zip(marks, marks[1:]))
-    record = SwitchRecord(
+    record = SwitchTiming(
         sub.config.tp_rank, source, target, _path(plan), phases,
         plan.staged_bytes if plan else 0, plan.dirty_bytes if plan else 0,
         plan.h2d_bytes if plan else entry.nbytes, d2d_s, h2d_s, hit, check.graphs_valid, drained, now)
@@ -149,7 +149,7 @@ def run_switch(sub: Substrate, target: str, now: float) -> SwitchRecord | None:
     return record
 
 
-def switch_all(ranks: list[Substrate], target: str, now: float) -> list[SwitchRecord] | None:
+def switch_all(ranks: list[Substrate], target: str, now: float) -> list[SwitchTiming] | None:
     """Switch every TP rank; the logical switch latency is the slowest record's total."""
     if any(not r.layout.can_resize_weights(r.models[target].nbytes) for r in ranks if target in r.models):
         return None

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from talariad.types import SwitchPath
+from talariad.types import SwitchRecord as SwitchRecord  # a run result lists them
 
 GIB = 1 << 30
 
@@ -65,18 +66,6 @@ class SessionRecord:
     @property
     def sct_s(self) -> float:
         return self.end_s - self.start_s
-
-
-@dataclass(frozen=True, slots=True)
-class SwitchRecord:
-    """One logical model switch (the maximum over TP ranks, as in §5.6)."""
-
-    at_s: float
-    instance: str
-    from_model: str | None
-    to_model: str
-    path: SwitchPath
-    latency_s: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,7 +151,7 @@ class CostModel:
         round_load = base + prefill + recovery + activation
         if base > 0.0 and round_load > k.round_budget_s:
             reason = "round"
-        elif hbm_need > hbm_free - x.ov_hbm:
+        elif hbm_free is not None and hbm_need > hbm_free - x.ov_hbm:
             reason = "hbm"
         else:
             reason = "ok"
@@ -263,14 +263,12 @@ def _activation(prof: LatencyProfile, res: ModelResidency, state: ModelState) ->
         return (prof.open_s if res.open_cost_s is None else res.open_cost_s), True
     advertised = res.switch_cost_s
     cost = switch_estimate(prof, res.staged_fraction) if advertised is None else advertised
-    return cost, state is ModelState.STAGED
+    return cost, False
 
 
 def _added_weights(prof: LatencyProfile, res: ModelResidency, state: ModelState) -> int:
     if state is ModelState.ABSENT:
         return prof.weight_bytes
-    if state is ModelState.STAGED:
-        return int(prof.weight_bytes * (1.0 - min(max(res.staged_fraction, 0.0), 1.0)))
     return 0
 
 

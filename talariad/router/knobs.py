@@ -29,7 +29,7 @@ class RouterKnobs:
     """Slot budget one live lease charges to its instance. 0.5 s is about the session-prefill of a
     typical continuation suffix (a few thousand new tokens on a 100B+ model) plus its restore."""
 
-    replica_penalty_s: float = 1.0
+    replica_penalty_s: float = 2.0
     """ν_m of Eq. (2): latency-equivalent penalty against opening a replica for a short burst."""
 
     replica_penalty_by_model: Mapping[str, float] = field(default_factory=dict)
@@ -45,7 +45,7 @@ class RouterKnobs:
     staleness_s: float = 2.0
     """A snapshot older than this excludes its instance from non-reserved placement."""
 
-    heartbeat_s: float = 3.0
+    heartbeat_s: float = 2.0
     """Longest silence (no heartbeat, no snapshot) before an instance counts as having missed
     its heartbeat; it is then excluded from non-reserved placement."""
 

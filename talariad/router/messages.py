@@ -39,7 +39,6 @@ class ModelState(str, enum.Enum):
 
     ACTIVE = "active"  # its slot is open now (a hot instance's pinned model is always active)
     RESIDENT = "resident"  # in the instance's rotation; switching in costs the advertised switch
-    STAGED = "staged"  # not in the rotation, but `staged_fraction` of its weights sit in HBM
     ABSENT = "absent"  # not on the instance; opening it is a full open (a fresh replica)
 
 
@@ -88,7 +87,8 @@ class InstanceSnapshot:
     round_load_s: float = 0.0
     deadline_risk: float = 0.0
     kv_occupancy: float = 0.0
-    hbm_free_bytes: int = 0
+    hbm_free_bytes: int | None = 0
+    """None: the instance does not measure its memory; the HBM check is skipped for it."""
     staging_slack_bytes: int = 0
     restore_s_per_token: float | None = None  # measured H2D restore rate on this instance
 

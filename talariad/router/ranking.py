@@ -146,7 +146,8 @@ class _Search:
         base = row[7] * (row[9] + inst.ov_work_s + k.admission_unit_s * leased_all)
         if base > 0.0 and base + plan.prefill_s + recovery + activation > k.round_budget_s:
             return True
-        return plan.kv_bytes + row[6] > row[12] - inst.ov_hbm
+        hbm_free = row[12]  # None: the instance does not measure its memory, no HBM check
+        return hbm_free is not None and plan.kv_bytes + row[6] > hbm_free - inst.ov_hbm
 
     def result(self, insts: list[InstanceState], skipped) -> Ranking:
         scored, cheapest = self.scored, self.cheapest.instance if self.cheapest is not None else None

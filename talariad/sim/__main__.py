@@ -4,6 +4,7 @@ replay report (with the oracle column and the Talaria / Round-only ratio line)."
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from talariad.replay.progress import progress_bar
 from talariad.replay.report import print_report, to_json
 from talariad.replay.swebv import load_swebv
 from talariad.replay.trace import Trace, TraceError, read_jsonl
-from talariad.sim.configs import SUITES, SimConfig, suite
+from talariad.config import ConfigError, load_config
+from talariad.sim.configs import SUITES, SimConfig, from_config, map_models, suite
 from talariad.sim.profiles import ProfileSet, load_set
 from talariad.sim.simulator import simulate
 
@@ -54,23 +56,45 @@ def plan(trace: Trace, suites: list[str], pset: ProfileSet) -> list[tuple[SimCon
     return out
 
 
+def config_plan(trace: Trace, suites: list[str], path: str, console: Console):
+    """Runs over an operator's config: its instances, models, pools, knobs and named profiles."""
+    cfg = load_config(path)
+    mapping = map_models(trace.models(), cfg)
+    if any(a != b for a, b in mapping.items()):
+        pairs = ", ".join(f"{a} -> {b}" for a, b in mapping.items())
+        console.print(f"trace models on config models: {pairs}")
+        trace = Trace([dataclasses.replace(c, model=mapping[c.model]) for c in s]
+                      for s in trace.sessions)
+    small = router_subset(trace)
+    out, pset = [], None
+    for name in suites:
+        configs, pset = from_config(cfg, name)
+        out += [(c, trace if name == "ablations" else small) for c in configs]
+    return out, pset, trace
+
+
 def compare(args) -> int:
-    pset = load_set(args.profiles)
     trace = load_trace(args)
     if not trace.sessions:
         raise ValueError("the trace has no sessions")
-    runs = plan(trace, list(SUITES) if args.suite == "all" else [args.suite], pset)
+    suites = list(SUITES) if args.suite == "all" else [args.suite]
+    console = Console(width=args.width) if args.width else Console()
+    if args.config:
+        runs, pset, trace = config_plan(trace, suites, args.config, console)
+    else:
+        pset = load_set(args.profiles)
+        runs = plan(trace, suites, pset)
     total = sum(len(t.sessions) for _, t in runs)
     results = []
     with progress_bar(total, "simulating", enabled=not args.no_progress) as advance:
         for cfg, t in runs:
             advance(0, description=cfg.name)
             results.append(simulate(t, cfg, pset, on_session_done=advance))
-    console = Console(width=args.width) if args.width else Console()
     title = f"{args.swebv or args.trace} ({trace.n_calls} calls, {len(trace)} sessions, seed {args.seed})"
     for name in dict.fromkeys(_suite_of(cfg) for cfg, _ in runs):
         picked = [r for (cfg, _), r in zip(runs, results) if _suite_of(cfg) == name]
-        print_report(picked, console=console, title=f"{name}: {title}", paper=name == "ablations")
+        paper = name == "ablations" and not args.config  # the paper's numbers are for its box
+        print_report(picked, console=console, title=f"{name}: {title}", paper=paper)
     console.print("wall-clock per config: " + ", ".join(f"{r.config} {r.wall_clock_s:.1f}s" for r in results))
     if args.json:
         Path(args.json).write_text(to_json(results))
@@ -96,6 +120,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--suite", choices=(*SUITES, "all"), default="ablations")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--profiles", default="paper-tp8", help="bundled profile set name or a YAML path")
+    c.add_argument("--config", metavar="TALARIA_YAML",
+                   help="simulate this config's instances, models, pools and knobs "
+                        "(instead of --profiles)")
     c.add_argument("--json", metavar="FILE")
     c.add_argument("--plots", metavar="DIR")
     c.add_argument("--no-progress", action="store_true")
@@ -113,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return compare(args)
+    except ConfigError as e:
+        for line in e.lines:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
     except (TraceError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

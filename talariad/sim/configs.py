@@ -21,12 +21,16 @@ import dataclasses
 from dataclasses import dataclass
 
 from talariad.cold_sched import SchedKnobs, ablation
+from talariad.config import AblationConfig, PolicyConfig, TalariaConfig
+from talariad.knobs import (config_router_knobs, config_sched_knobs, profile_set, router_knobs,
+                            sched_knobs)
 from talariad.router import POLICIES, RouterKnobs
-from talariad.sim.memory import MEM_FRACTION, MemorySpec
+from talariad.sim.memory import memory_spec
 from talariad.sim.profiles import ProfileSet
 from talariad.types import Pool
 
-ABLATIONS = {"Talaria": "talaria", "no-SP": "no-sp", "no-HKVR": "no-hkvr", "H2D-only": "h2d-only",
+ABLATION_NAMES = {"Talaria": "talaria", "no-SP": "no-sp", "no-HKVR": "no-hkvr",
+                  "H2D-only": "h2d-only",
              "Round-only": "round-only"}
 LOADS = {"low": 30.0, "medium": 10.0, "high": 2.0}  # seconds between session starts
 TAUS = (0.0, 0.5, 1.0, 2.0, 5.0)
@@ -51,8 +55,8 @@ class InstanceSpec:
 class SimConfig:
     name: str
     instances: tuple[InstanceSpec, ...]
-    sched: SchedKnobs = SchedKnobs()
-    router: RouterKnobs = RouterKnobs()
+    sched: SchedKnobs = sched_knobs(PolicyConfig(), AblationConfig())
+    router: RouterKnobs = router_knobs(PolicyConfig(), AblationConfig())
     policy: str = "talaria"
     start_interval_s: float = 0.0  # session i starts at i * interval
     prewarm: bool = True
@@ -70,30 +74,26 @@ class SimConfig:
         POLICIES.get(self.policy)  # ValueError naming the valid policies
 
 
-def memory_spec(pset: ProfileSet) -> MemorySpec:
-    """Per-GPU managed HBM and the host KV arena (host memory minus every model's host weights)."""
-    box = pset.box
-    weights = {m: s.weight_bytes_per_gpu or s.profile.weight_bytes for m, s in pset.models.items()}
-    kv = {m: s.kv_bytes_per_token_per_gpu or s.profile.kv_bytes_per_token for m, s in pset.models.items()}
-    host_kv = box.host_memory_bytes - box.tp * sum(weights.values())
-    return MemorySpec(int(box.hbm_per_gpu_bytes * MEM_FRACTION), max(host_kv, 0), box.tp,
-                      box.h2d_bytes_per_s, weights, kv)
-
-
-def base_knobs(pset: ProfileSet, models: tuple[str, ...], tau_s: float = 1.0) -> SchedKnobs:
-    """Scheduler knobs from the box: device KV capacity in tokens for the tightest model."""
+def kv_capacity_tokens(pset: ProfileSet, models) -> int | None:
+    """Device KV capacity in tokens for the tightest model (None: the profiles carry no KV size)."""
     spec = memory_spec(pset)
     caps = [(spec.hbm_bytes - spec.weight_bytes[m]) // spec.kv_bytes_per_token[m]
             for m in models if spec.kv_bytes_per_token.get(m)]
-    cap = int(min(caps)) if caps else SchedKnobs().kv_capacity_tokens
-    return SchedKnobs(kv_capacity_tokens=max(cap, 1), sp_hold_s=tau_s)
+    return max(int(min(caps)), 1) if caps else None
+
+
+def base_knobs(pset: ProfileSet, models: tuple[str, ...], tau_s: float = 1.0) -> SchedKnobs:
+    """Scheduler knobs of the default policy on the box (the config defaults, as the daemon's)."""
+    capacity = kv_capacity_tokens(pset, models)
+    return sched_knobs(PolicyConfig(tau_s=tau_s), AblationConfig(), capacity)
 
 
 def ablation_configs(pset: ProfileSet, models: tuple[str, ...]) -> list[SimConfig]:
     box = (InstanceSpec("tp8", models),)
     base = base_knobs(pset, models)
-    router = RouterKnobs(overload="spill")
-    return [SimConfig(name, box, ablation(key, base), router) for name, key in ABLATIONS.items()]
+    router = router_knobs(PolicyConfig(), AblationConfig(), overload="spill")
+    return [SimConfig(name, box, ablation(key, base), router)
+            for name, key in ABLATION_NAMES.items()]
 
 
 def router_box(models: tuple[str, ...]) -> tuple[InstanceSpec, ...]:
@@ -106,14 +106,16 @@ def policy_order() -> list[str]:
 
 def router_configs(pset: ProfileSet, models: tuple[str, ...]) -> list[SimConfig]:
     knobs = base_knobs(pset, models)
-    return [SimConfig(f"{policy}@{load}", router_box(models), knobs, RouterKnobs(), policy,
+    router = router_knobs(PolicyConfig(), AblationConfig())
+    return [SimConfig(f"{policy}@{load}", router_box(models), knobs, router, policy,
                       interval, prewarm=False, load=load)
             for load, interval in LOADS.items() for policy in policy_order()]
 
 
 def tau_configs(pset: ProfileSet, models: tuple[str, ...]) -> list[SimConfig]:
     return [SimConfig(f"tau={tau:g}s", router_box(models), base_knobs(pset, models, tau),
-                      RouterKnobs(tau_s=tau), "talaria", LOADS["medium"], prewarm=False, tau_s=tau)
+                      router_knobs(PolicyConfig(tau_s=tau), AblationConfig()), "talaria",
+                      LOADS["medium"], prewarm=False, tau_s=tau)
             for tau in TAUS]
 
 
@@ -127,3 +129,46 @@ def suite(name: str, pset: ProfileSet, models: tuple[str, ...]) -> list[SimConfi
 def with_knobs(cfg: SimConfig, **changes) -> SimConfig:
     """A copy with scheduler knobs changed (tests and what-if runs)."""
     return dataclasses.replace(cfg, sched=dataclasses.replace(cfg.sched, **changes))
+
+
+# ---- an operator's config ---------------------------------------------------------------------
+
+
+def config_box(cfg: TalariaConfig) -> tuple[InstanceSpec, ...]:
+    return tuple(InstanceSpec(i.name, tuple(i.models), Pool(i.pool)) for i in cfg.instances)
+
+
+def from_config(cfg: TalariaConfig, suite_name: str) -> tuple[list[SimConfig], ProfileSet]:
+    """A suite over exactly the config's instances, models, pools and policy knobs, with the latency
+    profiles its models name (ablations: the config's knobs with the §5.1 switches flipped)."""
+    models = [m.name for m in cfg.models]
+    pset = profile_set(cfg, models)
+    base = config_sched_knobs(cfg, kv_capacity_tokens(pset, models))
+    router, box, beat = config_router_knobs(cfg), config_box(cfg), cfg.policy.telemetry_interval_s
+    if suite_name == "ablations":
+        return [SimConfig(name, box, ablation(key, base), router, cfg.policy.router,
+                          heartbeat_s=beat) for name, key in ABLATION_NAMES.items()], pset
+    if suite_name == "router":
+        return [SimConfig(f"{policy}@{load}", box, base, router, policy, interval, prewarm=False,
+                          heartbeat_s=beat, load=load)
+                for load, interval in LOADS.items() for policy in policy_order()], pset
+    if suite_name == "tau":
+        return [SimConfig(f"tau={tau:g}s", box, dataclasses.replace(base, sp_hold_s=tau),
+                          dataclasses.replace(router, tau_s=tau), cfg.policy.router,
+                          LOADS["medium"],
+                          prewarm=False, heartbeat_s=beat, tau_s=tau) for tau in TAUS], pset
+    raise ValueError(f"unknown suite {suite_name!r}; choose from {SUITES} or 'all'")
+
+
+def map_models(trace_models: list[str], cfg: TalariaConfig) -> dict[str, str]:
+    """Trace model -> config model: a model the config serves keeps its name; the others take the
+    config's remaining served models in order (cycling), as the paper maps its subset (§5.1)."""
+    served = list(dict.fromkeys(m for i in cfg.instances for m in i.models))
+    spare = [m for m in served if m not in trace_models] or served
+    out, k = {}, 0
+    for m in trace_models:
+        if m in served:
+            out[m] = m
+        else:
+            out[m], k = spare[k % len(spare)], k + 1
+    return out

@@ -57,6 +57,18 @@ class MemoryModel(Protocol):
     def footprint(self, active: str | None, target: str | None, device_kv_bytes: int, now: float) -> int: ...
 
 
+def memory_spec(pset) -> MemorySpec:
+    """Per-GPU managed HBM and the host KV arena (host memory minus every model's host weights),
+    from a `ProfileSet`."""
+    box = pset.box
+    weights = {m: s.weight_bytes_per_gpu or s.profile.weight_bytes for m, s in pset.models.items()}
+    kv = {m: s.kv_bytes_per_token_per_gpu or s.profile.kv_bytes_per_token
+          for m, s in pset.models.items()}
+    host_kv = box.host_memory_bytes - box.tp * sum(weights.values())
+    return MemorySpec(int(box.hbm_per_gpu_bytes * MEM_FRACTION), max(host_kv, 0), box.tp,
+                      box.h2d_bytes_per_s, weights, kv)
+
+
 class SimMemory:
     """See the module docstring. `d2d` and `host_kv` are the ablation switches."""
 

@@ -18,13 +18,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from talariad.replay.metrics import CallRecord, RoundRecord, RunResult, SessionRecord, SwitchRecord
+from talariad.replay.metrics import CallRecord, RoundRecord, RunResult, SessionRecord
 from talariad.replay.oracle import oracle_bounds
 from talariad.replay.trace import Trace, TraceCall
 from talariad.router import CallRequest, Router
-from talariad.sim.configs import SimConfig, memory_spec
+from talariad.sim.configs import SimConfig
+from talariad.instance.core import Done
 from talariad.sim.instance import SimInstance
-from talariad.sim.memory import SimMemory
+from talariad.sim.memory import SimMemory, memory_spec
 from talariad.sim.profiles import ProfileSet
 
 RELEASE, RETRY, DONE, WAKE = range(4)
@@ -120,9 +121,10 @@ class Simulator:
             return
         inst = self.instances[decision.instance]
         p.instance = inst.name
-        p.resident = c.model in inst.opened
+        p.resident = c.model in inst.placed
         p.opened = not p.resident
-        p.avoidable = p.opened and any(c.model in o.opened for o in self.instances.values() if o is not inst)
+        others = (o for o in self.instances.values() if o is not inst)
+        p.avoidable = p.opened and any(c.model in o.placed for o in others)
         inst.submit(p.call_id, c.session_id, c.model, max(c.prompt_tokens, 1), c.prefix_tokens,
                     req.max_tokens, now)
         if not inst.busy:
@@ -153,19 +155,18 @@ class Simulator:
 
     def _done(self, now: float, name: str) -> None:
         inst = self.instances[name]
-        for c in inst.finish(now):
-            self._complete(inst, c, now)
+        for done in inst.finish(now):
+            self._complete(inst, done, now)
         self._step(inst, now)
 
-    def _complete(self, inst: SimInstance, c, now: float) -> None:
+    def _complete(self, inst: SimInstance, done: Done, now: float) -> None:
+        c = done.completion
         p = self._pending.pop(c.call_id)
-        self.router.completed(c.call_id, inst.name, c.kv_state, c.kv_len, now)
+        self.router.completed(c.call_id, inst.name, done.kv_state, done.kv_len, now)
         s, k = p.session, p.call.call_idx
         prev = self._last_inst.get(s)
         self._last_inst[s] = inst.name
-        source = inst.kv_source.pop(c.call_id, "none")
-        if source == "none" and p.call.prefix_tokens > 0:
-            source = "recompute"
+        source = done.call.kv_source
         self.result.calls.append(CallRecord(
             p.call.session_id, k, p.call.model, inst.name, p.intended_s, c.first_token_at, now,
             same_instance=None if k == 0 else prev == inst.name, model_resident=p.resident,
@@ -201,14 +202,14 @@ class Simulator:
                              for x in r.sessions), key=lambda x: x.session_id)
         r.calls.sort(key=lambda x: (x.session_id, x.call_idx))
         for inst in self.instances.values():
-            r.switches += [SwitchRecord(w.at_s, inst.name, w.from_model, w.to_model, w.path, w.latency_s)
-                           for w in inst.switches]
+            r.switches += inst.core.switches
             s = inst.sched
             r.rounds += [RoundRecord(x.index, inst.name, x.wall_s, x.active_s, x.switch_s,
-                                     inst.hbm_by_round.get(x.index, 0)) for x in s.round_summaries]
+                                     inst.model.hbm_by_round.get(x.index, 0))
+                         for x in s.round_summaries]
             if (last := open_round(inst, self._now)) is not None:
                 r.rounds.append(last)
-            r.hbm_peak_bytes = max(r.hbm_peak_bytes, inst.hbm_peak)
+            r.hbm_peak_bytes = max(r.hbm_peak_bytes, inst.model.hbm_peak)
             r.sp_admitted += s.sp_admitted
             r.sp_parked += s.sp_parked
         r.switches.sort(key=lambda w: (w.at_s, w.instance))
@@ -222,7 +223,7 @@ def open_round(inst: SimInstance, end: float) -> RoundRecord | None:
         return None
     active = cur.active_s + (end - slot.opened_at if slot is not None else 0.0)
     return RoundRecord(cur.index, inst.name, active + cur.switch_s, active, cur.switch_s,
-                       inst.hbm_by_round.get(cur.index, 0))
+                       inst.model.hbm_by_round.get(cur.index, 0))
 
 
 def simulate(trace: Trace, config: SimConfig, pset: ProfileSet,

@@ -1,5 +1,6 @@
-"""A scripted-clock driver for the scheduler tests: it runs each action for its predicted
-duration in virtual time and releases each session's next call a gap after the last completes."""
+"""A scripted-clock driver for the scheduler tests: it runs the instance core around the test's
+scheduler, each step for its predicted duration in virtual time, and releases each session's next
+call a gap after the last completes. Calls carry their prefix as the test scripts it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from talariad.cold_sched import (
     SubmittedCall,
     Switch,
 )
-from talariad.types import KVState, LatencyProfile, SwitchPath
+from talariad.instance import InstanceCall, InstanceCore, StepResult
+from talariad.types import KVState, LatencyProfile, Pool, SwitchPath
 
 PROFILE = LatencyProfile(
     prefill_s_per_token=1e-4,
@@ -67,6 +69,9 @@ class VirtualDriver:
     """Called with each non-idle action right after next_action() chose it (invariants)."""
 
     def __post_init__(self) -> None:
+        pool = Pool.HOT if self.sched.mode == "pinned" else Pool.COLD
+        s = self.sched
+        self.core = InstanceCore("driver", pool, s.models, s.knobs, s.profiles, scheduler=s)
         self._heap: list[tuple[float, int, object]] = []
         self._seq = 0
         self._next_turn = {s.session_id: 0 for s in self.sessions}
@@ -80,14 +85,22 @@ class VirtualDriver:
         heapq.heappush(self._heap, (at, self._seq, item))
         self._seq += 1
 
+    def submit(self, call: SubmittedCall, now: float) -> None:
+        """Queue a scripted call through the instance core, its prefix as the test states it."""
+        self.submitted[call.call_id] = call
+        record = InstanceCall(call.call_id, call.session_id, call.model, call.prompt_tokens,
+                              call.max_tokens, call.arrived_at)
+        self.core.submit_resolved(record, call.prefix_tokens, call.prefix_state,
+                                  call.is_continuation, now)
+
     def _release(self, until: float) -> None:
         """Submit everything that arrives up to `until`, each at its own arrival time."""
         while self._heap and self._heap[0][0] <= until + 1e-12:
             at, _, item = heapq.heappop(self._heap)
             call = item if isinstance(item, SubmittedCall) else self._turn_call(at, *item)
-            self.submitted[call.call_id] = call
-            self.sched.submit(call, max(at, self._last_event))
-            self._last_event = max(at, self._last_event)
+            now = max(at, self._last_event)
+            self.submit(call, now)
+            self._last_event = now
 
     def _turn_call(self, at: float, session_id: str, k: int) -> SubmittedCall:
         s = self._by_id[session_id]
@@ -111,7 +124,8 @@ class VirtualDriver:
         self._last_event = self.now
         for _ in range(max_steps):
             self._release(self.now)
-            action = self.sched.next_action(self.now)
+            plan = self.core.next_plan(self.now)
+            action = plan if isinstance(plan, Idle) else plan.action
             if isinstance(action, Idle):  # wake at action.until or at the next arrival
                 wake = min([t for t in (action.until, self._next_arrival()) if t is not None],
                            default=None)  # fmt: skip
@@ -125,10 +139,11 @@ class VirtualDriver:
             self.now = start + dur
             self._release(self.now)
             self.steps.append(Step(start, self.now, action, self.sched.active))
-            for done in self.sched.finish(action, self.now, dur):
-                self._on_complete(done)
+            result = StepResult(calls=None)  # one token per call
+            for done in self.core.finish(plan, result, self.now, dur):
+                self._on_complete(done.completion)
             self._last_event = self.now
-            self.sched.check_integrity()
+            self.core.check_integrity()
             if until is not None and self.now >= until:
                 return
         raise AssertionError("driver did not settle")

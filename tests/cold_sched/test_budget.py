@@ -17,13 +17,17 @@ from talariad.cold_sched import (
     Switch,
     ablation,
     decode_iterations,
-    decode_share_ok,
     plan_slot,
 )
 from talariad.types import KVState, SwitchPath
 from tests.cold_sched.driver import PROFILE, Session, Turn, VirtualDriver
 
 FAST_OPEN = dataclasses.replace(PROFILE, open_s=0.15)  # first open costs what a D2D switch does
+
+
+def decode_share_ok(d: int, round_s: float, tpot_s: float, step_s: float) -> bool:
+    """Eq. (4) as written, the oracle: d_m * (T_TPOT - t_D) >= U_m."""
+    return d * (tpot_s - step_s) >= round_s - d * step_s - 1e-9
 
 
 @settings(max_examples=60, deadline=None)

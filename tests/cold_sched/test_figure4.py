@@ -129,7 +129,7 @@ def test_return_whose_prefix_was_evicted_is_not_sp_eligible():
     )
     d.run(until=3.5)  # A is open and decoding
     sched = d.sched
-    sched.submit(SubmittedCall("s9#1", "s9", "A", 800, 600, KVState.HOST, 5, d.now, True), d.now)
+    d.submit(SubmittedCall("s9#1", "s9", "A", 800, 600, KVState.HOST, 5, d.now, True), d.now)
     sched.set_kv_state("s9", "A", KVState.MISSING, 0, now=d.now)  # the host copy was dropped
     assert sched.telemetry(d.now).queues["A"].sp_eligible == 0
     d.run()
@@ -142,7 +142,7 @@ def test_host_restorable_return_is_admitted_by_sp_with_a_restore():
         ColdScheduler(knobs, PROFILES, ["A", "B"]), [Session("bg", "A", [Turn(1000, 200)])]
     )
     d.run(until=3.5)
-    d.sched.submit(SubmittedCall("h#1", "h", "A", 900, 800, KVState.HOST, 5, d.now, True), d.now)
+    d.submit(SubmittedCall("h#1", "h", "A", 900, 800, KVState.HOST, 5, d.now, True), d.now)
     d.run()
     (item,) = d.prefill_of("h#1").action.calls
     assert d.prefill_of("h#1").action.tag == "SP"

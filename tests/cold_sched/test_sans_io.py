@@ -1,13 +1,46 @@
-"""The scheduler core is sans-IO (DESIGN.md §3): no clock, IO, process or tensor imports."""
+"""The cores are sans-IO: the router, the cold-pool scheduler and the instance core import no clock,
+IO, process, thread or tensor module, directly or through what they import."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
-import talariad.cold_sched
+import pytest
 
-ALLOWED = {"__future__", "collections", "dataclasses", "enum", "math", "typing", "talariad"}
+import talariad
+
+PACKAGE = Path(talariad.__file__).parent
+PURE = {
+    "__future__",
+    "abc",
+    "bisect",
+    "collections",
+    "dataclasses",
+    "enum",
+    "hashlib",
+    "heapq",
+    "itertools",
+    "math",
+    "random",
+    "types",
+    "typing",
+    "talariad",
+}
+CORES = ("router", "cold_sched", "instance")
+NEVER = (
+    "torch",
+    "asyncio",
+    "subprocess",
+    "concurrent",
+    "httpx",
+    "fastapi",
+    "uvicorn",
+    "grpc",
+    "numpy",
+)
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -20,9 +53,18 @@ def imported_roots(path: Path) -> set[str]:
     return roots
 
 
-def test_cold_sched_imports_only_pure_modules():
-    package = Path(talariad.cold_sched.__file__).parent
-    files = sorted(package.glob("*.py"))
-    assert len(files) > 5
+@pytest.mark.parametrize("core", CORES)
+def test_core_modules_import_only_pure_modules(core):
+    files = sorted((PACKAGE / core).rglob("*.py"))
+    assert len(files) >= 4
     for path in files:
-        assert imported_roots(path) <= ALLOWED, path.name
+        assert imported_roots(path) <= PURE, path.name
+
+
+def test_cores_pull_in_no_io_through_their_imports():
+    code = (
+        "import sys, talariad.router, talariad.cold_sched, talariad.instance, talariad.sim.model; "
+        f"print(sorted(m for m in {NEVER!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

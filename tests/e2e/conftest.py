@@ -51,10 +51,11 @@ def _pump(stream, sink: queue.Queue) -> None:
         sink.put(line)
 
 
-def start_daemon(tmp_path: pathlib.Path, overrides: dict | None = None, executor: str | None = None) -> Daemon:
-    """The embedded default config, with `overrides` merged into its sections and every instance's
-    executor replaced by `executor` when given."""
-    cfg = yaml.safe_load((ROOT / "etc" / "talaria.yaml").read_text())
+def start_daemon(tmp_path: pathlib.Path, overrides: dict | None = None, executor: str | None = None,
+                 base: dict | None = None) -> Daemon:
+    """The embedded default config (or `base`), with `overrides` merged into its sections and every
+    instance's executor replaced by `executor` when given."""
+    cfg = base or yaml.safe_load((ROOT / "etc" / "talaria.yaml").read_text())
     for inst in cfg["instances"] if executor else ():
         inst["executor"] = executor
     sock_path = str(tmp_path / "admin.sock")

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from talariad.engine.model import ModelConfig, ModelRunner, random_weights, tiny_config
+from talariad.engine.model import ArchConfig, ModelRunner, random_weights, tiny_config
 
 CUDA_REASON = "no CUDA device: torch.cuda.is_available() is False"
 DEVICES = [
@@ -40,7 +40,7 @@ def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
 
 
-def dense_logits(config: ModelConfig, params: dict, token_ids: list[int]) -> torch.Tensor:
+def dense_logits(config: ArchConfig, params: dict, token_ids: list[int]) -> torch.Tensor:
     """Logits [T, vocab] for every position, recomputing the whole sequence with no cache."""
     c, p = config, params
     x = p["model.embed_tokens.weight"][
@@ -70,7 +70,7 @@ def dense_logits(config: ModelConfig, params: dict, token_ids: list[int]) -> tor
     return _norm(x, p["model.norm.weight"], c.rms_norm_eps) @ head.T
 
 
-def dense_greedy(config: ModelConfig, params: dict, prompt: list[int], n: int) -> list[int]:
+def dense_greedy(config: ArchConfig, params: dict, prompt: list[int], n: int) -> list[int]:
     seq = list(prompt)
     for _ in range(n):
         seq.append(int(dense_logits(config, params, seq)[-1].argmax()))
@@ -89,6 +89,6 @@ def make_runner(device="cpu", num_pages=64, page_size=4, seed=0, **overrides) ->
 
 def scrambled_table(runner: ModelRunner, req_id, num_tokens: int, seed: int = 0) -> list[int]:
     """Pages in a shuffled, non-contiguous order, to exercise the block-table indirection."""
-    free = runner.allocator.free_pages
-    random.Random(seed).shuffle(free)
-    return runner.allocator.allocate(req_id, num_tokens)
+    table = runner.allocator.allocate(req_id, num_tokens)
+    random.Random(seed).shuffle(table)
+    return table

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from talariad.engine.model import (
-    ModelConfig,
+    ArchConfig,
     ModelRunner,
-    PrefillItem,
+    PrefillSeq,
     kv_page_bytes,
     load_checkpoint,
     param_shapes,
@@ -29,7 +29,7 @@ from tests.engine.model_reference import DEVICES, PROMPT, tol
 def logits(config, params) -> torch.Tensor:
     runner = ModelRunner(config, params, num_pages=16, page_size=4)
     table = runner.allocator.allocate("r", len(PROMPT))
-    return runner.prefill([PrefillItem("r", PROMPT, 0, table)], all_logits=True)
+    return runner.prefill([PrefillSeq("r", PROMPT, 0, table)], all_logits=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -170,11 +170,11 @@ def test_config_round_trip_and_derived_head_dim():
         tiny_config(model_type="qwen2", qkv_bias=True),
         tiny_config(eos_token_ids=(4,)),
     ):
-        assert ModelConfig.from_dict(config.to_dict()) == config
+        assert ArchConfig.from_dict(config.to_dict()) == config
     cfg = tiny_config().to_dict()
     del cfg["head_dim"]
-    assert ModelConfig.from_dict(cfg).head_dim == 64 // 4
-    assert ModelConfig.from_dict({**cfg, "num_key_value_heads": None}).num_key_value_heads == 4
+    assert ArchConfig.from_dict(cfg).head_dim == 64 // 4
+    assert ArchConfig.from_dict({**cfg, "num_key_value_heads": None}).num_key_value_heads == 4
 
 
 def test_llama3_rope_scaling_slows_only_long_wavelengths():
@@ -244,10 +244,10 @@ QWEN2_5_0_5B = {
 
 
 def test_real_world_config_shapes_parse():
-    llama = ModelConfig.from_dict(LLAMA_3_2_1B)
+    llama = ArchConfig.from_dict(LLAMA_3_2_1B)
     assert (llama.head_dim, llama.num_query_groups, llama.qkv_bias) == (64, 4, False)
     assert llama.eos_token_ids == (128001,) and "lm_head.weight" not in param_shapes(llama)
-    qwen = ModelConfig.from_dict(QWEN2_5_0_5B)
+    qwen = ArchConfig.from_dict(QWEN2_5_0_5B)
     assert (qwen.head_dim, qwen.qkv_bias, qwen.o_bias) == (64, True, False)
     shapes = param_shapes(qwen)
     assert shapes["model.layers.0.self_attn.k_proj.bias"] == (128,)

@@ -8,7 +8,7 @@ import torch
 
 from talariad.engine.model import (
     ModelRunner,
-    PrefillItem,
+    PrefillSeq,
     SamplingParams,
     make_kv_pool,
     random_weights,
@@ -21,7 +21,7 @@ GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 
 
 def turn(runner: ModelRunner, req_id, tokens, cached_len: int, table) -> list[int]:
-    return runner.generate_batch([PrefillItem(req_id, tokens, cached_len, table)], [GREEDY])[
+    return runner.generate_batch([PrefillSeq(req_id, tokens, cached_len, table)], [GREEDY])[
         0
     ].token_ids
 

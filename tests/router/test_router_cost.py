@@ -9,7 +9,7 @@ from talariad.router import (DecisionKind, InstanceSnapshot, ModelResidency, Mod
 from talariad.types import KVState, Pool, SwitchPath
 from tests.router.router_factories import MODEL, Snaps, call, cand, cluster, router
 
-A, R, S, X = ModelState.ACTIVE, ModelState.RESIDENT, ModelState.STAGED, ModelState.ABSENT
+A, R, X = ModelState.ACTIVE, ModelState.RESIDENT, ModelState.ABSENT
 
 
 def _terms_sum(c) -> float:
@@ -43,8 +43,8 @@ def test_partial_prefix_recomputes_only_the_missing_part():
     (ModelResidency(A), 0.0, False),
     (ModelResidency(R, switch_cost_s=0.4), 0.4, False),  # advertised switch cost
     (ModelResidency(R, staged_fraction=1.0), 0.1, False),  # resident, fully staged: D2D
-    (ModelResidency(S, staged_fraction=0.5), 0.1 + 0.5 * 1.9, True),  # partial staging
-    (ModelResidency(S, staged_fraction=0.0), 2.0, True),
+    (ModelResidency(R, staged_fraction=0.5), 0.1 + 0.5 * 1.9, False),  # partial staging
+    (ModelResidency(R, staged_fraction=0.0), 2.0, False),
     (ModelResidency(X, open_cost_s=2.5), 2.5, True),  # measured full open
     (ModelResidency(X), 3.0, True),  # profiled full open
 ])
@@ -58,7 +58,7 @@ def test_activation_term(residency, activation, replica):
 def test_less_staging_costs_more():
     r, snaps = router(), Snaps()
     for name, frac in (("a", 0.9), ("b", 0.2)):
-        r.observe(snaps(name, 0.0, models={MODEL: ModelResidency(S, staged_fraction=frac)}), 0.0)
+        r.observe(snaps(name, 0.0, models={MODEL: ModelResidency(R, staged_fraction=frac)}), 0.0)
     d = r.place(call("c1"), 0.1)
     assert cand(d, "a").activation_s < cand(d, "b").activation_s and d.instance == "a"
 

@@ -1,4 +1,4 @@
-"""Each baseline policy's defining behaviour (peer-policies.md definitions)."""
+"""Each baseline policy's defining behaviour (as each peer system defines it)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ import pytest
 from talariad.cold_sched import Decode, Prefill, PrefillItem, Switch
 from talariad.replay.trace import Trace, write_jsonl
 from talariad.sim.__main__ import main, router_subset
-from talariad.sim.configs import memory_spec
+from talariad.sim.memory import memory_spec
 from talariad.sim.costs import action_seconds, switch_seconds
 from talariad.sim.memory import MemorySpec, SimMemory
 from talariad.types import LatencyProfile, SwitchPath
@@ -43,6 +43,35 @@ def test_staging_decides_the_switch_path():
     assert partial.path is SwitchPath.PARTIAL and partial.uncovered == pytest.approx(0.5)
     assert mem.plan_switch("a", "b", 60, 10.0).path is SwitchPath.H2D  # KV took all the slack
     assert SimMemory(spec(), d2d=False).plan_switch("a", "b", 0, 10.0).path is SwitchPath.H2D
+
+
+def test_the_sim_model_stages_what_the_rotation_switches_to_next():
+    """One staging-target rule for the scheduler, the torch executor and the sim model."""
+    from talariad.cold_sched.calls import SessionLedger
+    from talariad.cold_sched.rounds import staging_target
+    from talariad.instance import InstanceCall, StepPlan
+    from talariad.sim.model import SimModel
+
+    assert staging_target(["a", "b", "c"], "a", {"c"}.__contains__) == "c"  # b is idle: skipped
+    assert staging_target(["a", "b", "c"], "a", set().__contains__) == "b"
+    assert staging_target(["a"], "a", {"a"}.__contains__) is None
+    mem = SimMemory(spec(weight_bytes={"a": 40, "b": 40, "c": 40},
+                         kv_bytes_per_token={"a": 1, "b": 1, "c": 1}))
+    model = SimModel({m: PROF for m in "abc"}, mem, ["a", "b", "c"], prewarm=True)
+    waiting = {"x": InstanceCall("x", "s", "c", 10, 5)}  # only c has work
+    ledger = SessionLedger()
+
+    def switch(src, dst, now):
+        plan = StepPlan(Switch(src, dst, SwitchPath.D2D), {}, waiting, ledger, 0)
+        return model.begin(plan, now), model.end(plan, now)
+
+    switch(None, "a", 0.0)
+    assert model.staging == "c"
+    seconds, result = switch("a", "b", 10.0)  # not staged: a full reload
+    assert result.switch_path is SwitchPath.H2D and seconds == pytest.approx(2.1)
+    model.staging = "c"
+    seconds, result = switch("b", "c", 20.0)
+    assert result.switch_path is SwitchPath.D2D and seconds == pytest.approx(0.1)
 
 
 def test_host_kv_evicts_least_recently_used():

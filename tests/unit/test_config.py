@@ -87,3 +87,45 @@ def test_cli_missing_file_exits_2(tmp_path):
 def test_check_config_accepts_default():
     result = CliRunner().invoke(app, ["check-config", str(DEFAULT)])
     assert result.exit_code == 0 and "ok (2 models, 2 instances)" in result.stdout
+
+
+@pytest.mark.parametrize("mutate, path, words", [
+    (lambda d: d["models"][0].update(profile="gpt-9"), "models[0].profile",
+     "no bundled latency profile 'gpt-9'"),
+    (lambda d: d["instances"][1].update(executor="sglang"), "instances[1].executor", "'sglang'"),
+    (lambda d: d["policy"].update(staleness_s=0.2), "policy.staleness_s", "not longer than"),
+    (lambda d: d["supervisor"].update(restart_backoff_s=60), "supervisor.restart_backoff_s",
+     "above"),
+])
+def test_check_config_runs_the_build_checks_of_run(tmp_path, mutate, path, words):
+    data = _base()
+    data.setdefault("supervisor", {})
+    mutate(data)
+    f = _write(tmp_path, data)
+    result = CliRunner().invoke(app, ["check-config", str(f)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    line = next(ln for ln in result.stderr.splitlines() if f": {path}:" in ln)
+    assert words.replace("profile '", "profile named '") in line
+
+
+def test_check_config_reports_schema_and_semantic_problems_in_one_pass(tmp_path):
+    data = _base()
+    data["policy"].update(gamma=3, staleness_s=0.1)
+    data["models"][1]["profile"] = "nope"
+    data["instances"][1]["models"].append("ghost")
+    result = CliRunner().invoke(app, ["check-config", str(_write(tmp_path, data))])
+    assert result.exit_code == 2
+    fields = {ln.split(": ")[2] for ln in result.stderr.strip().splitlines()}
+    want = {"policy.gamma", "policy.staleness_s", "models[1].profile", "instances[1].models[2]"}
+    assert want <= fields
+
+
+def test_check_config_finds_what_a_torch_instance_could_not_load(tmp_path):
+    data = _base()
+    data["models"][0]["path"] = "no-such-checkpoint"
+    data["instances"][1]["devices"] = [0, 1]
+    result = CliRunner().invoke(app, ["check-config", str(_write(tmp_path, data))])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert any("models[0].path: 'no-such-checkpoint' is not a checkpoint" in ln for ln in lines)
+    assert any("instances[1].devices: [0, 1]: the torch executor runs on one" in ln for ln in lines)

@@ -3,7 +3,7 @@
 import pathlib
 
 from talariad.config import load_config
-from talariad.engine.messages import ModelLoad, SessionKV, Telemetry
+from talariad.engine.messages import ModelLoad, KVEntry, Telemetry
 from talariad.gateway.routing import PrefixTracker, router_knobs, snapshot
 from talariad.router import ModelState
 from talariad.types import KVState
@@ -15,7 +15,8 @@ def test_snapshot_maps_model_states_and_sessions():
     t = Telemetry(instance="cold0", version=7, pool="cold", models=["a", "b", "c"], active_model="a",
                   loaded_models=["a"], opened_models=["a", "b"],
                   model_load={"b": ModelLoad(queued_calls=2, queued_tokens=300, running=1, switch_cost_s=0.4)},
-                  sessions=[SessionKV(session_id="s1", model="b", state="host", kv_len=120)], round_load_s=1.5)
+                  sessions=[KVEntry(session_id="s1", model="b", state="host", kv_len=120)],
+                  round_load_s=1.5)
     snap = snapshot(t, ["a", "b", "c"], taken_at=10.0, healthy=True)
     assert snap.version == 7 and snap.taken_at == 10.0 and snap.round_load_s == 1.5
     assert [snap.residency(m).state for m in "abc"] == [ModelState.ACTIVE, ModelState.RESIDENT, ModelState.ABSENT]
@@ -41,6 +42,29 @@ def test_router_knobs_follow_config_and_ablations():
     assert router_knobs(off).tau_s == 0.0 and not router_knobs(off).reservations
 
 
+def test_round_measurements_in_telemetry_refine_the_router_profile_once():
+    from talariad.engine.messages import RoundReport
+    from talariad.gateway.routing import RouterShell
+    from talariad.knobs import model_profile
+
+    cfg = load_config(ROOT / "etc" / "talaria.yaml")
+    shell = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
+    before = shell.router.profiles()["tiny-code"].decode_step_s
+    rounds = [RoundReport(seq=1, model="tiny-code", decode_steps=10, decode_s=1.0)]
+    t = Telemetry(instance="cold0", version=1, pool="cold", models=["tiny-chat", "tiny-code"],
+                  active_model=None, loaded_models=[], rounds=rounds)
+    shell.observe(t, 0.0)
+    after = shell.router.profiles()["tiny-code"].decode_step_s
+    assert before < after < 0.1  # 0.1 s per step measured, folded in by the EWMA
+    shell.observe(t.model_copy(update={"version": 2}), 0.5)  # the same report again: fed once
+    assert shell.router.profiles()["tiny-code"].decode_step_s == after
+    slower = [rounds[0].model_copy(update={"decode_s": 2.0})]
+    restarted = t.model_copy(update={"version": 1, "rounds": slower})
+    shell.instance_down("cold0", 1.0)
+    shell.observe(restarted, 1.5)  # a restarted instance numbers its rounds from 1 again
+    assert shell.router.profiles()["tiny-code"].decode_step_s > after
+
+
 def _shell(**knobs):
     import asyncio
 
@@ -51,6 +75,7 @@ def _shell(**knobs):
     shell = RouterShell.__new__(RouterShell)  # the shell's methods over a hand-built router
     shell.router = Router(RouterKnobs(**knobs), {MODEL: PROFILE})
     shell.prefixes, shell._changed, shell._expired_at = PrefixTracker(), asyncio.Event(), float("-inf")
+    shell._fed = {}
     return shell
 
 

@@ -116,7 +116,7 @@ def test_session_bounds_come_from_the_config():
 
 def test_session_deltas_report_changes_and_removals_against_the_consumers_view():
     from talariad.engine.api import SessionDeltas
-    from talariad.engine.messages import SessionKV as Msg, Telemetry
+    from talariad.engine.messages import KVEntry as Msg, Telemetry
 
     def tel(*rows):
         return Telemetry(instance="i", version=1, pool="cold", models=["m"], active_model=None, loaded_models=[],

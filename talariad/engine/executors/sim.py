@@ -1,9 +1,9 @@
-"""The `sim` executor: a performance model of an instance that emits deterministic placeholder text.
+"""The `sim` executor: the shared `sim` cost and memory model (`talariad.sim.model.SimModel`) in
+real time, emitting deterministic placeholder text.
 
-It tokenizes by words and punctuation (so prefix reuse is measurable on real chat text), waits what
-the simulator's cost function charges for each action (`talariad.sim.costs`, scaled by the
-instance's `time_scale`), and
-generates words chosen by a hash of the prompt so the same call always yields the same answer.
+It tokenizes by words and punctuation (so prefix reuse is measurable on real chat text), sleeps
+what the model charges for each step (scaled by the instance's `time_scale`), and generates words
+chosen by a hash of the prompt so the same call always yields the same answer.
 """
 
 from __future__ import annotations
@@ -11,18 +11,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+import time
+from collections.abc import Awaitable, Callable
 
-from talariad.cold_sched import Action, Switch
-from talariad.engine.executors.base import LiveCall, StepResult, common_prefix
+from talariad.engine.executors.base import common_prefix
 from talariad.engine.messages import GenerateRequest
-from talariad.sim.costs import action_seconds
-from talariad.types import LatencyProfile
+from talariad.instance import CallOutput, InstanceCall, KVUpdate, MemoryStats, StepPlan, StepResult
+from talariad.sim.model import SimModel
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _WORDS = (
     "the agent reads the file and runs the test then edits the function to fix the bug "
     "before it checks the output again with a smaller patch"
 ).split()
+
 
 def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text)
@@ -45,35 +47,61 @@ def placeholder_words(prompt_tokens: list[str], n: int, seed: int | None) -> lis
 
 
 class SimExecutor:
-    def __init__(self, profiles: dict[str, LatencyProfile], time_scale: float = 1.0):
-        self.profiles, self.time_scale = profiles, time_scale
+    def __init__(
+        self,
+        model: SimModel,
+        time_scale: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ):
+        """clock/sleep: the real ones in an instance process, a fake pair in tests."""
+        self.model, self.time_scale = model, time_scale
+        self.clock, self.sleep = clock, sleep
+        self._t0 = clock()
         self.contexts: dict[tuple[str, str], list[str]] = {}
-        self.opened: set[str] = set()
+        self.kv_capacity_tokens = model.kv_capacity_tokens
 
-    def encode(self, req: GenerateRequest) -> list[str]:
-        text = req.prompt if req.prompt is not None else render([(m.role, m.content) for m in req.messages])
+    def _now(self) -> float:
+        """The model's clock: modelled seconds since start (real seconds / time_scale)."""
+        return (self.clock() - self._t0) / self.time_scale
+
+    def encode(self, request: GenerateRequest) -> list[str]:
+        req = request
+        text = (
+            req.prompt
+            if req.prompt is not None
+            else render([(m.role, m.content) for m in req.messages])
+        )
         return tokenize(text)
 
     def reusable(self, session: str, model: str, prompt: list) -> int:
         return common_prefix(self.contexts.get((session, model), []), prompt)
 
-    def remember(self, session: str, model: str, call: LiveCall) -> None:
-        self.contexts[(session, model)] = call.prompt + tokenize("".join(call.out))
+    def remember(self, call: InstanceCall) -> KVUpdate | None:
+        self.contexts[(call.session_id, call.model)] = call.prompt + tokenize("".join(call.out))
+        return None
 
-    async def run(self, action: Action, calls: dict[str, LiveCall]) -> StepResult:
-        first_open = isinstance(action, Switch) and action.to_model not in self.opened
-        await self._wait(action_seconds(action, self.profiles, first_open=first_open))
-        if isinstance(action, Switch):
-            self.opened.add(action.to_model)
-            return StepResult(path=action.path)
-        ids = action.call_ids
-        return StepResult(text={cid: self._next_word(calls[cid]) for cid in ids if cid in calls})
+    def release(self, call: InstanceCall) -> None:
+        """Nothing is held per call."""
 
-    def _next_word(self, call: LiveCall) -> str:
+    def memory(self) -> MemoryStats:
+        return self.model.memory()
+
+    def memory_report(self, last: int = 50) -> dict:
+        """No managed layout to show: the sim model keeps bytes, not regions."""
+        return {}
+
+    async def run(self, plan: StepPlan) -> StepResult:
+        seconds = self.model.begin(plan, self._now())
+        await self.sleep(seconds * self.time_scale)
+        result = self.model.end(plan, self._now())
+        if result.switch_path is None:  # a prefill or decode step: one word per call
+            words = {cid: self._next_word(call) for cid, call in plan.calls.items()}
+            result.calls = {cid: CallOutput(text=word) for cid, word in words.items()}
+        return result
+
+    def _next_word(self, call: InstanceCall) -> str:
         if call.state is None:
-            call.state = placeholder_words(call.prompt, call.req.max_tokens, call.req.seed)
-        word = call.state[len(call.out) % len(call.state)]
-        return (" " if call.out else "") + word
-
-    async def _wait(self, seconds: float) -> None:
-        await asyncio.sleep(seconds * self.time_scale)
+            call.state = placeholder_words(call.prompt, call.max_tokens, call.request.seed)
+        word = call.state[call.generated % len(call.state)]
+        return (" " if call.generated else "") + word

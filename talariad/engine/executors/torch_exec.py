@@ -17,16 +17,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from talariad.cold_sched import Action, Decode, Prefill, Switch
-from talariad.engine.executors.base import LiveCall, StepResult, common_prefix
-from talariad.engine.executors.torch_engine import HostedModel, KVBook, KVRecord, TextStream
+from talariad.cold_sched import Decode, Prefill, Switch
+from talariad.cold_sched.rounds import staging_target
+from talariad.engine.executors.base import common_prefix
+from talariad.engine.executors.torch_engine import HostedModel, KVBook, TokenContext, TextStream
 from talariad.engine.executors.torch_engine.calls import CallState
 from talariad.engine.executors.torch_engine.report import memory_report, memory_stats
 from talariad.engine.messages import GenerateRequest
-from talariad.engine.model import DecodeItem, ModelRunner, PrefillItem, SamplingParams
+from talariad.instance import CallOutput, InstanceCall, KVUpdate, MemoryStats, StepPlan, StepResult
+from talariad.engine.model import DecodeSeq, ModelRunner, PrefillSeq, SamplingParams
 from talariad.engine.model.sampling import make_generator, sample
 from talariad.memory import Substrate, prefix_hashes
 from talariad.memory.layout import align_up
+from talariad.types import KVState
 
 HEADROOM_SEQS = 64
 """Sequences whose last partly-filled page the scheduler's token accounting does not see."""
@@ -41,13 +44,13 @@ class TorchExecutor:
         self.book = KVBook(page_size)
         self.runners: dict[str, ModelRunner] = {}
         self.private: set[str] = set()
-        self._cancelled: list[LiveCall] = []
+        self._cancelled: list[InstanceCall] = []
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
         for name, hosted in models.items():
             self._register(name, hosted)
         self.kv_capacity_tokens = self._capacity_tokens()
-        self.stats: dict[str, int] = {}
+        self.stats: MemoryStats | None = None
         torch.set_num_threads(threads)
         self._thread = ThreadPoolExecutor(1, "torch-exec", initializer=torch.set_num_threads, initargs=(threads,))
         if pinned:
@@ -77,7 +80,8 @@ class TorchExecutor:
 
     # ---- the Executor protocol -------------------------------------------------------------
 
-    def encode(self, req: GenerateRequest) -> list[int]:
+    def encode(self, request: GenerateRequest) -> list[int]:
+        req = request
         tok = self.models[req.model].tokenizer
         if req.prompt is not None:
             return tok.encode(req.prompt)
@@ -86,40 +90,54 @@ class TorchExecutor:
     def reusable(self, session: str, model: str, prompt: list) -> int:
         return self.book.reusable(session, model, prompt, self.host_kv)
 
-    def remember(self, session: str, model: str, call: LiveCall) -> None:
-        """Keep the session's context; checkpoint its KV pages to host (async on CUDA)."""
+    def remember(self, call: InstanceCall) -> KVUpdate | None:
+        """Keep the session's context; checkpoint its KV pages to host (async on CUDA). A call that
+        ran on private pages (its session was busy) leaves nothing: say where the session's KV
+        is."""
         st: CallState | None = call.state
         if st is None:
-            return
+            return None
+        model = call.model
         st.rec.busy = None
         if st.owner in self.private:
             self._free(st.owner, model)
-            return
+            return self._where(call.session_id, model)
         if self.host_kv and self.sub.active == model:
             self._checkpoint(st.owner, model, st.rec)
+        return None
 
-    def cancelled(self, call: LiveCall | None) -> None:
+    def _where(self, session: str, model: str) -> KVUpdate:
+        rec = self.book.get(session, model)
+        if rec is not None and rec.on_device:
+            return KVUpdate(session, model, KVState.DEVICE, rec.valid)
+        if rec is not None and self.host_kv and rec.host_tokens:
+            return KVUpdate(session, model, KVState.HOST, rec.host_tokens)
+        return KVUpdate(session, model, KVState.MISSING, 0)
+
+    def release(self, call: InstanceCall) -> None:
         """A call dropped by its client: release its pages at the next step (one may be running)."""
-        if call is not None and call.state is not None:
+        if call.state is not None:
             self._cancelled.append(call)
 
-    async def run(self, action: Action, calls: dict[str, LiveCall]) -> StepResult:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, self._step, action, calls)
+    async def run(self, plan: StepPlan) -> StepResult:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self._step, plan)
 
     # ---- one step, on the torch thread ---------------------------------------------------------
 
-    def _step(self, action: Action, calls: dict[str, LiveCall]) -> StepResult:
+    def _step(self, plan: StepPlan) -> StepResult:
+        action, calls = plan.action, plan.calls
         with self._lock:
             self._release_cancelled()
             self.sub.poll(self._now())
             if isinstance(action, Switch):
-                result = self._switch(action, calls)
+                result = self._switch(action, {c.model for c in plan.live.values()})
             elif isinstance(action, Prefill):
                 result = self._prefill(action, calls)
             else:
                 result = self._decode(action, calls)
             self._stage_some()
-            self.stats = memory_stats(self.sub)
+            stats = memory_stats(self.sub)
+            self.stats = MemoryStats(stats["hbm_free_bytes"], stats["staging_slack_bytes"])
             return result
 
     def _release_cancelled(self) -> None:
@@ -131,12 +149,13 @@ class TorchExecutor:
 
     # ---- switching -------------------------------------------------------------------------------
 
-    def _switch(self, action: Switch, calls: dict[str, LiveCall]) -> StepResult:
+    def _switch(self, action: Switch, waiting: set[str]) -> StepResult:
+        """waiting: models with calls on the instance (they decide what to stage next)."""
         updates = self._save_outgoing(self.sub.active) if self.sub.active else []
-        record = self._open(action.to_model)
-        return StepResult(path=record.path, kv_updates=updates)
+        record = self._open(action.to_model, waiting)
+        return StepResult(kv_updates=updates, switch_path=record.path)
 
-    def _open(self, model: str):
+    def _open(self, model: str, waiting: set[str] = frozenset()):
         record = self.sub.switch_to(model, self._now())
         if record is None:
             raise RuntimeError(f"the substrate cannot open model {model!r} (weights do not fit)")
@@ -145,10 +164,11 @@ class TorchExecutor:
         runner = self.runners.get(model)
         if runner is None or runner.allocator.num_pages != pool.shape[2]:
             self.runners[model] = ModelRunner(self.models[model].config, weights, kv_pool=pool)
-        else:
+        elif not record.graphs_valid:  # App. D phase 4: regions moved, so the bound views are stale
             runner.bind_params(weights)
             runner.bind_kv_pool(pool)
-        self._start_staging(model)
+        self.sub.mark_graphs_captured(model)  # the runner now holds these region addresses
+        self._start_staging(model, waiting)
         return record
 
     def _save_outgoing(self, model: str) -> list:
@@ -166,12 +186,13 @@ class TorchExecutor:
                 updates.append(update)
         return updates
 
-    def _start_staging(self, active: str) -> None:
-        """Stage the next model of the rotation into the pool's free tail while this one serves."""
+    def _start_staging(self, active: str, waiting: set[str]) -> None:
+        """Stage the model the scheduler's rotation switches to next (the same rule) into the
+        pool's free tail while this one serves."""
         if not self.d2d or self.pinned or len(self.order) < 2:
             return
-        nxt = self.order[(self.order.index(active) + 1) % len(self.order)]
-        if self.sub.stage(nxt, self._now()):
+        nxt = staging_target(self.order, active, waiting.__contains__)
+        if nxt is not None and self.sub.stage(nxt, self._now()):
             self._stage_some()
 
     def _stage_some(self, max_chunks: int = 8) -> None:
@@ -180,7 +201,7 @@ class TorchExecutor:
 
     # ---- KV pages --------------------------------------------------------------------------------
 
-    def _checkpoint(self, owner: str, model: str, rec: KVRecord) -> None:
+    def _checkpoint(self, owner: str, model: str, rec: TokenContext) -> None:
         hashes = prefix_hashes(rec.tokens[:rec.valid], self.page_size, model)
         if not hashes:
             return
@@ -224,11 +245,11 @@ class TorchExecutor:
 
     # ---- prefill and decode ----------------------------------------------------------------------
 
-    def _state(self, call: LiveCall, model: str) -> CallState:
+    def _state(self, call: InstanceCall, model: str) -> CallState:
         """The call's state, created at its first admission."""
         if call.state is not None:
             return call.state
-        req = call.req
+        req = call.request
         session = req.session_id or f"call-{req.call_id}"
         owner = session
         current = self.book.get(session, model)
@@ -262,32 +283,34 @@ class TorchExecutor:
         self.sub.wait_restore(st.owner)
         return res.restored_tokens, "host"
 
-    def _prefill(self, action: Prefill, calls: dict[str, LiveCall]) -> StepResult:
+    def _prefill(self, action: Prefill, calls: dict[str, InstanceCall]) -> StepResult:
         states = [self._state(calls[item.call_id], action.model) for item in action.calls]
         protect = {st.owner for st in states}
-        items, updates = [], []
+        items, updates, reused = [], [], {}
         for item, st in zip(action.calls, states):
-            call = calls[item.call_id]
             prior = common_prefix(st.rec.tokens, st.ids)
             cached, source = self._reuse(st, item.cached_device_tokens + item.restore_tokens)
             table = self._ensure_pages(st, protect, updates)
-            if not call.out:  # first admission: say truthfully where the prefix came from
-                call.cached_tokens = cached
-                call.kv_source = source if source != "none" else ("recompute" if prior else call.kv_source)
+            # say truthfully how much was reused and from where (the core keeps the first one)
+            if source == "none":
+                source = "recompute" if prior else None
+            reused[st.call_id] = (cached, source)
             st.rec.tokens = st.ids
-            items.append(PrefillItem(st.owner, st.ids, cached, table))
+            items.append(PrefillSeq(st.owner, st.ids, cached, table))
         logits = self.runners[action.model].prefill(items)
-        result = self._emit(states, calls, logits)
+        result = self._emit(states, logits)
+        for cid, (cached, source) in reused.items():
+            result.calls[cid].cached_tokens, result.calls[cid].kv_source = cached, source
         result.kv_updates = updates
         return result
 
-    def _decode(self, action: Decode, calls: dict[str, LiveCall]) -> StepResult:
+    def _decode(self, action: Decode, calls: dict[str, InstanceCall]) -> StepResult:
         states = [calls[cid].state for cid in action.call_ids]
-        items = [DecodeItem(st.owner, st.ids[-1], len(st.ids) - 1, self.sub.session_pages(st.owner))
+        items = [DecodeSeq(st.owner, st.ids[-1], len(st.ids) - 1, self.sub.session_pages(st.owner))
                  for st in states]
-        return self._emit(states, calls, self.runners[action.model].decode(items))
+        return self._emit(states, self.runners[action.model].decode(items))
 
-    def _emit(self, states: list[CallState], calls: dict[str, LiveCall], logits: torch.Tensor) -> StepResult:
+    def _emit(self, states: list[CallState], logits: torch.Tensor) -> StepResult:
         tokens = sample(logits, [st.sampling for st in states], [st.generator for st in states])
         result = StepResult()
         for st, tok in zip(states, tokens):
@@ -296,15 +319,13 @@ class TorchExecutor:
             eos = tok in self.models[st.model].eos_ids()
             last = eos or len(st.ids) - st.prompt_len >= st.sampling.max_tokens
             piece, hit = st.text.push(tok, final=last)
-            result.text[st.call_id] = piece
-            if hit or eos:
-                result.stopped.add(st.call_id)
-                calls[st.call_id].finish_reason = "stop"
+            reason = "stop" if hit or eos else None
+            result.calls[st.call_id] = CallOutput(text=piece, finish_reason=reason)
         return result
 
     # ---- reports -----------------------------------------------------------------------------------
 
-    def memory_stats(self) -> dict[str, int]:
+    def memory(self) -> MemoryStats | None:
         """HBM free and staging slack as of the last step (cheap; read by telemetry)."""
         return self.stats
 

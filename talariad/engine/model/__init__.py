@@ -1,7 +1,7 @@
 """The built-in engine's model: a Llama/Qwen2 decoder over a paged KV pool, in plain torch."""
 
 from talariad.engine.model.attention import kv_page_bytes, kv_pool_shape, make_kv_pool
-from talariad.engine.model.config import ModelConfig, tiny_config
+from talariad.engine.model.config import ArchConfig, tiny_config
 from talariad.engine.model.llama import param_shapes
 from talariad.engine.model.loader import (
     Checkpoint,
@@ -10,19 +10,19 @@ from talariad.engine.model.loader import (
     write_checkpoint,
     write_tiny_checkpoint,
 )
-from talariad.engine.model.paged import PageAllocator
-from talariad.engine.model.runner import DecodeItem, Generation, ModelRunner, PrefillItem
+from talariad.engine.model.paged import BlockTables
+from talariad.engine.model.runner import DecodeSeq, Generation, ModelRunner, PrefillSeq
 from talariad.engine.model.sampling import SamplingParams
 from talariad.engine.model.tokenizer import TextTokenizer
 
 __all__ = [
     "Checkpoint",
-    "DecodeItem",
+    "DecodeSeq",
     "Generation",
-    "ModelConfig",
+    "ArchConfig",
     "ModelRunner",
-    "PageAllocator",
-    "PrefillItem",
+    "BlockTables",
+    "PrefillSeq",
     "SamplingParams",
     "TextTokenizer",
     "kv_page_bytes",

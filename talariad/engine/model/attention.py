@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from talariad.engine.model.config import ModelConfig
+from talariad.engine.model.config import ArchConfig
 
 
-def kv_pool_shape(config: ModelConfig, num_pages: int, page_size: int) -> tuple[int, ...]:
+def kv_pool_shape(config: ArchConfig, num_pages: int, page_size: int) -> tuple[int, ...]:
     return (
         config.num_hidden_layers,
         2,
@@ -28,14 +28,14 @@ def kv_pool_shape(config: ModelConfig, num_pages: int, page_size: int) -> tuple[
     )
 
 
-def kv_page_bytes(config: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
+def kv_page_bytes(config: ArchConfig, page_size: int, dtype: torch.dtype) -> int:
     """Bytes one page takes across all layers, K and V (the pool's size per page)."""
     per_token = config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim
     return per_token * page_size * torch.empty((), dtype=dtype).element_size()
 
 
 def make_kv_pool(
-    config: ModelConfig,
+    config: ArchConfig,
     num_pages: int,
     page_size: int,
     dtype: torch.dtype,

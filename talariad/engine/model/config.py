@@ -1,4 +1,4 @@
-"""ModelConfig: the architecture of a Llama/Qwen2-family decoder, read from a HF config.json."""
+"""ArchConfig: the architecture of a Llama/Qwen2-family decoder, read from a HF config.json."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ _REQUIRED = (
 
 
 @dataclass(frozen=True, slots=True)
-class ModelConfig:
+class ArchConfig:
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -63,7 +63,7 @@ class ModelConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+    def from_dict(cls, d: dict[str, Any]) -> ArchConfig:
         """Build from a HF config.json dict; raises ValueError naming the bad or missing field."""
         missing = [k for k in _REQUIRED if d.get(k) is None]
         if missing:
@@ -96,7 +96,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_json(cls, path: str | Path) -> ModelConfig:
+    def from_json(cls, path: str | Path) -> ArchConfig:
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"config.json not found: {path}")
@@ -157,7 +157,7 @@ def _check_rope_scaling(rs: dict[str, Any] | None) -> None:
             raise ValueError(f"rope_scaling is missing {k!r}")
 
 
-def tiny_config(**overrides: Any) -> ModelConfig:
+def tiny_config(**overrides: Any) -> ArchConfig:
     """A small Llama-shaped config (2 layers, hidden 64, GQA 4:2) for tests and the CPU default.
 
     vocab 320 fits the tiny byte-level tokenizer; ids 0 and 2 are <|endoftext|> and <|im_end|>.
@@ -173,4 +173,4 @@ def tiny_config(**overrides: Any) -> ModelConfig:
         "max_position_embeddings": 1024,
         "eos_token_ids": (2, 0),
     }
-    return ModelConfig(**{**fields, **overrides})
+    return ArchConfig(**{**fields, **overrides})

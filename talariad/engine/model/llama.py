@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from talariad.engine.model.attention import ForwardBatch, paged_attention, write_kv
-from talariad.engine.model.config import ModelConfig
+from talariad.engine.model.config import ArchConfig
 
 Params = dict[str, torch.Tensor]
 EMBED = "model.embed_tokens.weight"
@@ -20,7 +20,7 @@ FINAL_NORM = "model.norm.weight"
 LM_HEAD = "lm_head.weight"
 
 
-def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+def param_shapes(config: ArchConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the model reads, by HF name, with its shape (lm_head absent when tied)."""
     c = config
     q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
@@ -44,7 +44,7 @@ def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_params(config: ModelConfig, params: Params) -> None:
+def check_params(config: ArchConfig, params: Params) -> None:
     """Raise ValueError naming the first missing or mis-shaped tensors."""
     shapes = param_shapes(config)
     missing = [n for n in shapes if n not in params]
@@ -57,7 +57,7 @@ def check_params(config: ModelConfig, params: Params) -> None:
         raise ValueError(f"{len(wrong)} weight tensor(s) have the wrong shape, e.g. {wrong[:3]}")
 
 
-def rope_inv_freq(config: ModelConfig, device: str | torch.device = "cpu") -> torch.Tensor:
+def rope_inv_freq(config: ArchConfig, device: str | torch.device = "cpu") -> torch.Tensor:
     d = config.head_dim
     # float32 exponents, as HF computes them, so real checkpoints match bit for bit
     exps = torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d
@@ -130,7 +130,7 @@ def decoder_layer(config, params, i, h, rope, kv_layer, batch) -> torch.Tensor:
 
 
 def forward(
-    config: ModelConfig,
+    config: ArchConfig,
     params: Params,
     inv_freq: torch.Tensor,
     batch: ForwardBatch,

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from talariad.engine.model.config import ModelConfig, tiny_config
+from talariad.engine.model.config import ArchConfig, tiny_config
 from talariad.engine.model.llama import LM_HEAD, Params, check_params, param_shapes
 from talariad.engine.model.tokenizer import (
     FALLBACK_CHAT_TEMPLATE,
@@ -32,7 +32,7 @@ INDEX_FILE = "model.safetensors.index.json"
 
 @dataclass(slots=True)
 class Checkpoint:
-    config: ModelConfig
+    config: ArchConfig
     params: Params
     tokenizer: TextTokenizer
 
@@ -58,9 +58,9 @@ def load_checkpoint(
     return Checkpoint(config, params, tokenizer)
 
 
-def load_config(path: Path) -> ModelConfig:
+def load_config(path: Path) -> ArchConfig:
     """config.json, with EOS ids from generation_config.json when it names them."""
-    config = ModelConfig.from_json(path / "config.json")
+    config = ArchConfig.from_json(path / "config.json")
     eos = read_json(path / "generation_config.json").get("eos_token_id")
     if eos is None:
         return config
@@ -82,7 +82,7 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def load_params(path: Path, config: ModelConfig, device, dtype: torch.dtype) -> Params:
+def load_params(path: Path, config: ArchConfig, device, dtype: torch.dtype) -> Params:
     """Read the tensors the model uses (others are ignored), cast, and check their shapes."""
     wanted = param_shapes(config)
     params: Params = {}
@@ -104,7 +104,7 @@ def _read_safetensors(file: Path, wanted, device, dtype: torch.dtype) -> Params:
 
 
 def random_weights(
-    config: ModelConfig,
+    config: ArchConfig,
     seed: int = 0,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -130,7 +130,7 @@ def _random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> t
 
 def write_checkpoint(
     path: str | Path,
-    config: ModelConfig,
+    config: ArchConfig,
     params: Params,
     tokenizer: Tokenizer,
     chat_template: str | None = FALLBACK_CHAT_TEMPLATE,
@@ -175,7 +175,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def write_tiny_checkpoint(
-    path: str | Path, config: ModelConfig | None = None, seed: int = 0, num_shards: int = 1
+    path: str | Path, config: ArchConfig | None = None, seed: int = 0, num_shards: int = 1
 ) -> Path:
     """A complete tiny model directory: config, seeded random weights, byte-level BPE tokenizer."""
     config = config or tiny_config()

@@ -14,13 +14,13 @@ import torch
 
 from talariad.engine.model import llama
 from talariad.engine.model.attention import build_batch, kv_pool_shape, make_kv_pool
-from talariad.engine.model.config import ModelConfig
-from talariad.engine.model.paged import PageAllocator
+from talariad.engine.model.config import ArchConfig
+from talariad.engine.model.paged import BlockTables
 from talariad.engine.model.sampling import SamplingParams, finish_reason, make_generator, sample
 
 
 @dataclass(frozen=True, slots=True)
-class PrefillItem:
+class PrefillSeq:
     req_id: Hashable
     token_ids: Sequence[int]
     """The whole prompt; only token_ids[cached_len:] is computed."""
@@ -31,7 +31,7 @@ class PrefillItem:
 
 
 @dataclass(frozen=True, slots=True)
-class DecodeItem:
+class DecodeSeq:
     req_id: Hashable
     token_id: int
     position: int
@@ -49,7 +49,7 @@ class Generation:
 class ModelRunner:
     def __init__(
         self,
-        config: ModelConfig,
+        config: ArchConfig,
         params: llama.Params,
         *,
         num_pages: int = 256,
@@ -65,7 +65,7 @@ class ModelRunner:
         if kv_pool is not None and kv_pool.dim() == 6:
             num_pages, page_size = kv_pool.shape[2], kv_pool.shape[3]
         self.page_size = page_size
-        self.allocator = PageAllocator(num_pages, page_size)
+        self.allocator = BlockTables(num_pages, page_size)
         self.inv_freq = llama.rope_inv_freq(config, self.device)
         if kv_pool is None:
             kv_pool = make_kv_pool(config, num_pages, page_size, self.dtype, self.device)
@@ -96,7 +96,7 @@ class ModelRunner:
             self.config, self.params, self.inv_freq, batch, self.kv_pool, all_logits
         )
 
-    def prefill(self, items: Sequence[PrefillItem], all_logits: bool = False) -> torch.Tensor:
+    def prefill(self, items: Sequence[PrefillSeq], all_logits: bool = False) -> torch.Tensor:
         """Compute each prompt's uncached tail; logits [B, vocab] for each prompt's last token."""
         # a fully cached prompt recomputes its last token: logits need a query; the rewrite is
         # idempotent
@@ -105,7 +105,7 @@ class ModelRunner:
             [(it.token_ids[s:], s, it.block_table) for it, s in zip(items, starts)], all_logits
         )
 
-    def decode(self, items: Sequence[DecodeItem]) -> torch.Tensor:
+    def decode(self, items: Sequence[DecodeSeq]) -> torch.Tensor:
         return self.run([([it.token_id], it.position, it.block_table) for it in items])
 
     def _check_item(self, num_new: int, start: int, table: Sequence[int]) -> None:
@@ -143,14 +143,14 @@ class ModelRunner:
         req_ids = [("generate", next(self._ids)) for _ in prompts]
         tables = [self.allocator.allocate(r, n) for r, n in zip(req_ids, need)]
         try:
-            items = [PrefillItem(r, p, 0, t) for r, p, t in zip(req_ids, prompts, tables)]
+            items = [PrefillSeq(r, p, 0, t) for r, p, t in zip(req_ids, prompts, tables)]
             return self.generate_batch(items, samplings)
         finally:
             for r in req_ids:
                 self.allocator.free(r)
 
     def generate_batch(
-        self, items: Sequence[PrefillItem], samplings: Sequence[SamplingParams]
+        self, items: Sequence[PrefillSeq], samplings: Sequence[SamplingParams]
     ) -> list[Generation]:
         """Prefill (reusing each item's cached_len) then decode until every request finishes.
 
@@ -174,6 +174,6 @@ class ModelRunner:
         return outs
 
 
-def _next_step(item: PrefillItem, out: Generation) -> DecodeItem:
+def _next_step(item: PrefillSeq, out: Generation) -> DecodeSeq:
     position = len(item.token_ids) + len(out.token_ids) - 1
-    return DecodeItem(item.req_id, out.token_ids[-1], position, item.block_table)
+    return DecodeSeq(item.req_id, out.token_ids[-1], position, item.block_table)

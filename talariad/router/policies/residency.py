@@ -1,4 +1,4 @@
-"""Residency-style baselines: Continuum TTL pinning and llama-swap (peer-policies.md §5, §6.5).
+"""Residency-style baselines: Continuum TTL pinning and llama-swap, as their authors define them.
 
 - continuum-ttl: the preview code's rule at the router: when a call completes, its session is
   pinned to that instance for 2.0 s if the running mean tool gap is ≤ 2.0 s, else not pinned. The

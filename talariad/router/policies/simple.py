@@ -1,4 +1,4 @@
-"""Load-only and sticky baselines (peer-policies.md §1.2–1.4, §1.6, §2; paper §5.3).
+"""Load-only and sticky baselines, each as its authors define it (paper §5.3).
 
 - least-pressure: the paper's load-only baseline; argmin of the instance's predicted round load
   (snapshot + overlay, inflated by deadline risk), ties by KV occupancy then name.

@@ -69,10 +69,16 @@ def available() -> list[str]:
 
 def named_profile(model: str) -> LatencyProfile | None:
     """The profile of `model` in whichever bundled set defines it (a config's `profile:` name)."""
+    found = find_model(model)
+    return found[1].profile if found is not None else None
+
+
+def find_model(model: str) -> tuple[ProfileSet, ModelSpec] | None:
+    """The bundled set that defines `model` and its spec there (first set in name order)."""
     for name in available():
-        found = load_set(name).profiles().get(model)
-        if found is not None:
-            return found
+        pset = load_set(name)
+        if model in pset.models:
+            return pset, pset.models[model]
     return None
 
 

@@ -1,4 +1,4 @@
-"""A call's private state inside the torch executor (kept in LiveCall.state)."""
+"""A call's private state inside the torch executor (kept in InstanceCall.state)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
-from talariad.engine.executors.torch_engine.kv import KVRecord
+from talariad.engine.executors.torch_engine.kv import TokenContext
 from talariad.engine.executors.torch_engine.text import TextStream
 from talariad.engine.model import SamplingParams
 
 
 @dataclass(slots=True)
 class CallState:
-    """A call's private state (LiveCall.state): its context ids, sampler and text stream."""
+    """A call's private state (InstanceCall.state): its context ids, sampler and text stream."""
 
     call_id: str
     owner: str
@@ -24,4 +24,4 @@ class CallState:
     sampling: SamplingParams
     generator: torch.Generator | None
     text: TextStream
-    rec: KVRecord
+    rec: TokenContext

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import torch
 
-from talariad.engine.model import (ModelConfig, TextTokenizer, load_checkpoint, param_shapes, random_weights,
-                                   tiny_config)
+from talariad.engine.model import (ArchConfig, TextTokenizer, load_checkpoint, param_shapes,
+                                   random_weights, tiny_config)
 from talariad.engine.model.loader import default_dtype
 from talariad.engine.model.tokenizer import FALLBACK_CHAT_TEMPLATE, build_tiny_tokenizer
 from talariad.memory import KVLayout
 
-ARCHITECTURES: dict[str, Callable[[], ModelConfig]] = {
+ARCHITECTURES: dict[str, Callable[[], ArchConfig]] = {
     "tiny": tiny_config,  # 2 layers, hidden 64, GQA 4:2, vocab 320: the CPU default
 }
 """Built-in architectures a model without `path` is built from (by its `profile` name)."""
@@ -26,7 +26,7 @@ ARCHITECTURES: dict[str, Callable[[], ModelConfig]] = {
 @dataclass(slots=True)
 class HostedModel:
     name: str
-    config: ModelConfig
+    config: ArchConfig
     tokenizer: TextTokenizer
     params: dict[str, torch.Tensor]
     """Weights on the CPU, copied into the substrate's host image at registration."""

@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from talariad.engine.executors.base import common_prefix
+from talariad.instance.contract import KVUpdate
 from talariad.types import KVState
 
 
 @dataclass(slots=True)
-class KVRecord:
+class TokenContext:
     """One owner's context for one model: token ids and how much of it has KV where."""
 
     tokens: list[int]
@@ -35,20 +36,20 @@ class KVRecord:
 class KVBook:
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
-        self.records: dict[tuple[str, str], KVRecord] = {}
+        self.records: dict[tuple[str, str], TokenContext] = {}
         self._tick = 0
 
-    def get(self, owner: str, model: str) -> KVRecord | None:
+    def get(self, owner: str, model: str) -> TokenContext | None:
         return self.records.get((owner, model))
 
-    def open(self, owner: str, model: str, call_id: str) -> KVRecord:
+    def open(self, owner: str, model: str, call_id: str) -> TokenContext:
         """The owner's record for a call about to run (created empty the first time)."""
-        rec = self.records.setdefault((owner, model), KVRecord([]))
+        rec = self.records.setdefault((owner, model), TokenContext([]))
         rec.busy = call_id
         self.touch(rec)
         return rec
 
-    def touch(self, rec: KVRecord) -> None:
+    def touch(self, rec: TokenContext) -> None:
         self._tick += 1
         rec.last_use = self._tick
 
@@ -70,13 +71,13 @@ class KVBook:
         idle.sort(key=lambda item: (item[0] in keep, item[1].last_use))
         return [o for o, _ in idle]
 
-    def off_device(self, owner: str, model: str, host_kv: bool) -> tuple[str, str, KVState, int]:
+    def off_device(self, owner: str, model: str, host_kv: bool) -> KVUpdate:
         """The owner's pages are gone: where its prefix now lives, as a scheduler ledger update."""
         rec = self.records[(owner, model)]
         rec.valid = 0
         if host_kv and rec.host_tokens > 0:
-            return owner, model, KVState.HOST, rec.host_tokens
-        return owner, model, KVState.MISSING, 0
+            return KVUpdate(owner, model, KVState.HOST, rec.host_tokens)
+        return KVUpdate(owner, model, KVState.MISSING, 0)
 
     def on_device_owners(self, model: str) -> list[str]:
         return [o for (o, m), r in self.records.items() if m == model and r.on_device]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from talariad.memory import Substrate, SwitchRecord
+from talariad.memory import Substrate, SwitchTiming
 
 
 def memory_stats(sub: Substrate) -> dict[str, int]:
@@ -21,7 +21,7 @@ def memory_report(sub: Substrate, last: int = 50) -> dict:
             "switches": [record_dict(r) for r in sub.records[-last:]], **memory_stats(sub)}
 
 
-def record_dict(record: SwitchRecord) -> dict:
+def record_dict(record: SwitchTiming) -> dict:
     out = dataclasses.asdict(record)
     out["path"] = record.path.value
     out["total_s"] = record.total_s

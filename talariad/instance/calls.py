@@ -1,0 +1,52 @@
+"""One record per call inside an instance (as nano-vllm's `Sequence`): what the shells, the core and
+the executor know about a call, from submission to completion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True, eq=False)
+class InstanceCall:
+    call_id: str
+    session_id: str
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    arrived_at: float = 0.0
+    request: Any = None
+    """The internal API's request (daemon shell); None in the simulator."""
+    prompt: list = field(default_factory=list)
+    """The encoded prompt (daemon shell; the simulator only knows its length)."""
+    out: list[str] = field(default_factory=list)
+    """Text pieces emitted so far (one per step that emitted something)."""
+    progress: Any = None
+    """The scheduler's record of the call (`cold_sched.calls.CallProgress`): its counts are the
+    only ones kept."""
+    kv_source: str = "none"
+    """Where the reused prefix came from: device, host, recompute (had one, lost it) or none."""
+    cached_tokens: int | None = None
+    """Prompt tokens the executor really reused; None: the scheduler's plan."""
+    finish_reason: str | None = None
+    """"stop" when the executor saw a stop token or string; None: decided at completion."""
+    claimed_prefix: int = 0
+    """Prompt tokens the session's earlier context covers (whatever the instance still holds)."""
+    abandoned: bool = False
+    """The client left while the call was in the running batch: it ends at its next step."""
+    state: Any = None
+    """Executor-private state (sampler, block table, planned words ...)."""
+
+    @property
+    def generated(self) -> int:
+        """Tokens emitted so far."""
+        return 0 if self.progress is None else self.progress.generated
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A call that can never be served here (the client's mistake: HTTP 400)."""
+
+    code: str
+    param: str | None
+    message: str

@@ -1,0 +1,103 @@
+"""The contract between the instance core and an executor (`sim`, `torch`, later `sglang`), modelled
+on vLLM v1: a step plan goes in, a result object comes back. Nothing outside this Protocol is
+called.
+
+The core owns the scheduler, the calls and the session KV ledger; an executor owns tokens, bytes and
+time: it encodes prompts, says how much of a prompt a session's stored context covers, runs one
+planned action and reports what happened (per-call output, KV moves, the switch path taken).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from talariad.types import KVState, SwitchPath
+
+if TYPE_CHECKING:
+    from talariad.cold_sched import Action
+    from talariad.cold_sched.calls import SessionLedger
+
+    from .calls import InstanceCall
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One scheduler action and the records of every call it names. `live` (every call on the
+    instance), `ledger` and `round_index` are read-only context for executors that model memory."""
+
+    action: Action
+    calls: dict[str, InstanceCall]
+    live: Mapping[str, InstanceCall]
+    ledger: SessionLedger
+    round_index: int
+
+
+@dataclass(slots=True)
+class CallOutput:
+    """What one call did in one step."""
+
+    text: str = ""
+    tokens: int = 1
+    cached_tokens: int | None = None
+    """Prompt tokens really reused (first admission only); None: the scheduler's plan."""
+    kv_source: str | None = None
+    """device | host | recompute | none, when the executor knows (first admission only)."""
+    finish_reason: str | None = None
+    """"stop": the call hit a stop token or string in this step."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVUpdate:
+    """Where a session's prefix for a model now lives on this instance, in truth."""
+
+    session_id: str
+    model: str
+    state: KVState
+    kv_len: int
+
+
+@dataclass(slots=True)
+class StepResult:
+    calls: dict[str, CallOutput] | None = field(default_factory=dict)
+    """Per call of the plan; a call absent here emitted nothing. None: every call of the plan
+    emitted one token and nothing else (a modelled step)."""
+    kv_updates: list[KVUpdate] = field(default_factory=list)
+    """KV the step moved or dropped (a switch saved KV to host, an eviction dropped it)."""
+    switch_path: SwitchPath | None = None
+    """For a switch: how the target weights were actually opened."""
+    seconds: float | None = None
+    """Modelled duration (the `sim` executor); None: the shell measures the wall clock."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStats:
+    hbm_free_bytes: int
+    staging_slack_bytes: int
+    kv_occupancy: float | None = None
+    """Device KV in use over its budget, when the executor measures it (else the scheduler's)."""
+
+
+class Executor(Protocol):
+    kv_capacity_tokens: int | None
+    """Prompt + output tokens its KV pool holds (None: no real pool, the scheduler's default)."""
+
+    def encode(self, request) -> list: ...
+
+    def reusable(self, session: str, model: str, prompt: list) -> int:
+        """Tokens of `prompt` this session's stored context on this instance covers."""
+
+    def remember(self, call: InstanceCall) -> KVUpdate | None:
+        """Keep a finished call's prompt + output as its session's context; where its KV lives."""
+
+    def release(self, call: InstanceCall) -> None:
+        """A call dropped before it finished: free what the executor holds for it."""
+
+    def memory(self) -> MemoryStats | None:
+        """HBM free and staging slack as of the last step; None: the executor does not know."""
+
+    def memory_report(self, last: int = 50) -> dict:
+        """The managed HBM layout and latest switch records ({} when the executor has none)."""
+
+    async def run(self, plan: StepPlan) -> StepResult: ...

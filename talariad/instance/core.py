@@ -1,0 +1,382 @@
+"""InstanceCore: one instance, sans-IO. It wraps the cold-pool scheduler (time-shared cold or pinned
+hot) with everything both shells used to do on their own: the submit clamp, the refusal of calls
+that can never fit, per-call records, step result -> `finish`, KV updates, completions with a
+truthful KV state, round measurements for the router's profile EWMA, switch records and the
+telemetry snapshot. It never reads a clock: every entry point takes `now` from its shell.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from talariad.cold_sched import (
+    ColdScheduler,
+    Completion,
+    Decode,
+    Idle,
+    Prefill,
+    SchedKnobs,
+    SubmittedCall,
+    Switch,
+)
+from talariad.cold_sched.snapshot import (
+    deadline_risk_share,
+    queued_suffix_tokens,
+    round_load_s,
+    round_remaining_s,
+    switch_path,
+)
+from talariad.engine.messages import KVEntry, ModelLoad, RoundReport, Telemetry
+from talariad.types import KVState, LatencyProfile, Pool, SwitchPath, SwitchRecord
+
+from .calls import InstanceCall, Refusal
+from .contract import CallOutput, KVUpdate, MemoryStats, StepPlan, StepResult
+
+ROUND_REPORTS = 32
+"""Round measurements kept between two reads (a reader that polls less often than rounds close
+gets the latest ones)."""
+
+
+@dataclass(slots=True)
+class Done:
+    """A completed call and where its session's KV lives now."""
+
+    call: InstanceCall
+    completion: Completion
+    kv_state: KVState
+    kv_len: int
+
+    @property
+    def finish_reason(self) -> str:
+        return self.call.finish_reason or (
+            "stop" if self.call.generated < self.call.max_tokens else "length"
+        )
+
+    @property
+    def cached_tokens(self) -> int:
+        cached = self.call.cached_tokens
+        return self.completion.cached_tokens if cached is None else cached
+
+
+class _Meas:
+    """Per-model measurements since the last closed round (RoundMeasurement's fields)."""
+
+    __slots__ = (
+        "prefill_tokens",
+        "prefill_s",
+        "decode_steps",
+        "decode_s",
+        "restored_tokens",
+        "restore_s",
+        "switch_path",
+        "switch_s",
+    )
+
+    def __init__(self) -> None:
+        self.prefill_tokens = self.decode_steps = self.restored_tokens = 0
+        self.prefill_s = self.decode_s = self.restore_s = 0.0
+        self.switch_path: SwitchPath | None = None
+        self.switch_s: float | None = None
+
+
+class InstanceCore:
+    def __init__(
+        self,
+        name: str,
+        pool: Pool | str,
+        models: list[str],
+        knobs: SchedKnobs,
+        profiles: dict[str, LatencyProfile],
+        *,
+        executor=None,
+        max_context: dict[str, int] | None = None,
+        prewarm: bool = False,
+        scheduler: ColdScheduler | None = None,
+    ) -> None:
+        """executor: remember/release/memory are called on it (sync); None in pure tests.
+        prewarm: every model counts as switched in once (the paper's runs exclude warm-up).
+        scheduler: one already built for these models and knobs (scripted scheduler tests)."""
+        self.name, self.pool, self.models = name, Pool(pool), list(models)
+        self.profiles, self.executor = profiles, executor
+        mode = "pinned" if self.pool is Pool.HOT else "time_shared"
+        self.sched = scheduler or ColdScheduler(knobs, profiles, self.models, mode=mode)
+        self.max_context = max_context or {}
+        self.calls: dict[str, InstanceCall] = {}
+        self.opened: set[str] = set(self.models) if prewarm or mode == "pinned" else set()
+        """Models switched in here at least once: switching one in again is no full open."""
+        self.switches: list[SwitchRecord] = []
+        self.switch_count = 0
+        self.version = 0
+        """Bumped on every change (a shell republishes telemetry when it moved)."""
+        self.published = 0
+        self._meas: dict[str, _Meas] = {}
+        self._batch_ids: list[str] = []
+        self._abandoned: set[str] = set()
+        self._batch: dict[str, InstanceCall] = {}
+        self._rounds_sent = 0
+        self._round_seq = 0
+        self.round_reports: deque[RoundReport] = deque(maxlen=ROUND_REPORTS)
+        self._telemetry_seq = 0  # the last round report a telemetry snapshot carried
+
+    # ---- calls ------------------------------------------------------------------------------
+
+    def refusal(self, model: str, prompt_tokens: int, max_tokens: int) -> Refusal | None:
+        """A call that can never be served here, as the client's error."""
+        if prompt_tokens <= 0:
+            return Refusal("invalid_value", "messages", "the prompt is empty")
+        need, limit = prompt_tokens + max_tokens, self.max_context.get(model)
+        if limit is not None and need > limit:
+            return Refusal(
+                "context_length_exceeded",
+                "max_tokens",
+                f"this model's maximum context is {limit} tokens; the call needs {need} "
+                f"({prompt_tokens} prompt + {max_tokens} max_tokens)",
+            )
+        cap = self.sched.knobs.kv_capacity_tokens
+        if need > cap:
+            return Refusal(
+                "context_length_exceeded",
+                "max_tokens",
+                f"the call needs {need} tokens of KV cache ({prompt_tokens} prompt + "
+                f"{max_tokens} max_tokens); this instance holds at most {cap}",
+            )
+        return None
+
+    def submit(self, call: InstanceCall, reusable: int, now: float) -> None:
+        """Queue a call; `reusable`: prompt tokens its session's earlier context covers. The prefix
+        the scheduler plans with is clamped to what this instance's ledger still holds (ValueError:
+        the scheduler finds the call can never fit)."""
+        entry = self.sched.ledger.get(call.session_id, call.model)
+        reuse = max(min(reusable, entry.kv_len, call.prompt_tokens - 1), 0)
+        state = entry.state if reuse > 0 else KVState.MISSING
+        call.claimed_prefix = reusable
+        self.submit_resolved(call, reuse, state, entry.kv_len > 0, now)
+
+    def submit_resolved(self, call: InstanceCall, prefix: int, state: KVState, continuation: bool,
+                        now: float) -> None:
+        """Queue a call whose reusable prefix and its location are already known (`submit`
+        resolves them against the ledger; a scripted test states them)."""
+        sub = SubmittedCall(call.call_id, call.session_id, call.model, call.prompt_tokens, prefix,
+                            state, call.max_tokens, now, continuation)
+        self.sched.submit(sub, now)
+        call.progress = self.sched.table.records[call.call_id]
+        self.calls[call.call_id] = call
+        self.version += 1
+
+    def cancel(self, call_id: str, now: float) -> bool:
+        """Drop a call whose client left: True if it was dropped now, False if it is in the action
+        in flight (it then ends at that action's finish)."""
+        call = self.calls.get(call_id)
+        if call is None:
+            return True
+        if self.sched.cancel(call_id, now):
+            del self.calls[call_id]
+            self.version += 1
+            if self.executor is not None:
+                self.executor.release(call)
+            return True
+        call.abandoned = True
+        self._abandoned.add(call_id)
+        return False
+
+    # ---- steps ------------------------------------------------------------------------------
+
+    def next_plan(self, now: float) -> StepPlan | Idle:
+        action = self.sched.next_action(now)
+        if isinstance(action, Idle):
+            return action
+        ids = () if isinstance(action, Switch) else action.call_ids
+        if ids != self._batch_ids:  # decode steps repeat one batch: build its view once
+            self._batch_ids, self._batch = list(ids), {cid: self.calls[cid] for cid in ids}
+        rnd = self.sched.rounds.next_index()
+        return StepPlan(action, self._batch, self.calls, self.sched.ledger, rnd)
+
+    def finish(
+        self, plan: StepPlan, result: StepResult, now: float, measured_s: float
+    ) -> list[Done]:
+        """The executor ran `plan` in `measured_s`, ending at `now`."""
+        action = plan.action
+        self.version += 1
+        if isinstance(action, Switch):
+            self._finish_switch(action, result, now, measured_s)
+            return []
+        outs = result.calls
+        for item in action.calls if isinstance(action, Prefill) else ():
+            self._label(plan.calls[item.call_id], item, outs.get(item.call_id) if outs else None)
+        if outs is None:  # every call emitted one token and nothing else (a modelled step)
+            tokens = None
+            finished = self._abandoned.intersection(plan.calls) if self._abandoned else None
+        else:
+            finished, tokens = self._outputs(plan, outs)
+        done = self.sched.finish(action, now, measured_s, tokens=tokens, finished=finished or None)
+        self._measure(action, measured_s)
+        if result.kv_updates:
+            self._apply(result.kv_updates, now)
+        return [self._complete(c, now) for c in done] if done else done
+
+    def _outputs(self, plan: StepPlan, outs: dict[str, CallOutput]) -> tuple[set, dict]:
+        """Fold each call's output into its record: (calls that ended, tokens per call)."""
+        finished, tokens = set(), {}
+        for cid, call in plan.calls.items():
+            out = outs.get(cid)
+            tokens[cid] = 0 if out is None else out.tokens
+            if out is not None:
+                if out.text:
+                    call.out.append(out.text)
+                if out.finish_reason:
+                    call.finish_reason = out.finish_reason
+            if call.abandoned or (out is not None and out.finish_reason):
+                finished.add(cid)
+        return finished, tokens
+
+    def _label(self, call: InstanceCall, item, out: CallOutput | None) -> None:
+        """First admission: how much of the prompt was reused and where it came from."""
+        if call.generated:
+            return
+        if out is not None and out.cached_tokens is not None:
+            call.cached_tokens = out.cached_tokens
+        if out is not None and out.kv_source is not None:
+            call.kv_source = out.kv_source
+        elif item.restore_tokens:
+            call.kv_source = "host"
+        elif item.cached_device_tokens:
+            call.kv_source = "device"
+        else:
+            call.kv_source = "recompute" if call.claimed_prefix > 0 else "none"
+
+    def _finish_switch(
+        self, action: Switch, result: StepResult, now: float, seconds: float
+    ) -> None:
+        path = result.switch_path or action.path
+        self.sched.finish(action, now, seconds, switch_path=path)
+        self.opened.add(action.to_model)
+        self.switch_count += 1
+        if action.from_model is not None or seconds > 0:
+            self.switches.append(
+                SwitchRecord(
+                    now - seconds, self.name, action.from_model, action.to_model, path, seconds
+                )
+            )
+            m = self._meas.get(action.to_model) or self._meas.setdefault(action.to_model, _Meas())
+            m.switch_path, m.switch_s = path, seconds
+        self._apply(result.kv_updates, now)
+
+    def _apply(self, updates: list[KVUpdate], now: float) -> None:
+        for u in updates:
+            self.sched.set_kv_state(u.session_id, u.model, u.state, u.kv_len, now)
+
+    def _complete(self, c: Completion, now: float) -> Done:
+        call = self.calls.pop(c.call_id)
+        self._abandoned.discard(c.call_id)
+        update = self.executor.remember(call) if self.executor is not None else None
+        if update is not None:
+            self._apply([update], now)
+        entry = self.sched.ledger.get(c.session_id, c.model)
+        return Done(call, c, entry.state, entry.kv_len)
+
+    # ---- measurements for the router's profile EWMA ------------------------------------------
+
+    def _measure(self, action: Prefill | Decode, seconds: float) -> None:
+        m = self._meas.get(action.model) or self._meas.setdefault(action.model, _Meas())
+        if isinstance(action, Decode):
+            m.decode_steps += 1
+            m.decode_s += seconds
+            return
+        restore_tokens = sum(i.restore_tokens for i in action.calls)
+        restore_s = self.profiles[action.model].restore_s(restore_tokens)
+        m.prefill_tokens += sum(i.recompute_tokens for i in action.calls)
+        m.prefill_s += seconds - restore_s
+        m.restored_tokens += restore_tokens
+        m.restore_s += restore_s
+
+    def round_measurements(self) -> list[RoundReport]:
+        """Per-model measurements since the last closed round (pinned: since the last read)."""
+        closed = len(self.sched.rounds.closed)
+        if self.sched.mode == "time_shared" and closed == self._rounds_sent:
+            return []
+        self._rounds_sent = closed
+        out = []
+        for model, m in sorted(self._meas.items()):
+            self._round_seq += 1
+            out.append(
+                RoundReport(
+                    seq=self._round_seq,
+                    model=model,
+                    prefill_tokens=m.prefill_tokens,
+                    prefill_s=m.prefill_s,
+                    decode_steps=m.decode_steps,
+                    decode_s=m.decode_s,
+                    restored_tokens=m.restored_tokens,
+                    restore_s=m.restore_s,
+                    switch_path=m.switch_path.value if m.switch_path else None,
+                    switch_s=m.switch_s,
+                )
+            )
+        self._meas = {}
+        self.round_reports.extend(out)
+        return out
+
+    # ---- telemetry --------------------------------------------------------------------------
+
+    def telemetry(self, now: float, memory: MemoryStats | None = None) -> Telemetry:
+        """A fresh, versioned snapshot (every read is a new observation)."""
+        s = self.sched
+        self.published += 1
+        self.round_measurements()
+        if memory is None and self.executor is not None:
+            memory = self.executor.memory()
+        kv_occ = memory.kv_occupancy if memory is not None else None
+        if kv_occ is None:
+            kv_occ = s.table.kv_used() / max(s.knobs.kv_capacity_tokens, 1)
+        return Telemetry.model_construct(
+            instance=self.name,
+            version=self.published,
+            pool=self.pool.value,
+            models=list(self.models),
+            active_model=s.active,
+            loaded_models=[s.active] if s.active else [],
+            queued={m: len(s.table.waiting[m]) for m in s.models},
+            running=len(s.table.running),
+            sessions=[
+                KVEntry.model_construct(
+                    session_id=k[0], model=k[1], state=e.state.value, kv_len=e.kv_len
+                )
+                for k, e in s.ledger.entries.items()
+                if e.state is not KVState.MISSING
+            ],
+            round_remaining_s=round_remaining_s(s, now) if s.mode == "time_shared" else 0.0,
+            kv_occupancy=min(kv_occ, 1.0),
+            hbm_free_bytes=memory.hbm_free_bytes if memory is not None else None,
+            staging_slack_bytes=memory.staging_slack_bytes if memory is not None else None,
+            switches=self.switch_count,
+            opened_models=sorted(self.opened),
+            model_load={m: self._model_load(m) for m in s.models},
+            round_load_s=round_load_s(s),
+            deadline_risk_share=deadline_risk_share(s),
+            rounds=self._new_reports(),
+        )
+
+    def _new_reports(self) -> list[RoundReport]:
+        """Round reports no earlier snapshot carried: telemetry has one reader (the gateway), and a
+        lost reply only loses a refinement of the router's EWMA, never a decision."""
+        new = [r for r in self.round_reports if r.seq > self._telemetry_seq]
+        if new:
+            self._telemetry_seq = new[-1].seq
+        return new
+
+    def _model_load(self, model: str) -> ModelLoad:
+        s = self.sched
+        running = len(s.table.running) if model == s.active else 0
+        return ModelLoad.model_construct(
+            queued_calls=len(s.table.waiting[model]),
+            queued_tokens=queued_suffix_tokens(s, model),
+            running=running,
+            switch_cost_s=s.switch_costs.predict(model, switch_path(s)),
+            open_cost_s=self.profiles[model].open_s,
+        )
+
+    def check_integrity(self) -> None:
+        self.sched.check_integrity()
+        if set(self.calls) != set(self.sched.table.records):
+            raise RuntimeError("instance core: call records and the scheduler's table disagree")

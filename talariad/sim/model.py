@@ -1,0 +1,200 @@
+"""The one cost and memory model of a `sim` instance, shared by the simulator (virtual time) and the
+real-time `sim` executor (which sleeps what it charges). Sans-IO: every call takes `now`.
+
+`begin(plan, now)` prices an action (`costs.action_seconds`): a switch's path comes from the
+memory model's staging (`SimMemory.plan_switch`), a model never opened here is a full open, and a
+prewarmed instance's very first activation is free (the paper's runs exclude warm-up, §5.1).
+`end(plan, now)` says what the memory did, as a `StepResult`: a switch saves the outgoing model's
+device KV to the host arena (LRU evictions drop prefixes); a prefill that pushes device KV past its
+budget moves the least recently used idle prefixes off the device.
+"""
+
+from __future__ import annotations
+
+from talariad.cold_sched import Decode, Prefill, Switch
+from talariad.cold_sched.rounds import staging_target
+from talariad.instance.contract import KVUpdate, MemoryStats, StepPlan, StepResult
+from talariad.sim.costs import action_seconds, decode_seconds
+from talariad.sim.memory import SimMemory
+from talariad.types import KVState, LatencyProfile, SwitchPath
+
+Key = tuple[str, str]
+
+
+class SimModel:
+    def __init__(
+        self,
+        profiles: dict[str, LatencyProfile],
+        memory: SimMemory,
+        models: list[str],
+        pinned: bool = False,
+        prewarm: bool = False,
+    ) -> None:
+        self.profiles, self.mem, self.prewarm = profiles, memory, prewarm
+        self.loaded: set[str] = set(models) if prewarm or pinned else set()
+        self.active: str | None = models[0] if pinned else None
+        self.models = list(models)
+        self.staging: str | None = None
+        """The model whose weights are being staged: the scheduler's rotation rule."""
+        self.hbm_by_round: dict[int, int] = {}
+        self.hbm_peak = 0
+        self._ledger = None
+        self._switch: tuple[SwitchPath, float, bool] | None = None
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """Device KV tokens the tightest model's budget holds (None: profiles carry no KV size)."""
+        s = self.mem.spec
+        caps = [
+            (s.hbm_bytes - s.weight_bytes.get(m, 0)) // s.kv_bytes_per_token[m]
+            for m in self.profiles
+            if s.kv_bytes_per_token.get(m)
+        ]
+        return max(int(min(caps)), 1) if caps else None
+
+    # ---- one action -----------------------------------------------------------------------
+
+    def begin(self, plan: StepPlan, now: float) -> float:
+        """Seconds the action takes, started at `now`."""
+        self._ledger = plan.ledger
+        action = plan.action
+        if isinstance(action, Decode):  # the common step first
+            return decode_seconds(action, self.profiles[action.model])
+        if isinstance(action, Switch):
+            return self._begin_switch(plan, action, now)
+        for item in action.calls:
+            if item.restore_tokens:
+                call = plan.calls[item.call_id]
+                self.mem.touch((call.session_id, call.model))
+        return action_seconds(action, self.profiles)
+
+    def end(self, plan: StepPlan, now: float) -> StepResult:
+        """What the action did, at its end `now` (before the scheduler hears of it)."""
+        action = plan.action
+        if isinstance(action, Switch):
+            return self._end_switch(plan, action, now)
+        updates = self._relieve(plan, now) if isinstance(action, Prefill) else []
+        return StepResult(calls=None, kv_updates=updates)
+
+    # ---- switches -------------------------------------------------------------------------
+
+    def _begin_switch(self, plan: StepPlan, action: Switch, now: float) -> float:
+        first = action.to_model not in self.loaded
+        free = action.from_model is None and self.prewarm
+        kv = self.device_kv_bytes(action.from_model)
+        self._note_hbm(
+            plan.round_index, self.mem.footprint(action.from_model, action.to_model, kv, now)
+        )
+        if free:
+            path, seconds = SwitchPath.D2D, 0.0
+        elif first:
+            path = SwitchPath.H2D
+            seconds = action_seconds(action, self.profiles, path, first_open=True)
+        elif self.staging not in (None, action.to_model):  # another model was staged
+            path = SwitchPath.H2D
+            seconds = action_seconds(action, self.profiles, path, 1.0)
+        else:
+            sw = self.mem.plan_switch(action.from_model, action.to_model, kv, now)
+            path, seconds = sw.path, action_seconds(action, self.profiles, sw.path, sw.uncovered)
+        self._switch = (path, seconds, free)
+        return seconds
+
+    def _end_switch(self, plan: StepPlan, action: Switch, now: float) -> StepResult:
+        path, seconds, _ = self._switch
+        old = action.from_model
+        demoted = (
+            [
+                (k, e.kv_len)
+                for k, e in plan.ledger.entries.items()
+                if k[1] == old and e.state is KVState.DEVICE
+            ]
+            if old
+            else []
+        )
+        self.loaded.add(action.to_model)
+        self.active = action.to_model
+        self.mem.switched(now)
+        waiting = {c.model for c in plan.live.values()}
+        self.staging = staging_target(self.models, action.to_model, waiting.__contains__)
+        lost = KVState.HOST if self.mem.host_kv else KVState.MISSING
+        after = {k: lost for k, _ in demoted}  # the scheduler demotes them at the switch
+        updates = self._forget(self.mem.save(demoted), plan, after)
+        return StepResult(kv_updates=updates, switch_path=path, seconds=seconds)
+
+    # ---- device KV pressure and host KV -----------------------------------------------------
+
+    def _relieve(self, plan: StepPlan, now: float) -> list[KVUpdate]:
+        """Device KV over its budget once this prefill's tokens land: idle prefixes leave the
+        device, least recently used first."""
+        model, ledger = self.active, plan.ledger
+        grown: dict[Key, int] = {}  # this batch, as the scheduler records it after the step
+        ending = set()
+        for cid in plan.action.call_ids:
+            c = plan.calls[cid]
+            grown[(c.session_id, c.model)] = c.prompt_tokens + c.generated + 1
+            if c.abandoned or c.generated + 1 >= c.max_tokens:
+                ending.add(cid)
+        device = [
+            (e.updated_at, k, e.kv_len)
+            for k, e in ledger.entries.items()
+            if k[1] == model and e.state is KVState.DEVICE and k not in grown
+        ]
+        device += [(now, k, n) for k, n in grown.items()]
+        over = self.mem.kv_bytes(model, sum(n for _, _, n in device)) - self.mem.kv_budget_bytes(
+            model
+        )
+        if over <= 0:
+            return []
+        busy = {c.session_id for cid, c in plan.live.items() if cid not in ending}
+        state = KVState.HOST if self.mem.host_kv else KVState.MISSING
+        updates, moved = [], []
+        for _, key, kv_len in sorted(x for x in device if x[1][0] not in busy):
+            if over <= 0:
+                break
+            over -= self.mem.kv_bytes(model, kv_len)
+            updates.append(KVUpdate(key[0], model, state, kv_len))
+            moved.append((key, kv_len))
+        after = {k: state for k, _ in moved} | {
+            k: KVState.DEVICE for k in grown if k not in dict(moved)
+        }
+        return updates + self._forget(self.mem.save(moved), plan, after)
+
+    def _forget(
+        self, evicted: list[Key], plan: StepPlan, after: dict[Key, KVState]
+    ) -> list[KVUpdate]:
+        """Host copies the arena evicted: a prefix that lived only there is gone."""
+        out = []
+        for key in evicted:
+            state = after.get(key) or plan.ledger.get(*key).state
+            if state is KVState.HOST:
+                out.append(KVUpdate(key[0], key[1], KVState.MISSING, 0))
+        return out
+
+    def device_kv_bytes(self, model: str | None) -> int:
+        if model is None or self._ledger is None:
+            return 0
+        tokens = sum(
+            e.kv_len
+            for k, e in self._ledger.entries.items()
+            if k[1] == model and e.state is KVState.DEVICE
+        )
+        return self.mem.kv_bytes(model, tokens)
+
+    def _note_hbm(self, rnd: int, nbytes: int) -> None:
+        self.hbm_by_round[rnd] = max(self.hbm_by_round.get(rnd, 0), nbytes)
+        self.hbm_peak = max(self.hbm_peak, nbytes)
+
+    def memory(self) -> MemoryStats:
+        kv = self.device_kv_bytes(self.active)
+        budget = self.mem.kv_budget_bytes(self.active) if self.active else self.mem.spec.hbm_bytes
+        free = max(budget - kv, 0)
+        return MemoryStats(free, free, min(kv / budget, 1.0) if budget else 0.0)
+
+    def remember(self, call) -> None:
+        """The model keeps no token context: the KV ledger is the whole story."""
+
+    def release(self, call) -> None:
+        """Nothing to free: a dropped call never reached the device model."""
+
+    def check_integrity(self) -> None:
+        self.mem.check_integrity()
