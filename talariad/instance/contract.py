@@ -32,6 +32,7 @@ class StepPlan:
     live: Mapping[str, InstanceCall]
     ledger: SessionLedger
     round_index: int
+    """For a switch: the round it opens; -1 for other steps."""
 
 
 @dataclass(slots=True)

@@ -184,26 +184,32 @@ class InstanceCore:
 
     def next_plan(self, now: float) -> StepPlan | Idle:
         action = self.sched.next_action(now)
-        if isinstance(action, Idle):
+        kind = action.__class__  # the action classes are final
+        if kind is Idle:
             return action
-        ids = () if isinstance(action, Switch) else action.call_ids
+        if kind is Switch:  # only a switch needs the round it opens (its HBM footprint)
+            rnd = self.sched.rounds.next_index()
+            return StepPlan(action, {}, self.calls, self.sched.ledger, rnd)
+        ids = action.call_ids
         if ids != self._batch_ids:  # decode steps repeat one batch: build its view once
             self._batch_ids, self._batch = list(ids), {cid: self.calls[cid] for cid in ids}
-        rnd = self.sched.rounds.next_index()
-        return StepPlan(action, self._batch, self.calls, self.sched.ledger, rnd)
+        return StepPlan(action, self._batch, self.calls, self.sched.ledger, -1)
 
     def finish(
         self, plan: StepPlan, result: StepResult, now: float, measured_s: float
     ) -> list[Done]:
         """The executor ran `plan` in `measured_s`, ending at `now`."""
         action = plan.action
+        kind = action.__class__
         self.version += 1
-        if isinstance(action, Switch):
+        if kind is Switch:
             self._finish_switch(action, result, now, measured_s)
             return []
         outs = result.calls
-        for item in action.calls if isinstance(action, Prefill) else ():
-            self._label(plan.calls[item.call_id], item, outs.get(item.call_id) if outs else None)
+        if kind is Prefill:
+            for item in action.calls:
+                out = outs.get(item.call_id) if outs else None
+                self._label(plan.calls[item.call_id], item, out)
         if outs is None:  # every call emitted one token and nothing else (a modelled step)
             tokens = None
             finished = self._abandoned.intersection(plan.calls) if self._abandoned else None
@@ -279,7 +285,7 @@ class InstanceCore:
 
     def _measure(self, action: Prefill | Decode, seconds: float) -> None:
         m = self._meas.get(action.model) or self._meas.setdefault(action.model, _Meas())
-        if isinstance(action, Decode):
+        if action.__class__ is Decode:
             m.decode_steps += 1
             m.decode_s += seconds
             return

@@ -73,7 +73,7 @@ class SimInstance:
     def start(self, now: float) -> tuple[float | None, float | None]:
         """Start the next step: (end time, None), or (None, wake-up time or None) when idle."""
         plan = self.core.next_plan(now)
-        if isinstance(plan, Idle):
+        if plan.__class__ is Idle:
             return None, plan.until
         self._seconds = self.model.begin(plan, now)
         self.plan, self.end_s = plan, now + self._seconds

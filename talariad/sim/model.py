@@ -19,6 +19,8 @@ from talariad.sim.memory import SimMemory
 from talariad.types import KVState, LatencyProfile, SwitchPath
 
 Key = tuple[str, str]
+_DECODED = StepResult(calls=None, kv_updates=[])
+"""A decode step's result: one token per call, no KV moved (shared: never modified)."""
 
 
 class SimModel:
@@ -71,10 +73,12 @@ class SimModel:
     def end(self, plan: StepPlan, now: float) -> StepResult:
         """What the action did, at its end `now` (before the scheduler hears of it)."""
         action = plan.action
-        if isinstance(action, Switch):
+        kind = action.__class__
+        if kind is Decode:
+            return _DECODED
+        if kind is Switch:
             return self._end_switch(plan, action, now)
-        updates = self._relieve(plan, now) if isinstance(action, Prefill) else []
-        return StepResult(calls=None, kv_updates=updates)
+        return StepResult(calls=None, kv_updates=self._relieve(plan, now))
 
     # ---- switches -------------------------------------------------------------------------
 

@@ -95,10 +95,11 @@ class SimExecutor:
         seconds = self.model.begin(plan, self._now())
         await self.sleep(seconds * self.time_scale)
         result = self.model.end(plan, self._now())
-        if result.switch_path is None:  # a prefill or decode step: one word per call
-            words = {cid: self._next_word(call) for cid, call in plan.calls.items()}
-            result.calls = {cid: CallOutput(text=word) for cid, word in words.items()}
-        return result
+        if result.switch_path is not None:
+            return result
+        words = {cid: self._next_word(call) for cid, call in plan.calls.items()}  # one word each
+        return StepResult(calls={cid: CallOutput(text=w) for cid, w in words.items()},
+                          kv_updates=result.kv_updates)
 
     def _next_word(self, call: InstanceCall) -> str:
         if call.state is None:
