@@ -4,10 +4,12 @@ the state and issues the actions (_prefill, _decode, _step, _builder)."""
 
 from __future__ import annotations
 
+import math
+
 from talariad.types import KVState, LatencyProfile, SwitchPath
 
 from .admission import has_reusable_prefix, plan_item
-from .budget import SlotPlan, decode_iterations, plan_slot
+from .budget import SlotPlan, decode_iterations, plan_slot, prefill_batch_s
 from .calls import CallProgress, CallTable, SessionLedger
 from .knobs import SchedKnobs
 from .messages import Action, Idle, PrefillItem, Switch
@@ -51,6 +53,8 @@ class SlotPolicy:
             slot.end_p()
         if self.can_admit_sp(now) and (items := self._sp_batch(now)):
             return self._prefill(items, "SP")
+        if slot.p_pending and (items := self._p_batch(now)):
+            return self._prefill(items, "P")  # P work that waited for batch or KV capacity
         if self.table.running and slot.can_decode(now, step := self._step()):
             return self._decode(step)
         if (until := self._hold_until(now)) is not None:
@@ -88,15 +92,17 @@ class SlotPolicy:
         )
 
     def _p_batch(self, now: float) -> list[PrefillItem]:
+        """P admits the ordinary work that was waiting when the slot opened (§3.4), capped only by
+        the batch size and device KV capacity: prefill is best-effort, and work that runs past the
+        round bound is reported as deadline risk, never rolled into a later round. Only SP is
+        budget-limited."""
         slot = self.slot
         recs = [self.table.records[c] for c in slot.p_pending]
-        items = self._builder(self.knobs.max_batch).fill(
-            recs, self.ledger, lambda n: slot.prefill_left_s(now, self._step(n))
-        )
-        if not items and recs and not self.table.running:
-            # NOTE: progress over budget: a head that fits no slot would otherwise wait forever.
+        items = self._builder(self.knobs.max_batch).fill(recs, self.ledger, lambda n: math.inf)
+        if items and prefill_batch_s(items, self.profiles[slot.model]) > slot.prefill_left_s(
+            now, self._step(len(self.table.running) + len(items))
+        ):
             self.risk.prefill_shortfall += 1
-            items = [plan_item(recs[0], self.ledger, self.knobs.host_kv)]
         return items
 
     def _sp_batch(self, now: float) -> list[PrefillItem]:

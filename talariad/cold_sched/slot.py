@@ -41,8 +41,11 @@ class Slot:
         return self.plan.budget_s - (now - self.opened_at)  # budget - elapsed, inlined: per step
 
     def protected_s(self, step_s: float) -> float:
-        """The Eq. (4) reservation: the slot's last d_m decode steps (Dfin) at the current step."""
-        return min(self.plan.budget_s, self.plan.decode_iters * step_s)
+        """What is left of the Eq. (4) reservation at the current step: d_m decode iterations per
+        slot, of which the steps already run in this slot count (§3.4: Dfin "spends the remaining
+        protected budget"), so P and SP may use whatever the clock leaves beyond that."""
+        left = max(0, self.plan.decode_iters - self.decode_steps)
+        return min(self.plan.budget_s, left * step_s)
 
     def prefill_left_s(self, now: float, step_s: float) -> float:
         """What P/SP may still use: the prefill share, and what the clock leaves before Dfin."""
@@ -69,9 +72,12 @@ class Slot:
             self.phase = SlotPhase.SP
 
     def begin_decode(self, now: float, step_s: float) -> SlotPhase:
-        """Label the next decode step: D1 after P, D after an SP batch, Dfin once only the
-        protected reservation is left (from then on no prefill is admitted in this slot)."""
-        if self.phase is SlotPhase.DFIN or self.remaining(now) <= self.protected_s(step_s) + 1e-9:
+        """Label the next decode step: D1 after P, D after an SP batch, Dfin once the clock leaves
+        no more than the rest of the protected reservation (from then on no SP in this slot)."""
+        # less than two steps of slack leaves no room for an SP batch and a decode after it: the
+        # tail of the slot is the drain
+        drain = self.remaining(now) < self.protected_s(step_s) + 2 * step_s - 1e-9
+        if self.phase is SlotPhase.DFIN or drain:
             self.phase = SlotPhase.DFIN
         elif self.phase is SlotPhase.P:
             self.phase = SlotPhase.D1

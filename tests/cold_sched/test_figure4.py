@@ -198,3 +198,26 @@ def test_sp_stays_open_after_an_sp_batch_that_finished_at_prefill():
     s.submit(SubmittedCall("s2#1", "s2", "a", 1100, 1002, KVState.DEVICE, 5, now, True), now)
     drive(now, lambda: "s2#1" in done)
     assert done["s1#1"].admitted_by == "SP" and done["s2#1"].admitted_by == "SP"
+
+
+def test_decode_steps_already_run_count_toward_the_protected_reservation():
+    """Eq. (4) reserves d_m decode iterations per slot; steps already run in the slot count toward
+    them (§3.4: Dfin spends the *remaining* protected budget). A return that arrives late in A's
+    slot, after d_m steps ran and with clock left for its prefill, is admitted by SP in that slot."""
+    sessions = [
+        Session("bg", "A", [Turn(1000, 300)]),
+        Session("s1", "A", [Turn(2000, 10), Turn(2400, 10, gap_s=2.3)]),
+        Session("b1", "B", [Turn(1000, 300)]),
+    ]
+    d = VirtualDriver(ColdScheduler(ablation("talaria"), PROFILES, ["A", "B"]), sessions)
+    d.run()
+    ret = d.submitted["s1#1"]
+    slot_open = max(st.end for st in d.actions(Switch) if st.end <= ret.arrived_at)
+    plan = d.sched.round_summaries[0]
+    step = d.prefill_of("s1#1")
+    reserve_s = 40 * PROFILE.decode_step_s  # d_m = ceil(gamma * T_TTFT / T_TPOT) = 40
+    left_at_arrival = slot_open + (8.0 - 0.3) / 2 - ret.arrived_at
+    assert 0 < left_at_arrival < reserve_s  # the whole-slot reading would refuse it
+    assert step.action.tag == "SP" and step.active == "A"
+    assert not [t for t in switch_starts(d) if ret.arrived_at <= t <= step.start]
+    assert plan.sp_admitted >= 1
