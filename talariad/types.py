@@ -42,6 +42,9 @@ class LatencyProfile:
     decode_s_per_seq: float = 0.0
     restore_s_per_token: float = 1e-5
     switch_s: dict[SwitchPath, float] | None = None
+    fallback_s: float | None = None
+    """An H2D open when D2D staging is on but nothing usable was staged (wrong target or dirty);
+    None: the H2D cost. The paper measures these apart (§5.6: 2011 ms vs H2D-only 1497 ms p50)."""
     open_s: float = 3.0
     weight_bytes: int = 0
     kv_bytes_per_token: int = 0

@@ -26,6 +26,8 @@ class CallProgress:
     admitted_by: str | None = None
     cached_tokens: int = 0
     parked_times: int = 0
+    park_cost_s: float = 0.0
+    """Predicted restore and recompute time its resumptions after being parked cost."""
     sp_return: bool = False
     """Arrived while its model's slot was open, after P, with a reusable prefix (a return event)."""
 
@@ -144,8 +146,9 @@ class SessionLedger:
             return LedgerEntry(KVState.MISSING, 0, entry.updated_at)
         return entry
 
-    def demote(self, model: str, to: KVState, now: float) -> None:
-        """A switch away from `model` releases its device KV: it is saved to host or lost."""
+    def demote(self, model: str, to: KVState, now: float, keep: frozenset[str] = frozenset()) -> None:
+        """A switch away from `model` releases its device KV: it is saved to host or lost, except
+        for the sessions in `keep` (calls parked mid-decode, whose rows stay on device)."""
         for key, entry in self.entries.items():
-            if key[1] == model and entry.state is KVState.DEVICE:
+            if key[1] == model and entry.state is KVState.DEVICE and key[0] not in keep:
                 self.set(key[0], model, to, entry.kv_len, now)

@@ -95,3 +95,4 @@ class Completion:
     completion_tokens: int
     admitted_by: Literal["P", "SP"]
     parked_times: int = 0
+    park_cost_s: float = 0.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from talariad.types import KVState, LatencyProfile, SwitchPath
+from talariad.types import KVState, LatencyProfile
 
 from .admission import has_reusable_prefix, plan_item
 from .budget import SlotPlan, decode_iterations, plan_slot, prefill_batch_s
@@ -55,7 +55,8 @@ class SlotPolicy:
             return self._prefill(items, "SP")
         if slot.p_pending and (items := self._p_batch(now)):
             return self._prefill(items, "P")  # P work that waited for batch or KV capacity
-        if self.table.running and slot.can_decode(now, step := self._step()):
+        step = self._step()
+        if self.table.running and (slot.can_decode(now, step) or self._drain_fits(now, step)):
             return self._decode(step)
         if (until := self._hold_until(now)) is not None:
             slot.hold_since = now if slot.hold_since is None else slot.hold_since
@@ -120,7 +121,7 @@ class SlotPolicy:
         if model == self.active:
             self._open_slot(model, now)
             return None
-        path = SwitchPath.D2D if self.knobs.d2d else SwitchPath.H2D
+        path = self.predicted_path(model, now_=True)
         predicted = self.switch_costs.predict(model, path, first_open=self.active is None)
         self.rounds.round_for(model, now).predicted_s += predicted
         return Switch(self.active, model, path, predicted)
@@ -139,8 +140,7 @@ class SlotPolicy:
         """Eq. (3)-(5) for the slot about to open: an equal share of gamma*T_TTFT among the models
         with work, after their switches, with d_m protected decode steps (Eq. 4)."""
         busy = [m for m in self.models if self.table.has_work(m)] or [model]
-        path = SwitchPath.D2D if self.knobs.d2d else SwitchPath.H2D
-        switches = sum(self.switch_costs.predict(m, path) for m in busy) if len(busy) > 1 else 0.0
+        switches = sum(self.predicted_switch_s(m) for m in busy) if len(busy) > 1 else 0.0
         batch = min(self.knobs.max_batch, max(1, len(self.table.waiting[model])))
         step = self.profiles[model].decode_s(batch)
         bound, tpot = self.knobs.round_bound_s, self.knobs.tpot_target_s
@@ -151,8 +151,9 @@ class SlotPolicy:
         return plan
 
     def _close_slot(self, now: float) -> None:
-        """Park the running batch (its KV stays on device until a switch demotes it); count returns
-        that SP could not take, and P work the budget could not fit."""
+        """Park the running batch: its KV stays on device, across the switch too (see
+        ColdScheduler._parked_sessions), and it resumes first in its model's next slot. Count
+        returns that SP could not take, and P work that batch or KV capacity could not fit."""
         slot, rnd = self.slot, self.rounds.current
         parked = self.table.park_running()
         for rec in parked:
@@ -168,6 +169,22 @@ class SlotPolicy:
         self.risk.deferred += len(slot.p_pending)
         rnd.active_s += now - slot.opened_at
         self.slot = None
+
+    def _drain_fits(self, now: float, step_s: float) -> bool:
+        """Dfin past the slot's share: in-flight decode drains before the switch while the round
+        stays within Eq. (5). §3.4: Dfin "spends the remaining protected budget on in-flight
+        decode before switching models", and the slot closes "when the round budget is exhausted
+        or the scheduler decides to switch". The later slots of this round keep their shares and
+        switches; only what the round would leave unused is spent here. A call still decoding
+        when the round bound is reached is parked (_close_slot), the same rule in every
+        configuration."""
+        rnd = self.rounds.current
+        if rnd is None or rnd.started_at is None:
+            return False
+        later = [m for m in rotation(self.models, self.slot.model)
+                 if m not in rnd.models and self.table.has_work(m)]
+        reserved = sum(self.predicted_switch_s(m) + self.slot.plan.budget_s for m in later)
+        return (now - rnd.started_at) + step_s + reserved <= self.knobs.round_bound_s + 1e-9
 
     def _hold_until(self, now: float) -> float | None:
         """Keep an empty slot open while a session that completed in it may still return (its

@@ -54,11 +54,13 @@ class RoundLog:
 
 
 class SwitchCosts:
-    """Predicted switch time per (target model, path): the profile, then an EWMA of measurements."""
+    """Predicted switch time per (target model, path): the profile, then an EWMA of measurements
+    kept apart per path, so a fallback's cost never hides behind the D2D estimate."""
 
     def __init__(self, profiles: dict[str, LatencyProfile]) -> None:
         self.profiles = profiles
         self.measured: dict[tuple[str, SwitchPath], float] = {}
+        self.last_path: dict[str, SwitchPath] = {}
 
     def predict(self, to_model: str, path: SwitchPath, first_open: bool = False) -> float:
         if first_open:
@@ -68,6 +70,7 @@ class SwitchCosts:
         return self.profiles[to_model].switch_cost_s(path)
 
     def record(self, to_model: str, path: SwitchPath, measured_s: float) -> None:
+        self.last_path[to_model] = path
         old = self.measured.get((to_model, path))
         self.measured[(to_model, path)] = (
             measured_s if old is None else old + _EWMA * (measured_s - old)

@@ -48,6 +48,8 @@ class ColdScheduler(SlotPolicy):
         self.slot: Slot | None = None
         self.phase_totals = dict.fromkeys(PHASES, 0.0)
         self.sp_admitted = self.sp_parked = self.decode_parked = 0
+        self.staged: str | None = None
+        """The model the substrate stages for the next switch (None: it does not say)."""
         self._inflight: Action | None = None
         self._label = ""
         self._now = -math.inf
@@ -67,6 +69,25 @@ class ColdScheduler(SlotPolicy):
     ) -> None:
         """The substrate moved or evicted a prefix (device -> host, host -> missing, ...)."""
         self.ledger.set(session, model, state, kv_len, max(self._now, 0.0) if now is None else now)
+
+    def set_staging(self, model: str | None) -> None:
+        """The substrate's staging telemetry: which model's weights it stages for the next switch
+        (§3.4: the switch estimate follows staging, not a static model constant)."""
+        self.staged = model
+
+    def predicted_path(self, model: str, now_: bool = False) -> SwitchPath:
+        """The path a switch to `model` will take: H2D without staging. A switch issued now
+        (`now_`) to a model other than the one being staged can only open over H2D (a fallback).
+        Otherwise the path last measured for `model` (by a later switch's turn staging will have
+        targeted it), D2D before any measurement. Costs are kept per path (SwitchCosts)."""
+        if not self.knobs.d2d:
+            return SwitchPath.H2D
+        if now_ and self.staged is not None and self.staged != model:
+            return SwitchPath.H2D
+        return self.switch_costs.last_path.get(model, SwitchPath.D2D)
+
+    def predicted_switch_s(self, model: str) -> float:
+        return self.switch_costs.predict(model, self.predicted_path(model))
 
     def cancel(self, call_id: str, now: float) -> bool:
         """Drop a call that is not in the action in flight; False if it is (retry after finish)."""
@@ -148,6 +169,8 @@ class ColdScheduler(SlotPolicy):
         self.table.start(rec.call.call_id)
         if self.slot is not None and rec.call.call_id in self.slot.p_pending:
             self.slot.p_pending.remove(rec.call.call_id)
+        if rec.resumed:  # back from a park: what recovering its context costs
+            rec.park_cost_s += prefill_batch_s([item], self.profiles[rec.call.model])
         if rec.admitted_by is None:  # a resumed call keeps how it was first admitted
             rec.admitted_by = tag
             rec.cached_tokens = item.cached_device_tokens + item.restore_tokens
@@ -217,7 +240,7 @@ class ColdScheduler(SlotPolicy):
             ttft_s=first - call.arrived_at, finished_at=now, first_token_at=first,
             prompt_tokens=call.prompt_tokens, cached_tokens=rec.cached_tokens,
             completion_tokens=rec.generated, admitted_by=rec.admitted_by,
-            parked_times=rec.parked_times,
+            parked_times=rec.parked_times, park_cost_s=rec.park_cost_s,
         )  # fmt: skip
 
     def _finish_switch(
@@ -226,7 +249,7 @@ class ColdScheduler(SlotPolicy):
         if action.from_model is not None:
             self.switch_costs.record(action.to_model, path or action.path, measured_s)
             lost = KVState.HOST if self.knobs.host_kv else KVState.MISSING
-            self.ledger.demote(action.from_model, lost, now)
+            self.ledger.demote(action.from_model, lost, now, self._parked_sessions(action.from_model))
         rnd = self.rounds.current
         rnd.switch_s += measured_s
         rnd.switches += 1
@@ -248,6 +271,15 @@ class ColdScheduler(SlotPolicy):
         self.phase_totals[phase] += seconds
         if self.rounds.current is not None:
             self.rounds.current.phase_s[phase] += seconds
+
+    def _parked_sessions(self, model: str) -> frozenset[str]:
+        """Sessions whose call `model`'s slot parked mid-decode. Their KV stays on device across
+        the other models' slots: Eq. (4) prices "a sequence that remains active throughout the
+        round" at R_i / d_m per token, which holds only if the round does not also recompute or
+        restore it, and the bump layout keeps those rows while releasing the rest of the outgoing
+        kv_cache region (§4.2). The substrate may still move them under HBM pressure and says so
+        through set_kv_state; the rule is the same in every configuration."""
+        return frozenset(r.call.session_id for r in self.table.waiting_records(model) if r.resumed)
 
     # ---- helpers, telemetry, integrity -------------------------------------------------------
 

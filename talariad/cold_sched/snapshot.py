@@ -64,14 +64,9 @@ def round_remaining_s(s: ColdScheduler, now: float) -> float:
     rnd = s.rounds.current
     if rnd is None or s.slot is None:
         return 0.0
-    path = SwitchPath.D2D if s.knobs.d2d else SwitchPath.H2D
     pending = [m for m in s.models if m not in rnd.models and s.table.has_work(m)]
-    rest = sum(s.slot.plan.budget_s + s.switch_costs.predict(m, path) for m in pending)
+    rest = sum(s.slot.plan.budget_s + s.predicted_switch_s(m) for m in pending)
     return max(0.0, s.slot.remaining(now)) + rest
-
-
-def switch_path(s: ColdScheduler) -> SwitchPath:
-    return SwitchPath.D2D if s.knobs.d2d else SwitchPath.H2D
 
 
 def queued_suffix_tokens(s: ColdScheduler, model: str) -> int:
@@ -86,7 +81,7 @@ def round_load_s(s: ColdScheduler) -> float:
     busy = [m for m in s.models if s.table.has_work(m)]
     load = sum(s.profiles[m].prefill_s_per_token * queued_suffix_tokens(s, m) for m in busy)
     if s.mode == "time_shared" and len(busy) > 1:
-        load += sum(s.switch_costs.predict(m, switch_path(s)) for m in busy)
+        load += sum(s.predicted_switch_s(m) for m in busy)
     return load
 
 

@@ -70,6 +70,9 @@ class StepResult:
     """For a switch: how the target weights were actually opened."""
     seconds: float | None = None
     """Modelled duration (the `sim` executor); None: the shell measures the wall clock."""
+    staging: str | None = None
+    """For a switch: the model whose weights the executor now stages for the next switch (§3.4:
+    the switch estimate follows staging); None: the executor does not stage."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,6 @@ from talariad.cold_sched.snapshot import (
     queued_suffix_tokens,
     round_load_s,
     round_remaining_s,
-    switch_path,
 )
 from talariad.engine.messages import KVEntry, ModelLoad, RoundReport, Telemetry
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath, SwitchRecord
@@ -256,6 +255,7 @@ class InstanceCore:
     ) -> None:
         path = result.switch_path or action.path
         self.sched.finish(action, now, seconds, switch_path=path)
+        self.sched.set_staging(result.staging)
         self.opened.add(action.to_model)
         self.switch_count += 1
         if action.from_model is not None or seconds > 0:
@@ -378,7 +378,7 @@ class InstanceCore:
             queued_calls=len(s.table.waiting[model]),
             queued_tokens=queued_suffix_tokens(s, model),
             running=running,
-            switch_cost_s=s.switch_costs.predict(model, switch_path(s)),
+            switch_cost_s=s.predicted_switch_s(model),
             open_cost_s=self.profiles[model].open_s,
         )
 

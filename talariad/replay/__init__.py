@@ -1,4 +1,4 @@
-"""Trace format, loaders, generators, the oracle bound, and the report/plot tooling of replays."""
+"""Trace format, loaders, generators, the lower bounds, and the report/plot tooling of replays."""
 
 from talariad.replay.metrics import (
     CallRecord,
@@ -10,11 +10,11 @@ from talariad.replay.metrics import (
     nearest_rank,
     row_metrics,
 )
-from talariad.replay.oracle import oracle_bounds, oracle_sct
+from talariad.replay.bounds import rank_bounds, single_tenant_bounds, single_tenant_s
 from talariad.replay.trace import Trace, TraceCall, TraceError, read_jsonl, write_jsonl
 
 __all__ = [
     "CallRecord", "RoundRecord", "RowMetrics", "RunResult", "SessionRecord", "SwitchRecord",
-    "Trace", "TraceCall", "TraceError", "nearest_rank", "oracle_bounds", "oracle_sct",
-    "read_jsonl", "row_metrics", "write_jsonl",
+    "Trace", "TraceCall", "TraceError", "nearest_rank", "rank_bounds", "read_jsonl",
+    "single_tenant_bounds", "single_tenant_s", "row_metrics", "write_jsonl",
 ]

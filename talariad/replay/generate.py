@@ -32,11 +32,13 @@ class Shape:
     outputs: tuple[int, ...]
 
 
-def session_shape(rng: np.random.Generator, depth: int) -> Shape:
+def session_shape(
+    rng: np.random.Generator, depth: int, output: dists.LogNormal = dists.OUTPUT_TOKENS
+) -> Shape:
     """A growing-context session of up to `depth` calls; it ends early at MAX_CONTEXT_TOKENS
     (the agent stops at its context limit, as mini-swe-agent does)."""
     prompts = [min(dists.FIRST_PROMPT.sample_int(rng), MAX_CONTEXT_TOKENS // 2)]
-    prefixes, outputs = [0], [dists.OUTPUT_TOKENS.sample_int(rng)]
+    prefixes, outputs = [0], [output.sample_int(rng)]
     while len(prompts) < depth:
         context = prompts[-1] + outputs[-1]
         prompt = context + dists.OBSERVATION.sample_int(rng)
@@ -44,7 +46,7 @@ def session_shape(rng: np.random.Generator, depth: int) -> Shape:
             break
         prefixes.append(_reused(rng, context))
         prompts.append(prompt)
-        outputs.append(dists.OUTPUT_TOKENS.sample_int(rng))
+        outputs.append(output.sample_int(rng))
     return Shape(tuple(prompts), tuple(prefixes), tuple(outputs))
 
 
@@ -94,6 +96,20 @@ FIXED_CAPPED = 20
 _DEPTH_SIGMA = 0.5
 _MIN_DEPTH = 8
 
+# Calibration, done once on the Talaria row only (never on the ablations' outcomes). The paper
+# publishes no output lengths for its Claude Code replay; its Talaria run has about 200 rounds and
+# an aggregate round wall of about 1632 s (§5.5, Fig. 13). With the §2.1-shaped outputs of the
+# bundled real trace's README (p50 89 / p95 1,038 tokens) the simulated Talaria run (paper-tp8
+# profiles, seeds 0-4) had 170 rounds and 1432 s of round wall; scaling outputs by 1.2 gives
+# 196 rounds and 1649 s (residuals -2% and +1%). Left as residuals, not fitted: SP handling
+# events 632 admitted / 480 parked (paper 316 / 345: the simulator counts every SP batch
+# admission and every return pushed past its slot, the paper's exact counting rule is not
+# published) and SCT p50 / p95 630 / 1606 s (paper 189 / 867 s: all 30 sessions start at t = 0
+# here, and the strict multiplexing bound of this workload is already above 189 s at p50).
+# Session depths keep their assumption above; sweeping sigma 0.5-1.5 moved rounds and wall
+# together, so it is not separately identified by the published aggregates.
+FIXED_OUTPUT = dists.LogNormal(dists.OUTPUT_TOKENS.p50 * 1.2, dists.OUTPUT_TOKENS.p95 * 1.2)
+
 
 def fixed_replay(seed: int = 0, models: Sequence[str] = PAPER_MODELS) -> Trace:
     """The fixed-replay shape: issue i has the same call sequence (prompts, prefixes, outputs)
@@ -101,7 +117,9 @@ def fixed_replay(seed: int = 0, models: Sequence[str] = PAPER_MODELS) -> Trace:
     if FIXED_CALLS % len(models):
         raise ValueError(f"{FIXED_CALLS} calls cannot split evenly over {len(models)} models")
     rng = np.random.default_rng(seed)
-    depths = apportion(rng.lognormal(0.0, _DEPTH_SIGMA, FIXED_ISSUES), FIXED_CALLS // len(models), _MIN_DEPTH)
+    depths = apportion(
+        rng.lognormal(0.0, _DEPTH_SIGMA, FIXED_ISSUES), FIXED_CALLS // len(models), _MIN_DEPTH
+    )
     shapes = [_shape_of_depth(rng, d) for d in depths]
     gaps = _capped_gaps(rng, [len(s.prompts) for s in shapes for _ in models])
     sessions, g = [], iter(gaps)
@@ -125,7 +143,7 @@ def apportion(weights: np.ndarray, total: int, minimum: int) -> list[int]:
 
 def _shape_of_depth(rng: np.random.Generator, depth: int) -> Shape:
     while True:  # redraw the rare session that hits the context limit before `depth` calls
-        shape = session_shape(rng, depth)
+        shape = session_shape(rng, depth, FIXED_OUTPUT)
         if len(shape.prompts) == depth:
             return shape
 

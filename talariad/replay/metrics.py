@@ -43,6 +43,8 @@ class CallRecord:
     opened_model: bool = False  # placement had to open (load) the model on the chosen instance
     avoidable_open: bool = False  # ... although another instance already had it resident (§5.3)
     kv_source: str = "none"  # device | host | recompute | none
+    parked_times: int = 0  # slot ends it was still decoding at (parked, resumed in a later slot)
+    park_cost_s: float = 0.0  # predicted restore + recompute time its resumptions cost
 
     @property
     def ttft_s(self) -> float:
@@ -61,7 +63,7 @@ class SessionRecord:
     model: str
     start_s: float
     end_s: float
-    oracle_s: float | None = None  # the oracle lower bound (talariad.replay.oracle)
+    alone_s: float | None = None  # its single-tenant time (talariad.replay.bounds)
 
     @property
     def sct_s(self) -> float:
@@ -97,6 +99,7 @@ class RunResult:
     load: str | None = None
     tau_s: float | None = None
     wall_clock_s: float | None = None  # how long the run itself took (simulator speed)
+    rank_bounds: list[float] | None = None  # strict bound on the k-th finisher (all start at 0)
 
     def ttfts(self, returning_only: bool = False) -> list[float]:
         return [c.ttft_s for c in self.calls if c.returning or not returning_only]
@@ -152,10 +155,12 @@ class RowMetrics:
     residency_hit_rate: float | None
     sp_admitted: int
     sp_parked: int
-    oracle_p50_s: float | None
-    oracle_p95_s: float | None
-    ratio_p50: float | None  # SCT p50 / oracle p50
-    ratio_p95: float | None
+    switches: int
+    slowdown_p50: float | None  # per-session SCT over its own strict bound (talariad.replay.bounds)
+    slowdown_p95: float | None
+    parked_calls: int  # calls still decoding at a slot end at least once
+    parks: int  # slot ends at which a call was parked, summed over calls
+    park_cost_s: float  # predicted restore + recompute time that resuming parked calls cost
     policy: str | None = None
     load: str | None = None
     tau_s: float | None = None
@@ -166,7 +171,7 @@ def row_metrics(run: RunResult) -> RowMetrics:
     ttft50, ttft95 = _p(run.ttfts())
     ret50, ret95 = _p(run.ttfts(returning_only=True))
     sw50, sw95 = _p([s.latency_s for s in run.switches])
-    or50, or95 = _p([s.oracle_s for s in run.sessions if s.oracle_s is not None])
+    slow50, slow95 = _p(slowdowns(run))
     returning = [c for c in run.calls if c.returning]
     return RowMetrics(
         config=run.config, sessions=len(run.sessions), calls=len(run.calls),
@@ -177,14 +182,27 @@ def row_metrics(run: RunResult) -> RowMetrics:
         avoidable_opens=run.avoidable_opens, model_opens=run.model_opens,
         same_instance_rate=_rate([c.same_instance for c in returning]),
         residency_hit_rate=_rate([c.model_resident for c in run.calls]),
-        sp_admitted=run.sp_admitted, sp_parked=run.sp_parked,
-        oracle_p50_s=or50, oracle_p95_s=or95, ratio_p50=_ratio(sct50, or50), ratio_p95=_ratio(sct95, or95),
+        sp_admitted=run.sp_admitted, sp_parked=run.sp_parked, switches=len(run.switches),
+        slowdown_p50=slow50, slowdown_p95=slow95,
+        parked_calls=sum(c.parked_times > 0 for c in run.calls),
+        parks=sum(c.parked_times for c in run.calls),
+        park_cost_s=sum(c.park_cost_s for c in run.calls),
         policy=run.policy, load=run.load, tau_s=run.tau_s,
     )
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
+def slowdowns(run: RunResult) -> list[float]:
+    """Each session's SCT over its own bound: its single-tenant time and, when every session
+    started together, the strict bound of its finishing rank (talariad.replay.bounds)."""
+    done = sorted(run.sessions, key=lambda s: s.end_s)
+    out = []
+    for rank, s in enumerate(done):
+        bound = s.alone_s or 0.0
+        if run.rank_bounds is not None:
+            bound = max(bound, run.rank_bounds[rank])
+        if bound > 0:
+            out.append(s.sct_s / bound)
+    return out
 
 
 def switch_paths(run: RunResult) -> dict[str, PathStats]:

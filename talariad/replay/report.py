@@ -54,12 +54,14 @@ COLUMNS = (
     ("H2D p50/p95 ms", lambda r: _path_cell(r, SwitchPath.H2D)),
     ("switch share", lambda r: _pct(r.switch_share)),
     ("rounds", lambda r: str(r.rounds)),
+    ("switches", lambda r: str(r.switches)),
     ("HBM peak GiB", lambda r: f"{r.hbm_peak_gib:.1f}"),
     ("avoidable opens", lambda r: str(r.avoidable_opens)),
     ("same-inst return", lambda r: _pct(r.same_instance_rate)),
     ("SP adm/parked", lambda r: f"{r.sp_admitted}/{r.sp_parked}"),
-    ("oracle p50/p95 s", lambda r: _pair(r.oracle_p50_s, r.oracle_p95_s, fmt="{:.1f}")),
-    ("x oracle p50/p95", lambda r: _pair(r.ratio_p50, r.ratio_p95)),
+    ("parked calls/times", lambda r: f"{r.parked_calls}/{r.parks}"),
+    ("park cost s", lambda r: f"{r.park_cost_s:.0f}"),
+    ("slowdown p50/p95", lambda r: _pair(r.slowdown_p50, r.slowdown_p95)),
 )
 
 

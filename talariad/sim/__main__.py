@@ -1,5 +1,5 @@
 """`python -m talariad.sim compare`: run one trace under a suite of configurations and print the
-replay report (with the oracle column and the Talaria / Round-only ratio line)."""
+replay report (with per-session slowdowns over the strict bound and the Talaria / Round-only ratio line)."""
 
 from __future__ import annotations
 

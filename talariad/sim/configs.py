@@ -63,6 +63,9 @@ class SimConfig:
     heartbeat_s: float = 0.25  # telemetry period (virtual seconds)
     load: str | None = None  # labels for the report and plots
     tau_s: float | None = None
+    overhead_free: bool = False
+    """The fair-share reference: the same scheduler with zero switch, open and restore cost and
+    unlimited device and host KV (what multiplexing alone costs, with no mechanism overhead)."""
 
     def __post_init__(self) -> None:
         if not self.instances:
@@ -88,12 +91,17 @@ def base_knobs(pset: ProfileSet, models: tuple[str, ...], tau_s: float = 1.0) ->
     return sched_knobs(PolicyConfig(tau_s=tau_s), AblationConfig(), capacity)
 
 
+FAIR_SHARE = "fair-share"
+
+
 def ablation_configs(pset: ProfileSet, models: tuple[str, ...]) -> list[SimConfig]:
     box = (InstanceSpec("tp8", models),)
     base = base_knobs(pset, models)
     router = router_knobs(PolicyConfig(), AblationConfig(), overload="spill")
-    return [SimConfig(name, box, ablation(key, base), router)
+    rows = [SimConfig(name, box, ablation(key, base), router)
             for name, key in ABLATION_NAMES.items()]
+    unlimited = dataclasses.replace(ablation("talaria", base), kv_capacity_tokens=1 << 40)
+    return [*rows, SimConfig(FAIR_SHARE, box, unlimited, router, overhead_free=True)]
 
 
 def router_box(models: tuple[str, ...]) -> tuple[InstanceSpec, ...]:
@@ -146,8 +154,12 @@ def from_config(cfg: TalariaConfig, suite_name: str) -> tuple[list[SimConfig], P
     base = config_sched_knobs(cfg, kv_capacity_tokens(pset, models))
     router, box, beat = config_router_knobs(cfg), config_box(cfg), cfg.policy.telemetry_interval_s
     if suite_name == "ablations":
-        return [SimConfig(name, box, ablation(key, base), router, cfg.policy.router,
-                          heartbeat_s=beat) for name, key in ABLATION_NAMES.items()], pset
+        rows = [SimConfig(name, box, ablation(key, base), router, cfg.policy.router,
+                          heartbeat_s=beat) for name, key in ABLATION_NAMES.items()]
+        unlimited = dataclasses.replace(ablation("talaria", base), kv_capacity_tokens=1 << 40)
+        fair = SimConfig(FAIR_SHARE, box, unlimited, router, cfg.policy.router, heartbeat_s=beat,
+                         overhead_free=True)
+        return [*rows, fair], pset
     if suite_name == "router":
         return [SimConfig(f"{policy}@{load}", box, base, router, policy, interval, prewarm=False,
                           heartbeat_s=beat, load=load)

@@ -5,7 +5,8 @@ Prefill: one batched prefill of the recomputed tokens plus the H2D restore of ho
 tokens (`LatencyProfile.prefill_s` + `restore_s`). Decode: one iteration at the batch size.
 Switch: the profile's table for the path; a partial D2D switch with a known uncovered share of
 the weights costs D2D + uncovered x (H2D - D2D) (App. D: "partial staging lands between the two
-according to the uncovered H2D fraction"); a first open of a model the instance never held is a
+according to the uncovered H2D fraction"); an H2D fallback with staging on costs the profile's
+`fallback_s` (§5.6 measures it apart from the H2D-only configuration's opens); a first open of a model the instance never held is a
 full open (`open_s`).
 """
 
@@ -26,10 +27,13 @@ def decode_seconds(action: Decode, prof: LatencyProfile) -> float:
 
 
 def switch_seconds(prof: LatencyProfile, path: SwitchPath, uncovered: float | None = None,
-                   first_open: bool = False) -> float:
-    """`uncovered`: the share of target weights not staged (partial path only; None: table)."""
+                   first_open: bool = False, fallback: bool = False) -> float:
+    """`uncovered`: the share of target weights not staged (partial path only; None: table);
+    `fallback`: an H2D open although D2D staging is on (nothing usable was staged)."""
     if first_open:
         return prof.open_s
+    if fallback and path is SwitchPath.H2D and prof.fallback_s is not None:
+        return prof.fallback_s
     if path is SwitchPath.PARTIAL and uncovered is not None:
         d2d, h2d = prof.switch_cost_s(SwitchPath.D2D), prof.switch_cost_s(SwitchPath.H2D)
         return d2d + min(max(uncovered, 0.0), 1.0) * max(h2d - d2d, 0.0)
@@ -38,10 +42,11 @@ def switch_seconds(prof: LatencyProfile, path: SwitchPath, uncovered: float | No
 
 def action_seconds(action: Action, profiles: dict[str, LatencyProfile],
                    path: SwitchPath | None = None, uncovered: float | None = None,
-                   first_open: bool = False) -> float:
+                   first_open: bool = False, fallback: bool = False) -> float:
     """Seconds `action` takes; for a switch, `path` is how the weights were actually opened."""
     if isinstance(action, Switch):
-        return switch_seconds(profiles[action.to_model], path or action.path, uncovered, first_open)
+        return switch_seconds(profiles[action.to_model], path or action.path, uncovered, first_open,
+                              fallback)
     if isinstance(action, Prefill):
         return prefill_seconds(action, profiles[action.model])
     if isinstance(action, Decode):

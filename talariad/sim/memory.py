@@ -10,10 +10,13 @@ three facts at session/byte granularity:
   weights) holding session prefixes in LRU order; an evicted prefix becomes MISSING.
 - device KV: the active model's KV may use the managed HBM left after its weights; beyond that
   the least recently used idle prefixes leave the device (to host with HKVR, else lost).
-- staging: after a switch into model A, the next model's weights are copied H2D into the HBM
-  slack (managed HBM - A's weights - A's device KV) at the box's H2D rate; at the next switch
-  the staged share decides the path (all staged: d2d, some: partial, none: h2d). KV growth that
-  overlaps the staged range shrinks it (the paper's dirty chunks, reloaded from host).
+- staging: after a switch into model A, the model the scheduler names (`staging_target`, chosen
+  then, as a real substrate must) is copied H2D into the HBM slack (managed HBM - A's weights -
+  A's device KV) at the box's H2D rate; at the next switch the staged share decides the path (all
+  staged: d2d, some: partial, none or another model staged: h2d fallback). KV growth that overlaps
+  the staged range dirties it: the slack is measured against the peak of A's device KV since
+  staging began, retained prefixes included (the paper's dirty chunks, reloaded from host).
+  Staging and HKVR restores share each GPU's H2D link, so restore time delays staging.
 `MemoryModel` is the interface a finer substrate-backed implementation can replace.
 """
 
@@ -50,7 +53,7 @@ Key = tuple[str, str]  # (session, model)
 
 class MemoryModel(Protocol):
     def plan_switch(self, active: str | None, target: str, device_kv_bytes: int, now: float) -> SwitchPlan: ...
-    def switched(self, now: float) -> None: ...
+    def switched(self, now: float, target: str | None) -> None: ...
     def save(self, entries: list[tuple[Key, int]]) -> list[Key]: ...
     def touch(self, key: Key) -> None: ...
     def kv_budget_bytes(self, active: str) -> int: ...
@@ -77,16 +80,21 @@ class SimMemory:
         self.host: OrderedDict[Key, int] = OrderedDict()  # LRU first
         self.host_used = 0
         self.stage_from = 0.0  # when staging for the next switch could start
+        self.stage_target: str | None = None  # what is being staged; None: the first switch's pick
+        self.kv_peak = 0  # the active model's device KV high-water mark since staging began
+        self.link_busy_s = 0.0  # H2D link time taken by KV restores since staging began
         self.host_evictions = 0
 
     # ---- staging and switches -------------------------------------------------------------
 
     def staged_bytes(self, active: str | None, target: str, device_kv_bytes: int, now: float) -> int:
-        if not self.d2d or active is None:
+        """Clean staged bytes of `target`: 0 unless it is the model being staged."""
+        if not self.d2d or active is None or target != self.stage_target:
             return 0
         s = self.spec
-        slack = s.hbm_bytes - s.weight_bytes.get(active, 0) - device_kv_bytes
-        copied = float("inf") if s.h2d_bytes_per_s is None else s.h2d_bytes_per_s * max(now - self.stage_from, 0.0)
+        slack = s.hbm_bytes - s.weight_bytes.get(active, 0) - max(self.kv_peak, device_kv_bytes)
+        copied = (float("inf") if s.h2d_bytes_per_s is None
+                  else s.h2d_bytes_per_s * max(now - self.stage_from - self.link_busy_s, 0.0))
         return int(max(0.0, min(s.weight_bytes.get(target, 0), slack, copied)))
 
     def plan_switch(self, active: str | None, target: str, device_kv_bytes: int, now: float) -> SwitchPlan:
@@ -99,9 +107,26 @@ class SimMemory:
             return SwitchPlan(SwitchPath.D2D, 0.0, staged)
         return SwitchPlan(SwitchPath.PARTIAL, 1.0 - staged / weight, staged)
 
-    def switched(self, now: float) -> None:
-        """A switch finished: staging for the next one starts now."""
-        self.stage_from = now
+    def switched(self, now: float, target: str | None) -> None:
+        """A switch finished: staging of `target` for the next one starts now."""
+        self.stage_from, self.stage_target, self.kv_peak, self.link_busy_s = now, target, 0, 0.0
+
+    def note_restore(self, seconds: float) -> None:
+        """An HKVR restore used the H2D link for `seconds`: staging shares that link (one PCIe
+        link per GPU carries both), so it pauses meanwhile."""
+        self.link_busy_s += max(seconds, 0.0)
+
+    def note_kv(self, device_kv_bytes: int) -> None:
+        """The active model's device KV now; its peak since staging began dirties staged chunks."""
+        self.kv_peak = max(self.kv_peak, device_kv_bytes)
+
+    def coverage(self, active: str | None, device_kv_bytes: int, now: float) -> float:
+        """Share of the staging target's weights staged and clean now (the staging telemetry)."""
+        target = self.stage_target
+        weight = self.spec.weight_bytes.get(target, 0) if target else 0
+        if weight <= 0:
+            return 0.0
+        return self.staged_bytes(active, target, device_kv_bytes, now) / weight
 
     # ---- host KV (HKVR) -------------------------------------------------------------------
 

@@ -36,12 +36,19 @@ class SimModel:
         self.loaded: set[str] = set(models) if prewarm or pinned else set()
         self.active: str | None = models[0] if pinned else None
         self.models = list(models)
-        self.staging: str | None = None
-        """The model whose weights are being staged: the scheduler's rotation rule."""
         self.hbm_by_round: dict[int, int] = {}
         self.hbm_peak = 0
         self._ledger = None
         self._switch: tuple[SwitchPath, float, bool] | None = None
+
+    @property
+    def staging(self) -> str | None:
+        """The model whose weights are being staged: the scheduler's rotation rule."""
+        return self.mem.stage_target
+
+    @staging.setter
+    def staging(self, model: str | None) -> None:
+        self.mem.stage_target = model
 
     @property
     def kv_capacity_tokens(self) -> int | None:
@@ -64,10 +71,14 @@ class SimModel:
             return decode_seconds(action, self.profiles[action.model])
         if isinstance(action, Switch):
             return self._begin_switch(plan, action, now)
+        restore = 0
         for item in action.calls:
             if item.restore_tokens:
+                restore += item.restore_tokens
                 call = plan.calls[item.call_id]
                 self.mem.touch((call.session_id, call.model))
+        if restore:  # HKVR restores share the H2D link with staging
+            self.mem.note_restore(self.profiles[action.model].restore_s(restore))
         return action_seconds(action, self.profiles)
 
     def end(self, plan: StepPlan, now: float) -> StepResult:
@@ -78,14 +89,16 @@ class SimModel:
             return _DECODED
         if kind is Switch:
             return self._end_switch(plan, action, now)
-        return StepResult(calls=None, kv_updates=self._relieve(plan, now))
+        updates = self._relieve(plan, now)
+        self.mem.note_kv(self.device_kv_bytes())  # KV growth dirties staged chunks for good
+        return StepResult(calls=None, kv_updates=updates)
 
     # ---- switches -------------------------------------------------------------------------
 
     def _begin_switch(self, plan: StepPlan, action: Switch, now: float) -> float:
         first = action.to_model not in self.loaded
         free = action.from_model is None and self.prewarm
-        kv = self.device_kv_bytes(action.from_model)
+        kv = self.device_kv_bytes()
         self._note_hbm(
             plan.round_index, self.mem.footprint(action.from_model, action.to_model, kv, now)
         )
@@ -96,40 +109,45 @@ class SimModel:
             seconds = action_seconds(action, self.profiles, path, first_open=True)
         elif self.staging not in (None, action.to_model):  # another model was staged
             path = SwitchPath.H2D
-            seconds = action_seconds(action, self.profiles, path, 1.0)
+            seconds = action_seconds(action, self.profiles, path, 1.0, fallback=self.mem.d2d)
         else:
             sw = self.mem.plan_switch(action.from_model, action.to_model, kv, now)
-            path, seconds = sw.path, action_seconds(action, self.profiles, sw.path, sw.uncovered)
+            fallback = self.mem.d2d and sw.path is SwitchPath.H2D
+            path = sw.path
+            seconds = action_seconds(action, self.profiles, path, sw.uncovered, fallback=fallback)
         self._switch = (path, seconds, free)
         return seconds
 
     def _end_switch(self, plan: StepPlan, action: Switch, now: float) -> StepResult:
         path, seconds, _ = self._switch
         old = action.from_model
+        # calls parked mid-decode keep their rows on device (ColdScheduler._parked_sessions)
+        parked = {c.session_id for c in plan.live.values() if c.model == old and c.generated > 0}
         demoted = (
             [
                 (k, e.kv_len)
                 for k, e in plan.ledger.entries.items()
-                if k[1] == old and e.state is KVState.DEVICE
+                if k[1] == old and e.state is KVState.DEVICE and k[0] not in parked
             ]
             if old
             else []
         )
         self.loaded.add(action.to_model)
         self.active = action.to_model
-        self.mem.switched(now)
         waiting = {c.model for c in plan.live.values()}
-        self.staging = staging_target(self.models, action.to_model, waiting.__contains__)
+        self.mem.switched(now, staging_target(self.models, action.to_model, waiting.__contains__))
         lost = KVState.HOST if self.mem.host_kv else KVState.MISSING
         after = {k: lost for k, _ in demoted}  # the scheduler demotes them at the switch
         updates = self._forget(self.mem.save(demoted), plan, after)
-        return StepResult(kv_updates=updates, switch_path=path, seconds=seconds)
+        return StepResult(kv_updates=updates, switch_path=path, seconds=seconds,
+                          staging=self.staging if self.mem.d2d else None)
 
     # ---- device KV pressure and host KV -----------------------------------------------------
 
     def _relieve(self, plan: StepPlan, now: float) -> list[KVUpdate]:
-        """Device KV over its budget once this prefill's tokens land: idle prefixes leave the
-        device, least recently used first."""
+        """Device KV over the active model's budget once this prefill's tokens land: idle
+        prefixes of the active model leave the device first, then rows of calls parked in other
+        models' slots, least recently used first (to host with HKVR, else dropped)."""
         model, ledger = self.active, plan.ledger
         grown: dict[Key, int] = {}  # this batch, as the scheduler records it after the step
         ending = set()
@@ -139,24 +157,23 @@ class SimModel:
             if c.abandoned or c.generated + 1 >= c.max_tokens:
                 ending.add(cid)
         device = [
-            (e.updated_at, k, e.kv_len)
+            (k[1] != model, e.updated_at, k, e.kv_len)
             for k, e in ledger.entries.items()
-            if k[1] == model and e.state is KVState.DEVICE and k not in grown
+            if e.state is KVState.DEVICE and k not in grown
         ]
-        device += [(now, k, n) for k, n in grown.items()]
-        over = self.mem.kv_bytes(model, sum(n for _, _, n in device)) - self.mem.kv_budget_bytes(
-            model
-        )
+        device += [(False, now, k, n) for k, n in grown.items()]
+        used = sum(self.mem.kv_bytes(k[1], n) for _, _, k, n in device)
+        over = used - self.mem.kv_budget_bytes(model)
         if over <= 0:
             return []
-        busy = {c.session_id for cid, c in plan.live.items() if cid not in ending}
+        busy = {c.session_id for cid, c in plan.live.items() if cid not in ending and c.model == model}
         state = KVState.HOST if self.mem.host_kv else KVState.MISSING
         updates, moved = [], []
-        for _, key, kv_len in sorted(x for x in device if x[1][0] not in busy):
+        for _, _, key, kv_len in sorted(x for x in device if not (x[2][1] == model and x[2][0] in busy)):
             if over <= 0:
                 break
-            over -= self.mem.kv_bytes(model, kv_len)
-            updates.append(KVUpdate(key[0], model, state, kv_len))
+            over -= self.mem.kv_bytes(key[1], kv_len)
+            updates.append(KVUpdate(key[0], key[1], state, kv_len))
             moved.append((key, kv_len))
         after = {k: state for k, _ in moved} | {
             k: KVState.DEVICE for k in grown if k not in dict(moved)
@@ -174,22 +191,23 @@ class SimModel:
                 out.append(KVUpdate(key[0], key[1], KVState.MISSING, 0))
         return out
 
-    def device_kv_bytes(self, model: str | None) -> int:
-        if model is None or self._ledger is None:
+    def device_kv_bytes(self) -> int:
+        """Device KV of every model: the active model's and the rows of calls parked in other
+        models' slots, which the layout keeps across switches."""
+        if self._ledger is None:
             return 0
-        tokens = sum(
-            e.kv_len
+        return sum(
+            self.mem.kv_bytes(k[1], e.kv_len)
             for k, e in self._ledger.entries.items()
-            if k[1] == model and e.state is KVState.DEVICE
+            if e.state is KVState.DEVICE
         )
-        return self.mem.kv_bytes(model, tokens)
 
     def _note_hbm(self, rnd: int, nbytes: int) -> None:
         self.hbm_by_round[rnd] = max(self.hbm_by_round.get(rnd, 0), nbytes)
         self.hbm_peak = max(self.hbm_peak, nbytes)
 
     def memory(self) -> MemoryStats:
-        kv = self.device_kv_bytes(self.active)
+        kv = self.device_kv_bytes()
         budget = self.mem.kv_budget_bytes(self.active) if self.active else self.mem.spec.hbm_bytes
         free = max(budget - kv, 0)
         return MemoryStats(free, free, min(kv / budget, 1.0) if budget else 0.0)

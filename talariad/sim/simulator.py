@@ -13,13 +13,14 @@ and leases expire. Sampling lazily instead of on a timer keeps long idle stretch
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from talariad.replay.metrics import CallRecord, RoundRecord, RunResult, SessionRecord
-from talariad.replay.oracle import oracle_bounds
+from talariad.replay.bounds import rank_bounds, single_tenant_bounds
 from talariad.replay.trace import Trace, TraceCall
 from talariad.router import CallRequest, Router
 from talariad.sim.configs import SimConfig
@@ -27,6 +28,7 @@ from talariad.instance.core import Done
 from talariad.sim.instance import SimInstance
 from talariad.sim.memory import SimMemory, memory_spec
 from talariad.sim.profiles import ProfileSet
+from talariad.types import LatencyProfile, SwitchPath
 
 RELEASE, RETRY, DONE, WAKE = range(4)
 REFRESH_S = 1.0  # re-publish an unchanged snapshot this often (the router's staleness bound is 2 s)
@@ -54,8 +56,11 @@ class Simulator:
         if missing:
             raise ValueError(f"trace models {missing} have no profile in set {pset.name!r}")
         self.trace, self.cfg, self.profiles = trace, config, pset.profiles()
-        self.router = Router(config.router, self.profiles, policy=config.policy)
         spec = memory_spec(pset)
+        if config.overhead_free:
+            self.profiles = {m: overhead_free(p) for m, p in self.profiles.items()}
+            spec = dataclasses.replace(spec, hbm_bytes=1 << 60, host_kv_bytes=1 << 60)
+        self.router = Router(config.router, self.profiles, policy=config.policy)
         self.instances = {
             i.name: SimInstance(i.name, i.pool, list(i.models), config.sched, self.profiles,
                                 SimMemory(spec, config.sched.d2d, config.sched.host_kv), config.prewarm)
@@ -170,7 +175,8 @@ class Simulator:
         self.result.calls.append(CallRecord(
             p.call.session_id, k, p.call.model, inst.name, p.intended_s, c.first_token_at, now,
             same_instance=None if k == 0 else prev == inst.name, model_resident=p.resident,
-            opened_model=p.opened, avoidable_open=p.avoidable, kv_source=source))
+            opened_model=p.opened, avoidable_open=p.avoidable, kv_source=source,
+            parked_times=c.parked_times, park_cost_s=c.park_cost_s))
         session = self.trace.sessions[s]
         if k + 1 < len(session):
             self._push(now + session[k + 1].gap_s, RELEASE, (s, k + 1))
@@ -197,9 +203,11 @@ class Simulator:
 
     def _finish_result(self) -> None:
         r = self.result
-        oracle = oracle_bounds(self.trace, self.profiles)
-        r.sessions = sorted((SessionRecord(x.session_id, x.model, x.start_s, x.end_s, oracle[x.session_id])
+        alone = single_tenant_bounds(self.trace, self.profiles)
+        r.sessions = sorted((SessionRecord(x.session_id, x.model, x.start_s, x.end_s, alone[x.session_id])
                              for x in r.sessions), key=lambda x: x.session_id)
+        if self.cfg.start_interval_s == 0:  # the strict bound assumes sessions start together
+            r.rank_bounds = rank_bounds(self.trace, self.profiles)
         r.calls.sort(key=lambda x: (x.session_id, x.call_idx))
         for inst in self.instances.values():
             r.switches += inst.core.switches
@@ -213,6 +221,13 @@ class Simulator:
             r.sp_admitted += s.sp_admitted
             r.sp_parked += s.sp_parked
         r.switches.sort(key=lambda w: (w.at_s, w.instance))
+
+
+def overhead_free(prof: LatencyProfile) -> LatencyProfile:
+    """The profile with free switches, opens and restores (the fair-share reference)."""
+    free = dict.fromkeys(SwitchPath, 0.0)
+    return dataclasses.replace(prof, switch_s=free, fallback_s=0.0, open_s=0.0,
+                               restore_s_per_token=0.0)
 
 
 def open_round(inst: SimInstance, end: float) -> RoundRecord | None:

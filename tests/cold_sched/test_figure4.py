@@ -103,16 +103,6 @@ def test_d2d_switch_hint_and_prediction_follow_the_knob():
         assert {s.predicted_s for s in switches} == {PROFILE.switch_cost_s(path)}
 
 
-def test_unfinished_decode_is_parked_and_resumes_from_host_or_recompute():
-    for config, host in (("talaria", True), ("no-hkvr", False)):
-        d = figure4(config)
-        resumes = [st for st in d.actions(Prefill) if "bg#0" in st.action.call_ids][1:]
-        assert resumes and d.completions["bg#0"].parked_times == len(resumes)
-        item = next(i for i in resumes[0].action.calls if i.call_id == "bg#0")
-        assert (item.restore_tokens > 0) is host and (item.recompute_tokens > 1) is (not host)
-        assert item.cached_device_tokens == 0
-
-
 def test_new_session_arriving_mid_slot_does_not_bypass_p():
     sessions = [Session("bg", "A", [Turn(1000, 200)]), Session("b1", "B", [Turn(1000, 200)])]
     late = SubmittedCall("new#0", "new", "A", 500, max_tokens=5, arrived_at=3.5)  # A's slot is open
@@ -221,3 +211,39 @@ def test_decode_steps_already_run_count_toward_the_protected_reservation():
     assert step.action.tag == "SP" and step.active == "A"
     assert not [t for t in switch_starts(d) if ret.arrived_at <= t <= step.start]
     assert plan.sp_admitted >= 1
+
+
+@pytest.mark.parametrize("config", ["talaria", "no-hkvr", "round-only"])
+def test_a_call_parked_at_a_slot_end_keeps_its_kv_on_device_in_every_configuration(config):
+    """A call still decoding when the round bound ends its slot is parked; its rows stay on
+    device across the other model's slot (Eq. (4) prices a sequence active throughout the round),
+    so it resumes from device in its model's next slot: no recompute, no restore, in every
+    configuration alike."""
+    sessions = [Session("long", "A", [Turn(3000, 600)]), Session("b1", "B", [Turn(1000, 600)])]
+    d = VirtualDriver(ColdScheduler(ablation(config), PROFILES, ["A", "B"]), sessions)
+    d.run()
+    done = d.completions["long#0"]
+    assert done.parked_times >= 1 and done.park_cost_s == pytest.approx(
+        PROFILE.prefill_s(1) * done.parked_times
+    )  # each resumption recomputes only the one token that yields logits
+    resumes = [st.action for st in d.actions(Prefill) if "long#0" in st.action.call_ids][1:]
+    assert resumes and all(
+        i.restore_tokens == 0 and i.recompute_tokens == 1 for a in resumes for i in a.calls
+    )
+
+
+def test_dfin_drains_in_flight_decode_within_the_round_bound():
+    """A's share was planned with B still waiting; once B's call is gone (its client left), the
+    round has budget left and Dfin spends it finishing A's in-flight call instead of parking it."""
+    fast = dataclasses.replace(PROFILE, open_s=0.15)
+    sessions = [Session("a", "A", [Turn(1000, 150)]), Session("b", "B", [Turn(1000, 5)])]
+    d = VirtualDriver(ColdScheduler(ablation("talaria"), {"A": fast, "B": fast}, ["A", "B"]), sessions)
+    d.run(until=1.0)
+    share = d.sched.slot.plan.budget_s
+    assert d.sched.slot.model == "A" and share < 4.5  # 150 tokens at 30 ms do not fit the share
+    assert d.core.cancel("b#0", d.now)
+    d.run()
+    assert d.completions["a#0"].parked_times == 0
+    a_decode = d.decode_steps_of("A")
+    assert a_decode[-1].end - a_decode[0].start > share
+    assert d.sched.round_summaries[0].wall_s <= d.sched.knobs.round_bound_s + 1e-6

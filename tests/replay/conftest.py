@@ -8,7 +8,7 @@ GIB = 1 << 30
 
 def make_run(config: str, scale: float = 1.0, **labels) -> RunResult:
     """A hand-made run: 4 sessions, 8 calls, 4 switches, 3 rounds; times multiply by `scale`."""
-    sessions = [SessionRecord(f"s{i}", "m", 0.0, (10.0 + 10 * i) * scale, oracle_s=5.0 + i) for i in range(4)]
+    sessions = [SessionRecord(f"s{i}", "m", 0.0, (10.0 + 10 * i) * scale, alone_s=5.0 + i) for i in range(4)]
     calls = []
     for i in range(4):
         calls.append(CallRecord(f"s{i}", 0, "m", "i0", 0.0, 0.5 * (i + 1) * scale, 3.0, opened_model=i == 0,

@@ -2,6 +2,8 @@ import pytest
 
 from talariad.replay.metrics import nearest_rank, row_metrics
 
+from .conftest import make_run
+
 
 def test_nearest_rank_by_hand():
     xs = [15, 20, 35, 40, 50]
@@ -32,5 +34,15 @@ def test_row_metrics_of_hand_made_run(run):
     assert r.same_instance_rate == pytest.approx(0.75)
     assert r.residency_hit_rate == pytest.approx(7 / 8)
     assert (r.sp_admitted, r.sp_parked) == (7, 9)
-    assert (r.oracle_p50_s, r.oracle_p95_s) == (6.0, 8.0)
-    assert r.ratio_p50 == pytest.approx(20 / 6) and r.ratio_p95 == pytest.approx(40 / 8)
+    # per-session slowdowns: 10/5, 20/6, 30/7, 40/8 (no rank bounds: single-tenant only)
+    assert r.slowdown_p50 == pytest.approx(20 / 6) and r.slowdown_p95 == pytest.approx(40 / 8)
+    assert r.switches == 4
+
+
+def test_slowdown_uses_the_strict_bound_of_each_sessions_finishing_rank():
+    run = make_run("x")
+    run.rank_bounds = [4.0, 15.0, 16.0, 35.0]
+    r = row_metrics(run)
+    # sessions finish in order s0..s3: bounds max(5,4)=5, max(6,15)=15, max(7,16)=16, max(8,35)=35;
+    # slowdowns 2.0, 1.33, 1.875, 1.14
+    assert r.slowdown_p50 == pytest.approx(20 / 15) and r.slowdown_p95 == pytest.approx(2.0)

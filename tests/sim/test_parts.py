@@ -37,7 +37,7 @@ def spec(**kw) -> MemorySpec:
 
 def test_staging_decides_the_switch_path():
     mem = SimMemory(spec())
-    mem.switched(0.0)
+    mem.switched(0.0, "b")
     assert mem.plan_switch("a", "b", 0, 10.0).path is SwitchPath.D2D  # 40 B staged by t=4 s
     partial = mem.plan_switch("a", "b", 0, 2.0)  # only 20 B copied so far
     assert partial.path is SwitchPath.PARTIAL and partial.uncovered == pytest.approx(0.5)
@@ -74,6 +74,17 @@ def test_the_sim_model_stages_what_the_rotation_switches_to_next():
     assert result.switch_path is SwitchPath.D2D and seconds == pytest.approx(0.1)
 
 
+def test_staging_serves_only_its_target_and_kv_growth_dirties_it_for_good():
+    three = spec(weight_bytes={"a": 40, "b": 40, "c": 40}, kv_bytes_per_token={"a": 1, "b": 1, "c": 1})
+    mem = SimMemory(three)
+    mem.switched(0.0, "b")
+    assert mem.plan_switch("a", "c", 0, 10.0).path is SwitchPath.H2D  # b was staged, not c
+    assert mem.coverage("a", 0, 10.0) == pytest.approx(1.0)
+    mem.note_kv(40)  # a's KV peaked into the staging range, then shrank again
+    plan = mem.plan_switch("a", "b", 0, 10.0)
+    assert plan.path is SwitchPath.PARTIAL and plan.uncovered == pytest.approx(0.5)
+
+
 def test_host_kv_evicts_least_recently_used():
     mem = SimMemory(spec())
     assert mem.save([(("s1", "a"), 20), (("s2", "a"), 20)]) == []
@@ -102,8 +113,14 @@ def test_cli_compare_writes_json(tmp_path, capsys):
     rc = main(["compare", "--trace", str(path), "--json", str(out), "--no-progress", "--width", "250"])
     assert rc == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["config"] for r in rows] == ["Talaria", "no-SP", "no-HKVR", "H2D-only", "Round-only"]
+    assert [r["config"] for r in rows] == [
+        "Talaria", "no-SP", "no-HKVR", "H2D-only", "Round-only", "fair-share"
+    ]
     assert all(r["calls"] == 6 for r in rows)
+    for field in ("sct_p50_s", "sct_p95_s", "ttft_p50_s", "ttft_p95_s", "rounds", "switch_share",
+                  "slowdown_p50", "slowdown_p95", "switches"):
+        assert all(field in r for r in rows), field
+    assert all(r["slowdown_p50"] >= 1.0 - 1e-9 for r in rows)  # nothing beats its lower bound
     assert "Round-only / Talaria" in capsys.readouterr().out
 
 

@@ -2,7 +2,7 @@ import pytest
 
 from talariad.cold_sched import SchedKnobs
 from talariad.replay.metrics import row_metrics
-from talariad.replay.oracle import oracle_sct
+from talariad.replay.bounds import single_tenant_s
 from talariad.replay.trace import Trace
 from talariad.router import RouterKnobs
 from talariad.sim.configs import InstanceSpec, SimConfig, ablation_configs, router_configs, tau_configs
@@ -41,7 +41,7 @@ def test_seeded_router_policy_is_deterministic(paper, small_trace):
     assert a.sessions == b.sessions
 
 
-def test_lone_session_on_a_hot_instance_meets_its_oracle(paper):
+def test_lone_session_on_a_hot_instance_meets_its_single_tenant_time(paper):
     sess = growing("solo", "qwen3-235b", 6)
     trace = Trace([sess])
     cfg = SimConfig("hot", (InstanceSpec("hot", ("qwen3-235b",), Pool.HOT),), router=SPILL)
@@ -49,12 +49,12 @@ def test_lone_session_on_a_hot_instance_meets_its_oracle(paper):
     prof = paper.profiles()["qwen3-235b"]
     sct = run.sessions[0].sct_s
     assert sct == pytest.approx(engine_exact(sess, prof), abs=1e-9)
-    # nothing competes: the session reproduces its oracle bound exactly
-    assert sct == pytest.approx(oracle_sct(sess, paper.profiles()), abs=1e-9)
-    assert run.sessions[0].oracle_s == pytest.approx(sct, abs=1e-9)
+    # nothing competes: the session reproduces its single-tenant time exactly
+    assert sct == pytest.approx(single_tenant_s(sess, paper.profiles()), abs=1e-9)
+    assert run.sessions[0].alone_s == pytest.approx(sct, abs=1e-9)
 
 
-def test_lone_session_on_a_cold_instance_stays_near_its_oracle(paper):
+def test_lone_session_on_a_cold_instance_stays_near_its_single_tenant_time(paper):
     sess = growing("solo", "glm5-nvfp4", 6)
     trace = Trace([sess])
     cfg = by_name(ablation_configs(paper, MODELS), "Talaria")

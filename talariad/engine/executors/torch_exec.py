@@ -153,7 +153,8 @@ class TorchExecutor:
         """waiting: models with calls on the instance (they decide what to stage next)."""
         updates = self._save_outgoing(self.sub.active) if self.sub.active else []
         record = self._open(action.to_model, waiting)
-        return StepResult(kv_updates=updates, switch_path=record.path)
+        staging = self.sub.staging.model if self.sub.staging is not None else None
+        return StepResult(kv_updates=updates, switch_path=record.path, staging=staging)
 
     def _open(self, model: str, waiting: set[str] = frozenset()):
         record = self.sub.switch_to(model, self._now())

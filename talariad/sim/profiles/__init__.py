@@ -22,7 +22,7 @@ HERE = Path(__file__).parent
 GIB = 1 << 30
 _PROFILE_FIELDS = {f.name for f in dataclasses.fields(LatencyProfile)}
 _BOX_FIELDS = {"gpus", "tp", "hbm_per_gpu_gib", "host_memory_gib", "h2d_gb_per_s", "restore_efficiency",
-               "hbm_gb_per_s", "decode_context_tokens", "switch_ms_pooled"}
+               "hbm_gb_per_s", "decode_context_tokens", "switch_ms_pooled", "fallback_ms_pooled"}
 _ARCH_FIELDS = {"hf_id", "params_total_b", "params_active_b", "weight_bytes_per_param", "attention",
                 "kv_layers", "kv_heads", "head_dim", "latent_dim", "kv_dtype_bytes", "profile"}
 
@@ -38,6 +38,7 @@ class Box:
     hbm_bytes_per_s: float | None = None
     decode_context_tokens: int = 0
     switch_s_pooled: dict[SwitchPath, float] | None = None
+    fallback_s_pooled: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,7 @@ def _box(b: dict) -> Box:
         hbm_bytes_per_s=b["hbm_gb_per_s"] * 1e9 if "hbm_gb_per_s" in b else None,
         decode_context_tokens=int(b.get("decode_context_tokens", 0)),
         switch_s_pooled={SwitchPath(k): v / 1000 for k, v in pooled.items()} if pooled else None,
+        fallback_s_pooled=b["fallback_ms_pooled"] / 1000 if "fallback_ms_pooled" in b else None,
     )
 
 
@@ -185,4 +187,6 @@ def _derived(box: Box, weight: int, kv: int, weight_scale: float) -> dict:
         table = {p: s if p is SwitchPath.D2D else s * weight_scale for p, s in box.switch_s_pooled.items()}
         out["switch_s"] = table
         out["open_s"] = table.get(SwitchPath.H2D, LatencyProfile().open_s)
+    if box.fallback_s_pooled is not None:
+        out["fallback_s"] = box.fallback_s_pooled * weight_scale
     return out
