@@ -28,8 +28,6 @@ from typing import Protocol
 
 from talariad.types import SwitchPath
 
-MEM_FRACTION = 0.8  # App. E: mem-fraction-bump = 0.8 of HBM is the managed layout
-
 
 @dataclass(frozen=True, slots=True)
 class MemorySpec:
@@ -68,7 +66,7 @@ def memory_spec(pset) -> MemorySpec:
     kv = {m: s.kv_bytes_per_token_per_gpu or s.profile.kv_bytes_per_token
           for m, s in pset.models.items()}
     host_kv = box.host_memory_bytes - box.tp * sum(weights.values())
-    return MemorySpec(int(box.hbm_per_gpu_bytes * MEM_FRACTION), max(host_kv, 0), box.tp,
+    return MemorySpec(int(box.hbm_per_gpu_bytes * box.mem_fraction_bump), max(host_kv, 0), box.tp,
                       box.h2d_bytes_per_s, weights, kv)
 
 

@@ -22,7 +22,7 @@ HERE = Path(__file__).parent
 GIB = 1 << 30
 _PROFILE_FIELDS = {f.name for f in dataclasses.fields(LatencyProfile)}
 _BOX_FIELDS = {"gpus", "tp", "hbm_per_gpu_gib", "host_memory_gib", "h2d_gb_per_s", "restore_efficiency",
-               "hbm_gb_per_s", "decode_context_tokens", "switch_ms_pooled", "fallback_ms_pooled"}
+               "hbm_gb_per_s", "decode_context_tokens", "switch_ms_pooled", "fallback_ms_pooled", "mem_fraction_bump"}
 _ARCH_FIELDS = {"hf_id", "params_total_b", "params_active_b", "weight_bytes_per_param", "attention",
                 "kv_layers", "kv_heads", "head_dim", "latent_dim", "kv_dtype_bytes", "profile"}
 
@@ -39,6 +39,8 @@ class Box:
     decode_context_tokens: int = 0
     switch_s_pooled: dict[SwitchPath, float] | None = None
     fallback_s_pooled: float | None = None
+    mem_fraction_bump: float = 0.8
+    """Share of each GPU's HBM that the managed (bump) layout owns: weights, staged chunks, KV."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +140,14 @@ def _box(b: dict) -> Box:
         decode_context_tokens=int(b.get("decode_context_tokens", 0)),
         switch_s_pooled={SwitchPath(k): v / 1000 for k, v in pooled.items()} if pooled else None,
         fallback_s_pooled=b["fallback_ms_pooled"] / 1000 if "fallback_ms_pooled" in b else None,
+        mem_fraction_bump=_fraction(b.get("mem_fraction_bump", 0.8)),
     )
+
+
+def _fraction(value) -> float:
+    if not 0 < float(value) <= 1:
+        raise ValueError(f"box: mem_fraction_bump must be in (0, 1], got {value!r}")
+    return float(value)
 
 
 def _weight_bytes(spec: dict, box: Box) -> int:
