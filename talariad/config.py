@@ -6,6 +6,7 @@ as a `ConfigError` whose lines name the file, the field path and what is wrong.
 
 from __future__ import annotations
 
+import fnmatch
 import pathlib
 from typing import Annotated, Literal
 
@@ -58,6 +59,14 @@ class ModelConfig(_Strict):
     seed: int | None = Field(default=None, ge=0)
     """torch executor without `path`: seed of the random weights built from the `profile`
     architecture (default: derived from the model name, so each model differs)."""
+    aliases: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(default_factory=list)
+    """Other ids clients may ask for (exact names or globs such as `claude-*`); responses echo the id
+    the client sent. Exact names and aliases win over globs; globs are tried in config order."""
+    default_max_tokens: int = Field(default=4096, ge=1)
+    """Output limit of a call that sets none (OpenAI `max_tokens`, Responses `max_output_tokens`)."""
+    tool_parser: Literal["hermes", "llama3_json"] = "hermes"
+    """How tool calls are read back from this model's text: `hermes` (Qwen/Hermes
+    `<tool_call>{...}</tool_call>`) or `llama3_json` (Llama 3 `{"name": ..., "parameters": ...}`)."""
 
 
 class InstanceConfig(_Strict):
@@ -142,6 +151,24 @@ class SupervisorConfig(_Strict):
     """Grace period after SIGTERM before an instance process is killed."""
 
 
+class AnthropicConfig(_Strict):
+    default_model: str | None = None
+    """Model (or alias) serving `/v1/messages` calls whose id matches no model or alias; None: 404."""
+    clamp_max_tokens: bool = False
+    """Lower a `max_tokens` that does not fit the model's context to what fits, instead of a 400."""
+
+
+class ResponsesConfig(_Strict):
+    store_max: int = Field(default=0, ge=0)
+    """Recent `/v1/responses` answers kept for `previous_response_id` (0: off; such calls get 400)."""
+
+
+class SessionsConfig(_Strict):
+    max_branches: int = Field(default=4, ge=1, le=64)
+    """Prefix branches kept per (session, model): a side call with another system prompt adds a
+    branch instead of replacing the session's main prefix; the least recently used goes first."""
+
+
 class TalariaConfig(_Strict):
     listen: ListenConfig = ListenConfig()
     """Where the daemon listens."""
@@ -155,9 +182,23 @@ class TalariaConfig(_Strict):
     """Mechanism switches used by the evaluation; all on by default."""
     supervisor: SupervisorConfig = SupervisorConfig()
     """Instance process lifecycle."""
+    anthropic: AnthropicConfig = AnthropicConfig()
+    """Anthropic Messages endpoint (`/v1/messages`) behaviour."""
+    responses: ResponsesConfig = ResponsesConfig()
+    """OpenAI Responses endpoint (`/v1/responses`) behaviour."""
+    sessions: SessionsConfig = SessionsConfig()
+    """Per-session prefix bookkeeping."""
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def resolve_model(self, requested: str) -> ModelConfig | None:
+        """The model serving `requested`: a name, an exact alias, then the first matching glob alias."""
+        found = self.model(requested) or next((m for m in self.models if requested in m.aliases), None)
+        if found is not None:
+            return found
+        return next((m for m in self.models for a in m.aliases if _is_glob(a) and fnmatch.fnmatchcase(requested, a)),
+                    None)
 
 
 class ConfigError(Exception):
@@ -196,6 +237,29 @@ def _duplicates(names: list[str], prefix: str) -> list[tuple[str, str]]:
     return out
 
 
+def _is_glob(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def _alias_lines(models: list[dict], data: dict) -> list[tuple[str, str]]:
+    """An alias may name one model only; `anthropic.default_model` must resolve."""
+    owner: dict[str, object] = {m["name"]: m["name"] for m in models if isinstance(m.get("name"), str)}
+    problems, globs = [], []
+    for i, m in enumerate(_list(data.get("models"))):
+        for j, alias in enumerate(_list(m.get("aliases")) if isinstance(m, dict) else []):
+            if not isinstance(alias, str):
+                continue
+            if alias in owner and owner[alias] != m.get("name"):
+                problems.append((f"models[{i}].aliases[{j}]", f"{alias!r} already names model {owner[alias]!r}"))
+            owner.setdefault(alias, m.get("name"))
+            globs += [alias] if _is_glob(alias) else []
+    anthropic = data.get("anthropic") if isinstance(data.get("anthropic"), dict) else {}
+    default = anthropic.get("default_model")
+    if isinstance(default, str) and default not in owner and not any(fnmatch.fnmatchcase(default, g) for g in globs):
+        problems.append(("anthropic.default_model", f"{default!r} is not a model name or alias"))
+    return problems
+
+
 def _semantic_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str, str]]:
     """Cross-field checks on the parsed YAML, so they run even when the schema check failed
     (every problem of a file is reported in one pass); malformed parts are the schema's to
@@ -203,7 +267,7 @@ def _semantic_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str
     models = [m for m in _list(data.get("models")) if isinstance(m, dict)]
     instances = [i for i in _list(data.get("instances")) if isinstance(i, dict)]
     names = [m.get("name") for m in models if isinstance(m.get("name"), str)]
-    problems = _duplicates(names, "models")
+    problems = _duplicates(names, "models") + _alias_lines(models, data)
     inst_names = [i.get("name") for i in instances if isinstance(i.get("name"), str)]
     problems += _duplicates(inst_names, "instances")
     defined = set(names)

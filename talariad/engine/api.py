@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from talariad.engine.messages import GenerateRequest, Telemetry
 from talariad.engine.worker import Worker
@@ -56,6 +56,14 @@ def build_app(worker: Worker) -> FastAPI:
     async def memory() -> dict:
         """HBM layout rows and switch records of an executor that owns a memory substrate."""
         return {"instance": worker.inst.name, **worker.executor.memory_report()}
+
+    @app.post("/internal/count_tokens")
+    async def count_tokens(req: GenerateRequest) -> JSONResponse:
+        """The rendered prompt's length, as a call would be tokenized here."""
+        try:
+            return JSONResponse({"input_tokens": worker.count_tokens(req)})
+        except ValueError as err:
+            return JSONResponse({"error": str(err)}, status_code=400)
 
     @app.post("/internal/generate")
     async def generate(req: GenerateRequest) -> StreamingResponse:

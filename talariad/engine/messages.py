@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 
+class ToolCall(BaseModel):
+    """A function call the model made (rendered back into the template on the next turn)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    """Parsed JSON arguments; a string for free-form (custom) tools or arguments that are not JSON."""
+
+
 class ChatMessage(BaseModel):
     role: str
+    """system, user, assistant or tool (a tool's result)."""
     content: str
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    """assistant: the tool calls it made."""
+    tool_call_id: str | None = None
+    """tool: the call this result answers."""
+    name: str | None = None
+    """tool: the tool's name."""
+
+    def template_dict(self) -> dict[str, Any]:
+        """The Hugging Face chat-template form of this message."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
 
 class GenerateRequest(BaseModel):
@@ -21,7 +49,12 @@ class GenerateRequest(BaseModel):
     messages: list[ChatMessage] = Field(default_factory=list)
     prompt: str | None = None
     """Raw prompt for /v1/completions; used instead of `messages` when set."""
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    """Tool definitions in the chat-template form `{"type": "function", "function": {name, description,
+    parameters}}`; rendered into the prompt by the model's template."""
     max_tokens: int = Field(default=256, ge=1)
+    clamp_max_tokens: bool = False
+    """Lower `max_tokens` to what fits the context instead of refusing the call."""
     temperature: float = Field(default=0.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
@@ -40,11 +73,17 @@ class Usage(BaseModel):
 class TokenEvent(BaseModel):
     type: Literal["token"] = "token"
     text: str
+    prompt_tokens: int | None = None
+    """Set on a call's first token: the exact prompt length (Anthropic's `message_start` reports it)."""
+    cached_tokens: int | None = None
+    """Set on a call's first token: prompt tokens served from a reused prefix."""
 
 
 class DoneEvent(BaseModel):
     type: Literal["done"] = "done"
     finish_reason: Literal["stop", "length"]
+    stop_sequence: str | None = None
+    """The client's stop string that ended the call, when one did."""
     usage: Usage
     kv_state: Literal["device", "host", "missing"]
     kv_len: int
@@ -59,6 +98,10 @@ class ErrorEvent(BaseModel):
     """HTTP status the gateway answers with: 4xx when the call itself can never be served."""
     code: str | None = None
     param: str | None = None
+    prompt_tokens: int | None = None
+    """context_length_exceeded: the prompt's length in tokens."""
+    limit: int | None = None
+    """context_length_exceeded: the most tokens (prompt + max_tokens) the call may take."""
 
 
 StreamEvent = TokenEvent | DoneEvent | ErrorEvent

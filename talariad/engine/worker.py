@@ -59,7 +59,7 @@ class Worker:
             result = await self.executor.run(plan)
             for cid, out in result.calls.items():
                 if out.text and cid in self.queues:
-                    self.queues[cid].put_nowait(TokenEvent(text=out.text))
+                    self.queues[cid].put_nowait(self._token(plan, cid, out))
             now = self.now()
             for done in self.core.finish(plan, result, now, now - started):
                 self._complete(done)
@@ -72,6 +72,18 @@ class Worker:
         except TimeoutError:
             pass
 
+    def _token(self, plan, cid: str, out) -> TokenEvent:
+        """A piece of text; the call's first also says how long the prompt is and how much of it was
+        reused (Anthropic's `message_start` reports both)."""
+        call = plan.calls.get(cid)
+        if call is None or call.out:
+            return TokenEvent(text=out.text)
+        cached = out.cached_tokens if out.cached_tokens is not None else call.cached_tokens
+        if cached is None:  # the scheduler's plan
+            item = next((i for i in getattr(plan.action, "calls", ()) if getattr(i, "call_id", None) == cid), None)
+            cached = item.cached_device_tokens + item.restore_tokens if item is not None else 0
+        return TokenEvent(text=out.text, prompt_tokens=call.prompt_tokens, cached_tokens=cached)
+
     def _complete(self, done: Done) -> None:
         queue = self.queues.pop(done.call.call_id, None)
         if queue is None:
@@ -79,18 +91,26 @@ class Worker:
         c = done.completion
         usage = Usage(prompt_tokens=c.prompt_tokens, completion_tokens=done.call.generated,
                       cached_tokens=done.cached_tokens, kv_source=done.call.kv_source)
-        queue.put_nowait(DoneEvent(finish_reason=done.finish_reason, usage=usage, ttft_s=c.ttft_s,
+        queue.put_nowait(DoneEvent(finish_reason=done.finish_reason, stop_sequence=done.call.stop_sequence,
+                                   usage=usage, ttft_s=c.ttft_s,
                                    kv_state=done.kv_state.value, kv_len=done.kv_len))
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         if req.model not in self.inst.models:
             yield ErrorEvent(message=f"instance {self.inst.name} does not host model {req.model!r}")
             return
-        prompt = self.executor.encode(req)
+        try:
+            prompt = self.executor.encode(req)
+        except ValueError as err:  # a conversation the model's chat template refuses
+            yield ErrorEvent(status=400, code="invalid_value", param="messages", message=str(err))
+            return
+        if req.clamp_max_tokens and prompt:  # lower the output limit to what fits (at least one token)
+            req.max_tokens = max(1, min(req.max_tokens, self.core.room(req.model, len(prompt))))
         refusal = self.core.refusal(req.model, len(prompt), req.max_tokens)
         if refusal is not None:
-            yield ErrorEvent(status=400, code=refusal.code, param=refusal.param,
-                             message=refusal.message)
+            yield ErrorEvent(status=400, code=refusal.code, param=refusal.param, message=refusal.message,
+                             prompt_tokens=len(prompt) if refusal.limit is not None else None,
+                             limit=refusal.limit)
             return
         session = req.session_id or f"call-{req.call_id}"
         call = InstanceCall(req.call_id, session, req.model, len(prompt), req.max_tokens,
@@ -111,6 +131,10 @@ class Worker:
         finally:  # the client went away: drop what has not started, stop the rest at its next step
             if req.call_id in self.core.calls and self.core.cancel(req.call_id, self.now()):
                 self.queues.pop(req.call_id, None)
+
+    def count_tokens(self, req: GenerateRequest) -> int:
+        """The prompt length of `req` as this instance tokenizes it (ValueError: the template refuses it)."""
+        return len(self.executor.encode(req))
 
     def telemetry(self) -> Telemetry:
         """A fresh, versioned snapshot (every read is a new observation)."""

@@ -1,20 +1,25 @@
 """The Anthropic Messages endpoint (`POST /v1/messages`), the surface Claude Code speaks.
 
 Bodies are translated to the same internal call as chat completions; answers and errors come
-back in Anthropic's shapes (named SSE events, `cache_read_input_tokens`, `{"type": "error"}`).
+back in Anthropic's shapes (named SSE events, `tool_use` blocks, `cache_read_input_tokens`,
+`{"type": "error"}`). Accepted and not acted on: `thinking` (no reasoning tokens are produced),
+`context_management`, `output_config` (the format is not enforced), `cache_control` on any block
+(prefix reuse is automatic), `top_k`, `metadata` (except the session in `user_id`).
 """
 
 from __future__ import annotations
 
 import json
-import time
+import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from talariad.engine.messages import DoneEvent, TokenEvent
+from talariad.engine.messages import ChatMessage, DoneEvent, ToolCall
+from talariad.tools import arguments_json, function_tool
 
-STOP_REASONS = {"length": "max_tokens", "stop": "end_turn"}
+log = logging.getLogger("talariad.gateway")
+
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
                429: "rate_limit_error", 503: "overloaded_error"}
@@ -27,15 +32,16 @@ class _Open(BaseModel):
 class Block(_Open):
     type: str
     text: str | None = None
+    id: str | None = None
     name: str | None = None
     input: Any = None
+    tool_use_id: str | None = None
     content: str | list[dict] | None = None
 
     def flat(self) -> str:
+        """The text of a text or tool_result block (other blocks carry none the model reads as text)."""
         if self.type == "text":
             return self.text or ""
-        if self.type == "tool_use":
-            return f"[tool_use {self.name}: {json.dumps(self.input)}]"
         if self.type == "tool_result":
             if isinstance(self.content, list):
                 return "".join(c.get("text", "") for c in self.content if isinstance(c, dict))
@@ -44,11 +50,31 @@ class Block(_Open):
 
 
 class AnthropicMessage(_Open):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(b.flat() for b in self.content)
+    def chat(self, tool_names: dict[str, str]) -> list[ChatMessage]:
+        """One or more internal messages: tool results become `tool` messages before the user's text."""
+        if isinstance(self.content, str):
+            return [ChatMessage(role=self.role, content=self.content)]
+        blocks = self.content
+        out = [ChatMessage(role="tool", content=b.flat(), tool_call_id=b.tool_use_id,
+                           name=tool_names.get(b.tool_use_id or "")) for b in blocks if b.type == "tool_result"]
+        text = "".join(b.flat() for b in blocks if b.type == "text")
+        calls = [ToolCall(id=b.id or "", name=b.name or "", arguments=b.input if isinstance(b.input, (dict, str)) else {})
+                 for b in blocks if b.type == "tool_use"]
+        for c in calls:
+            tool_names[c.id] = c.name
+        if text or calls or not out:
+            out.append(ChatMessage(role=self.role, content=text, tool_calls=calls))
+        return out
+
+
+class Tool(_Open):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    type: str | None = None
 
 
 class MessagesRequest(_Open):
@@ -62,11 +88,26 @@ class MessagesRequest(_Open):
     stream: bool = False
     metadata: dict[str, Any] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    tools: list[Tool] | None = None
+    tool_choice: dict[str, Any] | None = None
 
-    def chat(self) -> list[tuple[str, str]]:
+    def chat(self) -> list[ChatMessage]:
         system = self.system if isinstance(self.system, str) else "".join(b.flat() for b in self.system or [])
-        head = [("system", system)] if system else []
-        return head + [(m.role, m.text()) for m in self.messages]
+        out = [ChatMessage(role="system", content=system)] if system else []
+        names: dict[str, str] = {}
+        for m in self.messages:
+            out += m.chat(names)
+        return out
+
+    def tool_defs(self) -> list[dict]:
+        """Client tools in the template form; server tools (no input schema) cannot run here."""
+        if (self.tool_choice or {}).get("type") == "none":
+            return []
+        usable = [t for t in self.tools or [] if t.input_schema is not None]
+        if len(usable) < len(self.tools or []):
+            log.info("dropped tools that cannot run locally: %s",
+                     ", ".join(t.name for t in self.tools or [] if t.input_schema is None))
+        return [function_tool(t.name, t.description, t.input_schema) for t in usable]
 
     def limit(self, default: int) -> int:
         return self.max_tokens
@@ -78,16 +119,35 @@ class MessagesRequest(_Open):
         return True
 
 
-def usage(done: DoneEvent) -> dict:
+class CountTokensRequest(MessagesRequest):
+    max_tokens: int = Field(default=1, ge=1)
+
+
+def stop_reason(done: DoneEvent, calls: list[ToolCall]) -> str:
+    if calls:
+        return "tool_use"
+    if done.finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if done.stop_sequence is not None else "end_turn"
+
+
+def usage(done: DoneEvent, talaria: dict | None = None) -> dict:
     u = done.usage
-    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens}
+    out = {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
+           "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens}
+    return {**out, "talaria": talaria} if talaria is not None else out
 
 
-def message_body(call_id: str, model: str, text: str, done: DoneEvent) -> dict:
-    return {"id": f"msg_{call_id}", "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": text}], "stop_reason": STOP_REASONS[done.finish_reason],
-            "stop_sequence": None, "usage": usage(done)}
+def tool_use_block(call: ToolCall) -> dict:
+    return {"type": "tool_use", "id": call.id, "name": call.name,
+            "input": call.arguments if isinstance(call.arguments, dict) else {"input": call.arguments}}
+
+
+def message_body(call_id: str, model: str, text: str, calls: list[ToolCall], done: DoneEvent, talaria: dict) -> dict:
+    content = ([{"type": "text", "text": text}] if text or not calls else []) + [tool_use_block(c) for c in calls]
+    return {"id": f"msg_{call_id}", "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": stop_reason(done, calls), "stop_sequence": done.stop_sequence,
+            "usage": usage(done, talaria)}
 
 
 def event(name: str, data: dict) -> str:
@@ -98,25 +158,43 @@ def error_body(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}}
 
 
-def start_events(call_id: str, model: str, estimated_input: int) -> list[str]:
+def context_message(prompt: int, max_tokens: int, limit: int) -> str:
+    """Anthropic's wording of a call that does not fit, which Claude Code acts on: a prompt alone
+    over the limit asks for compaction, prompt plus output a smaller `max_tokens`."""
+    if prompt >= limit:
+        return f"prompt is too long: {prompt} tokens > {limit} maximum"
+    return (f"input length and `max_tokens` exceed context limit: {prompt} + {max_tokens} > {limit}, "
+            f"decrease input length or `max_tokens` and try again")
+
+
+def start_events(call_id: str, model: str, input_tokens: int, cached_tokens: int) -> list[str]:
     message = {"id": f"msg_{call_id}", "type": "message", "role": "assistant", "model": model, "content": [],
                "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": estimated_input, "output_tokens": 0}}
+               "usage": {"input_tokens": input_tokens - cached_tokens, "output_tokens": 0,
+                         "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached_tokens}}
     return [event("message_start", {"message": message}),
             event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
             event("ping", {})]
 
 
-def token_event(ev: TokenEvent) -> str:
-    return event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": ev.text}})
+def text_event(text: str) -> str:
+    return event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}})
 
 
-def end_events(done: DoneEvent) -> list[str]:
-    return [event("content_block_stop", {"index": 0}),
-            event("message_delta", {"delta": {"stop_reason": STOP_REASONS[done.finish_reason], "stop_sequence": None},
-                                    "usage": usage(done)}),
-            event("message_stop", {})]
+def tool_events(index: int, call: ToolCall) -> list[str]:
+    return [event("content_block_start", {"index": index, "content_block": {**tool_use_block(call), "input": {}}}),
+            event("content_block_delta", {"index": index, "delta": {"type": "input_json_delta",
+                                                                    "partial_json": arguments_json(call)
+                                                                    if isinstance(call.arguments, dict)
+                                                                    else json.dumps({"input": call.arguments})}}),
+            event("content_block_stop", {"index": index})]
 
 
-def created() -> int:
-    return int(time.time())
+def end_events(done: DoneEvent, calls: list[ToolCall], talaria: dict) -> list[str]:
+    lines = [event("content_block_stop", {"index": 0})]
+    for i, c in enumerate(calls, start=1):
+        lines += tool_events(i, c)
+    return lines + [event("message_delta", {"delta": {"stop_reason": stop_reason(done, calls),
+                                                      "stop_sequence": done.stop_sequence},
+                                            "usage": usage(done, talaria)}),
+                    event("message_stop", {})]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from urllib.parse import quote
@@ -12,19 +13,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from talariad.config import TalariaConfig
-from talariad.engine.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
-from talariad.gateway import anthropic, errors
+from talariad.config import ModelConfig, TalariaConfig
+from talariad.engine.messages import (ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, StreamEvent, TokenEvent,
+                                      ToolCall)
+from talariad.gateway import anthropic, errors, responses
 from talariad.gateway.errors import APIError
-from talariad.engine.messages import StreamEvent
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import GatewayMetrics
 from talariad.gateway.routing import RouterShell
 from talariad.router import CallRequest
 from talariad.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from talariad.gateway.session import session_id
+from talariad.tools import ToolStream, arguments_json
 
-DEFAULT_MAX_TOKENS = 256
+log = logging.getLogger("talariad.gateway")
 
 
 class Gateway:
@@ -34,6 +36,8 @@ class Gateway:
                  ready: Callable[[str], bool]):
         self.cfg, self.directory, self.routing, self.ready = cfg, directory, routing, ready
         self.metrics = GatewayMetrics()
+        self.stored = responses.ResponseStore(cfg.responses.store_max)
+        self._dropped_logged: set[str] = set()
 
     @staticmethod
     def clock() -> float:
@@ -45,6 +49,26 @@ class Gateway:
             return "loaded"
         return "parked" if any(s and model in s.opened_models for s in snaps) else "cold"
 
+    def resolve(self, requested: str, api: str) -> ModelConfig:
+        """The model serving a requested id (a name or alias; Anthropic calls may fall back to the
+        configured default model)."""
+        found = self.cfg.resolve_model(requested)
+        if found is None and api == "anthropic" and self.cfg.anthropic.default_model:
+            found = self.cfg.resolve_model(self.cfg.anthropic.default_model)
+        if found is None:
+            raise APIError(404, f"The model {requested!r} does not exist", type="not_found_error",
+                           param="model", code="model_not_found")
+        return found
+
+    def log_dropped(self, session: str, dropped: list[str]) -> None:
+        """Tools that cannot run here were dropped from the prompt: say so once per session."""
+        if dropped and session not in self._dropped_logged:
+            if len(self._dropped_logged) > 10_000:  # bounded: a long-running daemon sees many sessions
+                self._dropped_logged.clear()
+            self._dropped_logged.add(session)
+            log.info("session %s: dropped hosted tools that cannot run locally: %s", session,
+                     ", ".join(sorted(set(dropped))))
+
 
 def _estimate_tokens(texts: list[str]) -> int:
     return sum(len(t) for t in texts) // 4 + 1
@@ -54,34 +78,51 @@ async def _first(events: AsyncIterator[StreamEvent]) -> StreamEvent:
     return await anext(events, ErrorEvent(message="instance closed the stream without an answer"))
 
 
-def _canonical(messages: list[tuple[str, str]], prompt: str | None) -> str:
-    return prompt if prompt is not None else "".join(f"<|{r}|> {c}\n" for r, c in messages)
+def _canonical(messages: list[ChatMessage], prompt: str | None, tools: list[dict]) -> str:
+    """The prompt as text for estimates and prefix matching (tools first, as templates put them)."""
+    if prompt is not None:
+        return prompt
+    head = "".join(f"<|tools|> {json.dumps(t, sort_keys=True)}\n" for t in tools)
+    return head + "".join(f"<|{m.role}|> {m.content}{_calls_text(m.tool_calls)}\n" for m in messages)
+
+
+def _calls_text(calls: list[ToolCall]) -> str:
+    return "".join(f"<tool_call>{c.name} {arguments_json(c)}</tool_call>" for c in calls)
 
 
 class _Call:
     """One forwarded call: placement, the internal request, and its completion bookkeeping."""
 
-    def __init__(self, gw: Gateway, body, headers, messages: list[tuple[str, str]], prompt: str | None):
-        if gw.cfg.model(body.model) is None:
-            raise APIError(404, f"The model {body.model!r} does not exist", type="not_found_error",
-                           param="model", code="model_not_found")
-        self.gw, self.body = gw, body
+    def __init__(self, gw: Gateway, body, headers, messages: list[ChatMessage], prompt: str | None = None, *,
+                 api: str = "openai", tools: list[dict] | None = None):
+        spec = gw.resolve(body.model, api)
+        self.gw, self.body, self.api, self.model = gw, body, api, spec.name
+        self.tools = tools or []
+        self.parser = spec.tool_parser
         self.id = uuid.uuid4().hex[:24]
-        self.session = session_id(headers, body.model_dump(), messages)
+        self.session = session_id(headers, body.model_dump(), [(m.role, m.content) for m in messages])
         self.started = gw.clock()
-        self.text = _canonical(messages, prompt)
-        covered = gw.routing.prefixes.covered_chars(self.session, body.model, self.text)
-        self.info = CallRequest(self.id, self.session, body.model, _estimate_tokens([self.text]),
-                                min(_estimate_tokens([self.text[:covered]]) if covered else 0,
-                                    _estimate_tokens([self.text])),
-                                body.limit(DEFAULT_MAX_TOKENS))
+        self.text = _canonical(messages, prompt, self.tools)
+        self.branch = gw.routing.branches.branch(self.session, self.model, self.text)
+        asked = body.limit(0)
+        max_tokens = asked or spec.default_max_tokens
+        clamp = not asked or (api == "anthropic" and gw.cfg.anthropic.clamp_max_tokens)
+        estimate = _estimate_tokens([self.text])
+        if clamp:  # the router plans with what can fit; the instance clamps exactly
+            max_tokens = max(1, min(max_tokens, spec.max_context - estimate))
+        covered = gw.routing.prefixes.covered_chars(self.branch, self.model, self.text)
+        self.info = CallRequest(self.id, self.branch, self.model, estimate,
+                                min(_estimate_tokens([self.text[:covered]]) if covered else 0, estimate),
+                                max_tokens)
         self.req = GenerateRequest(
-            call_id=self.id, session_id=self.session, model=body.model, prompt=prompt,
-            messages=[ChatMessage(role=r, content=c) for r, c in messages], max_tokens=self.info.max_tokens,
-            temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop_list())
+            call_id=self.id, session_id=self.branch, model=self.model, prompt=prompt, messages=messages,
+            tools=self.tools, max_tokens=max_tokens, clamp_max_tokens=clamp, temperature=body.temperature,
+            top_p=body.top_p, seed=body.seed, stop=body.stop_list())
         self.instance = ""
         self.route = ""
         self.first_token_at: float | None = None
+        self.prompt_tokens: int | None = None
+        self.cached_tokens = 0
         self.answer: list[str] = []
         self.done = True  # nothing to release until placed
 
@@ -92,7 +133,7 @@ class _Call:
             raise APIError(429, f"no instance can take a {self.body.model!r} call now ({decision.reason})",
                            type="rate_limit_exceeded", code=decision.kind.value, headers={"Retry-After": retry})
         self.instance, self.route, self.done = decision.instance, decision.kind.value, False
-        self.gw.metrics.running.labels(self.body.model).inc()
+        self.gw.metrics.running.labels(self.model).inc()
 
     def headers(self) -> dict[str, str]:
         # the session id is client text: percent-encode it so any value is a legal header
@@ -104,15 +145,17 @@ class _Call:
 
     def on_token(self, ev: TokenEvent) -> None:
         self.answer.append(ev.text)
+        if ev.prompt_tokens is not None:
+            self.prompt_tokens, self.cached_tokens = ev.prompt_tokens, ev.cached_tokens or 0
         if self.first_token_at is None:
             self.first_token_at = self.gw.clock()
-            self.gw.metrics.ttft.labels(self.body.model).observe(self.first_token_at - self.started)
+            self.gw.metrics.ttft.labels(self.model).observe(self.first_token_at - self.started)
 
     def finish(self, ev: DoneEvent | ErrorEvent) -> None:
         if self.done:
             return
         self.done = True
-        m, model = self.gw.metrics, self.body.model
+        m, model = self.gw.metrics, self.model
         m.running.labels(model).dec()
         now = self.gw.clock()
         if isinstance(ev, ErrorEvent):
@@ -120,12 +163,17 @@ class _Call:
             m.finished.labels(model, "error").inc()
             return
         self.gw.routing.completed(self.id, self.instance, ev.kv_state, ev.kv_len, now)
-        self.gw.routing.prefixes.remember(self.session, model, self.text, "".join(self.answer))
+        self.gw.routing.prefixes.remember(self.branch, model, self.text, "".join(self.answer))
         m.finished.labels(model, ev.finish_reason).inc()
         m.e2e.labels(model).observe(now - self.started)
         m.prompt_tokens.labels(model).inc(ev.usage.prompt_tokens)
         m.generation_tokens.labels(model).inc(ev.usage.completion_tokens)
         m.cached_tokens.labels(model, ev.usage.kv_source).inc(ev.usage.cached_tokens)
+
+    def talaria(self, ev: DoneEvent) -> dict:
+        """The `talaria` usage extension: where the call ran and where its prefix came from."""
+        return {"kv_source": ev.usage.kv_source, "instance": self.instance, "session_id": self.session,
+                "branch": self.branch, "route": self.route, "model": self.model}
 
     def usage(self, ev: DoneEvent) -> dict:
         u = ev.usage
@@ -133,31 +181,64 @@ class _Call:
             "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-            "talaria": {"kv_source": u.kv_source, "instance": self.instance, "session_id": self.session,
-                        "route": self.route},
+            "talaria": self.talaria(ev),
         }
 
 
 def _upstream_error(call: _Call, ev: ErrorEvent) -> APIError:
     call.finish(ev)
     if ev.status < 500:  # the call itself can never be served: retrying would not help
-        return APIError(ev.status, ev.message, param=ev.param, code=ev.code)
+        message = ev.message
+        if call.api == "anthropic" and ev.code == "context_length_exceeded" and ev.prompt_tokens is not None:
+            message = anthropic.context_message(ev.prompt_tokens, call.req.max_tokens, ev.limit or 0)
+        return APIError(ev.status, message, param=ev.param, code=ev.code)
     return APIError(503, ev.message, type="api_error", code="instance_unavailable", headers={"Retry-After": "1"})
 
 
-async def _collect(call: _Call, first: StreamEvent,
-                   rest: AsyncIterator[StreamEvent]) -> tuple[str, DoneEvent]:
-    parts, ev = [], first
+class Text(str):
+    """A piece of answer text to send now."""
+
+
+class Answer:
+    """The end of an answer: the done event and the tool calls parsed from the held text."""
+
+    def __init__(self, done: DoneEvent, calls: list[ToolCall]):
+        self.done, self.calls = done, calls
+
+
+async def _answer(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]) -> AsyncIterator[Text | Answer | ErrorEvent]:
+    """The instance's events as text pieces and one final Answer (or ErrorEvent); one parser for
+    every API splits tool calls out of the text."""
+    stream = ToolStream(call.parser, bool(call.tools))
+    ev = first
     while True:
         if isinstance(ev, TokenEvent):
             call.on_token(ev)
-            parts.append(ev.text)
+            if piece := stream.push(ev.text):
+                yield Text(piece)
         elif isinstance(ev, DoneEvent):
+            text, calls = stream.finish()
+            if text:
+                yield Text(text)
             call.finish(ev)
-            return "".join(parts), ev
+            yield Answer(ev, calls)
+            return
         else:
-            raise _upstream_error(call, ev)
+            call.finish(ev)
+            yield ev
+            return
         ev = await _first(rest)
+
+
+async def _collect(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]) -> tuple[str, Answer]:
+    parts = []
+    async for item in _answer(call, first, rest):
+        if isinstance(item, Answer):
+            return "".join(parts), item
+        if isinstance(item, ErrorEvent):
+            raise _upstream_error(call, item)
+        parts.append(item)
+    raise _upstream_error(call, ErrorEvent(message="instance closed the stream without an answer"))
 
 
 def _sse(data: dict | str) -> str:
@@ -173,32 +254,44 @@ async def _guarded(call: _Call, rest: AsyncIterator[StreamEvent], lines: AsyncIt
         await rest.aclose()
 
 
-def _openai_stream(chunk: Callable) -> Callable:
-    def stream(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
-        return _stream_lines(call, first, rest, chunk, call.body.include_usage())
-    return stream
+def _finish_reason(answer: Answer) -> str:
+    return "tool_calls" if answer.calls else answer.done.finish_reason
 
 
-async def _stream_lines(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent],
-                        chunk: Callable, usage_chunk: bool):
-    if chunk is chat_chunk:
-        yield _sse(chunk(call, {"role": "assistant", "content": ""}, None))
-    ev = first
-    while True:
-        if isinstance(ev, TokenEvent):
-            call.on_token(ev)
-            yield _sse(chunk(call, {"content": ev.text}, None))
-        elif isinstance(ev, DoneEvent):
-            call.finish(ev)
-            yield _sse(chunk(call, {}, ev.finish_reason))
-            if usage_chunk:
-                yield _sse({**chunk(call, {}, None), "choices": [], "usage": call.usage(ev)})
-            break
+def _openai_calls(calls: list[ToolCall]) -> list[dict]:
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_json(c)}}
+            for c in calls]
+
+
+async def _chat_stream(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
+    yield _sse(chat_chunk(call, {"role": "assistant", "content": ""}, None))
+    async for item in _answer(call, first, rest):
+        if isinstance(item, Text):
+            yield _sse(chat_chunk(call, {"content": str(item)}, None))
+        elif isinstance(item, Answer):
+            for i, c in enumerate(item.calls):
+                head = {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
+                yield _sse(chat_chunk(call, {"tool_calls": [head]}, None))
+                yield _sse(chat_chunk(call, {"tool_calls": [{"index": i, "function": {"arguments": arguments_json(c)}}]},
+                                      None))
+            yield _sse(chat_chunk(call, {}, _finish_reason(item)))
+            if call.body.include_usage():
+                yield _sse({**chat_chunk(call, {}, None), "choices": [], "usage": call.usage(item.done)})
         else:
-            call.finish(ev)
-            yield _sse(_upstream_error_body(ev))
-            break
-        ev = await _first(rest)
+            yield _sse(_upstream_error_body(item))
+    yield _sse("[DONE]")
+
+
+async def _completion_stream(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
+    async for item in _answer(call, first, rest):
+        if isinstance(item, Text):
+            yield _sse(text_chunk(call, {"content": str(item)}, None))
+        elif isinstance(item, Answer):
+            yield _sse(text_chunk(call, {}, item.done.finish_reason))
+            if call.body.include_usage():
+                yield _sse({**text_chunk(call, {}, None), "choices": [], "usage": call.usage(item.done)})
+        else:
+            yield _sse(_upstream_error_body(item))
     yield _sse("[DONE]")
 
 
@@ -228,45 +321,149 @@ async def _respond(call: _Call, stream: Callable, full: Callable) -> Response:
         if call.body.stream:
             return StreamingResponse(_guarded(call, rest, stream(call, first, rest)),
                                      media_type="text/event-stream", headers=call.headers())
-        text, done = await _collect(call, first, rest)
+        text, answer = await _collect(call, first, rest)
     except BaseException:  # cancelled or failed before a stream took over: release the placement
         call.finish(ErrorEvent(message="call aborted"))
         await rest.aclose()
         raise
-    return JSONResponse(full(call, text, done), headers=call.headers())
+    return JSONResponse(full(call, text, answer), headers=call.headers())
 
 
-def _chat_body(call: _Call, text: str, done: DoneEvent) -> dict:
+def _chat_body(call: _Call, text: str, answer: Answer) -> dict:
+    message: dict = {"role": "assistant", "content": text if text or not answer.calls else None}
+    if answer.calls:
+        message["tool_calls"] = _openai_calls(answer.calls)
     return {"id": f"chatcmpl-{call.id}", "object": "chat.completion", "created": int(time.time()),
-            "model": call.body.model, "usage": call.usage(done),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": done.finish_reason}]}
+            "model": call.body.model, "usage": call.usage(answer.done),
+            "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(answer)}]}
 
 
-def _completion_body(call: _Call, text: str, done: DoneEvent) -> dict:
+def _completion_body(call: _Call, text: str, answer: Answer) -> dict:
     return {"id": f"cmpl-{call.id}", "object": "text_completion", "created": int(time.time()),
-            "model": call.body.model, "usage": call.usage(done),
-            "choices": [{"index": 0, "text": text, "finish_reason": done.finish_reason}]}
+            "model": call.body.model, "usage": call.usage(answer.done),
+            "choices": [{"index": 0, "text": text, "finish_reason": answer.done.finish_reason}]}
 
 
 async def _anthropic_stream(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
-    for line in anthropic.start_events(call.id, call.body.model, call.info.prompt_tokens):
+    prompt = first.prompt_tokens if isinstance(first, TokenEvent) and first.prompt_tokens is not None else \
+        call.info.prompt_tokens
+    cached = first.cached_tokens or 0 if isinstance(first, TokenEvent) else 0
+    for line in anthropic.start_events(call.id, call.body.model, prompt, cached):
         yield line
-    ev = first
-    while isinstance(ev, TokenEvent):
-        call.on_token(ev)
-        yield anthropic.token_event(ev)
-        ev = await _first(rest)
-    call.finish(ev)
-    if isinstance(ev, DoneEvent):
-        for line in anthropic.end_events(ev):
-            yield line
+    async for item in _answer(call, first, rest):
+        if isinstance(item, Text):
+            yield anthropic.text_event(str(item))
+        elif isinstance(item, Answer):
+            for line in anthropic.end_events(item.done, item.calls, call.talaria(item.done)):
+                yield line
+        else:
+            yield anthropic.event("error", {"error": anthropic.error_body(503, item.message)["error"]})
+
+
+def _message_body(call: _Call, text: str, answer: Answer) -> dict:
+    return anthropic.message_body(call.id, call.body.model, text, answer.calls, answer.done,
+                                  call.talaria(answer.done))
+
+
+class _ResponsesCall(_Call):
+    """A /v1/responses call: its conversation (for the response store) and custom tool names."""
+
+    conversation: list[ChatMessage]
+    custom: set[str]
+
+
+async def _responses_stream(call: _ResponsesCall, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
+    ev = responses.EventWriter()
+    body = call.body
+    shell = responses.response_object(call.id, body, "in_progress", [])
+    yield ev("response.created", {"response": shell})
+    yield ev("response.in_progress", {"response": shell})
+    output: list[dict] = []
+    msg_id = f"msg_{call.id}"
+    text = ""
+    async for item in _answer(call, first, rest):
+        if isinstance(item, Text):
+            if not text:
+                yield ev("response.output_item.added",
+                         {"output_index": 0, "item": responses.message_item(call.id, "", "in_progress")})
+                yield ev("response.content_part.added", {"item_id": msg_id, "output_index": 0, "content_index": 0,
+                                                         "part": {"type": "output_text", "text": "", "annotations": []}})
+            text += item
+            yield ev("response.output_text.delta", {"item_id": msg_id, "output_index": 0, "content_index": 0,
+                                                    "delta": str(item)})
+        elif isinstance(item, ErrorEvent):
+            failed = responses.response_object(call.id, body, "failed", output,
+                                               error={"code": "server_error", "message": item.message})
+            yield ev("response.failed", {"response": failed})
+            return
+        else:
+            if text or not item.calls:
+                if not text:
+                    yield ev("response.output_item.added",
+                             {"output_index": 0, "item": responses.message_item(call.id, "", "in_progress")})
+                    yield ev("response.content_part.added",
+                             {"item_id": msg_id, "output_index": 0, "content_index": 0,
+                              "part": {"type": "output_text", "text": "", "annotations": []}})
+                part = {"type": "output_text", "text": text, "annotations": []}
+                yield ev("response.output_text.done", {"item_id": msg_id, "output_index": 0, "content_index": 0,
+                                                       "text": text})
+                yield ev("response.content_part.done", {"item_id": msg_id, "output_index": 0, "content_index": 0,
+                                                        "part": part})
+                output.append(responses.message_item(call.id, text))
+                yield ev("response.output_item.done", {"output_index": 0, "item": output[-1]})
+            for c in item.calls:
+                for line in _tool_item_events(ev, c, call.custom, len(output)):
+                    yield line
+                output.append(responses.tool_item(c, call.custom))
+            _store(call, text, item)
+            final = responses.response_object(call.id, body, responses.status_of(item.done, item.calls), output,
+                                              item.done, call.talaria(item.done))
+            yield ev("response.completed" if final["status"] == "completed" else "response.incomplete",
+                     {"response": final})
+
+
+def _tool_item_events(ev: responses.EventWriter, c: ToolCall, custom: set[str], index: int) -> list[str]:
+    done = responses.tool_item(c, custom)
+    added = responses.tool_item(c, custom, "in_progress")
+    lines = [ev("response.output_item.added", {"output_index": index, "item": added})]
+    if done["type"] == "custom_tool_call":
+        lines += [ev("response.custom_tool_call_input.delta", {"item_id": done["id"], "output_index": index,
+                                                                 "delta": done["input"]}),
+                  ev("response.custom_tool_call_input.done", {"item_id": done["id"], "output_index": index,
+                                                                "input": done["input"]})]
     else:
-        yield anthropic.event("error", {"error": anthropic.error_body(503, ev.message)["error"]})
+        lines += [ev("response.function_call_arguments.delta", {"item_id": done["id"], "output_index": index,
+                                                                  "delta": done["arguments"]}),
+                  ev("response.function_call_arguments.done", {"item_id": done["id"], "output_index": index,
+                                                                 "name": c.name, "arguments": done["arguments"]})]
+    return lines + [ev("response.output_item.done", {"output_index": index, "item": done})]
 
 
-def _message_body(call: _Call, text: str, done: DoneEvent) -> dict:
-    return anthropic.message_body(call.id, call.body.model, text, done)
+def _store(call: _ResponsesCall, text: str, answer: Answer) -> None:
+    if call.body.store is not False:
+        reply = ChatMessage(role="assistant", content=text, tool_calls=answer.calls)
+        call.gw.stored.put(f"resp_{call.id}", call.conversation + [reply])
+
+
+def _responses_body(call: _ResponsesCall, text: str, answer: Answer) -> dict:
+    _store(call, text, answer)
+    output = responses.output_items(call.id, text, answer.calls, call.custom)
+    body = responses.response_object(call.id, call.body, responses.status_of(answer.done, answer.calls), output,
+                                     answer.done, call.talaria(answer.done))
+    body["output_text"] = text
+    return body
+
+
+def _responses_call(gw: Gateway, body: responses.ResponsesRequest, headers) -> _ResponsesCall:
+    messages, tools = responses.convert(body)
+    if body.previous_response_id:
+        messages = gw.stored.get(body.previous_response_id) + messages
+    if body.tool_choice == "none":
+        tools.defs = []
+    call = _ResponsesCall(gw, body, headers, messages, api="responses", tools=tools.defs)
+    call.conversation, call.custom = messages, tools.custom
+    gw.log_dropped(call.session, tools.dropped)
+    return call
 
 
 def build_app(gw: Gateway) -> FastAPI:
@@ -281,25 +478,53 @@ def build_app(gw: Gateway) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [
-            {"id": m.name, "object": "model", "created": 0, "owned_by": "talaria",
-             "max_model_len": m.max_context, "status": gw.residency(m.name)} for m in gw.cfg.models]}
+        """Every model, with its aliases; exact aliases are listed as models of their own too."""
+        data = []
+        for m in gw.cfg.models:
+            entry = {"id": m.name, "object": "model", "created": 0, "owned_by": "talaria",
+                     "max_model_len": m.max_context, "status": gw.residency(m.name), "aliases": list(m.aliases)}
+            data.append(entry)
+            data += [{**entry, "id": a, "alias_of": m.name, "aliases": []}
+                     for a in m.aliases if not any(c in a for c in "*?[")]
+        return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        messages = [(m.role, m.text()) for m in body.messages]
-        call = _Call(gw, body, request.headers, messages, None)
-        return await _respond(call, _openai_stream(chat_chunk), _chat_body)
+        call = _Call(gw, body, request.headers, [m.chat() for m in body.messages], tools=body.tool_defs())
+        return await _respond(call, _chat_stream, _chat_body)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        call = _Call(gw, body, request.headers, [("user", body.text())], body.text())
-        return await _respond(call, _openai_stream(text_chunk), _completion_body)
+        call = _Call(gw, body, request.headers, [ChatMessage(role="user", content=body.text())], body.text())
+        return await _respond(call, _completion_stream, _completion_body)
 
     @app.post("/v1/messages")
     async def messages(body: anthropic.MessagesRequest, request: Request) -> Response:
         """Anthropic Messages; `?beta=true`, `anthropic-version` and the API key are accepted and ignored."""
-        return await _respond(_Call(gw, body, request.headers, body.chat(), None), _anthropic_stream, _message_body)
+        call = _Call(gw, body, request.headers, body.chat(), api="anthropic", tools=body.tool_defs())
+        return await _respond(call, _anthropic_stream, _message_body)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: anthropic.CountTokensRequest, request: Request) -> dict:
+        """The exact prompt length (system, messages and tools) as the serving model tokenizes it."""
+        spec = gw.resolve(body.model, "anthropic")
+        req = GenerateRequest(call_id=uuid.uuid4().hex[:24], model=spec.name, messages=body.chat(),
+                              tools=body.tool_defs())
+        for inst in gw.cfg.instances:
+            if spec.name in inst.models and gw.ready(inst.name):
+                count = await gw.directory.count_tokens(inst.name, req)
+                if isinstance(count, int):
+                    return {"input_tokens": count}
+                if isinstance(count, str):
+                    raise APIError(400, count, param="messages")
+        raise APIError(503, f"no instance of {spec.name!r} is ready to count tokens", type="api_error",
+                       code="instance_unavailable", headers={"Retry-After": "1"})
+
+    @app.post("/v1/responses")
+    async def create_response(body: responses.ResponsesRequest, request: Request) -> Response:
+        """OpenAI Responses (Codex): one respond path with chat, Responses shapes and events."""
+        call = _responses_call(gw, body, request.headers)
+        return await _respond(call, _responses_stream, _responses_body)
 
     @app.get("/metrics")
     async def metrics() -> Response:

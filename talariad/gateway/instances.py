@@ -89,6 +89,22 @@ class InstanceDirectory:
         except (httpx.HTTPError, ValueError):
             return None
 
+    async def count_tokens(self, instance: str, req: GenerateRequest) -> int | str | None:
+        """The prompt length the instance tokenizes `req` to; a string: why it cannot (the client's
+        mistake); None: the instance did not answer."""
+        url = self.urls().get(instance)
+        if not url:
+            return None
+        try:
+            r = await self.client.post(f"{url}/internal/count_tokens", content=req.model_dump_json(),
+                                       headers={"content-type": "application/json"}, timeout=30.0)
+            data = r.json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        if r.status_code == 400:
+            return str(data.get("error", "the prompt cannot be rendered"))
+        return data.get("input_tokens") if r.status_code == 200 else None
+
     async def generate(self, instance: str, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         path = self.sockets().get(instance) if self.sockets else None
         hop = self._stream(instance, path, req) if path else self._http(instance, req)

@@ -54,12 +54,54 @@ class PrefixTracker:
         if len(self._last) > self.max_entries:
             self._last.popitem(last=False)
 
+    def forget(self, session: str, model: str) -> None:
+        self._last.pop((session, model), None)
+
+
+class PrefixBranches:
+    """A bounded, least-recently-used set of prefix branches per (session, model).
+
+    Agents make side calls under their session id with other prompts (a title, a token count, a
+    sub-agent). Each distinct head of the prompt (its first `HEAD_CHARS` characters, about the
+    first pages) is its own branch, named `session` for the first one and `session~<head hash>`
+    after; that name is the session the router (table and leases) and the instance (KV) see, so a
+    side call adds a branch instead of replacing the main one. A call joins the branch whose
+    remembered context covers the longest prefix of its prompt, else the branch with its head.
+    """
+
+    HEAD_CHARS = 1024
+
+    def __init__(self, tracker: PrefixTracker, max_branches: int) -> None:
+        self.tracker, self.max_branches = tracker, max_branches
+        self._branches: dict[tuple[str, str], OrderedDict[str, bytes]] = {}
+
+    def branch(self, session: str, model: str, text: str) -> str:
+        """The branch `text` belongs to (created, evicting the least recently used, if new)."""
+        branches = self._branches.setdefault((session, model), OrderedDict())
+        covered = {name: self.tracker.covered_chars(name, model, text) for name in branches}
+        best = max(covered, key=covered.__getitem__, default=None)
+        head = PrefixTracker._digest(text[:self.HEAD_CHARS])
+        if best is None or covered[best] == 0:
+            best = next((name for name, h in branches.items() if h == head), None)
+        if best is None:
+            best = session if session not in branches else f"{session}~{head.hex()[:12]}"
+            branches[best] = head
+            while len(branches) > self.max_branches:
+                self.tracker.forget(branches.popitem(last=False)[0], model)
+        branches.move_to_end(best)
+        return best
+
+    def names(self, session: str, model: str) -> list[str]:
+        """The session's branches, least recently used first."""
+        return list(self._branches.get((session, model), ()))
+
 
 class RouterShell:
     def __init__(self, cfg: TalariaConfig, profiles: dict[str, LatencyProfile]):
         self.router = Router(router_knobs(cfg), profiles, policy=cfg.policy.router)
         self.allowed = {i.name: list(i.models) for i in cfg.instances}
         self.prefixes = PrefixTracker(cfg.policy.max_sessions)
+        self.branches = PrefixBranches(self.prefixes, cfg.sessions.max_branches)
         self._changed = asyncio.Event()
         self._expired_at = float("-inf")
         self._sessions: dict[str, dict[tuple[str, str], SessionKV]] = {}  # per instance, merged

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from talariad.engine.messages import ChatMessage, ToolCall
+from talariad.tools import function_tool
 
 
 class _Open(BaseModel):
@@ -16,14 +20,57 @@ class ContentPart(_Open):
     text: str | None = None
 
 
+class FunctionCall(_Open):
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] = ""
+
+
+class MessageToolCall(_Open):
+    id: str = ""
+    type: str = "function"
+    function: FunctionCall
+
+
 class Message(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(p.text or "" for p in self.content if p.type in ("text", "input_text"))
         return self.content or ""
+
+    def chat(self) -> ChatMessage:
+        role = {"developer": "system", "function": "tool"}.get(self.role, self.role)
+        calls = [ToolCall(id=c.id, name=c.function.name, arguments=parse_arguments(c.function.arguments))
+                 for c in self.tool_calls or []]
+        return ChatMessage(role=role, content=self.text(), tool_calls=calls, tool_call_id=self.tool_call_id,
+                           name=self.name if role == "tool" else None)
+
+
+def parse_arguments(arguments: str | dict[str, Any]) -> dict[str, Any] | str:
+    """Tool-call arguments as the template wants them: a JSON object, or the text when it is not one."""
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
+class FunctionDef(_Open):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ChatTool(_Open):
+    type: str = "function"
+    function: FunctionDef | None = None
 
 
 class StreamOptions(_Open):
@@ -54,9 +101,17 @@ class _Sampling(_Open):
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ChatTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
     def limit(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
+
+    def tool_defs(self) -> list[dict]:
+        if self.tool_choice == "none":
+            return []
+        return [function_tool(t.function.name, t.function.description, t.function.parameters)
+                for t in self.tools or [] if t.type == "function" and t.function is not None]
 
 
 class CompletionRequest(_Sampling):

@@ -1,22 +1,25 @@
 """Which session a call belongs to: the first of the sources agents actually send.
 
-Order: `x-session-id` header, `X-Claude-Code-Session-Id` header, body `prompt_cache_key`, body
-`user`, the `_session_` suffix of `metadata.user_id` (Claude Code), else a hash of the system
-prompt and first user message, which is stable across the calls of one agent task (a call with
-neither gets a session of its own rather than sharing one with every such call).
+Order: the headers `x-session-id`, `x-claude-code-session-id` (Claude Code), `x-session-affinity`
+(OpenCode), `session-id` and `session_id` (Codex); then body `prompt_cache_key`, body `user`,
+`metadata.user_id` (its `session_id` when it is a JSON object, as Claude Code sends it, or the
+suffix after `_session_`), else a hash of the system prompt and first user message, which is
+stable across the calls of one agent task (a call with neither gets a session of its own rather
+than sharing one with every such call).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from collections.abc import Mapping
 
-_HEADERS = ("x-session-id", "x-claude-code-session-id")
+HEADERS = ("x-session-id", "x-claude-code-session-id", "x-session-affinity", "session-id", "session_id")
 
 
 def session_id(headers: Mapping[str, str], body: Mapping, messages: list[tuple[str, str]]) -> str:
-    for h in _HEADERS:
+    for h in HEADERS:
         if headers.get(h):
             return headers[h][:256]
     for key in ("prompt_cache_key", "user"):
@@ -24,9 +27,20 @@ def session_id(headers: Mapping[str, str], body: Mapping, messages: list[tuple[s
             return body[key][:256]
     meta = body.get("metadata")
     user_id = meta.get("user_id") if isinstance(meta, Mapping) else None
-    if isinstance(user_id, str) and "_session_" in user_id:
-        return user_id.rsplit("_session_", 1)[1][:256]
+    if isinstance(user_id, str) and (found := _user_id_session(user_id)):
+        return found[:256]
     return _prefix_hash(messages)
+
+
+def _user_id_session(user_id: str) -> str | None:
+    if user_id.startswith("{"):
+        try:
+            data = json.loads(user_id)
+        except ValueError:
+            return None
+        value = data.get("session_id") if isinstance(data, dict) else None
+        return value if isinstance(value, str) and value else None
+    return user_id.rsplit("_session_", 1)[1] if "_session_" in user_id else None
 
 
 def _prefix_hash(messages: list[tuple[str, str]]) -> str:

@@ -30,6 +30,8 @@ class InstanceCall:
     """Prompt tokens the executor really reused; None: the scheduler's plan."""
     finish_reason: str | None = None
     """"stop" when the executor saw a stop token or string; None: decided at completion."""
+    stop_sequence: str | None = None
+    """The client's stop string that ended the call, when one did."""
     claimed_prefix: int = 0
     """Prompt tokens the session's earlier context covers (whatever the instance still holds)."""
     abandoned: bool = False
@@ -50,3 +52,5 @@ class Refusal:
     code: str
     param: str | None
     message: str
+    limit: int | None = None
+    """context_length_exceeded: the most tokens (prompt + max_tokens) the call may take."""

@@ -47,6 +47,8 @@ class CallOutput:
     """device | host | recompute | none, when the executor knows (first admission only)."""
     finish_reason: str | None = None
     """"stop": the call hit a stop token or string in this step."""
+    stop_sequence: str | None = None
+    """The client's stop string that ended the call in this step."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,6 +131,7 @@ class InstanceCore:
                 "max_tokens",
                 f"this model's maximum context is {limit} tokens; the call needs {need} "
                 f"({prompt_tokens} prompt + {max_tokens} max_tokens)",
+                limit,
             )
         cap = self.sched.knobs.kv_capacity_tokens
         if need > cap:
@@ -139,8 +140,15 @@ class InstanceCore:
                 "max_tokens",
                 f"the call needs {need} tokens of KV cache ({prompt_tokens} prompt + "
                 f"{max_tokens} max_tokens); this instance holds at most {cap}",
+                cap,
             )
         return None
+
+    def room(self, model: str, prompt_tokens: int) -> int:
+        """Output tokens that fit after a prompt of `prompt_tokens` (context and KV capacity)."""
+        limit = min(self.max_context.get(model, self.sched.knobs.kv_capacity_tokens),
+                    self.sched.knobs.kv_capacity_tokens)
+        return limit - prompt_tokens
 
     def submit(self, call: InstanceCall, reusable: int, now: float) -> None:
         """Queue a call; `reusable`: prompt tokens its session's earlier context covers. The prefix
@@ -231,6 +239,7 @@ class InstanceCore:
                     call.out.append(out.text)
                 if out.finish_reason:
                     call.finish_reason = out.finish_reason
+                    call.stop_sequence = out.stop_sequence
             if call.abandoned or (out is not None and out.finish_reason):
                 finished.add(cid)
         return finished, tokens

@@ -4,18 +4,25 @@ real time, emitting deterministic placeholder text.
 It tokenizes by words and punctuation (so prefix reuse is measurable on real chat text), sleeps
 what the model charges for each step (scaled by the instance's `time_scale`), and generates words
 chosen by a hash of the prompt so the same call always yields the same answer.
+Like a real model it ends its turn: each call's answer length is drawn (from the same hash) from
+`OUTPUT_TOKENS`, the output-length distribution of the replay generator (its source is cited in
+`talariad.replay.dists`), capped by `max_tokens`; a client stop string ends it earlier.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 import time
 from collections.abc import Awaitable, Callable
 
 from talariad.engine.executors.base import common_prefix
-from talariad.engine.messages import GenerateRequest
+import numpy as np
+
+from talariad.engine.messages import ChatMessage, GenerateRequest
+from talariad.replay.dists import OUTPUT_TOKENS
 from talariad.instance import CallOutput, InstanceCall, KVUpdate, MemoryStats, StepPlan, StepResult
 from talariad.sim.model import SimModel
 
@@ -35,10 +42,31 @@ def render(messages: list[tuple[str, str]]) -> str:
     return "".join(f"<|{role}|> {content}\n" for role, content in messages) + "<|assistant|>"
 
 
-def placeholder_words(prompt_tokens: list[str], n: int, seed: int | None) -> list[str]:
+def render_request(req: GenerateRequest) -> str:
+    """`render` with tools: one `<|tools|>` block of definitions first, tool calls as
+    `<tool_call>` JSON after the assistant's text (tool results are `<|tool|>` messages)."""
+    head = "".join(f"<|tools|> {json.dumps(t, ensure_ascii=False)}\n" for t in req.tools)
+    return head + render([(m.role, m.content + _calls_text(m)) for m in req.messages])
+
+
+def _calls_text(m: ChatMessage) -> str:
+    return "".join(f"<tool_call>{json.dumps({'name': c.name, 'arguments': c.arguments})}</tool_call>"
+                   for c in m.tool_calls)
+
+
+def _prompt_state(prompt_tokens: list[str], seed: int | None) -> int:
     digest = hashlib.blake2b(" ".join(prompt_tokens[-64:]).encode(), digest_size=8)
     digest.update(str(seed).encode())
-    state = int.from_bytes(digest.digest(), "big")
+    return int.from_bytes(digest.digest(), "big")
+
+
+def answer_length(prompt_tokens: list[str], seed: int | None) -> int:
+    """How many tokens this call's answer has before the model ends its turn (deterministic)."""
+    return OUTPUT_TOKENS.sample_int(np.random.default_rng(_prompt_state(prompt_tokens, seed)))
+
+
+def placeholder_words(prompt_tokens: list[str], n: int, seed: int | None) -> list[str]:
+    state = _prompt_state(prompt_tokens, seed)
     words = []
     for _ in range(n):
         state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)
@@ -67,12 +95,7 @@ class SimExecutor:
 
     def encode(self, request: GenerateRequest) -> list[str]:
         req = request
-        text = (
-            req.prompt
-            if req.prompt is not None
-            else render([(m.role, m.content) for m in req.messages])
-        )
-        return tokenize(text)
+        return tokenize(req.prompt if req.prompt is not None else render_request(req))
 
     def reusable(self, session: str, model: str, prompt: list) -> int:
         return common_prefix(self.contexts.get((session, model), []), prompt)
@@ -97,12 +120,21 @@ class SimExecutor:
         result = self.model.end(plan, self._now())
         if result.switch_path is not None:
             return result
-        words = {cid: self._next_word(call) for cid, call in plan.calls.items()}  # one word each
-        return StepResult(calls={cid: CallOutput(text=w) for cid, w in words.items()},
-                          kv_updates=result.kv_updates)
+        outs = {cid: self._next_word(call) for cid, call in plan.calls.items()}  # one word each
+        return StepResult(calls=outs, kv_updates=result.kv_updates)
 
-    def _next_word(self, call: InstanceCall) -> str:
+    def _next_word(self, call: InstanceCall) -> CallOutput:
         if call.state is None:
-            call.state = placeholder_words(call.prompt, call.max_tokens, call.request.seed)
-        word = call.state[call.generated % len(call.state)]
-        return (" " if call.generated else "") + word
+            n = min(call.max_tokens, answer_length(call.prompt, call.request.seed))
+            call.state = placeholder_words(call.prompt, n, call.request.seed)
+        words = call.state
+        piece = (" " if call.generated else "") + words[call.generated % len(words)]
+        done = "".join(call.out)
+        for stop in call.request.stop:
+            at = (done + piece).find(stop, max(0, len(done) - len(stop) + 1)) if stop else -1
+            if at >= 0:  # the stop string ends the answer; it is not part of it
+                return CallOutput(text=(done + piece)[len(done):max(at, len(done))], finish_reason="stop",
+                                  stop_sequence=stop)
+        if call.generated + 1 >= len(words) and len(words) < call.max_tokens:
+            return CallOutput(text=piece, finish_reason="stop")  # the answer is complete: end the turn
+        return CallOutput(text=piece)

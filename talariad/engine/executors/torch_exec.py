@@ -85,7 +85,7 @@ class TorchExecutor:
         tok = self.models[req.model].tokenizer
         if req.prompt is not None:
             return tok.encode(req.prompt)
-        return tok.encode_chat([{"role": m.role, "content": m.content} for m in req.messages])
+        return tok.encode_chat([m.template_dict() for m in req.messages], tools=req.tools or None)
 
     def reusable(self, session: str, model: str, prompt: list) -> int:
         return self.book.reusable(session, model, prompt, self.host_kv)
@@ -321,7 +321,8 @@ class TorchExecutor:
             last = eos or len(st.ids) - st.prompt_len >= st.sampling.max_tokens
             piece, hit = st.text.push(tok, final=last)
             reason = "stop" if hit or eos else None
-            result.calls[st.call_id] = CallOutput(text=piece, finish_reason=reason)
+            result.calls[st.call_id] = CallOutput(text=piece, finish_reason=reason,
+                                                  stop_sequence=st.text.fired if hit else None)
         return result
 
     # ---- reports -----------------------------------------------------------------------------------

@@ -23,7 +23,11 @@ ARCHITECTURES: dict[str, Callable[[], ArchConfig]] = {
 """Built-in architectures a model without `path` is built from (by its `profile` name)."""
 
 
-@dataclass(slots=True)
+TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
+"""Chat-template end-of-turn tokens a model stops on when its vocabulary has them."""
+
+
+@dataclass
 class HostedModel:
     name: str
     config: ArchConfig
@@ -41,11 +45,16 @@ class HostedModel:
         return KVLayout(num_layers=c.num_hidden_layers, num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
                         page_size=page_size, dtype=str(self.dtype).removeprefix("torch."))
 
-    def eos_ids(self) -> tuple[int, ...]:
-        if self.config.eos_token_ids:
-            return self.config.eos_token_ids
-        eos = self.tokenizer.token_id(self.tokenizer.special.get("eos_token"))
-        return () if eos is None else (eos,)
+    @functools.cached_property
+    def _end_ids(self) -> frozenset[int]:
+        tok = self.tokenizer
+        names = (tok.special.get("eos_token"), *TURN_END_TOKENS)
+        found = {i for n in names if (i := tok.token_id(n)) is not None}
+        return frozenset(found | set(self.config.eos_token_ids))
+
+    def eos_ids(self) -> frozenset[int]:
+        """Ids that end an answer: the config's and tokenizer's EOS and the chat templates' turn ends."""
+        return self._end_ids
 
 
 def model_seed(name: str, seed: int | None) -> int:

@@ -15,6 +15,8 @@ class TextStream:
         self.stop = [s for s in stop if s]
         self.ids: list[int] = []
         self.emitted = 0  # characters of the decoded text already handed out
+        self.fired: str | None = None
+        """The stop string that ended the text, once one has."""
 
     def push(self, token_id: int, final: bool = False) -> tuple[str, bool]:
         """The piece this token releases, and whether the text now contains a stop string."""
@@ -32,8 +34,11 @@ class TextStream:
         return piece
 
     def _stop_at(self, text: str) -> int | None:
-        hits = [i for s in self.stop if (i := text.find(s, max(0, self.emitted - len(s) + 1))) >= 0]
-        return min(hits, default=None)
+        hits = [(i, s) for s in self.stop if (i := text.find(s, max(0, self.emitted - len(s) + 1))) >= 0]
+        if not hits:
+            return None
+        at, self.fired = min(hits)
+        return at
 
     def _hold(self, text: str) -> int:
         """Trailing characters to keep back: an incomplete UTF-8 sequence or a stop string's start."""

@@ -1,0 +1,243 @@
+"""The OpenAI Responses endpoint (`POST /v1/responses`), the surface the Codex CLI speaks.
+
+`input` items become the same internal messages as chat: `developer` is a system turn,
+`function_call` / `custom_tool_call` items are the assistant's tool calls and their `*_output`
+items are `tool` messages; `reasoning` items are dropped and `additional_tools` items fold their
+tools into the tool list. Function tools, namespace tools (flattened to `namespace.name`) and
+custom (free-form) tools go into the prompt; hosted tools that cannot run here (`web_search` and
+the like) are dropped, logged once per session. Answers come back as `message`,
+`function_call` and `custom_tool_call` output items, streamed as Responses events.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from talariad.engine.messages import ChatMessage, DoneEvent, ToolCall
+from talariad.gateway.errors import APIError
+from talariad.gateway.schemas import parse_arguments
+from talariad.tools import arguments_json, function_tool
+
+log = logging.getLogger("talariad.gateway")
+
+CUSTOM_INPUT = {"type": "object", "properties": {"input": {"type": "string", "description": "the tool's free-form input"}},
+                "required": ["input"]}
+"""Parameters a custom (free-form) tool is rendered with: its whole input as one string."""
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]] = Field(min_length=1)
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    stream: bool = False
+    store: bool | None = None
+    previous_response_id: str | None = None
+    prompt_cache_key: str | None = None
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+
+    def limit(self, default: int) -> int:
+        return self.max_output_tokens or default
+
+    def stop_list(self) -> list[str]:
+        return []
+
+    def include_usage(self) -> bool:
+        return True
+
+
+class Tools:
+    """The request's tools as rendered, and which names are custom (free-form) ones."""
+
+    def __init__(self) -> None:
+        self.defs: list[dict] = []
+        self.custom: set[str] = set()
+        self.dropped: list[str] = []
+
+    def add(self, tool: Any, where: str) -> None:
+        if not isinstance(tool, dict):
+            raise APIError(400, f"invalid parameter {where!r}: a tool must be an object", param=where)
+        kind = tool.get("type")
+        if kind == "function":
+            self._function(tool, where, prefix="")
+        elif kind == "namespace":
+            for j, inner in enumerate(tool.get("tools") or tool.get("functions") or []):
+                self._function(inner, f"{where}.tools.{j}", prefix=f"{tool.get('name', '')}.")
+        elif kind == "custom":
+            self._name(tool, where)
+            self.custom.add(tool["name"])
+            self.defs.append(function_tool(tool["name"], tool.get("description"), CUSTOM_INPUT))
+        else:  # hosted tools (web_search, file_search, ...) run at OpenAI, not here
+            self.dropped.append(str(kind))
+
+    def _function(self, tool: Any, where: str, prefix: str) -> None:
+        if not isinstance(tool, dict):
+            raise APIError(400, f"invalid parameter {where!r}: a tool must be an object", param=where)
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool  # chat-style nesting too
+        self._name(fn, where)
+        self.defs.append(function_tool(prefix + fn["name"], fn.get("description"), fn.get("parameters")))
+
+    @staticmethod
+    def _name(tool: dict, where: str) -> None:
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise APIError(400, f"missing required parameter: '{where}.name'", param=f"{where}.name",
+                           code="missing_parameter")
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content
+                       if isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text"))
+    return ""
+
+
+def _assistant(out: list[ChatMessage]) -> ChatMessage:
+    """The assistant turn a tool call belongs to (the last one, or a new one)."""
+    if not out or out[-1].role != "assistant":
+        out.append(ChatMessage(role="assistant", content=""))
+    return out[-1]
+
+
+def convert(body: ResponsesRequest) -> tuple[list[ChatMessage], Tools]:
+    """The request's conversation as internal messages, and its tools."""
+    tools = Tools()
+    for i, t in enumerate(body.tools or []):
+        tools.add(t, f"tools.{i}")
+    out = [ChatMessage(role="system", content=body.instructions)] if body.instructions else []
+    if isinstance(body.input, str):
+        return out + [ChatMessage(role="user", content=body.input)], tools
+    names: dict[str, str] = {}
+    for i, item in enumerate(body.input):
+        _item(item, f"input.{i}", out, tools, names)
+    if not out:
+        raise APIError(400, "invalid parameter 'input': no message to answer", param="input")
+    return out, tools
+
+
+def _item(item: dict, where: str, out: list[ChatMessage], tools: Tools, names: dict[str, str]) -> None:
+    kind = item.get("type") or ("message" if "role" in item else None)
+    if kind == "message":
+        role = {"developer": "system"}.get(item.get("role"), item.get("role"))
+        if role not in ("system", "user", "assistant"):
+            raise APIError(400, f"invalid parameter '{where}.role': {item.get('role')!r}", param=f"{where}.role")
+        out.append(ChatMessage(role=role, content=_text(item.get("content"))))
+    elif kind in ("function_call", "custom_tool_call"):
+        call_id, name = item.get("call_id") or item.get("id") or "", item.get("name")
+        if not isinstance(name, str) or not name:
+            raise APIError(400, f"missing required parameter: '{where}.name'", param=f"{where}.name",
+                           code="missing_parameter")
+        names[call_id] = name
+        args = parse_arguments(item.get("arguments") or "") if kind == "function_call" else {"input": item.get("input", "")}
+        _assistant(out).tool_calls.append(ToolCall(id=call_id, name=name, arguments=args))
+    elif kind in ("function_call_output", "custom_tool_call_output"):
+        call_id = item.get("call_id") or ""
+        out.append(ChatMessage(role="tool", content=_text(item.get("output")), tool_call_id=call_id,
+                               name=names.get(call_id)))
+    elif kind == "additional_tools":
+        for j, t in enumerate(item.get("tools") or []):
+            tools.add(t, f"{where}.tools.{j}")
+    elif kind is None:
+        raise APIError(400, f"invalid parameter {where!r}: an input item needs a `type`", param=where)
+    else:  # reasoning and items of hosted tools carry nothing the model reads back
+        log.debug("dropped input item of type %s", kind)
+
+
+class ResponseStore:
+    """Recent answers for `previous_response_id`: the conversation up to and including each."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, list[ChatMessage]] = OrderedDict()
+
+    def get(self, response_id: str) -> list[ChatMessage]:
+        found = self._items.get(response_id) if self.size else None
+        if found is None:
+            why = "is not stored (responses.store_max is 0)" if not self.size else "is unknown or expired"
+            raise APIError(400, f"previous response {response_id!r} {why}",
+                           param="previous_response_id", code="previous_response_not_found")
+        return list(found)
+
+    def put(self, response_id: str, conversation: list[ChatMessage]) -> None:
+        if self.size:
+            self._items[response_id] = conversation
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+def output_items(call_id: str, text: str, calls: list[ToolCall], custom: set[str]) -> list[dict]:
+    items = [message_item(call_id, text)] if text or not calls else []
+    return items + [tool_item(c, custom) for c in calls]
+
+
+def message_item(call_id: str, text: str, status: str = "completed") -> dict:
+    return {"id": f"msg_{call_id}", "type": "message", "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []}
+
+
+def tool_item(call: ToolCall, custom: set[str], status: str = "completed") -> dict:
+    done = status == "completed"
+    if call.name in custom:
+        value = call.arguments.get("input", "") if isinstance(call.arguments, dict) else call.arguments
+        return {"id": f"ctc_{call.id}", "type": "custom_tool_call", "status": status, "call_id": call.id,
+                "name": call.name, "input": str(value) if done else ""}
+    return {"id": f"fc_{call.id}", "type": "function_call", "status": status, "call_id": call.id,
+            "name": call.name, "arguments": arguments_json(call) if done else ""}
+
+
+def usage(done: DoneEvent, talaria: dict) -> dict:
+    u = done.usage
+    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
+            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u.prompt_tokens + u.completion_tokens, "talaria": talaria}
+
+
+def response_object(call_id: str, body: ResponsesRequest, status: str, output: list[dict],
+                    done: DoneEvent | None = None, talaria: dict | None = None, error: dict | None = None) -> dict:
+    incomplete = status == "incomplete"
+    return {"id": f"resp_{call_id}", "object": "response", "created_at": int(time.time()), "status": status,
+            "model": body.model, "output": output, "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+            "parallel_tool_calls": bool(getattr(body, "parallel_tool_calls", True)),
+            "previous_response_id": body.previous_response_id, "store": bool(body.store),
+            "temperature": body.temperature, "top_p": body.top_p, "tool_choice": body.tool_choice or "auto",
+            "tools": body.tools or [], "text": {"format": {"type": "text"}}, "truncation": "disabled",
+            "metadata": body.metadata or {}, "reasoning": None,
+            "usage": usage(done, talaria or {}) if done is not None else None}
+
+
+def status_of(done: DoneEvent, calls: list[ToolCall]) -> str:
+    return "incomplete" if done.finish_reason == "length" and not calls else "completed"
+
+
+class EventWriter:
+    """Responses SSE events, numbered in order."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def __call__(self, name: str, data: dict) -> str:
+        line = f"event: {name}\ndata: {json.dumps({'type': name, 'sequence_number': self.seq, **data})}\n\n"
+        self.seq += 1
+        return line
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:24]
