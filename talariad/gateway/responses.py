@@ -69,28 +69,24 @@ class Tools:
         self.custom: set[str] = set()
         self.dropped: list[str] = []
 
-    def add(self, tool: Any, where: str) -> None:
+    def add(self, tool: Any, where: str, prefix: str = "") -> None:
         if not isinstance(tool, dict):
             raise APIError(400, f"invalid parameter {where!r}: a tool must be an object", param=where)
         kind = tool.get("type")
-        if kind == "function":
-            self._function(tool, where, prefix="")
-        elif kind == "namespace":
-            for j, inner in enumerate(tool.get("tools") or tool.get("functions") or []):
-                self._function(inner, f"{where}.tools.{j}", prefix=f"{tool.get('name', '')}.")
+        if kind == "namespace":
+            self._name(tool, where)
+            for j, inner in enumerate(tool.get("tools") or []):
+                self.add(inner, f"{where}.tools.{j}", prefix=f"{prefix}{tool['name']}.")
+        elif kind == "function":
+            fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool  # chat-style nesting too
+            self._name(fn, where)
+            self.defs.append(function_tool(prefix + fn["name"], fn.get("description"), fn.get("parameters")))
         elif kind == "custom":
             self._name(tool, where)
-            self.custom.add(tool["name"])
-            self.defs.append(function_tool(tool["name"], tool.get("description"), CUSTOM_INPUT))
+            self.custom.add(prefix + tool["name"])
+            self.defs.append(function_tool(prefix + tool["name"], tool.get("description"), CUSTOM_INPUT))
         else:  # hosted tools (web_search, file_search, ...) run at OpenAI, not here
             self.dropped.append(str(kind))
-
-    def _function(self, tool: Any, where: str, prefix: str) -> None:
-        if not isinstance(tool, dict):
-            raise APIError(400, f"invalid parameter {where!r}: a tool must be an object", param=where)
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool  # chat-style nesting too
-        self._name(fn, where)
-        self.defs.append(function_tool(prefix + fn["name"], fn.get("description"), fn.get("parameters")))
 
     @staticmethod
     def _name(tool: dict, where: str) -> None:
