@@ -1,0 +1,109 @@
+"""The gateway in-process over real instance workers, one of them with a scripted executor.
+
+A random-weight model cannot produce a tool call, so `ScriptedExecutor` (the `sim` executor's
+costs, tokenizer and prefix reuse) answers with a fixed text, a piece per decode step; the
+gateway's tool layer, the worker and the router are the real ones. Only the internal HTTP hop
+is replaced by direct calls into the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+import time
+
+import httpx2  # what the openai and anthropic SDKs take as their http_client
+import yaml
+
+from talariad.config import parse_config
+from talariad.engine.build import build_executor, model_profile
+from talariad.engine.executors.base import LiveCall, StepResult
+from talariad.engine.executors.sim import SimExecutor
+from talariad.engine.worker import Worker
+from talariad.gateway.app import Gateway, build_app
+from talariad.gateway.instances import InstanceDirectory
+from talariad.gateway.routing import RouterShell
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class ScriptedExecutor(SimExecutor):
+    """Answers every call with `script`, `piece` characters per step, then ends the turn."""
+
+    def __init__(self, profiles, script: str, piece: int = 7):
+        super().__init__(profiles, time_scale=0.0)
+        self.script, self.piece = script, piece
+
+    async def run(self, action, calls: dict[str, LiveCall]) -> StepResult:
+        if not hasattr(action, "call_ids"):
+            return await super().run(action, calls)
+        result = StepResult()
+        for cid in action.call_ids:
+            call = calls.get(cid)
+            if call is None:
+                continue
+            at = sum(len(p) for p in call.out)
+            result.text[cid] = self.script[at:at + self.piece]
+            if at + self.piece >= len(self.script):
+                call.finish_reason = "stop"
+                result.stopped.add(cid)
+        return result
+
+
+class LocalDirectory(InstanceDirectory):
+    def __init__(self, workers: dict[str, Worker]):
+        super().__init__(lambda: {n: f"local://{n}" for n in workers}, 0.05)
+        self.workers = workers
+
+    async def generate(self, instance, req):
+        async for event in self.workers[instance].generate(req):
+            yield event
+
+    async def count_tokens(self, instance, req):
+        try:
+            return self.workers[instance].count_tokens(req)
+        except ValueError as err:
+            return str(err)
+
+
+def config(overrides: dict | None = None):
+    data = yaml.safe_load((ROOT / "etc" / "talaria.yaml").read_text())
+    for inst in data["instances"]:
+        inst["executor"], inst["time_scale"] = "sim", 0.01
+    for key, value in (overrides or {}).items():
+        data.setdefault(key, {}).update(value)
+    return parse_config(data, "test")
+
+
+@contextlib.asynccontextmanager
+async def local_gateway(script: str | None = None, overrides: dict | None = None):
+    """An httpx client on the gateway app; the `tiny-agent` instance answers with `script`."""
+    cfg = config(overrides)
+    workers = {}
+    for inst in cfg.instances:
+        profiles = {m: model_profile(cfg, m) for m in inst.models}
+        agent = script is not None and "tiny-agent" in inst.models
+        executor = ScriptedExecutor(profiles, script) if agent else build_executor(cfg, inst, profiles)
+        workers[inst.name] = Worker(cfg, inst, executor, profiles)
+    routing = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
+    directory = LocalDirectory(workers)
+    gw = Gateway(cfg, directory, routing, lambda name: True)
+
+    async def telemetry():
+        while True:
+            for w in workers.values():
+                routing.observe(w.telemetry(), time.monotonic())
+            await asyncio.sleep(0.05)
+
+    tasks = [asyncio.create_task(w.run()) for w in workers.values()] + [asyncio.create_task(telemetry())]
+    await asyncio.sleep(0.1)
+    client = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=build_app(gw)), base_url="http://talaria",
+                               timeout=30)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
