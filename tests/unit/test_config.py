@@ -35,8 +35,8 @@ def test_default_config_loads_with_paper_defaults():
     (lambda d: d["policy"].update(gamma="high"), "policy.gamma", "valid number"),
     (lambda d: d["policy"].update(gamma=1.5), "policy.gamma", "less than 1"),
     (lambda d: d["instances"][1]["models"].append("ghost"), "instances[1].models[2]", "'ghost' is not defined"),
-    (lambda d: d["models"].append({"name": "tiny-chat"}), "models[2].name", "duplicate name 'tiny-chat'"),
-    (lambda d: d["instances"].append(dict(d["instances"][0])), "instances[2].name", "duplicate name 'hot0'"),
+    (lambda d: d["models"].append({"name": "tiny-chat"}), "models[3].name", "duplicate name 'tiny-chat'"),
+    (lambda d: d["instances"].append(dict(d["instances"][0])), "instances[3].name", "duplicate name 'hot0'"),
     (lambda d: d["instances"][0].pop("pool"), "instances[0].pool", "Field required"),
     (lambda d: d.pop("models"), "models", "Field required"),
     (lambda d: d["instances"][0].update(models=["tiny-chat", "tiny-code"]), "instances[0].models", "exactly one"),
@@ -75,7 +75,7 @@ def test_cli_exits_2_with_one_message_per_problem(tmp_path, command):
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert lines == [f"talariad: {f}: instances[1].models[2]: model 'ghost' is not defined under models "
-                     "(defined: tiny-chat, tiny-code)"]
+                     "(defined: tiny-agent, tiny-chat, tiny-code)"]
     assert "Traceback" not in result.output
 
 
@@ -86,7 +86,7 @@ def test_cli_missing_file_exits_2(tmp_path):
 
 def test_check_config_accepts_default():
     result = CliRunner().invoke(app, ["check-config", str(DEFAULT)])
-    assert result.exit_code == 0 and "ok (2 models, 2 instances)" in result.stdout
+    assert result.exit_code == 0 and "ok (3 models, 3 instances)" in result.stdout
 
 
 @pytest.mark.parametrize("mutate, path, words", [
@@ -129,3 +129,26 @@ def test_check_config_finds_what_a_torch_instance_could_not_load(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert any("models[0].path: 'no-such-checkpoint' is not a checkpoint" in ln for ln in lines)
     assert any("instances[1].devices: [0, 1]: the torch executor runs on one" in ln for ln in lines)
+
+
+def test_model_aliases_resolve_exact_names_then_globs(tmp_path):
+    data = _base()
+    data["models"] = data["models"][:2]
+    data["instances"] = [i for i in data["instances"] if "tiny-agent" not in i["models"]]
+    data["models"][0]["aliases"] = ["claude-sonnet-4-5", "claude-*"]
+    data["models"][1]["aliases"] = ["claude-haiku-*"]
+    cfg = load_config(_write(tmp_path, data))
+    first, second = data["models"][0]["name"], data["models"][1]["name"]
+    assert cfg.resolve_model("claude-sonnet-4-5").name == first
+    assert cfg.resolve_model("claude-haiku-4-5-20251001").name == first  # globs in config order
+    assert cfg.resolve_model(second).name == second and cfg.resolve_model("gpt-4") is None
+
+
+def test_alias_naming_another_model_and_unknown_default_model_are_refused(tmp_path):
+    data = _base()
+    data["models"][0]["aliases"] = [data["models"][1]["name"]]
+    data["anthropic"] = {"default_model": "nope"}
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, data))
+    text = "\n".join(err.value.lines)
+    assert "models[0].aliases[0]" in text and "anthropic.default_model: 'nope' is not a model name or alias" in text

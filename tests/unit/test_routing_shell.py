@@ -109,3 +109,21 @@ def test_a_failed_poll_marks_the_instance_unhealthy_and_its_lease_is_not_honoure
     shell.unhealthy(first.instance, 0.2)
     again = shell.router.place(call("c2", session="s"), 0.3)
     assert again.kind is not DecisionKind.LEASE_HIT and again.instance != first.instance
+
+
+def test_prefix_branches_keep_the_main_prefix_when_a_side_call_has_another_head():
+    from talariad.gateway.routing import PrefixBranches
+
+    tracker = PrefixTracker()
+    branches = PrefixBranches(tracker, max_branches=2)
+    main1 = "<|system|> agent rules\n<|user|> fix it\n"
+    main = branches.branch("s", "m", main1)
+    tracker.remember(main, "m", main1, "looking")
+    side = branches.branch("s", "m", "<|system|> write a title\n<|user|> fix it\n")
+    assert main == "s" and side != main and side.startswith("s~")
+    main2 = main1 + "looking<|user|> and test it\n"
+    assert branches.branch("s", "m", main2) == main  # the longest remembered prefix wins
+    assert tracker.covered_chars(main, "m", main2) == len(main1 + "looking")
+    third = branches.branch("s", "m", "<|system|> count tokens\n")
+    assert branches.names("s", "m") == [main, third]  # bounded: the least recently used (side) went
+    assert branches.branch("s", "other-model", main1) == "s"  # per (session, model)

@@ -24,3 +24,16 @@ def test_fallback_hash_is_stable_across_turns_and_distinct_across_tasks():
 def test_calls_with_nothing_to_hash_do_not_share_a_session():
     only_tools = [("assistant", "ok"), ("tool", "3 passed")]
     assert session_id({}, {}, only_tools) != session_id({}, {}, only_tools)
+
+
+def test_agent_session_headers_in_the_documented_order():
+    order = ["x-session-id", "x-claude-code-session-id", "x-session-affinity", "session-id", "session_id"]
+    for i, name in enumerate(order):
+        headers = {h: h for h in order[i:]}
+        assert session_id(headers, {"prompt_cache_key": "k"}, MSGS) == name
+
+
+def test_claude_code_json_user_id_names_the_session():
+    uid = '{"device_id": "d", "account_uuid": "", "session_id": "3f2a"}'
+    assert session_id({}, {"metadata": {"user_id": uid}}, MSGS) == "3f2a"
+    assert session_id({}, {"metadata": {"user_id": "{not json"}}, MSGS).startswith("anon-")
