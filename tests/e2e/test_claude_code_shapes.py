@@ -233,3 +233,10 @@ def test_real_claude_code_says_hello(daemon, tmp_path):
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["is_error"] is False
+
+
+def test_a_fired_stop_sequence_is_reported_with_the_sequence(daemon):
+    body = _body(stream=False, tools=None, max_tokens=400, stop_sequences=["zzz-never", " the "])
+    msg = _post(daemon, "/v1/messages", body).json()
+    assert msg["stop_reason"] == "stop_sequence" and msg["stop_sequence"] == " the "
+    assert " the " not in msg["content"][0]["text"]

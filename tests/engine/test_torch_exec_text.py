@@ -30,6 +30,23 @@ def test_a_stop_string_ends_the_text_before_it_and_is_never_emitted():
     assert hit and "".join(pieces) == "def main():\n    return 0"
 
 
+def test_the_stream_names_the_stop_string_that_fired_first():
+    tok = tiny_tokenizer(320)
+    stream = TextStream(tok, ["zzz", "return", "main"])
+    for t in tok.encode("def main():\n    return 0"):
+        _, hit = stream.push(t)
+        if hit:
+            break
+    assert hit and stream.fired == "main"
+
+
+def test_turn_end_tokens_of_the_chat_template_end_an_answer():
+    from talariad.engine.executors.torch_engine.hosted import load_hosted
+
+    hosted = load_hosted("m", path=None, profile="tiny", seed=1, device="cpu")
+    assert hosted.tokenizer.token_id("<|im_end|>") in hosted.eos_ids()
+
+
 def test_kv_book_reuses_any_device_prefix_but_whole_host_pages():
     book = KVBook(page_size=4)
     rec = book.open("s", "m", "c1")
