@@ -79,7 +79,7 @@ def test_same_call_same_answer(daemon):
 
 def test_models_lists_every_configured_model(daemon):
     ids = {m.id for m in _client(daemon).models.list()}
-    assert ids == {"tiny-chat", "tiny-code"}
+    assert ids == {"tiny-chat", "tiny-code", "tiny-agent"}
 
 
 @pytest.mark.parametrize("body, status, param, code", [
@@ -206,9 +206,9 @@ async def test_tui_shows_instances(daemon):
         table, decisions = app.query_one("#instances", DataTable), app.query_one("#decisions", DataTable)
         for _ in range(200):
             await pilot.pause(0.1)
-            if table.row_count == 2 and decisions.row_count >= 1:
+            if table.row_count == 3 and decisions.row_count >= 1:
                 break
-        assert table.row_count == 2
+        assert table.row_count == 3  # hot0, cold0 and the agents' agent0
         assert str(table.get_row("hot0")[1]) == "hot" and str(table.get_row("cold0")[1]) == "cold"
         assert decisions.row_count >= 1
 
