@@ -10,15 +10,12 @@ back in Anthropic's shapes (named SSE events, `tool_use` blocks, `cache_read_inp
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from talariad.engine.messages import ChatMessage, DoneEvent, ToolCall
 from talariad.tools import arguments_json, function_tool
-
-log = logging.getLogger("talariad.gateway")
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
@@ -103,11 +100,12 @@ class MessagesRequest(_Open):
         """Client tools in the template form; server tools (no input schema) cannot run here."""
         if (self.tool_choice or {}).get("type") == "none":
             return []
-        usable = [t for t in self.tools or [] if t.input_schema is not None]
-        if len(usable) < len(self.tools or []):
-            log.info("dropped tools that cannot run locally: %s",
-                     ", ".join(t.name for t in self.tools or [] if t.input_schema is None))
-        return [function_tool(t.name, t.description, t.input_schema) for t in usable]
+        return [function_tool(t.name, t.description, t.input_schema) for t in self.tools or []
+                if t.input_schema is not None]
+
+    def dropped_tools(self) -> list[str]:
+        """Server tools (web search and the like) left out of the prompt."""
+        return [t.type or t.name for t in self.tools or [] if t.input_schema is None]
 
     def limit(self, default: int) -> int:
         return self.max_tokens

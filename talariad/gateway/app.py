@@ -502,6 +502,7 @@ def build_app(gw: Gateway) -> FastAPI:
     async def messages(body: anthropic.MessagesRequest, request: Request) -> Response:
         """Anthropic Messages; `?beta=true`, `anthropic-version` and the API key are accepted and ignored."""
         call = _Call(gw, body, request.headers, body.chat(), api="anthropic", tools=body.tool_defs())
+        gw.log_dropped(call.session, body.dropped_tools())
         return await _respond(call, _anthropic_stream, _message_body)
 
     @app.post("/v1/messages/count_tokens")
