@@ -85,3 +85,23 @@ def test_ctl_shows_the_cold_instances_memory_layout_and_switches(torch_daemon):
             if not row["region"].startswith("staged")]
     assert all(a + n <= b for (a, n), (b, _) in zip(ends, ends[1:]))  # regions in order, never overlapping
     assert any(w["to_model"] == "tiny-code" and len(w["phase_ms"]) == 5 for w in data["switches"])
+
+
+def test_tools_render_through_the_template_and_count_tokens_is_exact(torch_daemon):
+    """Anthropic body with tools, a mid-conversation system turn and a tool result on the real engine:
+    count_tokens agrees with what the call used, and the tools are in the prompt."""
+    tool = {"name": "read", "description": "Read a file.",
+            "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}
+    body = {"model": "tiny-code", "max_tokens": 3, "system": "You are a coding agent.", "tools": [tool],
+            "messages": [{"role": "user", "content": "Open a.py"},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read",
+                                                            "input": {"path": "a.py"}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x = 1"}]},
+                         {"role": "system", "content": "Be brief."}]}
+    url = torch_daemon.endpoint
+    counted = httpx.post(f"{url}/v1/messages/count_tokens", json=body, timeout=30).json()["input_tokens"]
+    bare = httpx.post(f"{url}/v1/messages/count_tokens", json={**body, "tools": []}, timeout=30).json()
+    r = httpx.post(f"{url}/v1/messages", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] == counted > bare["input_tokens"]
