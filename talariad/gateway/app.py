@@ -108,12 +108,11 @@ class _Call:
         max_tokens = asked or spec.default_max_tokens
         clamp = not asked or (api == "anthropic" and gw.cfg.anthropic.clamp_max_tokens)
         estimate = _estimate_tokens([self.text])
-        if clamp:  # the router plans with what can fit; the instance clamps exactly
-            max_tokens = max(1, min(max_tokens, spec.max_context - estimate))
+        # the router plans with what can fit; the instance, which knows the exact prompt, clamps
+        plan = max(1, min(max_tokens, spec.max_context - estimate)) if clamp else max_tokens
         covered = gw.routing.prefixes.covered_chars(self.branch, self.model, self.text)
         self.info = CallRequest(self.id, self.branch, self.model, estimate,
-                                min(_estimate_tokens([self.text[:covered]]) if covered else 0, estimate),
-                                max_tokens)
+                                min(_estimate_tokens([self.text[:covered]]) if covered else 0, estimate), plan)
         self.req = GenerateRequest(
             call_id=self.id, session_id=self.branch, model=self.model, prompt=prompt, messages=messages,
             tools=self.tools, max_tokens=max_tokens, clamp_max_tokens=clamp, temperature=body.temperature,
@@ -121,8 +120,6 @@ class _Call:
         self.instance = ""
         self.route = ""
         self.first_token_at: float | None = None
-        self.prompt_tokens: int | None = None
-        self.cached_tokens = 0
         self.answer: list[str] = []
         self.done = True  # nothing to release until placed
 
@@ -145,8 +142,6 @@ class _Call:
 
     def on_token(self, ev: TokenEvent) -> None:
         self.answer.append(ev.text)
-        if ev.prompt_tokens is not None:
-            self.prompt_tokens, self.cached_tokens = ev.prompt_tokens, ev.cached_tokens or 0
         if self.first_token_at is None:
             self.first_token_at = self.gw.clock()
             self.gw.metrics.ttft.labels(self.model).observe(self.first_token_at - self.started)
