@@ -70,14 +70,21 @@ class PrefixBranches:
     """
 
     HEAD_CHARS = 1024
+    MAX_SESSIONS = 65536
+    """(session, model) pairs remembered; the least recently used are forgotten past this."""
 
     def __init__(self, tracker: PrefixTracker, max_branches: int) -> None:
         self.tracker, self.max_branches = tracker, max_branches
-        self._branches: dict[tuple[str, str], OrderedDict[str, bytes]] = {}
+        self._branches: OrderedDict[tuple[str, str], OrderedDict[str, bytes]] = OrderedDict()
 
     def branch(self, session: str, model: str, text: str) -> str:
         """The branch `text` belongs to (created, evicting the least recently used, if new)."""
         branches = self._branches.setdefault((session, model), OrderedDict())
+        self._branches.move_to_end((session, model))
+        while len(self._branches) > self.MAX_SESSIONS:
+            (_, old_model), old = self._branches.popitem(last=False)
+            for name in old:
+                self.tracker.forget(name, old_model)
         covered = {name: self.tracker.covered_chars(name, model, text) for name in branches}
         best = max(covered, key=covered.__getitem__, default=None)
         head = PrefixTracker._digest(text[:self.HEAD_CHARS])

@@ -127,3 +127,15 @@ def test_prefix_branches_keep_the_main_prefix_when_a_side_call_has_another_head(
     third = branches.branch("s", "m", "<|system|> count tokens\n")
     assert branches.names("s", "m") == [main, third]  # bounded: the least recently used (side) went
     assert branches.branch("s", "other-model", main1) == "s"  # per (session, model)
+
+
+def test_prefix_branches_forget_the_least_recently_used_sessions_past_the_bound():
+    from talariad.gateway.routing import PrefixBranches
+
+    tracker = PrefixTracker()
+    branches = PrefixBranches(tracker, max_branches=2)
+    branches.MAX_SESSIONS = 2
+    for s in ("a", "b", "c"):
+        tracker.remember(branches.branch(s, "m", f"<|user|> {s}\n"), "m", f"<|user|> {s}\n", "ok")
+    assert branches.names("a", "m") == [] and branches.names("c", "m") == ["c"]
+    assert tracker.covered_chars("a", "m", "<|user|> a\nok") == 0 and tracker.covered_chars("c", "m", "<|user|> c\n") > 0
