@@ -58,7 +58,8 @@ class AnthropicMessage(_Open):
         out = [ChatMessage(role="tool", content=b.flat(), tool_call_id=b.tool_use_id,
                            name=tool_names.get(b.tool_use_id or "")) for b in blocks if b.type == "tool_result"]
         text = "".join(b.flat() for b in blocks if b.type == "text")
-        calls = [ToolCall(id=b.id or "", name=b.name or "", arguments=b.input if isinstance(b.input, (dict, str)) else {})
+        calls = [ToolCall(id=b.id or "", name=b.name or "",
+                          arguments=b.input if isinstance(b.input, (dict, str)) else {})
                  for b in blocks if b.type == "tool_use"]
         for c in calls:
             tool_names[c.id] = c.name

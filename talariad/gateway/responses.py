@@ -27,8 +27,8 @@ from talariad.tools import arguments_json, function_tool
 
 log = logging.getLogger("talariad.gateway")
 
-CUSTOM_INPUT = {"type": "object", "properties": {"input": {"type": "string", "description": "the tool's free-form input"}},
-                "required": ["input"]}
+CUSTOM_INPUT = {"type": "object", "required": ["input"],
+                "properties": {"input": {"type": "string", "description": "the tool's free-form input"}}}
 """Parameters a custom (free-form) tool is rendered with: its whole input as one string."""
 
 
@@ -140,7 +140,8 @@ def _item(item: dict, where: str, out: list[ChatMessage], tools: Tools, names: d
             raise APIError(400, f"missing required parameter: '{where}.name'", param=f"{where}.name",
                            code="missing_parameter")
         names[call_id] = name
-        args = parse_arguments(item.get("arguments") or "") if kind == "function_call" else {"input": item.get("input", "")}
+        args = (parse_arguments(item.get("arguments") or "") if kind == "function_call"
+                else {"input": item.get("input", "")})
         _assistant(out).tool_calls.append(ToolCall(id=call_id, name=name, arguments=args))
     elif kind in ("function_call_output", "custom_tool_call_output"):
         call_id = item.get("call_id") or ""
