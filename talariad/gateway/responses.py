@@ -213,7 +213,7 @@ def response_object(call_id: str, body: ResponsesRequest, status: str, output: l
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "parallel_tool_calls": bool(getattr(body, "parallel_tool_calls", True)),
-            "previous_response_id": body.previous_response_id, "store": bool(body.store),
+            "previous_response_id": body.previous_response_id, "store": body.store is not False,
             "temperature": body.temperature, "top_p": body.top_p, "tool_choice": body.tool_choice or "auto",
             "tools": body.tools or [], "text": {"format": {"type": "text"}}, "truncation": "disabled",
             "metadata": body.metadata or {}, "reasoning": None,
