@@ -167,3 +167,12 @@ def test_responses_items_with_mistakes_are_400s():
         with pytest.raises(APIError) as err:
             responses.convert(responses.ResponsesRequest.model_validate({"model": "m", "input": bad}))
         assert err.value.status == 400 and err.value.param.startswith("input.0")
+
+
+def test_tool_choice_none_leaves_the_tools_out_on_every_api():
+    tool = {"name": "read", "input_schema": {"type": "object"}}
+    msgs = [{"role": "user", "content": "hi"}]
+    body = anthropic.MessagesRequest.model_validate({"model": "m", "max_tokens": 1, "messages": msgs, "tools": [tool]})
+    assert len(body.tool_defs()) == 1
+    assert body.model_copy(update={"tool_choice": {"type": "none"}}).tool_defs() == []
+    assert body.model_copy(update={"tool_choice": {"type": "any"}}).tool_defs() == body.tool_defs()
