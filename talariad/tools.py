@@ -51,8 +51,9 @@ class ToolParser(Protocol):
     def parse(self, text: str) -> tuple[str, list[ToolCall]] | None:
         """The text outside tool calls and the calls; None when `text` holds no well-formed call."""
 
-    def holds(self, text: str) -> int | None:
-        """Where a tool call may begin in streamed `text` (held from there on); None: nothing to hold."""
+    def holds(self, text: str) -> tuple[int, bool] | None:
+        """Where a tool call may begin in streamed `text` (held from there on) and whether it surely
+        does (everything after is held then, unseen); None: nothing to hold."""
 
 
 class HermesParser:
@@ -76,12 +77,13 @@ class HermesParser:
         rest = self._CALL.sub("", text).strip()
         return rest, calls
 
-    def holds(self, text: str) -> int | None:
+    def holds(self, text: str) -> tuple[int, bool] | None:
         at = text.find(self.OPEN)
         if at >= 0:
-            return at
+            return at, True
         # a partial marker at the end may still become one
-        return next((len(text) - n for n in range(len(self.OPEN) - 1, 0, -1) if text.endswith(self.OPEN[:n])), None)
+        return next(((len(text) - n, False) for n in range(len(self.OPEN) - 1, 0, -1)
+                     if text.endswith(self.OPEN[:n])), None)
 
 
 class Llama3JsonParser:
@@ -111,13 +113,13 @@ class Llama3JsonParser:
                 pos += 1
         return "", calls
 
-    def holds(self, text: str) -> int | None:
+    def holds(self, text: str) -> tuple[int, bool] | None:
         head = text.lstrip()
         if not head:
-            return 0 if text else None
-        if head.startswith("{") or head.startswith(self.TAG) or self.TAG.startswith(head):
-            return 0
-        return None
+            return (0, False) if text else None
+        if head.startswith("{") or head.startswith(self.TAG):
+            return 0, True
+        return (0, False) if self.TAG.startswith(head) else None
 
 
 PARSERS: dict[str, ToolParser] = {"hermes": HermesParser(), "llama3_json": Llama3JsonParser()}
@@ -136,13 +138,20 @@ class ToolStream:
         self.parser, self.enabled = PARSERS[parser], enabled
         self.text = ""
         self.emitted = 0
+        self.calling = False
+        """A tool call has surely begun: the rest is held for `finish` without looking at it again."""
 
     def push(self, piece: str) -> str:
         self.text += piece
         if not self.enabled:
             return self._take(len(self.text))
+        if self.calling:
+            return ""
         held = self.parser.holds(self.text[self.emitted:])
-        return self._take(len(self.text) if held is None else self.emitted + held)
+        if held is None:
+            return self._take(len(self.text))
+        self.calling = held[1]
+        return self._take(self.emitted + held[0])
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """What is left to emit as text, and the tool calls (held text that parses as none is text)."""
