@@ -190,7 +190,7 @@ def _upstream_error(call: _Call, ev: ErrorEvent) -> APIError:
     return APIError(503, ev.message, type="api_error", code="instance_unavailable", headers={"Retry-After": "1"})
 
 
-class Text(str):
+class TextPiece(str):
     """A piece of answer text to send now."""
 
 
@@ -201,7 +201,8 @@ class Answer:
         self.done, self.calls = done, calls
 
 
-async def _answer(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]) -> AsyncIterator[Text | Answer | ErrorEvent]:
+async def _answer(call: _Call, first: StreamEvent,
+                  rest: AsyncIterator[StreamEvent]) -> AsyncIterator[TextPiece | Answer | ErrorEvent]:
     """The instance's events as text pieces and one final Answer (or ErrorEvent); one parser for
     every API splits tool calls out of the text."""
     stream = ToolStream(call.parser, bool(call.tools))
@@ -210,11 +211,11 @@ async def _answer(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEve
         if isinstance(ev, TokenEvent):
             call.on_token(ev)
             if piece := stream.push(ev.text):
-                yield Text(piece)
+                yield TextPiece(piece)
         elif isinstance(ev, DoneEvent):
             text, calls = stream.finish()
             if text:
-                yield Text(text)
+                yield TextPiece(text)
             call.finish(ev)
             yield Answer(ev, calls)
             return
@@ -261,7 +262,7 @@ def _openai_calls(calls: list[ToolCall]) -> list[dict]:
 async def _chat_stream(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
     yield _sse(chat_chunk(call, {"role": "assistant", "content": ""}, None))
     async for item in _answer(call, first, rest):
-        if isinstance(item, Text):
+        if isinstance(item, TextPiece):
             yield _sse(chat_chunk(call, {"content": str(item)}, None))
         elif isinstance(item, Answer):
             for i, c in enumerate(item.calls):
@@ -279,7 +280,7 @@ async def _chat_stream(call: _Call, first: StreamEvent, rest: AsyncIterator[Stre
 
 async def _completion_stream(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
     async for item in _answer(call, first, rest):
-        if isinstance(item, Text):
+        if isinstance(item, TextPiece):
             yield _sse(text_chunk(call, {"content": str(item)}, None))
         elif isinstance(item, Answer):
             yield _sse(text_chunk(call, {}, item.done.finish_reason))
@@ -346,7 +347,7 @@ async def _anthropic_stream(call: _Call, first: StreamEvent, rest: AsyncIterator
     for line in anthropic.start_events(call.id, call.body.model, prompt, cached):
         yield line
     async for item in _answer(call, first, rest):
-        if isinstance(item, Text):
+        if isinstance(item, TextPiece):
             yield anthropic.text_event(str(item))
         elif isinstance(item, Answer):
             for line in anthropic.end_events(item.done, item.calls, call.talaria(item.done)):
@@ -377,7 +378,7 @@ async def _responses_stream(call: _ResponsesCall, first: StreamEvent, rest: Asyn
     msg_id = f"msg_{call.id}"
     text = ""
     async for item in _answer(call, first, rest):
-        if isinstance(item, Text):
+        if isinstance(item, TextPiece):
             if not text:
                 yield ev("response.output_item.added",
                          {"output_index": 0, "item": responses.message_item(call.id, "", "in_progress")})

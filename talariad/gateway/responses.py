@@ -61,7 +61,7 @@ class ResponsesRequest(BaseModel):
         return True
 
 
-class Tools:
+class ResponseTools:
     """The request's tools as rendered, and which names are custom (free-form) ones."""
 
     def __init__(self) -> None:
@@ -111,9 +111,9 @@ def _assistant(out: list[ChatMessage]) -> ChatMessage:
     return out[-1]
 
 
-def convert(body: ResponsesRequest) -> tuple[list[ChatMessage], Tools]:
+def convert(body: ResponsesRequest) -> tuple[list[ChatMessage], ResponseTools]:
     """The request's conversation as internal messages, and its tools."""
-    tools = Tools()
+    tools = ResponseTools()
     for i, t in enumerate(body.tools or []):
         tools.add(t, f"tools.{i}")
     out = [ChatMessage(role="system", content=body.instructions)] if body.instructions else []
@@ -127,7 +127,7 @@ def convert(body: ResponsesRequest) -> tuple[list[ChatMessage], Tools]:
     return out, tools
 
 
-def _item(item: dict, where: str, out: list[ChatMessage], tools: Tools, names: dict[str, str]) -> None:
+def _item(item: dict, where: str, out: list[ChatMessage], tools: ResponseTools, names: dict[str, str]) -> None:
     kind = item.get("type") or ("message" if "role" in item else None)
     if kind == "message":
         role = {"developer": "system"}.get(item.get("role"), item.get("role"))
