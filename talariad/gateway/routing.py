@@ -70,18 +70,17 @@ class PrefixBranches:
     """
 
     HEAD_CHARS = 1024
-    MAX_SESSIONS = 65536
-    """(session, model) pairs remembered; the least recently used are forgotten past this."""
 
-    def __init__(self, tracker: PrefixTracker, max_branches: int) -> None:
+    def __init__(self, tracker: PrefixTracker, max_branches: int, max_sessions: int = 100_000) -> None:
         self.tracker, self.max_branches = tracker, max_branches
+        self.max_sessions = max_sessions  # (session, model) pairs; the least recently used go first
         self._branches: OrderedDict[tuple[str, str], OrderedDict[str, bytes]] = OrderedDict()
 
     def branch(self, session: str, model: str, text: str) -> str:
         """The branch `text` belongs to (created, evicting the least recently used, if new)."""
         branches = self._branches.setdefault((session, model), OrderedDict())
         self._branches.move_to_end((session, model))
-        while len(self._branches) > self.MAX_SESSIONS:
+        while len(self._branches) > self.max_sessions:
             (_, old_model), old = self._branches.popitem(last=False)
             for name in old:
                 self.tracker.forget(name, old_model)
@@ -108,7 +107,7 @@ class RouterShell:
         self.router = Router(router_knobs(cfg), profiles, policy=cfg.policy.router)
         self.allowed = {i.name: list(i.models) for i in cfg.instances}
         self.prefixes = PrefixTracker(cfg.policy.max_sessions)
-        self.branches = PrefixBranches(self.prefixes, cfg.sessions.max_branches)
+        self.branches = PrefixBranches(self.prefixes, cfg.sessions.max_branches, cfg.policy.max_sessions)
         self._changed = asyncio.Event()
         self._expired_at = float("-inf")
         self._sessions: dict[str, dict[tuple[str, str], SessionKV]] = {}  # per instance, merged

@@ -133,8 +133,7 @@ def test_prefix_branches_forget_the_least_recently_used_sessions_past_the_bound(
     from talariad.gateway.routing import PrefixBranches
 
     tracker = PrefixTracker()
-    branches = PrefixBranches(tracker, max_branches=2)
-    branches.MAX_SESSIONS = 2
+    branches = PrefixBranches(tracker, max_branches=2, max_sessions=2)
     for s in ("a", "b", "c"):
         tracker.remember(branches.branch(s, "m", f"<|user|> {s}\n"), "m", f"<|user|> {s}\n", "ok")
     assert branches.names("a", "m") == [] and branches.names("c", "m") == ["c"]
