@@ -17,13 +17,14 @@ import httpx2  # what the openai and anthropic SDKs take as their http_client
 import yaml
 
 from talariad.config import parse_config
-from talariad.engine.build import build_executor, model_profile
-from talariad.engine.executors.base import LiveCall, StepResult
+from talariad.engine.build import build_executor
 from talariad.engine.executors.sim import SimExecutor
 from talariad.engine.worker import Worker
 from talariad.gateway.app import Gateway, build_app
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.routing import RouterShell
+from talariad.instance import CallOutput
+from talariad.knobs import model_profile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -31,24 +32,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 class ScriptedExecutor(SimExecutor):
     """Answers every call with `script`, `piece` characters per step, then ends the turn."""
 
-    def __init__(self, profiles, script: str, piece: int = 7):
-        super().__init__(profiles, time_scale=0.0)
-        self.script, self.piece = script, piece
+    script = ""
+    piece = 7
 
-    async def run(self, action, calls: dict[str, LiveCall]) -> StepResult:
-        if not hasattr(action, "call_ids"):
-            return await super().run(action, calls)
-        result = StepResult()
-        for cid in action.call_ids:
-            call = calls.get(cid)
-            if call is None:
-                continue
-            at = sum(len(p) for p in call.out)
-            result.text[cid] = self.script[at:at + self.piece]
-            if at + self.piece >= len(self.script):
-                call.finish_reason = "stop"
-                result.stopped.add(cid)
-        return result
+    def _next_word(self, call) -> CallOutput:
+        at = sum(len(p) for p in call.out)
+        text = self.script[at:at + self.piece]
+        return CallOutput(text=text, finish_reason="stop" if at + self.piece >= len(self.script) else None)
 
 
 class LocalDirectory(InstanceDirectory):
@@ -83,8 +73,10 @@ async def local_gateway(script: str | None = None, overrides: dict | None = None
     workers = {}
     for inst in cfg.instances:
         profiles = {m: model_profile(cfg, m) for m in inst.models}
-        agent = script is not None and "tiny-agent" in inst.models
-        executor = ScriptedExecutor(profiles, script) if agent else build_executor(cfg, inst, profiles)
+        executor = build_executor(cfg, inst, profiles)
+        if script is not None and "tiny-agent" in inst.models:
+            executor = ScriptedExecutor(executor.model, inst.time_scale)
+            executor.script = script
         workers[inst.name] = Worker(cfg, inst, executor, profiles)
     routing = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
     directory = LocalDirectory(workers)
