@@ -55,6 +55,9 @@ class GenerateRequest(BaseModel):
     max_tokens: int = Field(default=256, ge=1)
     clamp_max_tokens: bool = False
     """Lower `max_tokens` to what fits the context instead of refusing the call."""
+    ignore_eos: bool = False
+    """Generate `max_tokens` unless a stop string fires: the model's end of turn is ignored (vLLM's
+    `ignore_eos`; a replay reproduces recorded output lengths with it)."""
     temperature: float = Field(default=0.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)

@@ -116,7 +116,7 @@ class _Call:
         self.req = GenerateRequest(
             call_id=self.id, session_id=self.branch, model=self.model, prompt=prompt, messages=messages,
             tools=self.tools, max_tokens=max_tokens, clamp_max_tokens=clamp, temperature=body.temperature,
-            top_p=body.top_p, seed=body.seed, stop=body.stop_list())
+            top_p=body.top_p, seed=body.seed, stop=body.stop_list(), ignore_eos=getattr(body, "ignore_eos", False))
         self.instance = ""
         self.route = ""
         self.first_token_at: float | None = None

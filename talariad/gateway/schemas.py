@@ -89,6 +89,8 @@ class _Sampling(_Open):
     stream_options: StreamOptions | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
+    ignore_eos: bool = False
+    """vLLM's extension: generate `max_tokens` whatever the model's end of turn (replays use it)."""
     metadata: dict[str, Any] | None = None
 
     def stop_list(self) -> list[str]:

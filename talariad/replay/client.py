@@ -181,8 +181,9 @@ def _record(run: _Run, call: ScaledCall, intended: float, reply: _Reply, prev: _
 
 
 def chat_body(call: ScaledCall, messages: list[dict]) -> dict:
+    # ignore_eos: the call produces its recorded output length, whatever the model's end of turn
     return {"model": call.model, "messages": messages, "max_tokens": call.max_tokens, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
 async def _call(run: _Run, call: ScaledCall, messages: list[dict]) -> _Reply:

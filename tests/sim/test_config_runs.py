@@ -47,7 +47,7 @@ def test_trace_models_the_config_does_not_serve_are_mapped_onto_it():
     assert map_models(["a", "tiny-code", "b"], cfg) == {
         "a": "tiny-chat",
         "tiny-code": "tiny-code",
-        "b": "tiny-chat",
+        "b": "tiny-agent",  # the spare served models in config order
     }
 
 

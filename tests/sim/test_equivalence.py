@@ -52,8 +52,9 @@ def run_daemon_core(cfg, trace: Trace):
         while heap and heap[0][0] <= until:
             at, s, k = heapq.heappop(heap)
             c = trace.sessions[s][k]
-            req = GenerateRequest(
-                call_id=f"{c.session_id}#{k}", model=c.model, max_tokens=max(c.output_tokens, 1)
+            req = GenerateRequest(  # the recorded output length, as the simulator replays it
+                call_id=f"{c.session_id}#{k}", model=c.model, max_tokens=max(c.output_tokens, 1),
+                ignore_eos=True,
             )
             call = InstanceCall(
                 req.call_id,

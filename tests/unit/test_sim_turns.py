@@ -52,3 +52,15 @@ async def test_answers_end_their_turn_and_stop_strings_are_named():
         assert refused.prompt_tokens and refused.limit == 8192
     finally:
         loop.cancel()
+
+
+async def test_ignore_eos_generates_max_tokens_as_a_replay_needs():
+    worker = _worker()
+    loop = asyncio.create_task(worker.run())
+    try:
+        _, natural = await _run(worker, call_id="n", max_tokens=5000)
+        _, forced = await _run(worker, call_id="f", max_tokens=natural.usage.completion_tokens + 7, ignore_eos=True)
+        assert forced.finish_reason == "length"
+        assert forced.usage.completion_tokens == natural.usage.completion_tokens + 7
+    finally:
+        loop.cancel()

@@ -125,7 +125,9 @@ class SimExecutor:
 
     def _next_word(self, call: InstanceCall) -> CallOutput:
         if call.state is None:
-            n = min(call.max_tokens, answer_length(call.prompt, call.request.seed))
+            n = call.max_tokens
+            if not call.request.ignore_eos:
+                n = min(n, answer_length(call.prompt, call.request.seed))
             call.state = placeholder_words(call.prompt, n, call.request.seed)
         words = call.state
         piece = (" " if call.generated else "") + words[call.generated % len(words)]

@@ -262,7 +262,8 @@ class TorchExecutor:
                                   seed=req.seed)
         hosted = self.models[model]
         call.state = CallState(req.call_id, owner, model, list(call.prompt), len(call.prompt), sampling,
-                               make_generator(sampling), TextStream(hosted.tokenizer, req.stop), rec)
+                               make_generator(sampling), TextStream(hosted.tokenizer, req.stop), rec,
+                               ignore_eos=req.ignore_eos)
         return call.state
 
     def _reuse(self, st: CallState, want: int) -> tuple[int, str]:
@@ -317,7 +318,7 @@ class TorchExecutor:
         for st, tok in zip(states, tokens):
             st.ids.append(tok)
             st.rec.valid = len(st.ids) - 1  # the sampled token gets its KV at the next step
-            eos = tok in self.models[st.model].eos_ids()
+            eos = tok in self.models[st.model].eos_ids() and not st.ignore_eos
             last = eos or len(st.ids) - st.prompt_len >= st.sampling.max_tokens
             piece, hit = st.text.push(tok, final=last)
             reason = "stop" if hit or eos else None

@@ -25,3 +25,5 @@ class CallState:
     generator: torch.Generator | None
     text: TextStream
     rec: TokenContext
+    ignore_eos: bool = False
+    """Generate max_tokens whatever the model's end of turn (the request's `ignore_eos`)."""
