@@ -69,6 +69,32 @@ class ModelConfig(_Strict):
     `<tool_call>{...}</tool_call>`) or `llama3_json` (Llama 3 `{"name": ..., "parameters": ...}`)."""
 
 
+class SGLangConfig(_Strict):
+    """How an `executor: sglang` instance runs its SGLang servers (docs/sglang.md)."""
+
+    launch_command: list[str] | None = None
+    """Program and leading arguments that start one server; Talaria appends the server flags
+    (--model-path, --port, ...). Default: this Python with `-m sglang.launch_server`."""
+    url: str | None = None
+    """Hot pool only: an SGLang server the operator runs (http://host:port); nothing is launched."""
+    mem_fraction_static: float | None = Field(default=None, gt=0, lt=1)
+    """--mem-fraction-static of each server: a fraction of the GPU memory free at its start."""
+    max_total_tokens: int | None = Field(default=None, ge=16)
+    """--max-total-tokens: caps each server's KV pool, so its size does not depend on start order."""
+    kv_host: Literal["recompute", "storage"] = "recompute"
+    """Cold pool: what happens to a session's KV when its model is switched out. SGLang's release
+    wipes its prefix cache, host tier included: `recompute` says so; `storage` adds HiCache with
+    the `file` storage backend on `hicache_dir`, whose prefixes survive the switch."""
+    hicache_dir: str = "/dev/shm/talaria-hicache"
+    """kv_host storage: the file backend's directory (tmpfs); each instance uses a subfolder."""
+    resume_headroom_gib: float = Field(default=1.0, ge=0)
+    """Free memory each GPU must have beyond the target's recorded footprint before a resume."""
+    resume_wait_s: float = Field(default=5.0, ge=0)
+    """How long a switch waits for that memory before it fails (the slot is then skipped)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More server flags, appended as given (e.g. ["--schedule-policy", "lpm"])."""
+
+
 class InstanceConfig(_Strict):
     name: Name
     """Instance id shown by talaria-ctl and the dashboard."""
@@ -91,6 +117,8 @@ class InstanceConfig(_Strict):
     largest model plus 128 MiB."""
     host_kv_gib: float = Field(default=0.125, gt=0)
     """torch executor: host memory for the host KV registry (HKVR) of this instance."""
+    sglang: SGLangConfig = SGLangConfig()
+    """sglang executor: how its servers are launched and switched."""
 
 
 class PolicyConfig(_Strict):
@@ -318,6 +346,10 @@ def _build_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str, s
         found = executor_problem(inst.get("executor", "sim"), inst.get("devices", "cpu"))
         if found is not None:
             problems.append((f"instances[{i}].{found[0]}", found[1]))
+        if inst.get("executor") == "sglang":
+            from talariad.engine.executors.sglang.checks import config_problems
+
+            problems += config_problems(data, i)
     return problems + _checkpoint_lines(data, base_dir)
 
 

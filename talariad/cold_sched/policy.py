@@ -30,6 +30,7 @@ class SlotPolicy:
     rounds: RoundLog
     switch_costs: SwitchCosts
     active: str | None
+    skipped: str | None
     slot: Slot | None
     sp_parked: int
     decode_parked: int
@@ -127,7 +128,8 @@ class SlotPolicy:
         return Switch(self.active, model, path, predicted)
 
     def _next_model(self) -> str | None:
-        return next((m for m in rotation(self.models, self.active) if self.table.has_work(m)), None)
+        after = self.active if self.active in self.models else self.skipped
+        return next((m for m in rotation(self.models, after) if self.table.has_work(m)), None)
 
     def _open_slot(self, model: str, now: float) -> None:
         rnd = self.rounds.round_for(model, now)

@@ -50,6 +50,9 @@ class ColdScheduler(SlotPolicy):
         self.sp_admitted = self.sp_parked = self.decode_parked = 0
         self.staged: str | None = None
         """The model the substrate stages for the next switch (None: it does not say)."""
+        self.failed_switches = 0
+        self.skipped: str | None = None
+        """The target of the last failed switch: the rotation resumes after it."""
         self._inflight: Action | None = None
         self._label = ""
         self._now = -math.inf
@@ -120,9 +123,11 @@ class ColdScheduler(SlotPolicy):
         tokens: dict[str, int] | None = None,
         finished: set[str] | None = None,
         switch_path: SwitchPath | None = None,
+        switch_failed: bool = False,
     ) -> list[Completion]:
         """The driver ran `action`. tokens: emitted per call (default 1 each); finished: calls
-        that hit a stop condition (default: generated >= max_tokens)."""
+        that hit a stop condition (default: generated >= max_tokens); switch_failed: the switch
+        released the outgoing model but could not open the target (its slot is skipped)."""
         self._tick(now)
         kind = action.__class__  # the action classes are final: a class test is an isinstance
         if kind is Idle:
@@ -133,7 +138,10 @@ class ColdScheduler(SlotPolicy):
             )
         self._inflight = None
         if kind is Switch:
-            self._finish_switch(action, now, measured_s, switch_path)
+            if switch_failed:
+                self._fail_switch(action, now, measured_s)
+            else:
+                self._finish_switch(action, now, measured_s, switch_path)
             return []
         self._record_phase(action, measured_s)
         return self._finish_tokens(action, now, tokens, finished or set())
@@ -253,8 +261,17 @@ class ColdScheduler(SlotPolicy):
         rnd = self.rounds.current
         rnd.switch_s += measured_s
         rnd.switches += 1
-        self.active = action.to_model
+        self.active, self.skipped = action.to_model, None
         self._open_slot(action.to_model, now)
+
+    def _fail_switch(self, action: Switch, now: float, measured_s: float) -> None:
+        """Nothing is resident now; the target's calls stay queued and rotation moves past it."""
+        if action.from_model is not None:
+            lost = KVState.HOST if self.knobs.host_kv else KVState.MISSING
+            self.ledger.demote(action.from_model, lost, now, self._parked_sessions(action.from_model))
+        self.rounds.current.switch_s += measured_s
+        self.failed_switches += 1
+        self.active, self.skipped = None, action.to_model
 
     def _record_phase(self, action: Prefill | Decode, measured_s: float) -> None:
         if action.__class__ is Decode:  # the per-step case: one phase, no split

@@ -47,6 +47,15 @@ async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str, config_dir
     except ValueError as err:  # a config the engine cannot serve (no CUDA, memory too small ...)
         print(f"instance {inst.name}: {err}", file=sys.stderr)
         return 2
+    start, close = getattr(worker.executor, "start", None), getattr(worker.executor, "aclose", None)
+    try:
+        if start is not None:  # an executor with servers to bring up (sglang) is ready only after them
+            await start()
+    except Exception as err:
+        print(f"instance {inst.name}: {err}", file=sys.stderr)
+        if close is not None:
+            await close()
+        return 1
     loop = asyncio.create_task(worker.run())
     sock = httpserver.bind(host, 0)
     server, task = await httpserver.start(build_app(worker), sock)
@@ -59,6 +68,8 @@ async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str, config_dir
         server.should_exit = True
         calls.close()
         await task
+        if close is not None:
+            await close()
     finally:
         if own_dir is not None:
             shutil.rmtree(own_dir, ignore_errors=True)

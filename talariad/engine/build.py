@@ -11,8 +11,9 @@ from talariad.knobs import model_profile, profile_set
 from talariad.sim.memory import SimMemory, memory_spec
 from talariad.sim.model import SimModel
 
-EXECUTOR_PACKAGES = {"torch": "torch", "sglang": "sglang"}
-"""The Python package an executor needs installed (`sim` needs nothing beyond the core)."""
+EXECUTOR_PACKAGES = {"torch": "torch"}
+"""The Python package an executor needs installed (`sim` needs nothing beyond the core; `sglang`
+runs SGLang as separate processes: its checks are `executors.sglang.checks`)."""
 
 
 def executor_problem(executor: str, devices: object) -> tuple[str, str] | None:
@@ -23,8 +24,6 @@ def executor_problem(executor: str, devices: object) -> tuple[str, str] | None:
             "executor",
             f"executor {executor!r} needs the Python package {package!r}, which is not installed",
         )
-    if executor == "sglang":
-        return "executor", "executor 'sglang' is not available in this build"
     if executor == "torch" and isinstance(devices, list) and len(devices) > 1:
         return "devices", f"{devices}: the torch executor runs on one device (no tensor parallel)"
     if executor == "torch" and isinstance(devices, list) and devices:
@@ -55,6 +54,10 @@ def build_executor(
             SimModel(profiles, memory, list(inst.models), pinned=inst.pool == "hot"),
             inst.time_scale,
         )
+    if inst.executor == "sglang":
+        from talariad.engine.executors.sglang.factory import build_sglang_executor
+
+        return build_sglang_executor(cfg, inst, config_dir)
     from talariad.engine.executors.torch_engine.factory import (
         build_torch_executor,
     )  # torch only when used

@@ -60,6 +60,10 @@ class Worker:
             for cid, out in result.calls.items():
                 if out.text and cid in self.queues:
                     self.queues[cid].put_nowait(self._token(plan, cid, out))
+                if out.error is not None and (queue := self.queues.pop(cid, None)) is not None:
+                    queue.put_nowait(ErrorEvent(message=out.error))  # the core ends the call
+            if result.switch_failed is not None:
+                log.warning("switch to %s failed: %s", plan.action.to_model, result.switch_failed)
             now = self.now()
             for done in self.core.finish(plan, result, now, now - started):
                 self._complete(done)

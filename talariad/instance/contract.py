@@ -49,6 +49,8 @@ class CallOutput:
     """"stop": the call hit a stop token or string in this step."""
     stop_sequence: str | None = None
     """The client's stop string that ended the call in this step."""
+    error: str | None = None
+    """The call failed in this step (its server crashed ...): the client gets this error, the call ends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,9 @@ class StepResult:
     """For a switch: how the target weights were actually opened."""
     seconds: float | None = None
     """Modelled duration (the `sim` executor); None: the shell measures the wall clock."""
+    switch_failed: str | None = None
+    """For a switch: why the target could not be opened (the outgoing model was released; the
+    target's slot is skipped and its calls stay queued)."""
     staging: str | None = None
     """For a switch: the model whose weights the executor now stages for the next switch (§3.4:
     the switch estimate follows staging); None: the executor does not stage."""

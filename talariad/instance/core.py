@@ -240,7 +240,7 @@ class InstanceCore:
                 if out.finish_reason:
                     call.finish_reason = out.finish_reason
                     call.stop_sequence = out.stop_sequence
-            if call.abandoned or (out is not None and out.finish_reason):
+            if call.abandoned or (out is not None and (out.finish_reason or out.error)):
                 finished.add(cid)
         return finished, tokens
 
@@ -263,6 +263,10 @@ class InstanceCore:
         self, action: Switch, result: StepResult, now: float, seconds: float
     ) -> None:
         path = result.switch_path or action.path
+        if result.switch_failed is not None:  # nothing opened: the target's slot is skipped
+            self.sched.finish(action, now, seconds, switch_failed=True)
+            self._apply(result.kv_updates, now)
+            return
         self.sched.finish(action, now, seconds, switch_path=path)
         self.sched.set_staging(result.staging)
         self.opened.add(action.to_model)

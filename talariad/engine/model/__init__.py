@@ -1,37 +1,40 @@
-"""The built-in engine's model: a Llama/Qwen2 decoder over a paged KV pool, in plain torch."""
+"""The built-in engine's model: a Llama/Qwen2 decoder over a paged KV pool, in plain torch.
 
-from talariad.engine.model.attention import kv_page_bytes, kv_pool_shape, make_kv_pool
-from talariad.engine.model.config import ArchConfig, tiny_config
-from talariad.engine.model.llama import param_shapes
-from talariad.engine.model.loader import (
-    Checkpoint,
-    load_checkpoint,
-    random_weights,
-    write_checkpoint,
-    write_tiny_checkpoint,
-)
-from talariad.engine.model.paged import BlockTables
-from talariad.engine.model.runner import DecodeSeq, Generation, ModelRunner, PrefillSeq
-from talariad.engine.model.sampling import SamplingParams
-from talariad.engine.model.tokenizer import TextTokenizer
+Names load on first use (PEP 562), so torch-free users of a submodule (the sglang executor reads
+`tokenizer`) do not import torch through this package.
+"""
 
-__all__ = [
-    "Checkpoint",
-    "DecodeSeq",
-    "Generation",
-    "ArchConfig",
-    "ModelRunner",
-    "BlockTables",
-    "PrefillSeq",
-    "SamplingParams",
-    "TextTokenizer",
-    "kv_page_bytes",
-    "kv_pool_shape",
-    "load_checkpoint",
-    "make_kv_pool",
-    "param_shapes",
-    "random_weights",
-    "tiny_config",
-    "write_checkpoint",
-    "write_tiny_checkpoint",
-]
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {
+    "kv_page_bytes": "attention",
+    "kv_pool_shape": "attention",
+    "make_kv_pool": "attention",
+    "ArchConfig": "config",
+    "tiny_config": "config",
+    "param_shapes": "llama",
+    "Checkpoint": "loader",
+    "load_checkpoint": "loader",
+    "random_weights": "loader",
+    "write_checkpoint": "loader",
+    "write_tiny_checkpoint": "loader",
+    "BlockTables": "paged",
+    "DecodeSeq": "runner",
+    "Generation": "runner",
+    "ModelRunner": "runner",
+    "PrefillSeq": "runner",
+    "SamplingParams": "sampling",
+    "TextTokenizer": "tokenizer",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
