@@ -144,6 +144,8 @@ async def test_resume_refused_for_memory_skips_the_slot_and_keeps_its_calls(mode
                         resume_headroom_gib=0.5, extra=("--fake-gpu-state", str(tmp_path / "gpu.json")))
     async with running(cfg, probe=gpu.free_bytes) as worker:
         done((await call(worker, "m1", "first on m1", session="a"))[1])
+        mem = worker.executor.memory()  # the probe's free bytes; KV occupancy from m1's /v1/loads
+        assert mem.hbm_free_bytes == gpu.free_bytes() and mem.kv_occupancy is not None
         gpu.set_total(1.2)  # another tenant took memory: m2 (1 GiB + 0.5 headroom) cannot fit
         pending = asyncio.create_task(call(worker, "m2", "waits for m2", session="b"))
         for _ in range(200):
