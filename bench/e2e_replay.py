@@ -31,7 +31,7 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from talariad.replay.client import ReplayOptions, replay, served_models, summary  # noqa: E402
+from talariad.replay.client import ReplayOptions, replay_measured, served_models, summary  # noqa: E402
 from talariad.replay.metrics import row_metrics  # noqa: E402
 from talariad.replay.report import print_report  # noqa: E402
 from talariad.replay.scale import load_trace, map_models, scale_trace  # noqa: E402
@@ -101,7 +101,8 @@ def run_config(name: str, ablations: dict, args) -> object:
             trace = load_trace("fixed", args.seed, args.sessions)
             models = map_models(trace.models(), asyncio.run(served_models(endpoint)))
             sessions = scale_trace(trace, models, args.scale, args.output_scale, 10.0, args.max_calls)
-            result = asyncio.run(replay(sessions, ReplayOptions(endpoint, config=name, timeout_s=args.timeout)))
+            result = replay_measured(sessions, ReplayOptions(endpoint, config=name, timeout_s=args.timeout),
+                                     str(Path(tmp) / "admin.sock"))
         finally:
             stop_daemon(proc)
     print(f"{name}: {summary(result)}", flush=True)
@@ -139,6 +140,10 @@ def main() -> None:
     for name, row in rows.items():
         print(f"{name:<11} SCT p50 {row.sct_p50_s:.2f} s  p95 {row.sct_p95_s:.2f} s  "
               f"({row.sessions} sessions, {row.calls} calls, replay {results_wall(results, name):.1f} s)")
+        paths = ", ".join(f"{p} p50 {1e3 * st.p50_s:.1f} ms (n={st.count})" for p, st in row.switch_by_path.items())
+        share = "-" if row.switch_share is None else f"{100 * row.switch_share:.1f}%"
+        print(f"{name:<11} measured by the daemon: {'-' if row.rounds is None else row.rounds} rounds, "
+              f"switch share {share}, switch {paths or '-'}")
     for r in results:
         unfinished = len({e.session_id for e in r.errors})
         if unfinished:

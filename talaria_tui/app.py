@@ -1,66 +1,253 @@
-"""`talaria-tui`: a live dashboard over the admin API: instances, leases and routing decisions."""
+"""`talaria-tui`: a live dashboard over the admin API.
+
+Views: Rounds (active vs switch time per round, slot phases, SP admitted/parked), Switches (path,
+the five named phases, staged/dirty MiB), Memory (HBM layout as a proportional bar, host KV per
+model), Leases (TTL counting down), Sessions, Instances and Decisions (Eq. (1) per candidate on
+select). Status, rounds and the router's state (leases, sessions, decisions) arrive on gRPC
+streams; memory layouts are read every `interval_s`. Keys: d drain, u undrain, c cordon (Instances), x revoke (Leases), each
+after a confirmation.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
 
 from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
-from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, DataTable, Footer, Static, TabbedContent, TabPane
 
-from talaria_ctl.client import DEFAULT_SOCKET, AdminClient, Refused, Unreachable, as_dict
+from talaria_ctl.client import AdminClient, Refused, Unreachable, as_dict, default_socket
+from talariad.types import SWITCH_PHASES
 
-INSTANCE_COLUMNS = ("instance", "pool", "executor", "models", "active", "state", "healthy", "running", "queued",
-                    "restarts")
-LEASE_COLUMNS = ("session", "model", "instance", "kv_len", "expires_in_s")
+INSTANCE_COLUMNS = ("instance", "pool", "executor", "serving", "active", "state", "admission", "healthy",
+                    "running", "queued", "restarts")
+LEASE_COLUMNS = ("session", "model", "instance", "kv_len", "ttl_s")
+SESSION_COLUMNS = ("session", "instance", "model", "kv_len", "idle_s", "leased")
 DECISION_COLUMNS = ("call", "kind", "instance", "age_s", "reason")
+ROUND_COLUMNS = ("instance", "round", "wall s", "active | switch", "slots", "SP adm/park")
+SWITCH_COLUMNS = ("instance", "round", "from → to", "path", "total ms", "phases", "staged MiB", "dirty MiB")
+CANDIDATE_COLUMNS = ("instance", "queue", "prefill", "decode", "kv", "activation", "total", "kv_state", "feasible")
+
+BAR = 30
+PHASE_STYLES = ("magenta", "blue", "cyan", "yellow", "green")
+REGION_STYLES = {"weights": "blue", "kv_pool": "green", "clean": "yellow", "dirty": "dark_orange",
+                 "graph_pool": "magenta", "runtime": "red"}
+KEEP_ROUNDS = 40
+
+
+def _mib(n) -> str:
+    return "-" if n is None or int(n) < 0 else f"{int(n) / 2**20:.1f}"
 
 
 def _instance_row(i: dict) -> tuple:
-    return (i["name"], i["pool"], i["executor"], ",".join(i["models"]), i["active_model"] or "-", i["state"],
-            "yes" if i["healthy"] else "no", str(i["running"]), str(i["queued"]), str(i["restarts"]))
-
-
-def _lease_row(le: dict) -> tuple:
-    return (le["session_id"], le["model"], le["instance"], str(le["kv_len"]), f"{le['expires_in_s']:.2f}")
+    return (i["name"], i["pool"], i["executor"], ",".join(i["rotation"]) or "-", i["active_model"] or "-",
+            i["state"], i["admission"], "yes" if i["healthy"] else "no", str(i["running"]), str(i["queued"]),
+            str(i["restarts"]))
 
 
 def _decision_row(d: dict) -> tuple:
     return (d["call_id"], d["kind"], d["instance"] or "-", f"{d['age_s']:.1f}", d["reason"])
 
 
-class Dashboard(App):
-    TITLE = "Talaria"
-    BINDINGS = [("q", "quit", "Quit"), ("r", "refresh", "Refresh now")]
-    CSS = "#banner { height: 1; padding: 0 1; } DataTable { height: 1fr; }"
+def _candidate_row(c: dict) -> tuple:
+    return (c["instance"], *(f"{c[k]:.3f}" for k in ("queue_s", "prefill_s", "decode_s", "kv_recovery_s",
+                                                      "activation_s", "total_s")),
+            c["kv_state"], "yes" if c["feasible"] else c["reason"])
 
-    def __init__(self, client: AdminClient, interval_s: float = 1.0):
+
+def stacked_bar(parts: list[tuple[float, str]], scale: float, width: int = BAR) -> Text:
+    """One bar of `width` cells for `scale` seconds (or bytes), one colour per part."""
+    out = Text()
+    if scale <= 0:
+        return out
+    done = 0.0
+    for value, style in parts:  # cumulative rounding: the cells add up to the whole, never past it
+        start, done = done, done + max(value, 0.0)
+        out.append("█" * (round(width * done / scale) - round(width * start / scale)), style=style)
+    return out
+
+
+def round_bar(r: dict, longest: float) -> Text:
+    return stacked_bar([(r["active_s"], "green"), (r["switch_s"], "red")], longest)
+
+
+def _slots_cell(r: dict) -> str:
+    return "; ".join(f"{s['model']}: " + " ".join(f"{p['phase']} {p['seconds']:.2f}" for p in s["phases"])
+                     for s in r["slots"]) or "-"
+
+
+def switch_bar(w: dict) -> Text:
+    if not w["phases"]:
+        return Text("-")
+    total = sum(p["ms"] for p in w["phases"])
+    return stacked_bar([(p["ms"], PHASE_STYLES[i % 5]) for i, p in enumerate(w["phases"])], total)
+
+
+def memory_text(m: dict) -> Text:
+    """An instance's HBM layout as a proportional bar of regions, plus host KV per model."""
+    name = m["instance"]
+    if not m["managed"]:
+        return Text(f"{name}: this executor keeps no managed device memory (sim)\n")
+    cap = int(m["capacity_bytes"]) or 1
+    regions: dict[str, int] = {}
+    for row in m["layout"]:
+        kind, size = row["region"].split("[")[0], int(row["size"])
+        if kind == "staged":  # staged chunks sit inside the KV pool's free tail: carve them out of it
+            model, _, state = row["owner"].partition(":")
+            regions["kv_pool"] = regions.get("kv_pool", 0) - size
+            label = f"staged {model} {state or 'clean'}"
+        else:
+            label = f"weights {row['owner']}" if kind == "weights" and row["owner"] else kind
+        regions[label] = regions.get(label, 0) + size
+    out = Text(f"{name}: {_mib(cap)} MiB managed · active {m['active_model'] or '-'} · free "
+               f"{_mib(m['hbm_free_bytes'])} MiB\n")
+    out.append_text(stacked_bar([(v, _region_style(k)) for k, v in regions.items()], cap, 2 * BAR))
+    out.append("\n")
+    for k, v in regions.items():
+        out.append("■ ", style=_region_style(k))
+        out.append(f"{k} {_mib(v)} MiB  ")
+    host = m.get("host_kv_by_model") or {}
+    out.append(f"\nhost KV {_mib(m['host_kv_bytes'])} / {_mib(m['host_kv_capacity_bytes'])} MiB"
+               + ("".join(f" · {k} {_mib(v)} MiB" for k, v in sorted(host.items())) if host else "") + "\n\n")
+    return out
+
+
+def _region_style(label: str) -> str:
+    words = label.split()
+    return REGION_STYLES.get(words[-1] if words[0] == "staged" else words[0], "white")
+
+
+class Confirm(ModalScreen[bool]):
+    """Yes/no before an action that changes the daemon."""
+
+    BINDINGS = [("y", "answer(True)", "Yes"), ("n", "answer(False)", "No"), ("escape", "answer(False)", "No")]
+    CSS = "Confirm { align: center middle; } #box { width: 60; height: auto; border: thick $warning; padding: 1 2; }"
+
+    def __init__(self, question: str):
         super().__init__()
-        self.client, self.interval_s = client, interval_s
-        self._fetching = False
+        self.question = question
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        with Vertical(id="box"):
+            yield Static(Text(self.question))
+            with Horizontal():
+                yield Button("Yes (y)", id="yes", variant="warning")
+                yield Button("No (n)", id="no")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class Dashboard(App):
+    TITLE = "Talaria"
+    BINDINGS = [("q", "quit", "Quit"), ("r", "refresh", "Refresh"),
+                Binding("d", "instance('Drain')", "Drain"), Binding("u", "instance('Undrain')", "Undrain"),
+                Binding("c", "instance('Cordon')", "Cordon"), Binding("x", "revoke", "Revoke lease")]
+    CSS = """
+    #banner { height: 1; padding: 0 1; background: $boost; }
+    TabbedContent { height: 1fr; }
+    TabPane { height: 1fr; padding: 0; }
+    DataTable { height: 1fr; }
+    #candidates { height: 8; }
+    #legend { height: 1; }
+    """
+
+    def __init__(self, client: AdminClient, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], datetime.datetime] = datetime.datetime.now):
+        super().__init__()
+        self.client, self.interval_s, self.clock, self.wall = client, interval_s, clock, wall
+        self._fetching = False
+        self._stop = threading.Event()
+        self.status: dict | None = None
+        self.unreachable_since: datetime.datetime | None = None
+        self.error = ""
+        self.rounds: dict[tuple[str, int], dict] = {}
+        self.switches: deque[dict] = deque(maxlen=KEEP_ROUNDS)
+        self.leases: list[dict] = []
+        self._leases_at = 0.0
+        self.decisions: list[dict] = []
+
+    def compose(self) -> ComposeResult:
         yield Static("connecting…", id="banner")
-        with TabbedContent():
-            with TabPane("Instances", id="tab-instances"):
-                yield DataTable(id="instances", zebra_stripes=True)
+        with TabbedContent(id="tabs"):
+            with TabPane("Rounds", id="tab-rounds"):
+                yield DataTable(id="rounds", zebra_stripes=True)
+            with TabPane("Switches", id="tab-switches"):
+                yield DataTable(id="switches", zebra_stripes=True)
+                yield Static(phase_legend(), id="legend")
+            with TabPane("Memory", id="tab-memory"):
+                with VerticalScroll():
+                    yield Static("", id="memory")
             with TabPane("Leases", id="tab-leases"):
-                yield DataTable(id="leases", zebra_stripes=True)
+                yield DataTable(id="leases", zebra_stripes=True, cursor_type="row")
+            with TabPane("Sessions", id="tab-sessions"):
+                yield DataTable(id="sessions", zebra_stripes=True)
+            with TabPane("Instances", id="tab-instances"):
+                yield DataTable(id="instances", zebra_stripes=True, cursor_type="row")
             with TabPane("Decisions", id="tab-decisions"):
-                yield DataTable(id="decisions", zebra_stripes=True)
+                yield DataTable(id="decisions", zebra_stripes=True, cursor_type="row")
+                yield DataTable(id="candidates")
         yield Footer()
 
     def on_mount(self) -> None:
+        # kept by reference: while a confirmation is on top, queries see that screen, not these
+        self.tables = {t.id: t for t in self.query(DataTable)}
+        self.banner = self.query_one("#banner", Static)
+        self.memory_view = self.query_one("#memory", Static)
+        self.tabs = self.query_one("#tabs", TabbedContent)
         for table_id, columns in (("instances", INSTANCE_COLUMNS), ("leases", LEASE_COLUMNS),
-                                  ("decisions", DECISION_COLUMNS)):
-            table = self.query_one(f"#{table_id}", DataTable)
+                                  ("sessions", SESSION_COLUMNS), ("decisions", DECISION_COLUMNS),
+                                  ("rounds", ROUND_COLUMNS), ("switches", SWITCH_COLUMNS),
+                                  ("candidates", CANDIDATE_COLUMNS)):
+            table = self.tables[table_id]
             for col in columns:
                 table.add_column(col, key=col)
+        self._watch_status()
+        self._watch_rounds()
+        self._watch_router()
         self.action_refresh()
         self.set_interval(self.interval_s, self.action_refresh)
+        self.set_interval(0.1, self._tick_leases)
+
+    def on_unmount(self) -> None:
+        self._stop.set()
+        self.client.cancel_streams()
+
+    # ---- streams -----------------------------------------------------------------------------
+
+    def _stream(self, open_stream: Callable, on_reply: Callable) -> None:
+        """Follow a gRPC stream; when the daemon goes away, say since when and reconnect."""
+        while not self._stop.is_set():
+            try:
+                for reply in open_stream():
+                    self.call_from_thread(on_reply, as_dict(reply))
+                    if self._stop.is_set():
+                        return
+            except Unreachable as e:
+                if not self._stop.is_set():
+                    self.call_from_thread(self._unreachable, str(e))
+            self._stop.wait(self.interval_s)
+
+    @work(thread=True, group="status")
+    def _watch_status(self) -> None:
+        self._stream(lambda: self.client.watch(self.interval_s), self._show_status)
+
+    @work(thread=True, group="rounds")
+    def _watch_rounds(self) -> None:
+        self._stream(lambda: self.client.watch_rounds("", max(self.interval_s / 2, 0.05)), self._add_rounds)
 
     def action_refresh(self) -> None:
         # NOTE: a refresh still in flight is left to finish rather than replaced, so a slow daemon
@@ -69,55 +256,207 @@ class Dashboard(App):
             self._fetching = True
             self._fetch()
 
-    @work(thread=True)
+    @work(thread=True, group="router")
+    def _watch_router(self) -> None:
+        self._stream(lambda: self.client.watch_router(self.interval_s), self._show_router)
+
+    @work(thread=True, group="poll")
     def _fetch(self) -> None:
+        """Memory layouts, one call per instance (they change only at switches and staging)."""
         try:
-            status = as_dict(self.client.status())
-            leases = as_dict(self.client.leases()).get("leases", [])
-            decisions = as_dict(self.client.decisions(50)).get("decisions", [])
-        except (Unreachable, Refused) as e:
-            self.call_from_thread(self._show_error, str(e))
+            memory = []
+            for name in [i["name"] for i in (self.status or {}).get("instances", [])]:
+                try:
+                    memory.append(as_dict(self.client.memory(name)))
+                except Refused:  # not ready right now
+                    continue
+        except Unreachable as e:
+            if not self._stop.is_set():
+                self.call_from_thread(self._unreachable, str(e))
             return
         finally:
             self._fetching = False
-        self.call_from_thread(self._show, status, leases, decisions)
+        if not self._stop.is_set():
+            self.call_from_thread(self._show_memory, memory)
 
-    def _show_error(self, message: str) -> None:
-        self.query_one("#banner", Static).update(Text(message, style="red"))
+    # ---- rendering ---------------------------------------------------------------------------
 
-    def _show(self, status: dict, leases: list[dict], decisions: list[dict]) -> None:
-        self.query_one("#banner", Static).update(Text(
-            f"{status['http_endpoint']}  ·  up {status['uptime_s']:.0f}s  ·  talariad {status['version']}"
-            f"  ·  {len(leases)} live leases"))
+    def _unreachable(self, message: str) -> None:
+        if self._stop.is_set():  # a late answer after the screen went away
+            return
+        if self.unreachable_since is None:
+            self.unreachable_since = self.wall()
+        self.error = message
+        self._banner()
+
+    def _banner(self) -> None:
+        banner = self.banner
+        if self.unreachable_since is not None:
+            banner.update(Text(f"daemon unreachable since {self.unreachable_since:%H:%M:%S} · {self.error}",
+                               style="bold red"))
+            return
+        s = self.status
+        if s is None:
+            return
+        banner.update(Text(f"talariad {s['version']} at {s['http_endpoint']} · up {s['uptime_s']:.0f}s · "
+                           f"{len(s['instances'])} instances · {len(self.leases)} live leases"))
+
+    def _show_status(self, status: dict) -> None:
+        if self._stop.is_set():  # a late answer after the screen went away
+            return
+        first = self.status is None
+        self.status, self.unreachable_since = status, None
+        if first:  # the memory view needs the instance names: fetch now rather than at the next tick
+            self.action_refresh()
+        self._banner()
         self._upsert("instances", [(i["name"], _instance_row(i)) for i in status["instances"]])
-        self._replace("leases", [_lease_row(le) for le in leases])
-        self._replace("decisions", [_decision_row(d) for d in decisions])
 
-    def _upsert(self, table_id: str, rows: list[tuple[str, tuple]]) -> None:
+    def _add_rounds(self, reply: dict) -> None:
+        if self._stop.is_set():  # a late answer after the screen went away
+            return
+        for r in reply.get("rounds", []):
+            self.rounds[(r["instance"], r["index"])] = r
+        for key in sorted(self.rounds, key=lambda k: (k[0], k[1]))[:-KEEP_ROUNDS * 4]:
+            del self.rounds[key]
+        self.switches.extend(reply.get("switches", []))
+        rows = sorted(self.rounds.values(), key=lambda r: (r["instance"], r["index"]))
+        longest = max((r["wall_s"] for r in rows if not r["open"]), default=0.0)
+        # an open round's active time is booked when its slots close: its wall is not measured yet
+        self._replace("rounds", [(r["instance"], f"{r['index']}{' (open)' if r['open'] else ''}",
+                                  "-" if r["open"] else f"{r['wall_s']:.3f}",
+                                  Text("-") if r["open"] else round_bar(r, longest), _slots_cell(r),
+                                  f"{r['sp_admitted']}/{r['sp_parked']}")
+                                 for r in rows])
+        self._replace("switches", [(w["instance"], "-" if int(w["round_index"]) < 0 else str(w["round_index"]),
+                                    f"{w['from_model'] or '-'} → {w['to_model']}", w["path"], f"{w['total_ms']:.1f}",
+                                    switch_bar(w), _mib(w["staged_bytes"]), _mib(w["dirty_bytes"]))
+                                   for w in self.switches])
+
+    def _show_router(self, state: dict) -> None:
+        if self._stop.is_set():
+            return
+        self.leases, self._leases_at, self.decisions = state["leases"], self.clock(), state["decisions"]
+        self._tick_leases()
+        self._replace("sessions", [(s["session_id"], s["instance"] or "-", s["model"] or "-", str(s["kv_len"]),
+                                    f"{s['idle_s']:.1f}", "yes" if s["leased"] else "no") for s in state["sessions"]])
+        self._replace_keyed("decisions", [(d["call_id"], _decision_row(d)) for d in self.decisions])
+        self._banner()
+
+    def _show_memory(self, memory: list[dict]) -> None:
+        if self._stop.is_set():
+            return
+        text = Text()
+        for m in memory:
+            text.append_text(memory_text(m))
+        self.memory_view.update(text or Text("no instance ready"))
+
+    def _tick_leases(self) -> None:
+        """Leases count down between fetches; one that ran out leaves the table."""
+        if self._stop.is_set():  # a late answer after the screen went away
+            return
+        elapsed = self.clock() - self._leases_at
+        live = [le for le in self.leases if le["expires_in_s"] - elapsed > 0]
+        self._upsert("leases", [(f"{le['session_id']}\x00{le['model']}",
+                                 (le["session_id"], le["model"], le["instance"], str(le["kv_len"]),
+                                  f"{le['expires_in_s'] - elapsed:.1f}")) for le in live], prune=True)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id != "decisions" or event.row_key is None:
+            return
+        found = next((d for d in self.decisions if d["call_id"] == event.row_key.value), None)
+        if found is not None:
+            self._replace("candidates", [_candidate_row(c) for c in found["candidates"]])
+
+    def _upsert(self, table_id: str, rows: list[tuple[str, tuple]], prune: bool = False) -> None:
         """Update rows in place by key, so the cursor and sort survive a refresh."""
-        table = self.query_one(f"#{table_id}", DataTable)
+        table = self.tables[table_id]
         columns = [c.key for c in table.ordered_columns]
+        keys = set()
         for key, row in rows:
-            cells = [Text(v) for v in row]  # client data (session ids, reasons) is never markup
+            keys.add(key)
+            cells = [v if isinstance(v, Text) else Text(v) for v in row]  # client data is never markup
             if key in table.rows:
                 for col, value in zip(columns, cells):
                     table.update_cell(key, col, value)
             else:
                 table.add_row(*cells, key=key)
+        if prune:
+            for key in [k for k in table.rows if k.value not in keys]:
+                table.remove_row(key)
+
+    def _replace_keyed(self, table_id: str, rows: list[tuple[str, tuple]]) -> None:
+        """Replace every row in the given order, keeping the cursor on the same key."""
+        table = self.tables[table_id]
+        selected = None
+        if table.row_count:
+            selected = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        table.clear()
+        for key, row in rows:
+            table.add_row(*(Text(v) for v in row), key=key)
+        index = next((i for i, (key, _) in enumerate(rows) if key == selected), None)
+        if index is not None:
+            table.move_cursor(row=index, animate=False)
 
     def _replace(self, table_id: str, rows: list[tuple]) -> None:
-        table = self.query_one(f"#{table_id}", DataTable)
+        table = self.tables[table_id]
         table.clear()
         for row in rows:
-            table.add_row(*(Text(v) for v in row))
+            table.add_row(*(v if isinstance(v, Text) else Text(v) for v in row))
+
+    # ---- actions -----------------------------------------------------------------------------
+
+    def _selected(self, table_id: str) -> str | None:
+        table = self.tables[table_id]
+        if table.row_count == 0:
+            return None
+        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+
+    def action_instance(self, verb: str) -> None:
+        if self.tabs.active != "tab-instances":
+            return
+        name = self._selected("instances")
+        if name is None:
+            return
+        self.push_screen(Confirm(f"{verb} instance {name}?"),
+                         lambda yes: self._act(lambda: self.client.instance_action(verb, name)) if yes else None)
+
+    def action_revoke(self) -> None:
+        if self.tabs.active != "tab-leases":
+            return
+        key = self._selected("leases")
+        if key is None:
+            return
+        session, model = key.split("\x00")
+        self.push_screen(Confirm(f"Revoke the lease of session {session} on {model}?"),
+                         lambda yes: self._act(lambda: self.client.revoke(session, model)) if yes else None)
+
+    @work(thread=True, group="action")
+    def _act(self, action: Callable) -> None:
+        try:
+            action()
+        except (Unreachable, Refused) as e:
+            self.call_from_thread(self.notify, str(e), severity="error")
+            return
+        self.call_from_thread(self.notify, "done")
+        self.call_from_thread(self.action_refresh)
+
+
+def phase_legend() -> Text:
+    out = Text("phases: ")
+    for i, name in enumerate(SWITCH_PHASES):
+        out.append("■ ", style=PHASE_STYLES[i])
+        out.append(f"{name}  ")
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="talaria-tui", description="Live dashboard of a running talariad.")
-    p.add_argument("--socket", default=DEFAULT_SOCKET, help="admin socket path (default: %(default)s)")
+    p.add_argument("--socket", default=None,
+                   help="admin socket path (default: $TALARIA_SOCKET, /run/talaria/admin.sock when the service "
+                        "runs, else $XDG_RUNTIME_DIR/talaria/admin.sock)")
     p.add_argument("--interval", type=float, default=1.0, help="refresh interval in seconds")
     args = p.parse_args(argv)
     if not args.interval >= 0.1:  # also refuses nan
         print("talaria-tui: --interval must be at least 0.1", file=sys.stderr)
         sys.exit(2)
-    Dashboard(AdminClient(args.socket), args.interval).run()
+    Dashboard(AdminClient(args.socket or default_socket()), args.interval).run()

@@ -23,9 +23,11 @@ class _Strict(BaseModel):
 class ListenConfig(_Strict):
     http: str = "127.0.0.1:8000"
     """host:port of the OpenAI/Anthropic-compatible HTTP endpoint (port 0 picks a free port)."""
-    admin_socket: str = "run/talaria-admin.sock"
-    """Unix socket of the gRPC admin API; relative paths are relative to the working directory.
-    The systemd unit points it at /run/talaria/admin.sock."""
+    admin_socket: str | None = None
+    """Unix socket of the gRPC admin API (a relative path starts at the working directory).
+    Default: $TALARIA_SOCKET, else /run/talaria/admin.sock under the systemd unit, else
+    $XDG_RUNTIME_DIR/talaria/admin.sock (~/.local/state/talaria/admin.sock without it); the
+    same rule talaria-ctl follows, see talariad/admin/sockets.py."""
 
     @field_validator("http")
     @classmethod

@@ -37,6 +37,10 @@ class Managed:
     socket: str | None = None
     pid: int | None = None
     restarts: int = 0
+    role: dict | None = None
+    """Run-time override of the instance's `pool` and `models` (pool move, pin); None: as configured."""
+    restarting: bool = False
+    """An operator restart is under way: the next start skips the crash backoff."""
     proc: asyncio.subprocess.Process | None = field(default=None, repr=False)
     ready: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -77,6 +81,10 @@ class Supervisor:
             if self._stopping:
                 break
             m.state, m.port, m.socket = ProcState.BACKOFF, None, None
+            if m.restarting:  # asked for: no backoff, and not a crash
+                m.restarting = False
+                m.restarts += 1
+                continue
             backoff = self.cfg.supervisor.restart_backoff_s if time.monotonic() - started > _STABLE_S else backoff
             log.warning("instance %s exited with %s; restarting in %.1fs", m.inst.name, rc, backoff)
             await asyncio.sleep(backoff)
@@ -89,6 +97,7 @@ class Supervisor:
         m.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "talariad.engine", "--config", self.config_path, "--instance", m.inst.name,
             "--socket", os.path.join(self.socket_dir, f"{m.inst.name}.sock"),
+            *(["--role", json.dumps(m.role)] if m.role else []),
             stdout=asyncio.subprocess.PIPE, env={**os.environ, "TALARIA_PARENT_PID": str(os.getpid())},
         )
         m.pid = m.proc.pid
@@ -99,6 +108,18 @@ class Supervisor:
                 m.ready.set()
                 log.info("instance %s ready on port %d (pid %d)", m.inst.name, port, m.pid)
         return await m.proc.wait()
+
+    def restart(self, name: str, role: dict | None = None) -> bool:
+        """Stop one instance process so `_keep` starts it again at once, with `role` as its
+        pool/models override (None: as configured); False if it is not running now."""
+        m = self.procs[name]
+        if m.proc is None or m.proc.returncode is not None or m.restarting:
+            return False
+        m.role, m.restarting = role, True
+        m.ready.clear()
+        m.state, m.port, m.socket = ProcState.STARTING, None, None
+        m.proc.send_signal(signal.SIGTERM)
+        return True
 
     async def stop(self) -> None:
         """SIGTERM every instance, SIGKILL those still alive after the grace period."""

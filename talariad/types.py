@@ -27,6 +27,10 @@ class SwitchPath(str, enum.Enum):
     H2D = "h2d"
 
 
+SWITCH_PHASES = ("save/teardown", "open weights", "KV shell", "runtime and graphs", "publish")
+"""The five ordered phases of a model switch (App. D), by the paper's names."""
+
+
 @dataclass(frozen=True, slots=True)
 class LatencyProfile:
     """Per-model cost model in seconds; the router and scheduler predict with it, engines refine it.

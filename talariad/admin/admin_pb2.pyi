@@ -17,7 +17,7 @@ class WatchRequest(_message.Message):
     def __init__(self, interval_s: _Optional[float] = ...) -> None: ...
 
 class InstanceStatus(_message.Message):
-    __slots__ = ("name", "pool", "executor", "devices", "models", "active_model", "loaded_models", "state", "healthy", "pid", "restarts", "running", "queued", "switches", "telemetry_age_s")
+    __slots__ = ("name", "pool", "executor", "devices", "models", "active_model", "loaded_models", "state", "healthy", "pid", "restarts", "running", "queued", "switches", "telemetry_age_s", "admission", "rotation", "configured_pool")
     NAME_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,9 @@ class InstanceStatus(_message.Message):
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     SWITCHES_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    ROTATION_FIELD_NUMBER: _ClassVar[int]
+    CONFIGURED_POOL_FIELD_NUMBER: _ClassVar[int]
     name: str
     pool: str
     executor: str
@@ -48,7 +51,10 @@ class InstanceStatus(_message.Message):
     queued: int
     switches: int
     telemetry_age_s: float
-    def __init__(self, name: _Optional[str] = ..., pool: _Optional[str] = ..., executor: _Optional[str] = ..., devices: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., active_model: _Optional[str] = ..., loaded_models: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., healthy: _Optional[bool] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., switches: _Optional[int] = ..., telemetry_age_s: _Optional[float] = ...) -> None: ...
+    admission: str
+    rotation: _containers.RepeatedScalarFieldContainer[str]
+    configured_pool: str
+    def __init__(self, name: _Optional[str] = ..., pool: _Optional[str] = ..., executor: _Optional[str] = ..., devices: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., active_model: _Optional[str] = ..., loaded_models: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., healthy: _Optional[bool] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., switches: _Optional[int] = ..., telemetry_age_s: _Optional[float] = ..., admission: _Optional[str] = ..., rotation: _Optional[_Iterable[str]] = ..., configured_pool: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("version", "uptime_s", "http_endpoint", "instances")
@@ -221,7 +227,14 @@ class SwitchTiming(_message.Message):
     def __init__(self, from_model: _Optional[str] = ..., to_model: _Optional[str] = ..., path: _Optional[str] = ..., phase_ms: _Optional[_Iterable[float]] = ..., total_ms: _Optional[float] = ..., staged_bytes: _Optional[int] = ..., dirty_bytes: _Optional[int] = ..., h2d_bytes: _Optional[int] = ..., d2d_gather_ms: _Optional[float] = ..., h2d_gather_ms: _Optional[float] = ...) -> None: ...
 
 class MemoryReply(_message.Message):
-    __slots__ = ("instance", "managed", "active_model", "capacity_bytes", "hbm_free_bytes", "staging_slack_bytes", "layout", "switches")
+    __slots__ = ("instance", "managed", "active_model", "capacity_bytes", "hbm_free_bytes", "staging_slack_bytes", "layout", "switches", "host_kv_bytes", "host_kv_capacity_bytes", "host_kv_by_model")
+    class HostKvByModelEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     MANAGED_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +243,9 @@ class MemoryReply(_message.Message):
     STAGING_SLACK_BYTES_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    HOST_KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_KV_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_KV_BY_MODEL_FIELD_NUMBER: _ClassVar[int]
     instance: str
     managed: bool
     active_model: str
@@ -238,4 +254,249 @@ class MemoryReply(_message.Message):
     staging_slack_bytes: int
     layout: _containers.RepeatedCompositeFieldContainer[Region]
     switches: _containers.RepeatedCompositeFieldContainer[SwitchTiming]
-    def __init__(self, instance: _Optional[str] = ..., managed: _Optional[bool] = ..., active_model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., hbm_free_bytes: _Optional[int] = ..., staging_slack_bytes: _Optional[int] = ..., layout: _Optional[_Iterable[_Union[Region, _Mapping]]] = ..., switches: _Optional[_Iterable[_Union[SwitchTiming, _Mapping]]] = ...) -> None: ...
+    host_kv_bytes: int
+    host_kv_capacity_bytes: int
+    host_kv_by_model: _containers.ScalarMap[str, int]
+    def __init__(self, instance: _Optional[str] = ..., managed: _Optional[bool] = ..., active_model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., hbm_free_bytes: _Optional[int] = ..., staging_slack_bytes: _Optional[int] = ..., layout: _Optional[_Iterable[_Union[Region, _Mapping]]] = ..., switches: _Optional[_Iterable[_Union[SwitchTiming, _Mapping]]] = ..., host_kv_bytes: _Optional[int] = ..., host_kv_capacity_bytes: _Optional[int] = ..., host_kv_by_model: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class InstanceRequest(_message.Message):
+    __slots__ = ("instance",)
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    def __init__(self, instance: _Optional[str] = ...) -> None: ...
+
+class MoveRequest(_message.Message):
+    __slots__ = ("instance", "to", "model")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    to: str
+    model: str
+    def __init__(self, instance: _Optional[str] = ..., to: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class ModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelStatus(_message.Message):
+    __slots__ = ("name", "instances", "pinned_on", "status", "max_context", "profile")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    PINNED_ON_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    instances: _containers.RepeatedScalarFieldContainer[str]
+    pinned_on: _containers.RepeatedScalarFieldContainer[str]
+    status: str
+    max_context: int
+    profile: str
+    def __init__(self, name: _Optional[str] = ..., instances: _Optional[_Iterable[str]] = ..., pinned_on: _Optional[_Iterable[str]] = ..., status: _Optional[str] = ..., max_context: _Optional[int] = ..., profile: _Optional[str] = ...) -> None: ...
+
+class ModelsReply(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelStatus]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelStatus, _Mapping]]] = ...) -> None: ...
+
+class ModelRequest(_message.Message):
+    __slots__ = ("model", "instance")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    instance: str
+    def __init__(self, model: _Optional[str] = ..., instance: _Optional[str] = ...) -> None: ...
+
+class PoolsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Pool(_message.Message):
+    __slots__ = ("name", "instances", "models", "running", "queued")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    instances: _containers.RepeatedScalarFieldContainer[str]
+    models: _containers.RepeatedScalarFieldContainer[str]
+    running: int
+    queued: int
+    def __init__(self, name: _Optional[str] = ..., instances: _Optional[_Iterable[str]] = ..., models: _Optional[_Iterable[str]] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...
+
+class PoolsReply(_message.Message):
+    __slots__ = ("pools",)
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[Pool]
+    def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ...) -> None: ...
+
+class LeaseRequest(_message.Message):
+    __slots__ = ("session_id", "model")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    model: str
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ForgetReply(_message.Message):
+    __slots__ = ("session_id", "known", "leases_dropped", "instances_freed")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    LEASES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FREED_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    known: bool
+    leases_dropped: int
+    instances_freed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., known: _Optional[bool] = ..., leases_dropped: _Optional[int] = ..., instances_freed: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReloadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReloadReply(_message.Message):
+    __slots__ = ("applied", "needs_restart")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    NEEDS_RESTART_FIELD_NUMBER: _ClassVar[int]
+    applied: _containers.RepeatedScalarFieldContainer[str]
+    needs_restart: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, applied: _Optional[_Iterable[str]] = ..., needs_restart: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ConfigRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ConfigReply(_message.Message):
+    __slots__ = ("path", "yaml")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    YAML_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    yaml: str
+    def __init__(self, path: _Optional[str] = ..., yaml: _Optional[str] = ...) -> None: ...
+
+class RoundsRequest(_message.Message):
+    __slots__ = ("instance", "limit", "interval_s")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    limit: int
+    interval_s: float
+    def __init__(self, instance: _Optional[str] = ..., limit: _Optional[int] = ..., interval_s: _Optional[float] = ...) -> None: ...
+
+class SlotPhase(_message.Message):
+    __slots__ = ("phase", "seconds")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    seconds: float
+    def __init__(self, phase: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class Slot(_message.Message):
+    __slots__ = ("model", "phases", "sp_admitted", "sp_parked")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
+    SP_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    SP_PARKED_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    phases: _containers.RepeatedCompositeFieldContainer[SlotPhase]
+    sp_admitted: int
+    sp_parked: int
+    def __init__(self, model: _Optional[str] = ..., phases: _Optional[_Iterable[_Union[SlotPhase, _Mapping]]] = ..., sp_admitted: _Optional[int] = ..., sp_parked: _Optional[int] = ...) -> None: ...
+
+class SwitchPhase(_message.Message):
+    __slots__ = ("name", "ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    ms: float
+    def __init__(self, name: _Optional[str] = ..., ms: _Optional[float] = ...) -> None: ...
+
+class SwitchRecord(_message.Message):
+    __slots__ = ("instance", "round_index", "from_model", "to_model", "path", "total_ms", "phases", "staged_bytes", "dirty_bytes", "age_s")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FROM_MODEL_FIELD_NUMBER: _ClassVar[int]
+    TO_MODEL_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
+    STAGED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DIRTY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    round_index: int
+    from_model: str
+    to_model: str
+    path: str
+    total_ms: float
+    phases: _containers.RepeatedCompositeFieldContainer[SwitchPhase]
+    staged_bytes: int
+    dirty_bytes: int
+    age_s: float
+    def __init__(self, instance: _Optional[str] = ..., round_index: _Optional[int] = ..., from_model: _Optional[str] = ..., to_model: _Optional[str] = ..., path: _Optional[str] = ..., total_ms: _Optional[float] = ..., phases: _Optional[_Iterable[_Union[SwitchPhase, _Mapping]]] = ..., staged_bytes: _Optional[int] = ..., dirty_bytes: _Optional[int] = ..., age_s: _Optional[float] = ...) -> None: ...
+
+class RoundRecord(_message.Message):
+    __slots__ = ("instance", "index", "wall_s", "active_s", "switch_s", "predicted_s", "slots", "sp_admitted", "sp_parked", "switches", "open", "age_s")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_S_FIELD_NUMBER: _ClassVar[int]
+    SWITCH_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_S_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    SP_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    SP_PARKED_FIELD_NUMBER: _ClassVar[int]
+    SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    index: int
+    wall_s: float
+    active_s: float
+    switch_s: float
+    predicted_s: float
+    slots: _containers.RepeatedCompositeFieldContainer[Slot]
+    sp_admitted: int
+    sp_parked: int
+    switches: int
+    open: bool
+    age_s: float
+    def __init__(self, instance: _Optional[str] = ..., index: _Optional[int] = ..., wall_s: _Optional[float] = ..., active_s: _Optional[float] = ..., switch_s: _Optional[float] = ..., predicted_s: _Optional[float] = ..., slots: _Optional[_Iterable[_Union[Slot, _Mapping]]] = ..., sp_admitted: _Optional[int] = ..., sp_parked: _Optional[int] = ..., switches: _Optional[int] = ..., open: _Optional[bool] = ..., age_s: _Optional[float] = ...) -> None: ...
+
+class RoundsReply(_message.Message):
+    __slots__ = ("rounds", "switches")
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    rounds: _containers.RepeatedCompositeFieldContainer[RoundRecord]
+    switches: _containers.RepeatedCompositeFieldContainer[SwitchRecord]
+    def __init__(self, rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., switches: _Optional[_Iterable[_Union[SwitchRecord, _Mapping]]] = ...) -> None: ...
+
+class WatchRouterRequest(_message.Message):
+    __slots__ = ("interval_s", "sessions", "decisions")
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    interval_s: float
+    sessions: int
+    decisions: int
+    def __init__(self, interval_s: _Optional[float] = ..., sessions: _Optional[int] = ..., decisions: _Optional[int] = ...) -> None: ...
+
+class RouterState(_message.Message):
+    __slots__ = ("leases", "sessions", "decisions")
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[Lease]
+    sessions: _containers.RepeatedCompositeFieldContainer[Session]
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...

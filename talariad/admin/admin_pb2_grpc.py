@@ -64,10 +64,100 @@ class AdminStub:
                 request_serializer=talariad_dot_admin_dot_admin__pb2.DecisionsRequest.SerializeToString,
                 response_deserializer=talariad_dot_admin_dot_admin__pb2.DecisionsReply.FromString,
                 _registered_method=True)
+        self.WatchRouter = channel.unary_stream(
+                '/talaria.admin.v1.Admin/WatchRouter',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.WatchRouterRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.RouterState.FromString,
+                _registered_method=True)
         self.Memory = channel.unary_unary(
                 '/talaria.admin.v1.Admin/Memory',
                 request_serializer=talariad_dot_admin_dot_admin__pb2.MemoryRequest.SerializeToString,
                 response_deserializer=talariad_dot_admin_dot_admin__pb2.MemoryReply.FromString,
+                _registered_method=True)
+        self.DrainInstance = channel.unary_unary(
+                '/talaria.admin.v1.Admin/DrainInstance',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.InstanceRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.InstanceStatus.FromString,
+                _registered_method=True)
+        self.UndrainInstance = channel.unary_unary(
+                '/talaria.admin.v1.Admin/UndrainInstance',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.InstanceRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.InstanceStatus.FromString,
+                _registered_method=True)
+        self.CordonInstance = channel.unary_unary(
+                '/talaria.admin.v1.Admin/CordonInstance',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.InstanceRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.InstanceStatus.FromString,
+                _registered_method=True)
+        self.RestartInstance = channel.unary_unary(
+                '/talaria.admin.v1.Admin/RestartInstance',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.InstanceRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.InstanceStatus.FromString,
+                _registered_method=True)
+        self.MoveInstance = channel.unary_unary(
+                '/talaria.admin.v1.Admin/MoveInstance',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.MoveRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.InstanceStatus.FromString,
+                _registered_method=True)
+        self.Models = channel.unary_unary(
+                '/talaria.admin.v1.Admin/Models',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.ModelsRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.ModelsReply.FromString,
+                _registered_method=True)
+        self.PinModel = channel.unary_unary(
+                '/talaria.admin.v1.Admin/PinModel',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.ModelRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.ModelStatus.FromString,
+                _registered_method=True)
+        self.UnpinModel = channel.unary_unary(
+                '/talaria.admin.v1.Admin/UnpinModel',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.ModelRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.ModelStatus.FromString,
+                _registered_method=True)
+        self.LoadModel = channel.unary_unary(
+                '/talaria.admin.v1.Admin/LoadModel',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.ModelRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.ModelStatus.FromString,
+                _registered_method=True)
+        self.UnloadModel = channel.unary_unary(
+                '/talaria.admin.v1.Admin/UnloadModel',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.ModelRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.ModelStatus.FromString,
+                _registered_method=True)
+        self.Pools = channel.unary_unary(
+                '/talaria.admin.v1.Admin/Pools',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.PoolsRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.PoolsReply.FromString,
+                _registered_method=True)
+        self.RevokeLease = channel.unary_unary(
+                '/talaria.admin.v1.Admin/RevokeLease',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.LeasesReply.FromString,
+                _registered_method=True)
+        self.ForgetSession = channel.unary_unary(
+                '/talaria.admin.v1.Admin/ForgetSession',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.SessionRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.ForgetReply.FromString,
+                _registered_method=True)
+        self.ReloadConfig = channel.unary_unary(
+                '/talaria.admin.v1.Admin/ReloadConfig',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.ReloadRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.ReloadReply.FromString,
+                _registered_method=True)
+        self.ShowConfig = channel.unary_unary(
+                '/talaria.admin.v1.Admin/ShowConfig',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.ConfigRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.ConfigReply.FromString,
+                _registered_method=True)
+        self.Rounds = channel.unary_unary(
+                '/talaria.admin.v1.Admin/Rounds',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.RoundsRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.RoundsReply.FromString,
+                _registered_method=True)
+        self.WatchRounds = channel.unary_stream(
+                '/talaria.admin.v1.Admin/WatchRounds',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.RoundsRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.RoundsReply.FromString,
                 _registered_method=True)
 
 
@@ -116,8 +206,137 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchRouter(self, request, context):
+        """Live leases, sessions and the latest decisions, sent again every `interval_s` until the
+        client cancels (what the dashboard follows).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Memory(self, request, context):
         """One instance's managed device memory: layout regions and recent switch records.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainInstance(self, request, context):
+        """Actions. Each is idempotent and answers with the resulting state; one that cannot apply is
+        refused with FAILED_PRECONDITION, NOT_FOUND or INVALID_ARGUMENT.
+        Finish in-flight and queued calls, place nothing new, let the instance's leases lapse.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndrainInstance(self, request, context):
+        """Place new calls on the instance again (ends drain and cordon).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CordonInstance(self, request, context):
+        """Place nothing new, but keep serving the instance's leases.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestartInstance(self, request, context):
+        """Stop the instance process and start it again (no backoff); its leases go.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MoveInstance(self, request, context):
+        """Change an instance's pool at run time: drain it, then restart it in the new role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Models(self, request, context):
+        """Models: where each is served, pinned or in rotation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PinModel(self, request, context):
+        """A hot instance serves `model` (restarting it in that role when it pins another).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnpinModel(self, request, context):
+        """A hot instance goes back to the model its config pins.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadModel(self, request, context):
+        """Add a model to a cold instance's rotation (the substrate opens its region on the next switch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadModel(self, request, context):
+        """Remove a model from a cold instance's rotation and free its region.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pools(self, request, context):
+        """Pools and their instances.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeLease(self, request, context):
+        """Drop a live lease; answers with the session's leases left.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForgetSession(self, request, context):
+        """Forget a session: its row, its leases and its host KV on every instance.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReloadConfig(self, request, context):
+        """Re-read the config file and apply what can change live.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShowConfig(self, request, context):
+        """The config the daemon runs with, as YAML, with the live changes (pool moves, rotations).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rounds(self, request, context):
+        """Per-round records of cold instances, oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchRounds(self, request, context):
+        """New round records as they close, and the latest switch records, until the client cancels.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -156,10 +375,100 @@ def add_AdminServicer_to_server(servicer, server):
                     request_deserializer=talariad_dot_admin_dot_admin__pb2.DecisionsRequest.FromString,
                     response_serializer=talariad_dot_admin_dot_admin__pb2.DecisionsReply.SerializeToString,
             ),
+            'WatchRouter': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRouter,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.WatchRouterRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.RouterState.SerializeToString,
+            ),
             'Memory': grpc.unary_unary_rpc_method_handler(
                     servicer.Memory,
                     request_deserializer=talariad_dot_admin_dot_admin__pb2.MemoryRequest.FromString,
                     response_serializer=talariad_dot_admin_dot_admin__pb2.MemoryReply.SerializeToString,
+            ),
+            'DrainInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainInstance,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.InstanceRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.InstanceStatus.SerializeToString,
+            ),
+            'UndrainInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndrainInstance,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.InstanceRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.InstanceStatus.SerializeToString,
+            ),
+            'CordonInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.CordonInstance,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.InstanceRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.InstanceStatus.SerializeToString,
+            ),
+            'RestartInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestartInstance,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.InstanceRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.InstanceStatus.SerializeToString,
+            ),
+            'MoveInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveInstance,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.MoveRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.InstanceStatus.SerializeToString,
+            ),
+            'Models': grpc.unary_unary_rpc_method_handler(
+                    servicer.Models,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.ModelsRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.ModelsReply.SerializeToString,
+            ),
+            'PinModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.PinModel,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.ModelRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.ModelStatus.SerializeToString,
+            ),
+            'UnpinModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnpinModel,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.ModelRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.ModelStatus.SerializeToString,
+            ),
+            'LoadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadModel,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.ModelRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.ModelStatus.SerializeToString,
+            ),
+            'UnloadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadModel,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.ModelRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.ModelStatus.SerializeToString,
+            ),
+            'Pools': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pools,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.PoolsRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.PoolsReply.SerializeToString,
+            ),
+            'RevokeLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeLease,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.LeaseRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.LeasesReply.SerializeToString,
+            ),
+            'ForgetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetSession,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.SessionRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.ForgetReply.SerializeToString,
+            ),
+            'ReloadConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReloadConfig,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.ReloadRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.ReloadReply.SerializeToString,
+            ),
+            'ShowConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShowConfig,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.ConfigRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.ConfigReply.SerializeToString,
+            ),
+            'Rounds': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rounds,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.RoundsRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.RoundsReply.SerializeToString,
+            ),
+            'WatchRounds': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRounds,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.RoundsRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.RoundsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -335,6 +644,33 @@ class Admin:
             _registered_method=True)
 
     @staticmethod
+    def WatchRouter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/WatchRouter',
+            talariad_dot_admin_dot_admin__pb2.WatchRouterRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.RouterState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Memory(request,
             target,
             options=(),
@@ -351,6 +687,465 @@ class Admin:
             '/talaria.admin.v1.Admin/Memory',
             talariad_dot_admin_dot_admin__pb2.MemoryRequest.SerializeToString,
             talariad_dot_admin_dot_admin__pb2.MemoryReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/DrainInstance',
+            talariad_dot_admin_dot_admin__pb2.InstanceRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.InstanceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndrainInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/UndrainInstance',
+            talariad_dot_admin_dot_admin__pb2.InstanceRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.InstanceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CordonInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/CordonInstance',
+            talariad_dot_admin_dot_admin__pb2.InstanceRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.InstanceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestartInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/RestartInstance',
+            talariad_dot_admin_dot_admin__pb2.InstanceRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.InstanceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/MoveInstance',
+            talariad_dot_admin_dot_admin__pb2.MoveRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.InstanceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Models(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/Models',
+            talariad_dot_admin_dot_admin__pb2.ModelsRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.ModelsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PinModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/PinModel',
+            talariad_dot_admin_dot_admin__pb2.ModelRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.ModelStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnpinModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/UnpinModel',
+            talariad_dot_admin_dot_admin__pb2.ModelRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.ModelStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/LoadModel',
+            talariad_dot_admin_dot_admin__pb2.ModelRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.ModelStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/UnloadModel',
+            talariad_dot_admin_dot_admin__pb2.ModelRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.ModelStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/Pools',
+            talariad_dot_admin_dot_admin__pb2.PoolsRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.PoolsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/RevokeLease',
+            talariad_dot_admin_dot_admin__pb2.LeaseRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.LeasesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/ForgetSession',
+            talariad_dot_admin_dot_admin__pb2.SessionRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.ForgetReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReloadConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/ReloadConfig',
+            talariad_dot_admin_dot_admin__pb2.ReloadRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.ReloadReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShowConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/ShowConfig',
+            talariad_dot_admin_dot_admin__pb2.ConfigRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.ConfigReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rounds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/Rounds',
+            talariad_dot_admin_dot_admin__pb2.RoundsRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.RoundsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchRounds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/WatchRounds',
+            talariad_dot_admin_dot_admin__pb2.RoundsRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.RoundsReply.FromString,
             options,
             channel_credentials,
             insecure,

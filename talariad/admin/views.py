@@ -53,7 +53,9 @@ def memory(instance: str, report: dict) -> admin_pb2.MemoryReply:
     return admin_pb2.MemoryReply(
         instance=instance, managed=True, active_model=report.get("active_model") or "",
         capacity_bytes=report.get("capacity_bytes", 0), hbm_free_bytes=report.get("hbm_free_bytes", 0),
-        staging_slack_bytes=report.get("staging_slack_bytes", 0),
+        staging_slack_bytes=report.get("staging_slack_bytes", 0), host_kv_bytes=report.get("host_kv_bytes", 0),
+        host_kv_capacity_bytes=report.get("host_kv_capacity_bytes", 0),
+        host_kv_by_model=report.get("host_kv_by_model", {}),
         layout=[admin_pb2.Region(**row) for row in report["layout"]],
         switches=[_switch(r) for r in report.get("switches", [])])
 

@@ -54,6 +54,7 @@ class ColdScheduler(SlotPolicy):
         self.skipped: str | None = None
         """The target of the last failed switch: the rotation resumes after it."""
         self._inflight: Action | None = None
+        self._retire: tuple[str, str] | None = None
         self._label = ""
         self._now = -math.inf
 
@@ -106,11 +107,32 @@ class ColdScheduler(SlotPolicy):
             self.slot.p_pending.remove(call_id)
         return True
 
+    def retire(self, model: str, to: str) -> None:
+        """The operator unloaded the active `model`: once its calls are done, switch to `to` even
+        with no work, so its weights leave the device."""
+        self._retire = (model, to)
+
+    def _retire_switch(self, now: float) -> Switch | None:
+        model, to = self._retire
+        if self.active != model:
+            self._retire = None
+            return None
+        if self.table.running or self.table.waiting[model]:
+            return None
+        if self.slot is not None:
+            self._close_slot(now)
+        self._retire = None
+        path = self.predicted_path(to)
+        predicted = self.switch_costs.predict(to, path)
+        self.rounds.round_for(to, now).predicted_s += predicted
+        return Switch(model, to, path, predicted)
+
     def next_action(self, now: float) -> Action:
         self._tick(now)
         if self._inflight is not None:
             raise RuntimeError(f"next_action() while {type(self._inflight).__name__} is in flight")
-        action = self._next_pinned() if self.mode == "pinned" else self._next_time_shared(now)
+        retiring = self._retire_switch(now) if self._retire is not None else None
+        action = retiring or (self._next_pinned() if self.mode == "pinned" else self._next_time_shared(now))
         if action.__class__ is not Idle:
             self._inflight = action
         return action

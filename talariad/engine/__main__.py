@@ -36,6 +36,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--instance", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--socket", help="unix socket path of the call stream (default: in a new temp folder)")
+    p.add_argument("--role", default=None, help="JSON override of the instance's pool and models (pool move, pin)")
     return p.parse_args(argv)
 
 
@@ -108,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     if inst is None:
         print(f"{args.config}: instances: no instance named {args.instance!r}", file=sys.stderr)
         return 2
+    if args.role:
+        try:
+            inst = InstanceConfig.model_validate({**inst.model_dump(), **json.loads(args.role)})
+        except ValueError as err:
+            print(f"--role: {err}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {inst.name}: %(message)s")
     return asyncio.run(_serve(cfg, inst, args.host, Path(args.config).resolve().parent, args.socket))
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
 
 from talariad.engine.messages import GenerateRequest, Telemetry
 from talariad.engine.worker import Worker
@@ -39,6 +40,15 @@ class SessionDeltas:
                                     "sessions_base": base, "sessions_epoch": self.epoch})
 
 
+class RotationChange(BaseModel):
+    model: str
+    serve: bool
+
+
+class Forget(BaseModel):
+    session_id: str
+
+
 def build_app(worker: Worker) -> FastAPI:
     app = FastAPI(title=f"talaria instance {worker.inst.name}", docs_url=None, redoc_url=None)
     deltas = SessionDeltas()
@@ -64,6 +74,21 @@ def build_app(worker: Worker) -> FastAPI:
             return JSONResponse({"input_tokens": worker.count_tokens(req)})
         except ValueError as err:
             return JSONResponse({"error": str(err)}, status_code=400)
+
+    @app.get("/internal/rounds")
+    async def rounds(limit: int = Query(50, ge=1, le=4096)) -> dict:
+        """The latest round records (with per-slot phases) and switch records."""
+        return worker.rounds(limit)
+
+    @app.post("/internal/rotation")
+    async def rotation(change: RotationChange) -> JSONResponse:
+        """Load or unload a configured model at run time; 409 with the reason when it cannot."""
+        why = worker.set_rotation(change.model, change.serve)
+        return JSONResponse({"rotation": worker.rotation, "error": why}, status_code=409 if why else 200)
+
+    @app.post("/internal/forget")
+    async def forget(body: Forget) -> dict:
+        return {"freed": worker.forget(body.session_id)}
 
     @app.post("/internal/generate")
     async def generate(req: GenerateRequest) -> StreamingResponse:

@@ -10,10 +10,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from talariad.cold_sched import Idle
+from talariad.cold_sched import Idle, Switch
 from talariad.config import InstanceConfig, TalariaConfig
 from talariad.engine.messages import (DoneEvent, ErrorEvent, GenerateRequest, StreamEvent,
                                       Telemetry, TokenEvent, Usage)
+from talariad.engine.rounds import RoundRecorder
 from talariad.instance import Executor, InstanceCall, InstanceCore
 from talariad.instance.core import Done
 from talariad.knobs import config_sched_knobs
@@ -32,6 +33,7 @@ class Worker:
         self.queues: dict[str, asyncio.Queue[StreamEvent]] = {}
         self._t0 = clock()
         self._wake = asyncio.Event()
+        self.recorder = RoundRecorder()
 
     @property
     def calls(self) -> dict[str, InstanceCall]:
@@ -65,7 +67,12 @@ class Worker:
             if result.switch_failed is not None:
                 log.warning("switch to %s failed: %s", plan.action.to_model, result.switch_failed)
             now = self.now()
-            for done in self.core.finish(plan, result, now, now - started):
+            finished = self.core.finish(plan, result, now, now - started)
+            switch = plan.action if isinstance(plan.action, Switch) else None
+            last_switch = getattr(self.executor, "last_switch", None) if switch else None
+            self.recorder.on_action(plan.action, now - started, self.core.sched, now,
+                                    last_switch() if last_switch is not None else None)
+            for done in finished:
                 self._complete(done)
 
     async def _idle(self, until: float | None) -> None:
@@ -100,8 +107,9 @@ class Worker:
                                    kv_state=done.kv_state.value, kv_len=done.kv_len))
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
-        if req.model not in self.inst.models:
-            yield ErrorEvent(message=f"instance {self.inst.name} does not host model {req.model!r}")
+        if req.model not in self.core.models:
+            yield ErrorEvent(message=f"instance {self.inst.name} does not serve model {req.model!r} now",
+                             code="model_not_loaded")
             return
         try:
             prompt = self.executor.encode(req)
@@ -143,3 +151,52 @@ class Worker:
     def telemetry(self) -> Telemetry:
         """A fresh, versioned snapshot (every read is a new observation)."""
         return self.core.telemetry(self.now())
+
+    # -- admin actions -----------------------------------------------------------------------
+
+    @property
+    def rotation(self) -> list[str]:
+        """Models served now: the configured ones minus those unloaded at run time (admin API);
+        the core's list, so telemetry carries it to the router."""
+        return self.core.models
+
+    def set_rotation(self, model: str, serve: bool) -> str | None:
+        """Load (serve=True) or unload a configured model at run time; the reason it cannot, or None."""
+        sched = self.core.sched
+        if model not in self.inst.models:
+            return f"model {model!r} is not configured on instance {self.inst.name}"
+        if (model in self.rotation) == serve:
+            return None
+        if sched.mode == "pinned":
+            return f"{self.inst.name} is a hot instance; pin another model instead"
+        if not serve:
+            busy = len(sched.table.waiting[model]) + sum(
+                sched.table.records[c].call.model == model for c in sched.table.running)
+            if busy:
+                return f"{busy} calls of {model!r} are queued or running on {self.inst.name}; drain it first"
+            if len(self.rotation) == 1:
+                return f"{model!r} is the last model of {self.inst.name}"
+            if sched.active == model:  # switch away now, so its weights leave the device
+                sched.retire(model, next(m for m in self.rotation if m != model))
+                self._wake.set()
+        hook = getattr(self.executor, "load" if serve else "unload", None)
+        if hook is not None:
+            hook(model)
+        keep = set(self.rotation) | {model} if serve else set(self.rotation) - {model}
+        self.core.models = [m for m in self.inst.models if m in keep]
+        if not serve:
+            self.core.opened.discard(model)
+        self.core.version += 1
+        return None
+
+    def forget(self, session: str) -> bool:
+        """Drop a session's context and KV here (device pages and host copies); True if there was any."""
+        ledger = self.core.sched.ledger
+        keys = [k for k in ledger.entries if k[0] == session]
+        for key in keys:
+            del ledger.entries[key]
+        hook = getattr(self.executor, "forget", None)
+        return bool(hook(session)) if hook is not None else bool(keys)
+
+    def rounds(self, limit: int) -> dict:
+        return {"instance": self.inst.name, **self.recorder.report(self.core.sched, self.now(), limit)}

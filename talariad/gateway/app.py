@@ -43,8 +43,17 @@ class Gateway:
     def clock() -> float:
         return time.monotonic()
 
+    def served(self, model: str) -> bool:
+        """Some instance serves `model` now (run-time unloads and pool moves count)."""
+        for i in self.cfg.instances:
+            snap = self.directory.snapshot(i.name)
+            if model in (snap.models if snap is not None else i.models):
+                return True
+        return False
+
     def residency(self, model: str) -> str:
-        snaps = [self.directory.snapshot(i.name) for i in self.cfg.instances if model in i.models]
+        snaps = [s for i in self.cfg.instances if (s := self.directory.snapshot(i.name)) is not None
+                 and model in s.models]
         if any(s and s.active_model == model for s in snaps):
             return "loaded"
         return "parked" if any(s and model in s.opened_models for s in snaps) else "cold"
@@ -96,6 +105,9 @@ class _Call:
     def __init__(self, gw: Gateway, body, headers, messages: list[ChatMessage], prompt: str | None = None, *,
                  api: str = "openai", tools: list[dict] | None = None):
         spec = gw.resolve(body.model, api)
+        if not gw.served(spec.name):
+            raise APIError(503, f"The model {body.model!r} is not loaded on any instance now", type="api_error",
+                           param="model", code="model_not_loaded", headers={"Retry-After": "5"})
         self.gw, self.body, self.api, self.model = gw, body, api, spec.name
         self.tools = tools or []
         self.parser = spec.tool_parser
@@ -462,9 +474,28 @@ def _responses_call(gw: Gateway, body: responses.ResponsesRequest, headers) -> _
     return call
 
 
+class _CountResponses:
+    """Count responses by status code (a bare ASGI wrapper: no per-request task or body copy)."""
+
+    def __init__(self, app, counter):
+        self.app, self.counter = app, counter
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.counter.labels(str(message["status"])).inc()
+            await send(message)
+
+        return await self.app(scope, receive, counted)
+
+
 def build_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="Talaria", docs_url=None, redoc_url=None)
     errors.install(app)
+    app.add_middleware(_CountResponses, counter=gw.metrics.responses)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -47,6 +47,10 @@ class PrefixTracker:
                 return length
         return 0
 
+    def forget(self, session: str) -> None:
+        for key in [k for k in self._last if k[0] == session]:
+            del self._last[key]
+
     def remember(self, session: str, model: str, prompt: str, answer: str) -> None:
         full = prompt + answer
         self._last[(session, model)] = (len(prompt), self._digest(prompt), len(full), self._digest(full))
@@ -105,7 +109,6 @@ class PrefixBranches:
 class RouterShell:
     def __init__(self, cfg: TalariaConfig, profiles: dict[str, LatencyProfile]):
         self.router = Router(router_knobs(cfg), profiles, policy=cfg.policy.router)
-        self.allowed = {i.name: list(i.models) for i in cfg.instances}
         self.prefixes = PrefixTracker(cfg.policy.max_sessions)
         self.branches = PrefixBranches(self.prefixes, cfg.sessions.max_branches, cfg.policy.max_sessions)
         self._changed = asyncio.Event()
@@ -116,7 +119,8 @@ class RouterShell:
     def observe(self, t: Telemetry, now: float) -> None:
         """Install one telemetry reply; replies of an instance must come in order (deltas)."""
         view = self._merge(t)
-        if self.router.observe(snapshot(t, self.allowed[t.instance], now, True, dict(view)), now):
+        # the instance's own model list: it follows run-time loads, unloads, pins and pool moves
+        if self.router.observe(snapshot(t, t.models, now, True, dict(view)), now):
             self._changed.set()
         self._feed_rounds(t, now)
         self._expire(now)

@@ -75,6 +75,7 @@ class _Reply:
     usage: dict
     instance: str
     route: str
+    call_id: str = ""
 
 
 class _Retry(Exception):
@@ -172,7 +173,7 @@ def _record(run: _Run, call: ScaledCall, intended: float, reply: _Reply, prev: _
     run.result.run.calls.append(CallRecord(
         call.session_id, call.call_idx, call.model, reply.instance, intended, reply.first_token_s,
         reply.done_s, same_instance=None if prev is None else reply.instance == prev.instance,
-        opened_model=reply.route == "replica_open", kv_source=kv_source))
+        opened_model=reply.route == "replica_open", kv_source=kv_source, call_id=reply.call_id))
     cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     run.result.usage.append(CallUsage(
         call.session_id, call.call_idx, run.tag + call.session_id, ext.get("session_id", ""),
@@ -241,6 +242,7 @@ def _on_line(run: _Run, line: str, reply: _Reply, parts: list[str]) -> bool:
             parts.append(text)
     if obj.get("usage"):
         reply.usage = obj["usage"]
+    reply.call_id = reply.call_id or obj.get("id", "")
     return False
 
 
@@ -278,6 +280,8 @@ def add_run_parser(sub) -> None:
     r.add_argument("--timeout", type=float, default=600.0, help="bound on the whole run, seconds")
     r.add_argument("--label", default="real", help="the report row's name")
     r.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
+    r.add_argument("--admin-socket", metavar="PATH",
+                   help="talariad's admin socket, for rounds, switches and HBM (default: talaria-ctl's)")
 
 
 def prepare(args) -> tuple[list[ScaledSession], ReplayOptions]:
@@ -289,6 +293,21 @@ def prepare(args) -> tuple[list[ScaledSession], ReplayOptions]:
     sessions = scale_trace(trace, models, args.scale, args.output_scale, args.gap_cap, args.max_calls)
     return sessions, ReplayOptions(args.endpoint, config=args.label, timeout_s=args.timeout,
                                    start_interval_s=args.start_interval)
+
+
+def replay_measured(sessions: list[ScaledSession], opts: ReplayOptions, admin_socket: str | None) -> ReplayResult:
+    """Replay, then add what the daemon measured (rounds, switches, HBM peak) from its admin API."""
+    from talaria_ctl.client import AdminClient, default_socket
+    from talariad.replay.admin_records import HBMSampler, fill
+
+    client = AdminClient(admin_socket or default_socket())
+    try:
+        with HBMSampler(client) as hbm:
+            result = asyncio.run(replay(sessions, opts))
+        fill(result.run, client, hbm)
+    finally:
+        client.close()
+    return result
 
 
 def summary(result: ReplayResult) -> str:
@@ -307,7 +326,7 @@ def run_command(args) -> int:
     from talariad.replay.report import print_report, to_json_obj
 
     sessions, opts = prepare(args)
-    result = asyncio.run(replay(sessions, opts))
+    result = replay_measured(sessions, opts, args.admin_socket)
     print_report([result.run], Console(width=200), title=f"Real-mode replay against {opts.endpoint}")
     print(summary(result))
     for e in result.errors:

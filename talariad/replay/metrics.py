@@ -45,6 +45,7 @@ class CallRecord:
     kv_source: str = "none"  # device | host | recompute | none
     parked_times: int = 0  # slot ends it was still decoding at (parked, resumed in a later slot)
     park_cost_s: float = 0.0  # predicted restore + recompute time its resumptions cost
+    call_id: str = ""  # real mode: the response id, for the daemon's routing explanation
 
     @property
     def ttft_s(self) -> float:
@@ -100,6 +101,9 @@ class RunResult:
     tau_s: float | None = None
     wall_clock_s: float | None = None  # how long the run itself took (simulator speed)
     rank_bounds: list[float] | None = None  # strict bound on the k-th finisher (all start at 0)
+    unmeasured: frozenset[str] = frozenset()
+    """Row metrics this run could not measure (a real-mode replay without the admin API); the
+    report prints `-` for them: rounds, switches, switch_share, hbm_peak, sp, avoidable_opens."""
 
     def ttfts(self, returning_only: bool = False) -> list[float]:
         return [c.ttft_s for c in self.calls if c.returning or not returning_only]
@@ -147,15 +151,15 @@ class RowMetrics:
     switch_p50_s: float | None
     switch_p95_s: float | None
     switch_share: float | None  # switch time / round wall time
-    rounds: int
-    hbm_peak_gib: float
-    avoidable_opens: int
+    rounds: int | None  # None: not measured (as every None below)
+    hbm_peak_gib: float | None
+    avoidable_opens: int | None
     model_opens: int
     same_instance_rate: float | None
     residency_hit_rate: float | None
-    sp_admitted: int
-    sp_parked: int
-    switches: int
+    sp_admitted: int | None
+    sp_parked: int | None
+    switches: int | None
     slowdown_p50: float | None  # per-session SCT over its own strict bound (talariad.replay.bounds)
     slowdown_p95: float | None
     parked_calls: int  # calls still decoding at a slot end at least once
@@ -173,16 +177,23 @@ def row_metrics(run: RunResult) -> RowMetrics:
     sw50, sw95 = _p([s.latency_s for s in run.switches])
     slow50, slow95 = _p(slowdowns(run))
     returning = [c for c in run.calls if c.returning]
+    gone = run.unmeasured
+
+    def measured(name: str, value):
+        return None if name in gone else value
+
     return RowMetrics(
         config=run.config, sessions=len(run.sessions), calls=len(run.calls),
         sct_p50_s=sct50, sct_p95_s=sct95, ttft_p50_s=ttft50, ttft_p95_s=ttft95,
         returning_ttft_p50_s=ret50, returning_ttft_p95_s=ret95,
         switch_by_path=switch_paths(run), switch_p50_s=sw50, switch_p95_s=sw95,
-        switch_share=switch_share(run), rounds=len(run.rounds), hbm_peak_gib=hbm_peak(run) / GIB,
-        avoidable_opens=run.avoidable_opens, model_opens=run.model_opens,
+        switch_share=measured("switch_share", switch_share(run)), rounds=measured("rounds", len(run.rounds)),
+        hbm_peak_gib=measured("hbm_peak", hbm_peak(run) / GIB),
+        avoidable_opens=measured("avoidable_opens", run.avoidable_opens), model_opens=run.model_opens,
         same_instance_rate=_rate([c.same_instance for c in returning]),
         residency_hit_rate=_rate([c.model_resident for c in run.calls]),
-        sp_admitted=run.sp_admitted, sp_parked=run.sp_parked, switches=len(run.switches),
+        sp_admitted=measured("sp", run.sp_admitted), sp_parked=measured("sp", run.sp_parked),
+        switches=measured("switches", len(run.switches)),
         slowdown_p50=slow50, slowdown_p95=slow95,
         parked_calls=sum(c.parked_times > 0 for c in run.calls),
         parks=sum(c.parked_times for c in run.calls),

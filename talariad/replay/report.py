@@ -38,6 +38,10 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _n(x: int | None) -> str:
+    return "-" if x is None else str(x)
+
+
 def _path_cell(row: RowMetrics, path: SwitchPath) -> str:
     st = row.switch_by_path.get(path.value)
     if st is None:
@@ -53,12 +57,12 @@ COLUMNS = (
     ("partial p50/p95 ms", lambda r: _path_cell(r, SwitchPath.PARTIAL)),
     ("H2D p50/p95 ms", lambda r: _path_cell(r, SwitchPath.H2D)),
     ("switch share", lambda r: _pct(r.switch_share)),
-    ("rounds", lambda r: str(r.rounds)),
-    ("switches", lambda r: str(r.switches)),
-    ("HBM peak GiB", lambda r: f"{r.hbm_peak_gib:.1f}"),
-    ("avoidable opens", lambda r: str(r.avoidable_opens)),
+    ("rounds", lambda r: _n(r.rounds)),
+    ("switches", lambda r: _n(r.switches)),
+    ("HBM peak GiB", lambda r: "-" if r.hbm_peak_gib is None else f"{r.hbm_peak_gib:.1f}"),
+    ("avoidable opens", lambda r: _n(r.avoidable_opens)),
     ("same-inst return", lambda r: _pct(r.same_instance_rate)),
-    ("SP adm/parked", lambda r: f"{r.sp_admitted}/{r.sp_parked}"),
+    ("SP adm/parked", lambda r: f"{_n(r.sp_admitted)}/{_n(r.sp_parked)}"),
     ("parked calls/times", lambda r: f"{r.parked_calls}/{r.parks}"),
     ("park cost s", lambda r: f"{r.park_cost_s:.0f}"),
     ("slowdown p50/p95", lambda r: _pair(r.slowdown_p50, r.slowdown_p95)),

@@ -41,7 +41,12 @@ class Router:
         self._view = ClusterView(knobs, self._instances, self._sessions, self._leases,
                                  self._cost, self._demand)
         self._queued: OrderedDict[str, float] = OrderedDict()  # call id -> first held at
+        self._drained: set[str] = set()  # instances that get no new leases
         self._decisions: OrderedDict[str, Decision] = OrderedDict()
+
+    def set_knobs(self, knobs: RouterKnobs) -> None:
+        """Apply new knobs (a config reload); the policy stays, its knobs follow."""
+        self.knobs = self._cost.knobs = self._view.knobs = self._policy.knobs = knobs
 
     @property
     def policy(self) -> str:
@@ -63,6 +68,40 @@ class Router:
         """Forget an instance (supervisor removed it); its leases go, its calls leave flight."""
         self._instances.remove(instance)
         return self._leases.drop_instance(instance)
+
+    def close_instance(self, instance: str, drain: bool) -> list[Lease]:
+        """Place no new calls on `instance`. Cordon (drain=False) keeps serving its leases; drain
+        also drops them and installs no new ones. Returns the leases dropped."""
+        self._instances.set_closed(instance, True)
+        if not drain:
+            self._drained.discard(instance)
+            return []
+        self._drained.add(instance)
+        return self._leases.drop_instance(instance)
+
+    def reopen_instance(self, instance: str) -> None:
+        """Undo cordon or drain."""
+        self._instances.set_closed(instance, False)
+        self._drained.discard(instance)
+
+    def closed_instances(self) -> frozenset[str]:
+        """Instances closed to new placement (cordoned or drained)."""
+        return frozenset(self._instances.closed)
+
+    def drained_instances(self) -> frozenset[str]:
+        """The closed instances whose leases were dropped (drain, not cordon)."""
+        return frozenset(self._drained)
+
+    def revoke(self, session_id: str, model: str | None = None) -> list[Lease]:
+        """Drop the session's lease for `model` (None: every model); returns those dropped."""
+        keys = [(le.session_id, le.model) for le in self._leases.all()
+                if le.session_id == session_id and (model is None or le.model == model)]
+        return [le for k in keys if (le := self._leases.take(k)) is not None]
+
+    def forget_session(self, session_id: str) -> tuple[bool, list[Lease]]:
+        """Drop the session's row, KV records and leases; (was it known, leases dropped)."""
+        dropped = self.revoke(session_id)
+        return self._sessions.forget(session_id) or bool(dropped), dropped
 
     def round_summary(self, instance: str, model: str, measured: RoundMeasurement,
                       now: float) -> LatencyProfile:
@@ -218,7 +257,8 @@ class Router:
 
     def _lease_allowed(self, instance: str, kv_state: KVState) -> bool:
         return (self._policy.installs_leases and self.knobs.leases_enabled
-                and kv_state is not KVState.MISSING and instance in self._instances)
+                and kv_state is not KVState.MISSING and instance in self._instances
+                and instance not in self._drained)
 
     def _log(self, decision: Decision) -> None:
         self._decisions[decision.call_id] = decision

@@ -168,6 +168,14 @@ class SessionTable:
             self._kv.pop(sid, None)
         return gone
 
+    def forget(self, session_id: str) -> bool:
+        """Drop one session's row and KV records; False if it had neither."""
+        row = self._rows.pop(session_id, None)
+        keys = [k for k in self._kv if k[0] == session_id]
+        for k in keys:
+            del self._kv[k]
+        return row is not None or bool(keys)
+
     def entries(self, leases: LeaseBook) -> tuple[SessionEntry, ...]:
         return tuple(self._entry(sid, row, leases) for sid, row in self._rows.items())
 

@@ -35,7 +35,8 @@ class InstanceState:
     """Everything the router knows about one instance."""
 
     __slots__ = ("name", "snapshot", "taken_at", "allowed", "last_seen", "health_ok", "health_at",
-                 "inflight", "ov_work_s", "ov_hbm", "ov_calls", "ov_model", "rows", "open_share")
+                 "inflight", "ov_work_s", "ov_hbm", "ov_calls", "ov_model", "rows", "open_share",
+                 "closed")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -48,6 +49,8 @@ class InstanceState:
         self.health_at = float("-inf")
         self.inflight: dict[str, InFlight] = {}
         self.open_share: dict[str, int] = {}  # model -> queued tokens, where it is open (Eq. 2)
+        self.closed = False
+        """Cordoned or drained by the operator: no new placement (`allowed` stays empty)."""
         self._reset_overlay()
 
     def open_tokens(self, model: str) -> int | None:
@@ -93,7 +96,8 @@ class InstanceState:
 
     def install(self, snapshot: InstanceSnapshot) -> None:
         self.snapshot = snapshot
-        self.taken_at, self.allowed, self.rows = snapshot.taken_at, snapshot.allowed_models, {}
+        self.taken_at, self.rows = snapshot.taken_at, {}
+        self.allowed = frozenset() if self.closed else snapshot.allowed_models
         self._reset_overlay()
         for rec in self.inflight.values():
             rec.counted = False
@@ -158,6 +162,8 @@ class InstanceBook:
         # model -> [open replicas, their queued tokens] over healthy instances: Eq. (2)'s k and
         # backlog, kept up to date by every event that can change them
         self._open: dict[str, list[int]] = {}
+        self.closed: set[str] = set()
+        """Instances closed to new placement; kept by name so a restarted instance stays closed."""
 
     def open_replicas(self, model: str) -> tuple[int, int]:
         """(k, queued tokens) of `model` over its open replicas on healthy instances."""
@@ -192,6 +198,13 @@ class InstanceBook:
         if inst.health_ok != before and inst.snapshot is not None:
             self._reshare(inst, inst.open_share.keys() | inst.snapshot.models.keys() | inst.ov_model.keys())
         return True
+
+    def set_closed(self, name: str, closed: bool) -> None:
+        (self.closed.add if closed else self.closed.discard)(name)
+        inst = self._by_name.get(name)
+        if inst is not None:
+            inst.closed = closed
+            inst.allowed = frozenset() if closed or inst.snapshot is None else inst.snapshot.allowed_models
 
     def remove(self, name: str) -> list[InFlight]:
         inst = self._by_name.pop(name, None)
@@ -265,6 +278,7 @@ class InstanceBook:
 
     def _add(self, name: str) -> InstanceState:
         inst = InstanceState(name)
+        inst.closed = name in self.closed
         self._by_name[name] = inst
         self._ordered = sorted(self._by_name.values(), key=lambda i: i.name)
         return inst

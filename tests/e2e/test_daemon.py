@@ -201,16 +201,19 @@ async def test_tui_shows_instances(daemon):
     from textual.widgets import DataTable
 
     _client(daemon).chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=1)
+    _client(daemon).chat.completions.create(model="tiny-code", messages=CHAT, max_tokens=1)  # a round on cold0
     app = Dashboard(AdminClient(daemon.socket_path), interval_s=0.2)
     async with app.run_test(size=(140, 30)) as pilot:
         table, decisions = app.query_one("#instances", DataTable), app.query_one("#decisions", DataTable)
+        rounds, switches = app.query_one("#rounds", DataTable), app.query_one("#switches", DataTable)
         for _ in range(200):
             await pilot.pause(0.1)
-            if table.row_count == 3 and decisions.row_count >= 1:
+            if table.row_count == 3 and decisions.row_count >= 1 and rounds.row_count and switches.row_count:
                 break
         assert table.row_count == 3  # hot0, cold0 and the agents' agent0
         assert str(table.get_row("hot0")[1]) == "hot" and str(table.get_row("cold0")[1]) == "cold"
         assert decisions.row_count >= 1
+        assert str(rounds.get_row_at(0)[0]) == "cold0" and str(switches.get_row_at(0)[0]) == "cold0"
 
 
 def test_supervisor_restarts_a_crashed_instance(daemon):

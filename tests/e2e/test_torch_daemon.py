@@ -105,3 +105,59 @@ def test_tools_render_through_the_template_and_count_tokens_is_exact(torch_daemo
     assert r.status_code == 200, r.text
     usage = r.json()["usage"]
     assert usage["input_tokens"] + usage["cache_read_input_tokens"] == counted > bare["input_tokens"]
+
+
+def _ctl_json(d, *args):
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "talaria_ctl.main", "--socket", d.socket_path, *args, "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_unload_frees_the_models_region_and_load_brings_it_back(torch_daemon):
+    import time
+
+    client = _client(torch_daemon)
+    client.chat.completions.create(model="tiny-code", messages=CHAT, max_tokens=2)
+    rounds = _ctl_json(torch_daemon, "instance", "rounds", "cold0")
+    named = [w for w in rounds["switches"] if w["phases"]]
+    assert named and [p["name"] for p in named[-1]["phases"]] == [
+        "save/teardown", "open weights", "KV shell", "runtime and graphs", "publish"]
+    assert all(isinstance(w["staged_bytes"], int) and w["staged_bytes"] >= 0 for w in named)
+
+    def owners() -> set[str]:
+        return {row["owner"] for row in _ctl_json(torch_daemon, "instance", "memory", "cold0")["layout"]}
+
+    assert "tiny-code" in owners()
+    _ctl_json(torch_daemon, "model", "unload", "tiny-code", "--on", "cold0")
+    deadline = time.monotonic() + 20  # the idle instance switches away; staging skips the model
+    while "tiny-code" in owners() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "tiny-code" not in owners()
+    r = httpx.post(f"{torch_daemon.endpoint}/v1/chat/completions", timeout=30,
+                   json={"model": "tiny-code", "messages": CHAT, "max_tokens": 2})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded"
+    _ctl_json(torch_daemon, "model", "load", "tiny-code", "--on", "cold0")
+    out = client.chat.completions.create(model="tiny-code", messages=CHAT, max_tokens=2)
+    assert out.usage.model_extra["talaria"]["instance"] == "cold0"
+    assert "tiny-code" in owners()
+
+
+def test_metrics_carry_hbm_and_host_kv_per_instance(torch_daemon):
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _client(torch_daemon).chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=2,
+                                                  extra_headers={"x-session-id": "torch-metrics"})
+    time.sleep(1.5)  # the daemon reads memory layouts once a second
+    text = httpx.get(f"{torch_daemon.endpoint}/metrics", timeout=10).text
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    hbm = {(s.labels["instance"], s.labels["region"]): s.value for s in samples if s.name == "talaria_hbm_bytes"}
+    assert hbm[("cold0", "weights")] > 0 and hbm[("cold0", "kv_pool")] > 0 and hbm[("hot0", "runtime")] > 0
+    host = {s.labels["instance"]: s.value for s in samples if s.name == "talaria_host_kv_bytes"}
+    assert set(host) == {"hot0", "cold0"} and max(host.values()) > 0

@@ -107,6 +107,13 @@ class SimExecutor:
     def release(self, call: InstanceCall) -> None:
         """Nothing is held per call."""
 
+    def forget(self, session: str) -> bool:
+        """Drop the session's stored contexts (the sim's stand-in for its KV); True if any."""
+        keys = [k for k in self.contexts if k[0] == session]
+        for key in keys:
+            del self.contexts[key]
+        return bool(keys)
+
     def memory(self) -> MemoryStats:
         return self.model.memory()
 

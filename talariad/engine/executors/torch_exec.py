@@ -22,7 +22,7 @@ from talariad.cold_sched.rounds import staging_target
 from talariad.engine.executors.base import common_prefix
 from talariad.engine.executors.torch_engine import HostedModel, KVBook, TokenContext, TextStream
 from talariad.engine.executors.torch_engine.calls import CallState
-from talariad.engine.executors.torch_engine.report import memory_report, memory_stats
+from talariad.engine.executors.torch_engine.report import memory_report, memory_stats, record_dict
 from talariad.engine.messages import GenerateRequest
 from talariad.instance import CallOutput, InstanceCall, KVUpdate, MemoryStats, StepPlan, StepResult
 from talariad.engine.model import DecodeSeq, ModelRunner, PrefillSeq, SamplingParams
@@ -336,6 +336,56 @@ class TorchExecutor:
         """The HBM layout rows and the latest switch records (for /internal/memory)."""
         with self._lock:
             return memory_report(self.sub, last)
+
+    def last_switch(self) -> dict | None:
+        """The substrate's record of the latest switch (phase times, staged/dirty bytes)."""
+        with self._lock:
+            return record_dict(self.sub.records[-1]) if self.sub.records else None
+
+    def unload(self, model: str) -> None:
+        """Take `model` out of the staging rotation and free its staged chunks (it is not active)."""
+        with self._lock:
+            if model in self.order:
+                self.order.remove(model)
+            staging = self.sub.staging
+            if staging is not None and staging.model == model:
+                self.sub._finish_stage_writes(wait=True)
+                staging.clear()
+                if self.sub.active is not None:
+                    self._start_staging(self.sub.active, set())
+            self._refresh_stats()
+
+    def load(self, model: str) -> None:
+        """Put `model` back into the rotation (in config order); staging picks it up."""
+        with self._lock:
+            if model not in self.order:
+                self.order = [m for m in self.models if m in self.order or m == model]
+            if self.sub.active is not None and self.sub.staging is not None and self.sub.staging.model is None:
+                self._start_staging(self.sub.active, set())
+            self._refresh_stats()
+
+    def forget(self, session: str) -> bool:
+        """Free the session's device pages and host KV; True if it held any."""
+        with self._lock:
+            held = [m for m in self.models if self.book.get(session, m) is not None]
+            if any(self.book.get(session, m).busy for m in held):
+                return False
+            registry = self.sub.registry
+            for model in self.models:
+                blocks = registry.blocks_for(model, registry.session_hashes(model, session))
+                registry.drop_session(model, session)
+                for block in blocks:  # pages no other session shares go back to the slab pool
+                    if not block.radix_refs:
+                        registry.evict(block)
+                held += [model] if blocks and model not in held else []
+            for model in held:
+                self._free(session, model)
+            self._refresh_stats()
+            return bool(held)
+
+    def _refresh_stats(self) -> None:
+        stats = memory_stats(self.sub)
+        self.stats = MemoryStats(stats["hbm_free_bytes"], stats["staging_slack_bytes"])
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)

@@ -1,0 +1,284 @@
+"""The operator's actions on a running daemon: drain, cordon, restart, pool moves, model rotation,
+leases, sessions, config reload and round records. Each is idempotent and answers with the
+resulting state; one that cannot apply raises `Refusal` (the admin server maps it to a gRPC code).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Literal
+
+import httpx
+
+from talariad.admin import admin_pb2
+
+if TYPE_CHECKING:
+    from talariad.daemon import Daemon
+
+RefusalKind = Literal["not_found", "failed_precondition", "invalid_argument"]
+POOLS = ("hot", "cold")
+
+
+class Refusal(Exception):
+    def __init__(self, kind: RefusalKind, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+class Operator:
+    def __init__(self, daemon: Daemon, drain_timeout_s: float = 120.0):
+        self.d = daemon
+        self.drain_timeout_s = drain_timeout_s
+        self._moving: set[str] = set()
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _inst(self, name: str):
+        m = self.d.supervisor.procs.get(name)
+        if m is None:
+            raise Refusal("not_found", f"no instance named {name!r} (instances: {', '.join(self.d.supervisor.procs)})")
+        return m
+
+    def _model(self, name: str) -> None:
+        if self.d.cfg.model(name) is None:
+            raise Refusal("not_found", f"no model named {name!r} (models: {', '.join(m.name for m in self.d.cfg.models)})")
+
+    def _url(self, name: str) -> str:
+        url = self.d.supervisor.procs[name].base_url
+        if url is None:
+            raise Refusal("failed_precondition", f"instance {name} is not ready (state "
+                                                 f"{self.d.supervisor.procs[name].state.value})")
+        return url
+
+    async def _post(self, name: str, path: str, body: dict) -> httpx.Response:
+        try:
+            return await self.d.directory.client.post(f"{self._url(name)}{path}", json=body, timeout=10.0)
+        except httpx.HTTPError as err:
+            raise Refusal("failed_precondition", f"instance {name} did not answer: {err}") from None
+
+    def status(self, name: str) -> admin_pb2.InstanceStatus:
+        return self.d.instance_status(name)
+
+    # ---- instances -------------------------------------------------------------------------
+
+    def drain(self, name: str) -> admin_pb2.InstanceStatus:
+        self._inst(name)
+        self.d.routing.router.close_instance(name, drain=True)
+        return self.status(name)
+
+    def cordon(self, name: str) -> admin_pb2.InstanceStatus:
+        self._inst(name)
+        self.d.routing.router.close_instance(name, drain=False)
+        return self.status(name)
+
+    def undrain(self, name: str) -> admin_pb2.InstanceStatus:
+        self._inst(name)
+        if name in self._moving:
+            raise Refusal("failed_precondition", f"instance {name} is moving between pools")
+        self.d.routing.router.reopen_instance(name)
+        return self.status(name)
+
+    async def restart(self, name: str, role: dict | None = None, keep_role: bool = True) -> admin_pb2.InstanceStatus:
+        m = self._inst(name)
+        if not self.d.supervisor.restart(name, m.role if keep_role else role):
+            raise Refusal("failed_precondition", f"instance {name} is not running (state {m.state.value})")
+        await self._ready(name)
+        return self.status(name)
+
+    async def _ready(self, name: str) -> None:
+        m = self.d.supervisor.procs[name]
+        try:
+            await asyncio.wait_for(m.ready.wait(), self.d.cfg.supervisor.ready_timeout_s)
+        except TimeoutError:
+            raise Refusal("failed_precondition", f"instance {name} did not come back within "
+                                                 f"{self.d.cfg.supervisor.ready_timeout_s}s") from None
+        await self.d.directory.poll_once()
+
+    async def _drained(self, name: str) -> None:
+        """Wait until the instance has no call running or queued (telemetry says so)."""
+        deadline = time.monotonic() + self.drain_timeout_s
+        while True:
+            await self.d.directory.poll_once()
+            snap = self.d.directory.snapshot(name)
+            if snap is not None and snap.running == 0 and not any(snap.queued.values()) \
+                    and not any(i == name for i in self.d.routing.router.in_flight().values()):
+                return
+            if time.monotonic() > deadline:
+                raise Refusal("failed_precondition", f"instance {name} still has calls after "
+                                                     f"{self.drain_timeout_s:.0f}s of draining")
+            await asyncio.sleep(0.1)
+
+    async def move(self, name: str, to: str, model: str = "") -> admin_pb2.InstanceStatus:
+        """Drain, restart in the new pool, place calls on it again (the paper's future-work
+        dynamic pool reallocation, done by hand)."""
+        m = self._inst(name)
+        if to not in POOLS:
+            raise Refusal("invalid_argument", f"pool must be hot or cold, not {to!r}")
+        pool = (m.role or {}).get("pool", m.inst.pool)
+        if pool == to and (not model or to == "cold" or self._models_of(name) == [model]):
+            return self.status(name)
+        if name in self._moving:
+            raise Refusal("failed_precondition", f"instance {name} is already moving")
+        role = self._role(name, to, model)
+        was_closed = name in self.d.routing.router.closed_instances()
+        self._moving.add(name)
+        try:
+            self.d.routing.router.close_instance(name, drain=True)
+            await self._drained(name)
+            await self.restart(name, role, keep_role=False)
+        finally:
+            self._moving.discard(name)
+            if not was_closed:
+                self.d.routing.router.reopen_instance(name)
+        return self.status(name)
+
+    def _models_of(self, name: str) -> list[str]:
+        m = self.d.supervisor.procs[name]
+        return list((m.role or {}).get("models", m.inst.models))
+
+    def _role(self, name: str, to: str, model: str) -> dict | None:
+        inst = self.d.supervisor.procs[name].inst
+        if to == "cold":
+            if model:
+                raise Refusal("invalid_argument", "--model applies to a move to the hot pool")
+            return None if inst.pool == "cold" else {"pool": "cold"}
+        snap = self.d.directory.snapshot(name)
+        model = model or (snap.active_model if snap and snap.active_model else self._models_of(name)[0])
+        self._model(model)  # any model of the config: the instance process is built for it on restart
+        return None if inst.pool == "hot" and inst.models == [model] else {"pool": "hot", "models": [model]}
+
+    # ---- models ----------------------------------------------------------------------------
+
+    def models(self) -> admin_pb2.ModelsReply:
+        return admin_pb2.ModelsReply(models=[self.model_status(m.name) for m in self.d.cfg.models])
+
+    def model_status(self, model: str) -> admin_pb2.ModelStatus:
+        serving = [n for n in self.d.supervisor.procs if model in self.d.serving_models(n)]
+        pinned = [n for n in serving if self.d.pool_of(n) == "hot"]
+        cfg = self.d.cfg.model(model)
+        return admin_pb2.ModelStatus(name=model, instances=serving, pinned_on=pinned,
+                                     status=self.d.gateway.residency(model) if serving else "unserved",
+                                     max_context=cfg.max_context, profile=cfg.profile or "")
+
+    def _hot(self, name: str) -> None:
+        if self.d.pool_of(name) != "hot":
+            raise Refusal("failed_precondition", f"instance {name} is in the cold pool; "
+                                                 f"use `model load` for a cold instance's rotation")
+
+    async def pin(self, model: str, name: str) -> admin_pb2.ModelStatus:
+        self._model(model)
+        self._inst(name)
+        self._hot(name)
+        if self._models_of(name) != [model]:
+            await self.move(name, "hot", model)
+        return self.model_status(model)
+
+    async def unpin(self, model: str, name: str) -> admin_pb2.ModelStatus:
+        self._model(model)
+        m = self._inst(name)
+        self._hot(name)
+        if self._models_of(name) != [model]:
+            raise Refusal("failed_precondition", f"instance {name} pins {self._models_of(name)[0]!r}, not {model!r}")
+        if m.role is None:
+            raise Refusal("failed_precondition", f"{model!r} is the model the config pins on {name}; "
+                                                 f"pin another one instead")
+        if m.inst.pool == "cold":
+            raise Refusal("failed_precondition", f"{name} is a cold instance moved to the hot pool; "
+                                                 f"move it back with `pool move {name} --to cold`")
+        await self.move(name, "hot", m.inst.models[0])  # back to the model the config pins
+        return self.model_status(model)
+
+    async def rotation(self, model: str, name: str, serve: bool) -> admin_pb2.ModelStatus:
+        self._model(model)
+        self._inst(name)
+        if self.d.pool_of(name) != "cold":
+            raise Refusal("failed_precondition", f"instance {name} is a hot instance; use `model pin`")
+        r = await self._post(name, "/internal/rotation", {"model": model, "serve": serve})
+        if r.status_code == 409:
+            raise Refusal("failed_precondition", r.json()["error"])
+        r.raise_for_status()
+        await self.d.directory.poll_once()  # the router sees the new rotation before we answer
+        return self.model_status(model)
+
+    # ---- pools, leases, sessions -------------------------------------------------------------
+
+    def pools(self) -> admin_pb2.PoolsReply:
+        out = []
+        for pool in POOLS:
+            names = [n for n in self.d.supervisor.procs if self.d.pool_of(n) == pool]
+            snaps = [s for n in names if (s := self.d.directory.snapshot(n)) is not None]
+            models = sorted({m for n in names for m in self.d.serving_models(n)})
+            out.append(admin_pb2.Pool(name=pool, instances=names, models=models, running=sum(s.running for s in snaps),
+                                      queued=sum(sum(s.queued.values()) for s in snaps)))
+        return admin_pb2.PoolsReply(pools=out)
+
+    def revoke(self, session_id: str, model: str) -> admin_pb2.LeasesReply:
+        if not session_id:
+            raise Refusal("invalid_argument", "session_id is empty")
+        if model:
+            self._model(model)
+        self.d.routing.router.revoke(session_id, model or None)
+        now = time.monotonic()
+        return admin_pb2.LeasesReply(leases=[lease for lease in _live_leases(self.d, now)
+                                             if lease.session_id == session_id])
+
+    async def forget(self, session_id: str) -> admin_pb2.ForgetReply:
+        if not session_id:
+            raise Refusal("invalid_argument", "session_id is empty")
+        known, dropped = self.d.routing.router.forget_session(session_id)
+        self.d.routing.prefixes.forget(session_id)
+        freed = []
+        for name, m in self.d.supervisor.procs.items():
+            if m.base_url is None:
+                continue
+            r = await self._post(name, "/internal/forget", {"session_id": session_id})
+            if r.status_code == 200 and r.json().get("freed"):
+                freed.append(name)
+        return admin_pb2.ForgetReply(session_id=session_id, known=known or bool(freed),
+                                     leases_dropped=len(dropped), instances_freed=freed)
+
+    # ---- rounds ------------------------------------------------------------------------------
+
+    async def rounds(self, instance: str, limit: int) -> admin_pb2.RoundsReply:
+        names = [instance] if instance else [n for n in self.d.supervisor.procs if self.d.pool_of(n) == "cold"]
+        if instance:
+            self._inst(instance)
+        reply = admin_pb2.RoundsReply()
+        for name in names:
+            url = self.d.supervisor.procs[name].base_url
+            if url is None:
+                continue
+            try:
+                r = await self.d.directory.client.get(f"{url}/internal/rounds", params={"limit": limit}, timeout=5.0)
+                r.raise_for_status()
+                data = r.json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            reply.rounds.extend(round_record(name, x) for x in data.get("rounds", []))
+            reply.switches.extend(switch_record(name, x) for x in data.get("switches", []))
+        return reply
+
+
+def _live_leases(d: Daemon, now: float):
+    from talariad.admin import views
+
+    return views.leases(d.routing.router, now).leases
+
+
+def round_record(instance: str, r: dict) -> admin_pb2.RoundRecord:
+    slots = [admin_pb2.Slot(model=s["model"], sp_admitted=s["sp_admitted"], sp_parked=s["sp_parked"],
+                            phases=[admin_pb2.SlotPhase(phase=p, seconds=v) for p, v in s["phases"].items() if v > 0])
+             for s in r.get("slots", [])]
+    return admin_pb2.RoundRecord(instance=instance, index=r["index"], wall_s=r["wall_s"], active_s=r["active_s"],
+                                 switch_s=r["switch_s"], predicted_s=r["predicted_s"], slots=slots,
+                                 sp_admitted=r["sp_admitted"], sp_parked=r["sp_parked"], switches=r["switches"],
+                                 open=r["open"], age_s=r["age_s"])
+
+
+def switch_record(instance: str, w: dict) -> admin_pb2.SwitchRecord:
+    return admin_pb2.SwitchRecord(
+        instance=instance, round_index=w["round_index"], from_model=w["from_model"], to_model=w["to_model"],
+        path=w["path"], total_ms=1e3 * w["total_s"],
+        phases=[admin_pb2.SwitchPhase(name=n, ms=1e3 * s) for n, s in w["phases"].items()],
+        staged_bytes=w["staged_bytes"], dirty_bytes=w["dirty_bytes"], age_s=w["age_s"])

@@ -1,0 +1,252 @@
+"""End to end: the operator's actions with talaria-ctl on a running daemon (default config, sim
+executor), each checked by its effect. The tests share one daemon and run in file order."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
+
+from talaria_ctl.main import app
+
+from tests.e2e.conftest import start_daemon, stop_daemon
+
+pytestmark = pytest.mark.e2e
+
+CHAT = [{"role": "user", "content": "Fix the failing test in the parser module."}]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    # τ = 2 s: a lease outlives the few ctl round trips between two turns of a session
+    d = start_daemon(tmp_path_factory.mktemp("talariad-ops"), executor="sim",
+                     overrides={"policy": {"tau_s": 2.0, "queue_timeout_s": 10.0}})
+    yield d
+    stop_daemon(d)
+    d.notify.close()
+
+
+def ctl(d, *args, ok: bool = True):
+    """talaria-ctl in this process (a subprocess per call would cost most of this module's time;
+    test_refusals_are_one_line_exit_3 runs the real executable)."""
+    r = CliRunner().invoke(app, ["--socket", d.socket_path, *args])
+    r.returncode = r.exit_code
+    if ok:
+        assert r.returncode == 0, (r.stderr, r.exception)
+    return r
+
+
+def ctl_process(d, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "talaria_ctl.main", "--socket", d.socket_path, *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def ctl_json(d, *args):
+    return json.loads(ctl(d, *args, "--json").stdout)
+
+
+def call(d, model: str, session: str | None = None, max_tokens: int = 4) -> httpx.Response:
+    headers = {"x-session-id": session} if session else {}
+    return httpx.post(f"{d.endpoint}/v1/chat/completions", headers=headers, timeout=60,
+                      json={"model": model, "messages": CHAT, "max_tokens": max_tokens})
+
+
+def served_by(r: httpx.Response) -> str:
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["talaria"]["instance"]
+
+
+def instance(d, name: str) -> dict:
+    return next(i for i in ctl_json(d, "instance", "list") if i["name"] == name)
+
+
+def test_drain_cold0_finishes_in_flight_and_places_nothing_new(daemon):
+    # a long tiny-code call is in flight on cold0 (the only instance serving tiny-code) when it drains
+    results: dict[str, httpx.Response] = {}
+    long = threading.Thread(target=lambda: results.setdefault("long", call(daemon, "tiny-code", "s-long", 120)))
+    long.start()
+    deadline = time.monotonic() + 10
+    while instance(daemon, "cold0")["running"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    drained = ctl_json(daemon, "instance", "drain", "cold0")
+    assert drained["admission"] in ("draining", "drained")
+    assert ctl_json(daemon, "instance", "drain", "cold0")["admission"] in ("draining", "drained")  # idempotent
+    # a new tiny-chat call goes to hot0; a new tiny-code call queues at the gateway
+    assert served_by(call(daemon, "tiny-chat")) == "hot0"
+    queued = threading.Thread(target=lambda: results.setdefault("queued", call(daemon, "tiny-code")))
+    queued.start()
+    long.join(60)
+    assert results["long"].status_code == 200 and served_by(results["long"]) == "cold0"
+    assert results["long"].json()["usage"]["completion_tokens"] == 120
+    time.sleep(0.5)
+    assert "queued" not in results  # held while cold0 is drained
+    assert instance(daemon, "cold0")["admission"] == "drained"
+    assert ctl_json(daemon, "instance", "undrain", "cold0")["admission"] == "open"
+    queued.join(30)
+    assert served_by(results["queued"]) == "cold0"
+
+
+def test_cordon_keeps_serving_leases(daemon):
+    first = call(daemon, "tiny-code", "s-cordon")
+    assert served_by(first) == "cold0"
+    assert ctl_json(daemon, "instance", "cordon", "cold0")["admission"] == "cordoned"
+    turn2 = call(daemon, "tiny-code", "s-cordon")  # the lease still lands on cold0
+    assert served_by(turn2) == "cold0" and turn2.json()["usage"]["talaria"]["route"] == "lease_hit"
+    ctl(daemon, "instance", "undrain", "cold0")
+
+
+def test_unload_and_load_a_model(daemon):
+    assert served_by(call(daemon, "tiny-code")) == "cold0"
+    assert instance(daemon, "cold0")["active_model"] == "tiny-code"
+    status = ctl_json(daemon, "model", "unload", "tiny-code", "--on", "cold0")
+    assert status["status"] == "unserved" and status["instances"] == []
+    assert ctl_json(daemon, "model", "unload", "tiny-code", "--on", "cold0")["instances"] == []  # idempotent
+    r = call(daemon, "tiny-code")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded"
+    assert instance(daemon, "cold0")["rotation"] == ["tiny-chat"]
+    deadline = time.monotonic() + 10  # the idle instance switched away from the unloaded model
+    while instance(daemon, "cold0")["active_model"] != "tiny-chat" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert instance(daemon, "cold0")["active_model"] == "tiny-chat"
+    # the last model of an instance is not unloaded; an unknown model is refused as such
+    last = ctl(daemon, "model", "unload", "tiny-chat", "--on", "cold0", ok=False)
+    assert last.returncode == 3 and len(last.stderr.strip().splitlines()) == 1
+    assert ctl(daemon, "model", "unload", "nope", "--on", "cold0", ok=False).returncode == 3
+    loaded = ctl_json(daemon, "model", "load", "tiny-code", "--on", "cold0")
+    assert loaded["instances"] == ["cold0"]
+    assert served_by(call(daemon, "tiny-code")) == "cold0"
+
+
+def test_lease_revoke(daemon):
+    assert served_by(call(daemon, "tiny-code", "s-revoke")) == "cold0"
+    leases = [le for le in ctl_json(daemon, "lease", "list") if le["session_id"] == "s-revoke"]
+    assert len(leases) == 1 and isinstance(leases[0]["kv_len"], int)
+    assert ctl_json(daemon, "lease", "revoke", "s-revoke") == []
+    assert not [le for le in ctl_json(daemon, "lease", "list") if le["session_id"] == "s-revoke"]
+    assert call(daemon, "tiny-code", "s-revoke").json()["usage"]["talaria"]["route"] != "lease_hit"
+
+
+def test_session_forget_frees_its_kv(daemon):
+    first = call(daemon, "tiny-code", "s-forget")
+    assert served_by(first) == "cold0"
+    again = call(daemon, "tiny-code", "s-forget")
+    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    forgot = ctl_json(daemon, "session", "forget", "s-forget")
+    assert forgot["known"] and "cold0" in forgot["instances_freed"]
+    assert all(s["session_id"] != "s-forget" for s in ctl_json(daemon, "session", "list"))
+    after = call(daemon, "tiny-code", "s-forget")
+    assert after.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_pool_move_and_back(daemon):
+    moved = ctl_json(daemon, "pool", "move", "cold0", "--to", "hot", "--model", "tiny-code")
+    assert moved["pool"] == "hot" and moved["rotation"] == ["tiny-code"] and moved["state"] == "ready"
+    assert moved["admission"] == "open"
+    pools = {p["name"]: p for p in ctl_json(daemon, "pool", "list")}
+    assert pools["hot"]["instances"] == ["hot0", "cold0"] and pools["cold"]["instances"] == []
+    assert served_by(call(daemon, "tiny-code")) == "cold0"
+    back = ctl_json(daemon, "pool", "move", "cold0", "--to", "cold")
+    assert back["pool"] == "cold" and back["rotation"] == ["tiny-chat", "tiny-code"]
+    assert ctl_json(daemon, "pool", "move", "cold0", "--to", "cold")["restarts"] == back["restarts"]  # idempotent
+    usage = ctl_process(daemon, "pool", "move", "cold0", "--to", "lukewarm")
+    assert usage.returncode == 2 and len(usage.stderr.strip().splitlines()) == 1
+
+
+def test_pin_and_unpin_on_the_hot_instance(daemon):
+    pinned = ctl_json(daemon, "model", "pin", "tiny-code", "--on", "hot0")
+    assert pinned["pinned_on"] == ["hot0"] and set(pinned["instances"]) == {"hot0", "cold0"}
+    assert instance(daemon, "hot0")["rotation"] == ["tiny-code"]
+    assert ctl_json(daemon, "model", "pin", "tiny-code", "--on", "hot0")["pinned_on"] == ["hot0"]  # idempotent
+    back = ctl_json(daemon, "model", "unpin", "tiny-code", "--on", "hot0")
+    assert back["pinned_on"] == [] and instance(daemon, "hot0")["rotation"] == ["tiny-chat"]
+    assert ctl(daemon, "model", "unpin", "tiny-chat", "--on", "hot0", ok=False).returncode == 3
+
+
+def test_config_reload_applies_tau(daemon):
+    text = daemon.config_path.read_text()
+    assert "tau_s: 2.0" in text
+    daemon.config_path.write_text(text.replace("tau_s: 2.0", "tau_s: 30.0"))
+    reply = ctl_json(daemon, "config", "reload")
+    assert "policy.tau_s" in reply["applied"]
+    assert served_by(call(daemon, "tiny-code", "s-tau")) == "cold0"
+    lease = next(le for le in ctl_json(daemon, "lease", "list") if le["session_id"] == "s-tau")
+    assert lease["expires_in_s"] > 10.0  # τ = 30 s now; it was 2 s
+    assert "tau_s: 30.0" in ctl(daemon, "config", "show").stdout
+    daemon.config_path.write_text("models: [")
+    broken = ctl(daemon, "config", "reload", ok=False)
+    assert broken.returncode == 3 and "invalid YAML" in broken.stderr
+    daemon.config_path.write_text(text)
+    assert "policy.tau_s" in ctl_json(daemon, "config", "reload")["applied"]
+
+
+def test_restart_instance(daemon):
+    before = instance(daemon, "hot0")
+    after = ctl_json(daemon, "instance", "restart", "hot0")
+    assert after["restarts"] == before["restarts"] + 1 and after["pid"] != before["pid"] and after["state"] == "ready"
+    assert served_by(call(daemon, "tiny-chat")) in ("hot0", "cold0")
+
+
+def test_refusals_are_one_line_exit_3(daemon):
+    for args in (("instance", "drain", "ghost"), ("model", "pin", "tiny-code", "--on", "cold0")):
+        r = ctl_process(daemon, *args)
+        assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, args
+    for args in (("model", "load", "tiny-chat", "--on", "hot0"), ("instance", "rounds", "ghost")):
+        r = ctl(daemon, *args, ok=False)
+        assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1, args
+
+
+def test_rounds_carry_slots_and_switches(daemon):
+    data = ctl_json(daemon, "instance", "rounds", "cold0")
+    assert data["rounds"] and all(r["instance"] == "cold0" for r in data["rounds"])
+    assert all(isinstance(r["index"], int) for r in data["rounds"])  # int64 printed as numbers
+    phases = {p["phase"] for r in data["rounds"] for s in r["slots"] for p in s["phases"]}
+    assert {"P", "D1"} <= phases
+    assert all(abs(r["wall_s"] - r["active_s"] - r["switch_s"]) < 1e-6 for r in data["rounds"])
+    sw = data["switches"]
+    assert sw and {w["path"] for w in sw} <= {"d2d", "partial", "h2d"}
+    assert all(w["phases"] == [] and w["staged_bytes"] == -1 for w in sw)  # the sim measures no phases
+    assert "-" in ctl(daemon, "instance", "rounds", "cold0").stdout
+
+
+def test_version_and_reflection(daemon):
+    out = subprocess.run([sys.executable, "-m", "talaria_ctl.main", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("talaria-ctl ")
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(f"unix://{daemon.socket_path}") as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = {s.name for s in next(replies).list_services_response.service}
+    assert {"talaria.admin.v1.Admin", "grpc.health.v1.Health"} <= names
+
+
+FAMILIES = ("talaria_switch_duration_seconds", "talaria_round_duration_seconds", "talaria_round_switch_seconds",
+            "talaria_sp_admitted", "talaria_sp_parked", "talaria_num_requests_waiting", "talaria_num_requests_running",
+            "talaria_leases_live", "talaria_instance_restarts", "talaria_http_responses")
+
+
+def test_metrics_parse_and_have_every_family(daemon):
+    call(daemon, "tiny-code", "s-metrics")
+    time.sleep(1.5)  # the daemon folds round and switch records in once a second
+    text = httpx.get(f"{daemon.endpoint}/metrics", timeout=10).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    missing = [f for f in FAMILIES if f not in families]
+    assert not missing, missing
+
+    def total(name: str, suffix: str = "", **labels) -> float:
+        return sum(s.value for s in families[name].samples if s.name == name + suffix
+                   and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    assert total("talaria_switch_duration_seconds", "_count", instance="cold0") > 0
+    assert total("talaria_round_duration_seconds", "_count", instance="cold0") > 0
+    assert total("talaria_http_responses", "_total", code="200") > 0
+    assert total("talaria_http_responses", "_total", code="503") > 0  # the unloaded model's call
+    assert total("talaria_instance_restarts", "_total", instance="cold0") >= 2  # the pool moves
