@@ -74,7 +74,8 @@ def test_unmeasured_columns_print_a_dash():
     console.print(table([run]))
     line = next(x for x in console.export_text().splitlines() if x.startswith("│ real"))
     cells = [c.strip() for c in line.strip("│").split("│")]
-    assert cells[6:10] == ["-", "-", "-", "-"] and cells[11] == "-/-"  # switch share, rounds, HBM, opens, SP
+    # switch share, rounds, switches, HBM peak, avoidable opens; SP admitted/parked
+    assert cells[6:11] == ["-"] * 5 and cells[12] == "-/-"
 
 
 def test_worker_rotation_unload_retires_the_active_model():
@@ -91,11 +92,11 @@ def test_worker_rotation_unload_retires_the_active_model():
         worker = build_worker(cfg, cfg.instances[0])
         loop = asyncio.create_task(worker.run())
         events = [e async for e in worker.generate(GenerateRequest(call_id="1", model="a", prompt="x y", max_tokens=2))]
-        assert events[-1].type == "done" and worker.sched.active == "a"
+        assert events[-1].type == "done" and worker.core.sched.active == "a"
         assert worker.set_rotation("a", False) is None and worker.rotation == ["b"]
         for _ in range(100):
             await asyncio.sleep(0.01)
-            if worker.sched.active == "b":
+            if worker.core.sched.active == "b":
                 break
         refused = [e async for e in worker.generate(GenerateRequest(call_id="2", model="a", prompt="x", max_tokens=1))]
         assert refused[0].type == "error" and refused[0].code == "model_not_loaded"
@@ -109,4 +110,4 @@ def test_worker_rotation_unload_retires_the_active_model():
         return worker
 
     worker = asyncio.run(scenario())
-    assert worker.sched.active == "b"
+    assert worker.core.sched.active == "b"
