@@ -17,6 +17,9 @@ from talariad.replay.metrics import RoundRecord, RunResult, SwitchRecord
 from talariad.types import SwitchPath
 
 ADMIN_METRICS = frozenset({"rounds", "switches", "switch_share", "hbm_peak", "sp", "avoidable_opens"})
+REPLAY_UNMEASURED = frozenset({"parks"})
+"""Never measured in real mode: which calls were parked at a slot end (the daemon keeps no per-call
+park record the replay client could read)."""
 
 
 class HBMSampler:

@@ -298,7 +298,7 @@ def prepare(args) -> tuple[list[ScaledSession], ReplayOptions]:
 def replay_measured(sessions: list[ScaledSession], opts: ReplayOptions, admin_socket: str | None) -> ReplayResult:
     """Replay, then add what the daemon measured (rounds, switches, HBM peak) from its admin API."""
     from talaria_ctl.client import AdminClient, default_socket
-    from talariad.replay.admin_records import HBMSampler, fill
+    from talariad.replay.admin_records import REPLAY_UNMEASURED, HBMSampler, fill
 
     client = AdminClient(admin_socket or default_socket())
     try:
@@ -307,6 +307,7 @@ def replay_measured(sessions: list[ScaledSession], opts: ReplayOptions, admin_so
         fill(result.run, client, hbm)
     finally:
         client.close()
+    result.run.unmeasured = result.run.unmeasured | REPLAY_UNMEASURED
     return result
 
 

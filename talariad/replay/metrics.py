@@ -103,7 +103,7 @@ class RunResult:
     rank_bounds: list[float] | None = None  # strict bound on the k-th finisher (all start at 0)
     unmeasured: frozenset[str] = frozenset()
     """Row metrics this run could not measure (a real-mode replay without the admin API); the
-    report prints `-` for them: rounds, switches, switch_share, hbm_peak, sp, avoidable_opens."""
+    report prints `-` for them: rounds, switches, switch_share, hbm_peak, sp, avoidable_opens, parks."""
 
     def ttfts(self, returning_only: bool = False) -> list[float]:
         return [c.ttft_s for c in self.calls if c.returning or not returning_only]
@@ -162,9 +162,9 @@ class RowMetrics:
     switches: int | None
     slowdown_p50: float | None  # per-session SCT over its own strict bound (talariad.replay.bounds)
     slowdown_p95: float | None
-    parked_calls: int  # calls still decoding at a slot end at least once
-    parks: int  # slot ends at which a call was parked, summed over calls
-    park_cost_s: float  # predicted restore + recompute time that resuming parked calls cost
+    parked_calls: int | None  # calls still decoding at a slot end at least once
+    parks: int | None  # slot ends at which a call was parked, summed over calls
+    park_cost_s: float | None  # predicted restore + recompute time that resuming parked calls cost
     policy: str | None = None
     load: str | None = None
     tau_s: float | None = None
@@ -195,9 +195,9 @@ def row_metrics(run: RunResult) -> RowMetrics:
         sp_admitted=measured("sp", run.sp_admitted), sp_parked=measured("sp", run.sp_parked),
         switches=measured("switches", len(run.switches)),
         slowdown_p50=slow50, slowdown_p95=slow95,
-        parked_calls=sum(c.parked_times > 0 for c in run.calls),
-        parks=sum(c.parked_times for c in run.calls),
-        park_cost_s=sum(c.park_cost_s for c in run.calls),
+        parked_calls=measured("parks", sum(c.parked_times > 0 for c in run.calls)),
+        parks=measured("parks", sum(c.parked_times for c in run.calls)),
+        park_cost_s=measured("parks", sum(c.park_cost_s for c in run.calls)),
         policy=run.policy, load=run.load, tau_s=run.tau_s,
     )
 

@@ -63,8 +63,8 @@ COLUMNS = (
     ("avoidable opens", lambda r: _n(r.avoidable_opens)),
     ("same-inst return", lambda r: _pct(r.same_instance_rate)),
     ("SP adm/parked", lambda r: f"{_n(r.sp_admitted)}/{_n(r.sp_parked)}"),
-    ("parked calls/times", lambda r: f"{r.parked_calls}/{r.parks}"),
-    ("park cost s", lambda r: f"{r.park_cost_s:.0f}"),
+    ("parked calls/times", lambda r: f"{_n(r.parked_calls)}/{_n(r.parks)}"),
+    ("park cost s", lambda r: "-" if r.park_cost_s is None else f"{r.park_cost_s:.0f}"),
     ("slowdown p50/p95", lambda r: _pair(r.slowdown_p50, r.slowdown_p95)),
 )
 

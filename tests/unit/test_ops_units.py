@@ -8,7 +8,7 @@ import pytest
 from talaria_ctl.client import as_dict
 from talariad.admin import admin_pb2 as pb
 from talariad.admin.sockets import client_socket, daemon_socket
-from talariad.replay.admin_records import ADMIN_METRICS, fill
+from talariad.replay.admin_records import ADMIN_METRICS, REPLAY_UNMEASURED, fill
 from talariad.replay.metrics import CallRecord
 from talariad.replay.metrics import RunResult, row_metrics
 from talariad.replay.report import table
@@ -69,13 +69,13 @@ def test_replay_fill_takes_closed_rounds_and_switches_of_the_run():
 def test_unmeasured_columns_print_a_dash():
     from rich.console import Console
 
-    run = RunResult("real", unmeasured=ADMIN_METRICS)
+    run = RunResult("real", unmeasured=ADMIN_METRICS | REPLAY_UNMEASURED)
     console = Console(width=250, record=True)
     console.print(table([run]))
     line = next(x for x in console.export_text().splitlines() if x.startswith("│ real"))
     cells = [c.strip() for c in line.strip("│").split("│")]
     # switch share, rounds, switches, HBM peak, avoidable opens; SP admitted/parked
-    assert cells[6:11] == ["-"] * 5 and cells[12] == "-/-"
+    assert cells[6:11] == ["-"] * 5 and cells[12:15] == ["-/-", "-/-", "-"]  # ... parked calls/times, cost
 
 
 def test_worker_rotation_unload_retires_the_active_model():
