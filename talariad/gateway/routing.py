@@ -47,10 +47,6 @@ class PrefixTracker:
                 return length
         return 0
 
-    def forget(self, session: str) -> None:
-        for key in [k for k in self._last if k[0] == session]:
-            del self._last[key]
-
     def remember(self, session: str, model: str, prompt: str, answer: str) -> None:
         full = prompt + answer
         self._last[(session, model)] = (len(prompt), self._digest(prompt), len(full), self._digest(full))
@@ -58,8 +54,13 @@ class PrefixTracker:
         if len(self._last) > self.max_entries:
             self._last.popitem(last=False)
 
-    def forget(self, session: str, model: str) -> None:
-        self._last.pop((session, model), None)
+    def forget(self, session: str, model: str | None = None) -> None:
+        """Drop what is known of the session's text for `model` (None: for every model)."""
+        if model is not None:
+            self._last.pop((session, model), None)
+            return
+        for key in [k for k in self._last if k[0] == session]:
+            del self._last[key]
 
 
 class PrefixBranches:
