@@ -47,6 +47,8 @@ def write_config(workdir: Path, ablations: dict, with_hot: bool, device_ids: lis
     cfg["listen"] = {"http": "127.0.0.1:0", "admin_socket": str(workdir / "admin.sock")}
     if not with_hot:  # the paper's box: every call goes through the time-shared cold pool (§5.1)
         cfg["instances"] = [i for i in cfg["instances"] if i.get("pool") == "cold"]
+        served = {m for i in cfg["instances"] for m in i["models"]}  # no trace session maps to a model
+        cfg["models"] = [m for m in cfg["models"] if m["name"] in served]  # no instance serves
     if device_ids is not None:  # e.g. the torch engine on CUDA device 0 instead of the CPU
         for inst in cfg["instances"]:
             inst["devices"] = device_ids
