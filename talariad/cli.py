@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pathlib
 import sys
 from typing import Annotated
 
@@ -34,6 +35,14 @@ def check_config(path: Annotated[str, typer.Argument(help="Config file to valida
     """Run every check `run` does before starting (schema, cross-field, profiles, executors,
     devices); exit 2 with one line per problem."""
     cfg = _load(path)
+    if cfg.listen.api_keys_file:  # the daemon would refuse to start without it
+        from talariad.gateway.auth import load_keys
+
+        try:
+            load_keys(pathlib.Path(path).parent / cfg.listen.api_keys_file)
+        except ValueError as err:
+            print(f"talariad: {path}: {err}", file=sys.stderr)
+            raise typer.Exit(2) from None
     print(f"{path}: ok ({len(cfg.models)} models, {len(cfg.instances)} instances)")
 
 

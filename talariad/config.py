@@ -7,6 +7,7 @@ as a `ConfigError` whose lines name the file, the field path and what is wrong.
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import pathlib
 from typing import Annotated, Literal
 
@@ -27,7 +28,15 @@ class ListenConfig(_Strict):
     """Unix socket of the gRPC admin API (a relative path starts at the working directory).
     Default: $TALARIA_SOCKET, else /run/talaria/admin.sock under the systemd unit, else
     $XDG_RUNTIME_DIR/talaria/admin.sock (~/.local/state/talaria/admin.sock without it); the
-    same rule talaria-ctl follows, see talariad/admin/sockets.py."""
+    same rule talaria-ctl follows, see talariad/admin/sockets.py. A lock file next to it
+    (`SOCKET.lock`) keeps a second daemon off the same socket."""
+    admin_group: str | None = None
+    """Group given access to the admin socket (mode 0660); default: the daemon's own group."""
+    api_keys_file: str | None = None
+    """File of API keys, one per line (`#` comments); when set, every `/v1/` call needs one as
+    `Authorization: Bearer KEY` (OpenAI) or `x-api-key: KEY` (Anthropic). Relative to the config file."""
+    allow_unauthenticated: bool = False
+    """Allow a non-loopback `http` address without `api_keys_file` (refused otherwise)."""
 
     @field_validator("http")
     @classmethod
@@ -44,6 +53,41 @@ class ListenConfig(_Strict):
     @property
     def http_port(self) -> int:
         return int(self.http.rpartition(":")[2])
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the HTTP endpoint is reachable from this host only."""
+        return _loopback(self.http_host)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+class LimitsConfig(_Strict):
+    """What the HTTP endpoint accepts; anything over a limit is refused before it reaches an instance."""
+
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Largest request body; a larger one gets 413 from its Content-Length, before it is read."""
+    max_messages: int = Field(default=10_000, ge=1)
+    """Most messages (chat) or content blocks (Anthropic) in one request."""
+    max_string_chars: int = Field(default=4 * 1024 * 1024, ge=1)
+    """Longest single string anywhere in a request body."""
+    max_bytes_per_token: int = Field(default=32, ge=1)
+    """Upper bound on the UTF-8 bytes one token of any served tokenizer covers: a prompt longer than
+    max_context × this many bytes is refused from its size alone, without tokenizing it."""
+    keep_alive_timeout_s: float = Field(default=30.0, gt=0)
+    """An idle keep-alive HTTP connection (no byte of a next request) is closed after this long.
+    Longer than clients' own pool expiry (httpx and the openai client: 5 s), so the server does not
+    close a connection just as a client reuses it (the client would see a connection reset)."""
+    header_timeout_s: float = Field(default=15.0, gt=0)
+    """An HTTP connection that has not completed a request head this long after it opened (or after
+    its previous response) is closed, however slowly it trickles bytes."""
 
 
 class ModelConfig(_Strict):
@@ -155,6 +199,9 @@ class PolicyConfig(_Strict):
     """The router and gateway forget a session idle this long (its KV is long gone by then)."""
     max_sessions: int = Field(default=100_000, ge=1)
     """Most sessions the router and gateway remember; past it the least recently used is forgotten."""
+    unready_after_polls: int = Field(default=3, ge=1)
+    """Readiness hysteresis: an instance counts as not ready after this many consecutive failed
+    telemetry polls (one late or failed poll does not flip `/ready`)."""
 
 
 class AblationConfig(_Strict):
@@ -179,6 +226,9 @@ class SupervisorConfig(_Strict):
     """Ceiling of the restart delay."""
     stop_timeout_s: float = Field(default=5.0, gt=0)
     """Grace period after SIGTERM before an instance process is killed."""
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM: how long in-flight and queued calls may run to completion before the rest are
+    ended with an error and the instances are stopped."""
 
 
 class AnthropicConfig(_Strict):
@@ -218,6 +268,8 @@ class TalariaConfig(_Strict):
     """OpenAI Responses endpoint (`/v1/responses`) behaviour."""
     sessions: SessionsConfig = SessionsConfig()
     """Per-session prefix bookkeeping."""
+    limits: LimitsConfig = LimitsConfig()
+    """Input limits of the HTTP endpoint."""
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
@@ -325,6 +377,12 @@ def _semantic_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str
     if _num(first) and _num(most) and first > most:
         problems.append(("supervisor.restart_backoff_s",
                          f"{first} s is above supervisor.max_backoff_s ({most} s)"))
+    listen = data.get("listen") if isinstance(data.get("listen"), dict) else {}
+    http = listen.get("http", ListenConfig().http)
+    if (isinstance(http, str) and not _loopback(http.rpartition(":")[0].strip("[]"))
+            and not listen.get("api_keys_file") and listen.get("allow_unauthenticated") is not True):
+        problems.append(("listen.http", f"{http.rpartition(':')[0]} is not a loopback address: set "
+                                        "listen.api_keys_file, or listen.allow_unauthenticated: true"))
     return problems + _build_lines(data, base_dir)
 
 

@@ -1,27 +1,52 @@
-"""`talariad run`: supervisor, gateway, router and admin API in one asyncio process."""
+"""`talariad run`: supervisor, gateway, router and admin API in one asyncio process.
+
+Signals: SIGTERM (or a first SIGINT) drains: no new connections, in-flight and queued calls run
+to completion for up to `supervisor.shutdown_grace_s`, the rest end with an error event, then the
+instances stop and the daemon exits 0. A second SIGINT exits at once (instances are killed).
+SIGHUP re-reads the config file and applies what can change live (`reload_config`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import gc
 import logging
+import os
+import pathlib
+import signal
 import time
 
 import httpx
 
-from talariad import __version__, httpserver, sdnotify
+from talariad import __version__, httpserver, lockfile, sdnotify
 from talariad.admin import admin_pb2, server as admin_server
 from talariad.admin.operator import Operator
 from talariad.admin.sockets import daemon_socket
-from talariad.config import TalariaConfig, load_config
+from talariad.config import ConfigError, TalariaConfig, load_config, parse_config
 from talariad.gateway.app import Gateway, build_app
+from talariad.gateway.auth import load_keys
+from talariad.gateway.health import Readiness
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import InstanceMetrics
-from talariad.knobs import config_router_knobs as router_knobs, model_profile
+from talariad.knobs import config_router_knobs, model_profile
 from talariad.gateway.routing import RouterShell
 from talariad.supervisor import ProcState, Supervisor
 
 log = logging.getLogger("talariad")
+
+LIVE_FIELDS = (
+    "policy.tau_s", "policy.admission_unit_s", "policy.replica_penalty_s", "policy.staleness_s",
+    "policy.overload", "policy.queue_limit", "policy.queue_timeout_s", "policy.telemetry_interval_s",
+    "policy.unready_after_polls", "ablations.reservations", "ablations.residency_terms",
+    "limits.*", "listen.api_keys_file", "listen.allow_unauthenticated", "supervisor.*", "models.*.aliases",
+)
+"""Config fields `reload_config` applies to the running daemon (fnmatch patterns over dotted paths).
+Everything else (models, instances, listen addresses, instance-side scheduler knobs) needs a restart."""
+
+_SCHEDULER_KNOBS = {"policy.gamma", "policy.ttft_target_s", "policy.tpot_target_s", "policy.tau_s"}
+_HTTP_BACKSTOP_S = 10.0  # uvicorn cancels what is still running this long after our own grace
+FAST_EXIT = 130  # a second SIGINT: the conventional status of a process ended by SIGINT
 
 
 class Daemon:
@@ -31,19 +56,24 @@ class Daemon:
         self.started = time.monotonic()
         self.supervisor = Supervisor(cfg, config_path)
         self.routing = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
+        self.readiness = Readiness(cfg.policy.unready_after_polls, cfg.policy.staleness_s)
         self.directory = InstanceDirectory(self._urls, cfg.policy.telemetry_interval_s,
-                                           on_telemetry=self.routing.observe,
-                                           on_down=self.routing.instance_down,
-                                           on_unhealthy=self.routing.unhealthy,
-                                           sockets=self._sockets,
-                                           on_payload=self._telemetry_payload)
-        self.gateway = Gateway(cfg, self.directory, self.routing, self._healthy)
+                                           on_telemetry=self._observed, on_down=self._down,
+                                           on_unhealthy=self._missed, token_for=self.supervisor.token_for,
+                                           sockets=self._sockets, on_payload=self._telemetry_payload)
+        self.gateway = Gateway(cfg, self.directory, self.routing, self._ready, self._describe)
+        self.gateway.api_keys = self._keys(cfg)
         self.endpoint = ""
         self.operator = Operator(self)
         self.instance_metrics = InstanceMetrics(self.gateway.metrics.registry, self.metric_sample)
         self._marks: dict[str, tuple[int | None, int, int]] = {}  # instance -> (pid, last round, last switch seq)
         self._hbm: dict[str, dict[str, int]] = {}
         self._host_kv: dict[str, int] = {}
+        self._stop = asyncio.Event()
+        self._background: list[asyncio.Task] = []
+        self._http: httpserver.Server | None = None
+
+    # -- instances as the gateway sees them ----------------------------------------------------
 
     def _urls(self) -> dict[str, str | None]:
         return {name: m.base_url for name, m in self.supervisor.procs.items()}
@@ -54,9 +84,30 @@ class Daemon:
     def _sockets(self) -> dict[str, str | None]:
         return {name: m.call_socket for name, m in self.supervisor.procs.items()}
 
-    def _healthy(self, name: str) -> bool:
-        m = self.supervisor.procs[name]
-        return m.state == ProcState.READY and self.directory.age_s(name, time.monotonic()) < self.cfg.policy.staleness_s
+    def _observed(self, telemetry, now: float) -> None:
+        self.routing.observe(telemetry, now)
+        self.readiness.polled(telemetry.instance, True, now)
+
+    def _missed(self, name: str, now: float) -> None:
+        self.routing.unhealthy(name, now)
+        self.readiness.polled(name, False, now)
+
+    def _down(self, name: str, now: float) -> None:
+        self.routing.instance_down(name, now)
+        self.readiness.down(name)
+
+    def _ready(self, name: str) -> bool:
+        return self.supervisor.procs[name].state == ProcState.READY and self.readiness.ready(name, time.monotonic())
+
+    def _describe(self) -> list[dict]:
+        now = time.monotonic()
+        out = []
+        for name, m in self.supervisor.procs.items():
+            age = self.directory.age_s(name, now)
+            out.append({"name": name, "state": m.state.value, "ready": self._ready(name),
+                        "telemetry_age_s": round(age, 3) if age != float("inf") else None,
+                        "failed_polls": self.readiness.failed_polls(name), "restarts": m.restarts})
+        return out
 
     def status(self) -> admin_pb2.StatusReply:
         now = time.monotonic()
@@ -92,7 +143,7 @@ class Daemon:
             name=inst.name, pool=self.pool_of(name), configured_pool=inst.pool, executor=inst.executor,
             rotation=self.serving_models(name), admission=self.admission(name, snap),
             devices=inst.devices if isinstance(inst.devices, str) else ",".join(map(str, inst.devices)),
-            models=(m.role or {}).get("models", inst.models), state=m.state.value, healthy=self._healthy(inst.name), pid=m.pid or 0,
+            models=(m.role or {}).get("models", inst.models), state=m.state.value, healthy=self._ready(inst.name), pid=m.pid or 0,
             restarts=m.restarts, active_model=(snap.active_model or "") if snap else "",
             loaded_models=snap.loaded_models if snap else [], running=snap.running if snap else 0,
             queued=sum(snap.queued.values()) if snap else 0, switches=snap.switches if snap else 0,
@@ -145,62 +196,159 @@ class Daemon:
             await self.collect_records()
             await asyncio.sleep(interval_s)
 
+    # -- configuration -------------------------------------------------------------------------
+
+    def _keys(self, cfg: TalariaConfig) -> frozenset[str] | None:
+        if not cfg.listen.api_keys_file:
+            return None
+        try:
+            return load_keys(pathlib.Path(self.config_path).parent / cfg.listen.api_keys_file)
+        except ValueError as err:
+            raise RuntimeError(str(err)) from None
+
     def reload_config(self) -> tuple[list[str], list[str]]:
-        """Re-read the config file and apply what can change live (policy knobs, supervisor
-        timings); returns (applied, needs_restart) as field paths. Raises ConfigError."""
+        """Re-read the config file and apply what can change live (LIVE_FIELDS): router knobs,
+        limits, API keys, supervisor timings, model aliases. Returns (applied, needs_restart) as
+        dotted field paths. Raises ConfigError (nothing applied) when the file is invalid."""
         new = load_config(self.config_path)
-        old = self.cfg
-        live_policy = new.policy.model_copy(update={"router": old.policy.router,
-                                                    "mem_fraction_bump": old.policy.mem_fraction_bump})
-        applied_cfg = old.model_copy(update={"policy": live_policy, "supervisor": new.supervisor})
-        applied = _changed(old, applied_cfg)
-        needs_restart = [p for p in _changed(applied_cfg, new)]
-        # knobs the instance schedulers also read take effect there only when they restart
-        needs_restart += [f"{p} (instance schedulers)" for p in applied if p in _SCHEDULER_KNOBS]
-        self.cfg = self.supervisor.cfg = self.gateway.cfg = applied_cfg
-        self.routing.router.set_knobs(router_knobs(applied_cfg))
-        self.directory.interval_s = applied_cfg.policy.telemetry_interval_s
-        log.info("config reloaded: applied %s; needs restart %s", applied or "-", needs_restart or "-")
-        return applied, needs_restart
+        old_flat, new_flat = _flatten(self.cfg.model_dump()), _flatten(new.model_dump())
+        changed = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
+        applied = [k for k in changed if _live(k)]
+        restart = [k for k in changed if not _live(k)]
+        # knobs the instance schedulers also read reach them only when they restart
+        restart += [f"{k} (instance schedulers)" for k in applied if k in _SCHEDULER_KNOBS]
+        if restart:  # keep what cannot change live as it runs; take the rest from the file
+            merged = self.cfg.model_dump()
+            for k in applied:
+                _assign(merged, k, new_flat.get(k))
+            new = parse_config(merged, self.config_path)
+        keys = self._keys(new)  # re-read even when the path is unchanged: keys may have rotated
+        if keys != self.gateway.api_keys and "listen.api_keys_file" not in applied:
+            applied.append("listen.api_keys_file (keys re-read)")
+        self._apply(new, keys)
+        return applied, restart
+
+    def _apply(self, cfg: TalariaConfig, keys: frozenset[str] | None) -> None:
+        self.cfg = self.gateway.cfg = self.supervisor.cfg = cfg
+        self.gateway.api_keys = keys
+        self.routing.router.retune(config_router_knobs(cfg))
+        self.directory.interval_s = cfg.policy.telemetry_interval_s
+        self.readiness.unready_after, self.readiness.stale_after_s = cfg.policy.unready_after_polls, cfg.policy.staleness_s
+        if self._http is not None:
+            self._http.config.timeout_graceful_shutdown = cfg.supervisor.shutdown_grace_s + _HTTP_BACKSTOP_S
+
+    def _on_hangup(self) -> None:
+        try:
+            applied, restart = self.reload_config()
+        except (ConfigError, RuntimeError) as err:
+            log.error("SIGHUP: config not reloaded: %s", err)
+            return
+        log.info("SIGHUP: config reloaded; applied: %s; needs a restart: %s",
+                 ", ".join(applied) or "nothing", ", ".join(restart) or "nothing")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def _on_interrupt(self) -> None:
+        if self._stop.is_set():  # the second SIGINT: do not wait for the drain
+            log.warning("second SIGINT: exiting without draining")
+            self.supervisor.kill_now()
+            os._exit(FAST_EXIT)
+        self._stop.set()
+
+    def _signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        loop.add_signal_handler(signal.SIGINT, self._on_interrupt)
+        loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
 
     async def run(self) -> None:
-        stop = httpserver.stop_event()
+        try:
+            self._lock = lockfile.acquire(self.admin_socket)  # before the socket is touched
+        except lockfile.Busy as err:
+            raise RuntimeError(str(err)) from None
+        self._signals()
         sock = httpserver.bind(self.cfg.listen.http_host, self.cfg.listen.http_port)
         host, port = sock.getsockname()[:2]
         self.endpoint = f"http://{host}:{port}"
-        http, http_task = await httpserver.start(build_app(self.gateway), sock)
+        # uvicorn's own cancel-on-timeout only backs up our drain (which ends calls cleanly first)
+        http, http_task = await httpserver.start(build_app(self.gateway), sock,
+                                                 keep_alive_s=self.cfg.limits.keep_alive_timeout_s,
+                                                 head_timeout_s=self.cfg.limits.header_timeout_s,
+                                                 graceful_s=self.cfg.supervisor.shutdown_grace_s + _HTTP_BACKSTOP_S)
+        self._http = http
         admin = await admin_server.start(self.admin_socket,
                                          admin_server.AdminService(self.status, self.routing.router,
                                                                    memory=self.directory.memory,
-                                                                   operator=self.operator))
+                                                                   operator=self.operator),
+                                         group=self.cfg.listen.admin_group)
         try:
-            await self._serve(stop)
+            await self._serve()
         finally:
             sdnotify.notify("STOPPING=1")
-            http.should_exit = True
+            await self._drain(http, http_task)
             await admin.stop(grace=1.0)
             await self.supervisor.stop()
-            await http_task
+            for t in self._background:
+                t.cancel()
+            await asyncio.gather(*self._background, return_exceptions=True)
             await self.directory.aclose()
 
-    async def _serve(self, stop: asyncio.Event) -> None:
+    async def _serve(self) -> None:
         starting = asyncio.create_task(self.supervisor.start())
-        await asyncio.wait([starting, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
-        if stop.is_set():
+        await asyncio.wait([starting, asyncio.create_task(self._stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if self._stop.is_set():
             starting.cancel()
             return
         starting.result()
         await self.directory.poll_once()
         gc.freeze()  # start-up objects never die; keeping them out of GC passes trims routing tail latency
-        poller = asyncio.create_task(self.directory.poll_forever())
-        collector = asyncio.create_task(self._collect_forever())
-        watchdog = asyncio.create_task(_watchdog())
+        # both keep running through the drain: held calls need fresh telemetry to be placed
+        self._background = [asyncio.create_task(self.directory.poll_forever()),
+                            asyncio.create_task(self._collect_forever()), asyncio.create_task(_watchdog())]
         sdnotify.notify("READY=1", f"STATUS=serving {len(self.cfg.models)} models on {len(self.cfg.instances)} instances")
         print(f"talariad: listening on {self.endpoint}/v1 (admin: unix:{self.admin_socket})", flush=True)
-        await stop.wait()
-        poller.cancel()
-        collector.cancel()
-        watchdog.cancel()
+        await self._stop.wait()
+
+    async def _drain(self, http, http_task: asyncio.Task) -> None:
+        """Stop accepting; let running calls finish within the grace; then end the rest with an error."""
+        http.should_exit = True
+        grace = self.cfg.supervisor.shutdown_grace_s
+        sdnotify.notify(f"STATUS=draining (up to {grace:g}s)")
+        done, _ = await asyncio.wait([http_task], timeout=grace)
+        if not done:
+            self.routing.close()
+            ended = await self.directory.abort_all()
+            log.warning("shutdown grace of %gs ran out: ended %d call(s) with an error", grace, ended)
+        await http_task
+
+
+def _flatten(data, prefix: str = "") -> dict[str, object]:
+    """Dotted leaf paths of a config dump (`models.0.aliases`); lists of scalars are leaves."""
+    out: dict[str, object] = {}
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(data, list) and any(isinstance(v, dict) for v in data):
+        for i, v in enumerate(data):
+            out.update(_flatten(v, f"{prefix}.{i}"))
+    else:
+        out[prefix] = data
+    return out
+
+
+def _live(path: str) -> bool:
+    return any(fnmatch.fnmatchcase(path, pattern) for pattern in LIVE_FIELDS)
+
+
+def _assign(tree: dict, path: str, value) -> None:
+    *parents, leaf = path.split(".")
+    node = tree
+    for p in parents:
+        node = node[int(p)] if isinstance(node, list) else node[p]
+    if isinstance(node, list):
+        node[int(leaf)] = value
+    else:
+        node[leaf] = value
 
 
 async def _watchdog() -> None:
@@ -209,22 +357,6 @@ async def _watchdog() -> None:
     while interval:
         sdnotify.notify("WATCHDOG=1")
         await asyncio.sleep(interval)
-
-
-_SCHEDULER_KNOBS = {"policy.gamma", "policy.ttft_target_s", "policy.tpot_target_s", "policy.tau_s"}
-
-
-def _changed(a: TalariaConfig, b: TalariaConfig) -> list[str]:
-    """Dotted paths of the fields that differ (a list-valued section counts as one field)."""
-    da, db = a.model_dump(), b.model_dump()
-    out = []
-    for section in da:
-        va, vb = da[section], db[section]
-        if isinstance(va, dict):
-            out += [f"{section}.{k}" for k in va if va[k] != vb.get(k)]
-        elif va != vb:
-            out.append(section)
-    return out
 
 
 def _regions(report: dict) -> dict[str, int]:

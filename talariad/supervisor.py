@@ -35,6 +35,8 @@ class Managed:
     state: ProcState = ProcState.STARTING
     port: int | None = None
     socket: str | None = None
+    token: str | None = field(default=None, repr=False)
+    """The per-start secret the instance's internal API requires (from its ready line)."""
     pid: int | None = None
     restarts: int = 0
     role: dict | None = None
@@ -94,19 +96,22 @@ class Supervisor:
 
     async def _run_once(self, m: Managed) -> int:
         m.state = ProcState.STARTING
+        # A session of its own: a terminal's SIGINT/SIGHUP reach the daemon only, which drains
+        # calls before it stops its instances (PDEATHSIG still ends them if the daemon dies).
         m.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "talariad.engine", "--config", self.config_path, "--instance", m.inst.name,
             "--socket", os.path.join(self.socket_dir, f"{m.inst.name}.sock"),
             *(["--role", json.dumps(m.role)] if m.role else []),
             stdout=asyncio.subprocess.PIPE, env={**os.environ, "TALARIA_PARENT_PID": str(os.getpid())},
+            start_new_session=True,
         )
         m.pid = m.proc.pid
         async for line in m.proc.stdout:
-            port = _ready_port(line)
-            if port:
-                m.port, m.socket, m.state = port, _ready_socket(line), ProcState.READY
+            ready = _ready_line(line)
+            if ready:
+                m.port, m.socket, m.token, m.state = ready[0], ready[1], ready[2], ProcState.READY
                 m.ready.set()
-                log.info("instance %s ready on port %d (pid %d)", m.inst.name, port, m.pid)
+                log.info("instance %s ready on port %d (pid %d)", m.inst.name, m.port, m.pid)
         return await m.proc.wait()
 
     def restart(self, name: str, role: dict | None = None) -> bool:
@@ -120,6 +125,17 @@ class Supervisor:
         m.state, m.port, m.socket = ProcState.STARTING, None, None
         m.proc.send_signal(signal.SIGTERM)
         return True
+
+    def token_for(self, port: int | None) -> str | None:
+        """The internal-API token of the instance listening on `port`."""
+        return next((m.token for m in self.procs.values() if port and m.port == port), None)
+
+    def kill_now(self) -> None:
+        """SIGKILL every instance process at once (a second SIGINT: exit without draining)."""
+        self._stopping = True
+        for m in self.procs.values():
+            if m.proc and m.proc.returncode is None:
+                m.proc.kill()
 
     async def stop(self) -> None:
         """SIGTERM every instance, SIGKILL those still alive after the grace period."""
@@ -143,14 +159,13 @@ class Supervisor:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
-def _ready_port(line: bytes) -> int | None:
+def _ready_line(line: bytes) -> tuple[int, str | None, str | None] | None:
+    """(port, call-stream socket, token) from an instance's ready line; None for any other output."""
     try:
         msg = json.loads(line)
     except ValueError:
         return None
-    return msg.get("port") if isinstance(msg, dict) and msg.get("ready") else None
-
-
-def _ready_socket(line: bytes) -> str | None:
-    path = json.loads(line).get("socket")
-    return path if isinstance(path, str) and path else None
+    if not (isinstance(msg, dict) and msg.get("ready") and isinstance(msg.get("port"), int)):
+        return None
+    path = msg.get("socket")
+    return msg["port"], path if isinstance(path, str) and path else None, msg.get("token")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import grp
 import os
 import pathlib
 import time
@@ -201,8 +202,9 @@ def socket_target(path: str) -> str:
     return f"unix://{os.path.abspath(path)}"
 
 
-async def start(path: str, service: AdminService) -> grpc.aio.Server:
-    """Bind the admin socket (replacing a stale one) and start serving."""
+async def start(path: str, service: AdminService, group: str | None = None) -> grpc.aio.Server:
+    """Bind the admin socket (replacing a stale one: the caller holds the socket's lock) and start
+    serving; the socket gets mode 0660 and, when given, `group`."""
     sock = pathlib.Path(path)
     sock.parent.mkdir(parents=True, exist_ok=True)
     if sock.is_socket():
@@ -214,6 +216,18 @@ async def start(path: str, service: AdminService) -> grpc.aio.Server:
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     server.add_insecure_port(socket_target(path))
     await server.start()
+    _restrict(sock, group)
     await health_servicer.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     return server
+
+
+def _restrict(sock: pathlib.Path, group: str | None) -> None:
+    """Owner and group may connect (talaria-ctl for members of the service's group), others not."""
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise RuntimeError(f"listen.admin_group: no group named {group!r}") from None
+        os.chown(sock, -1, gid)
+    os.chmod(sock, 0o660)

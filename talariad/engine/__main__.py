@@ -1,8 +1,9 @@
 """`python -m talariad.engine --config FILE --instance NAME`: one instance process.
 
 It binds a loopback port and a unix socket for the call stream (`engine/stream.py`), prints one JSON
-ready line (`{"ready": true, "port": N, "socket": PATH}`) on stdout for the supervisor, serves the
-internal API, and exits with status 0 on SIGTERM or SIGINT.
+ready line (`{"ready": true, "port": N, "socket": PATH, "token": T}`) on stdout for the supervisor,
+serves the internal API to holders of the per-start token T only, and exits with status 0 on
+SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ctypes
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -59,12 +61,14 @@ async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str, config_dir
         return 1
     loop = asyncio.create_task(worker.run())
     sock = httpserver.bind(host, 0)
-    server, task = await httpserver.start(build_app(worker), sock)
+    token = secrets.token_urlsafe(32)  # read by the supervisor from our stdout pipe, nowhere else
+    server, task = await httpserver.start(build_app(worker, token), sock)
     own_dir = None if socket_path else tempfile.mkdtemp(prefix="talaria-")  # mode 0700
     socket_path = socket_path or os.path.join(own_dir, "calls.sock")
     calls = await stream.serve(worker, socket_path)
     try:
-        print(json.dumps({"ready": True, "port": sock.getsockname()[1], "socket": socket_path}), flush=True)
+        print(json.dumps({"ready": True, "port": sock.getsockname()[1], "socket": socket_path, "token": token}),
+              flush=True)
         await asyncio.wait([task, loop, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         server.should_exit = True
         calls.close()

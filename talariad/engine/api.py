@@ -1,7 +1,12 @@
-"""The internal HTTP API an instance serves to the gateway (loopback only)."""
+"""The internal HTTP API an instance serves to the gateway (loopback only).
+
+Every request must carry the instance's per-start token (`x-talaria-token`): the port is reachable
+by any local user, the token only by the daemon that read it from the instance's ready line.
+"""
 
 from __future__ import annotations
 
+import hmac
 import random
 
 from fastapi import FastAPI, Query
@@ -11,6 +16,7 @@ from pydantic import BaseModel
 from talariad.engine.messages import GenerateRequest, Telemetry
 from talariad.engine.worker import Worker
 
+TOKEN_HEADER = "x-talaria-token"
 
 class SessionDeltas:
     """Per-session KV telemetry as changes since the consumer's last view, so a poll's size follows
@@ -49,8 +55,26 @@ class Forget(BaseModel):
     session_id: str
 
 
-def build_app(worker: Worker) -> FastAPI:
+class TokenCheck:
+    """Refuse (401) every request whose token header is not `token`."""
+
+    def __init__(self, app, token: str):
+        self.app, self.token = app, token.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            given = next((v for k, v in scope["headers"] if k == TOKEN_HEADER.encode()), b"")
+            if not hmac.compare_digest(given, self.token):
+                resp = JSONResponse({"error": "missing or wrong internal token"}, status_code=401)
+                return await resp(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def build_app(worker: Worker, token: str | None = None) -> FastAPI:
+    """`token`: required on every request when given (the instance process always gives one)."""
     app = FastAPI(title=f"talaria instance {worker.inst.name}", docs_url=None, redoc_url=None)
+    if token is not None:
+        app.add_middleware(TokenCheck, token=token)
     deltas = SessionDeltas()
 
     @app.get("/health")
@@ -97,5 +121,11 @@ def build_app(worker: Worker) -> FastAPI:
                 yield event.model_dump_json() + "\n"
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @app.post("/internal/abort")
+    async def abort() -> dict:
+        """End every live call with an error event (the daemon's shutdown grace ran out)."""
+        return {"aborted": worker.abort_all("talariad is shutting down: the call did not finish "
+                                            "within supervisor.shutdown_grace_s")}
 
     return app

@@ -106,6 +106,12 @@ class Worker:
                                    usage=usage, ttft_s=c.ttft_s,
                                    kv_state=done.kv_state.value, kv_len=done.kv_len))
 
+    def abort_all(self, message: str) -> int:
+        """End every live call with an error event; each call's stream then cancels it."""
+        for queue in self.queues.values():
+            queue.put_nowait(ErrorEvent(status=503, code="shutting_down", message=message))
+        return len(self.queues)
+
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         if req.model not in self.core.models:
             yield ErrorEvent(message=f"instance {self.inst.name} does not serve model {req.model!r} now",

@@ -16,7 +16,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from talariad.config import ModelConfig, TalariaConfig
 from talariad.engine.messages import (ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, StreamEvent, TokenEvent,
                                       ToolCall)
-from talariad.gateway import anthropic, errors, responses
+from talariad.gateway import anthropic, errors, limits, responses
+from talariad.gateway.auth import APIKeys
 from talariad.gateway.errors import APIError
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import GatewayMetrics
@@ -33,8 +34,12 @@ class Gateway:
     """Everything a request handler needs; the daemon builds one and the tests can too."""
 
     def __init__(self, cfg: TalariaConfig, directory: InstanceDirectory, routing: RouterShell,
-                 ready: Callable[[str], bool]):
+                 ready: Callable[[str], bool], describe: Callable[[], list[dict]] | None = None):
         self.cfg, self.directory, self.routing, self.ready = cfg, directory, routing, ready
+        self.describe = describe or (lambda: [{"name": i.name, "ready": ready(i.name)} for i in cfg.instances])
+        """Each instance's state and telemetry age, for /health and /ready."""
+        self.api_keys: frozenset[str] | None = None
+        """When set, every /v1/ call needs one of these keys."""
         self.metrics = GatewayMetrics()
         self.stored = responses.ResponseStore(cfg.responses.store_max)
         self._dropped_logged: set[str] = set()
@@ -104,6 +109,7 @@ class _Call:
 
     def __init__(self, gw: Gateway, body, headers, messages: list[ChatMessage], prompt: str | None = None, *,
                  api: str = "openai", tools: list[dict] | None = None):
+        limits.screen(body, gw.cfg.limits)
         spec = gw.resolve(body.model, api)
         if not gw.served(spec.name):
             raise APIError(503, f"The model {body.model!r} is not loaded on any instance now", type="api_error",
@@ -111,14 +117,17 @@ class _Call:
         self.gw, self.body, self.api, self.model = gw, body, api, spec.name
         self.tools = tools or []
         self.parser = spec.tool_parser
+        self.text = _canonical(messages, prompt, self.tools)
+        asked = body.limit(0)
+        clamp = not asked or (api == "anthropic" and gw.cfg.anthropic.clamp_max_tokens)
+        # refused from its size alone, before anything hashes or tokenizes it (a clamped call
+        # needs room for one output token)
+        limits.check_context(self.text, 1 if clamp else asked, spec.max_context, gw.cfg.limits)
         self.id = uuid.uuid4().hex[:24]
         self.session = session_id(headers, body.model_dump(), [(m.role, m.content) for m in messages])
         self.started = gw.clock()
-        self.text = _canonical(messages, prompt, self.tools)
         self.branch = gw.routing.branches.branch(self.session, self.model, self.text)
-        asked = body.limit(0)
         max_tokens = asked or spec.default_max_tokens
-        clamp = not asked or (api == "anthropic" and gw.cfg.anthropic.clamp_max_tokens)
         estimate = _estimate_tokens([self.text])
         # the router plans with what can fit; the instance, which knows the exact prompt, clamps
         plan = max(1, min(max_tokens, spec.max_context - estimate)) if clamp else max_tokens
@@ -496,12 +505,24 @@ def build_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="Talaria", docs_url=None, redoc_url=None)
     errors.install(app)
     app.add_middleware(_CountResponses, counter=gw.metrics.responses)
+    app.add_middleware(limits.BodyLimit, max_bytes=lambda: gw.cfg.limits.max_body_bytes)
+    app.add_middleware(APIKeys, keys=lambda: gw.api_keys)
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        ready = [i.name for i in gw.cfg.instances if gw.ready(i.name)]
-        return JSONResponse({"status": "ok" if ready else "starting", "instances_ready": ready},
-                            status_code=200 if ready else 503)
+        """Liveness: answered while the daemon's loop runs (readiness is /ready)."""
+        rows = gw.describe()
+        return JSONResponse({"status": "ok", "instances_ready": [r["name"] for r in rows if r["ready"]],
+                             "instances": rows})
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """Readiness: 200 when every configured model has at least one ready instance."""
+        serving = {m.name: [i.name for i in gw.cfg.instances if m.name in i.models and gw.ready(i.name)]
+                   for m in gw.cfg.models}
+        ok = all(serving.values())
+        return JSONResponse({"status": "ready" if ok else "not_ready", "models": serving,
+                             "instances": gw.describe()}, status_code=200 if ok else 503)
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -11,12 +11,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None, headers: dict | None = None):
+        message, param = _printable(message), _printable(param)
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _printable(text: str | None) -> str | None:
+    """Client text quoted in an error (a field name, a model id) with anything that cannot be
+    encoded as UTF-8 (a lone surrogate) escaped, so the error itself can always be sent."""
+    return text if text is None or text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _param(loc: tuple) -> str | None:
@@ -37,12 +44,17 @@ def validation_error(exc: RequestValidationError) -> APIError:
     return APIError(400, msg, param=param, code="invalid_value" if first["type"] != "missing" else "missing_parameter")
 
 
-def _response(request: Request, err: APIError) -> JSONResponse:
-    if request.url.path.startswith("/v1/messages"):  # Anthropic clients expect their own error shape
+def error_response(path: str, err: APIError) -> JSONResponse:
+    """`err` in the error shape of the API that `path` belongs to."""
+    if path.startswith("/v1/messages"):  # Anthropic clients expect their own error shape
         from talariad.gateway.anthropic import error_body
 
         return JSONResponse(error_body(err.status, err.message), status_code=err.status, headers=err.headers)
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def _response(request: Request, err: APIError) -> JSONResponse:
+    return error_response(request.url.path, err)
 
 
 def install(app) -> None:

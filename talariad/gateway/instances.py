@@ -21,6 +21,19 @@ log = logging.getLogger("talariad.gateway")
 
 
 
+class InternalAuth(httpx.Auth):
+    """Puts the per-start token of the instance a request goes to (found by its port) on the request."""
+
+    def __init__(self, token_for: Callable[[int | None], str | None]):
+        self.token_for = token_for
+
+    def auth_flow(self, request: httpx.Request):
+        token = self.token_for(request.url.port)
+        if token:
+            request.headers["x-talaria-token"] = token
+        yield request
+
+
 class InstanceDirectory:
     """Base URLs come from the supervisor (`urls()`); telemetry is polled on the heartbeat."""
 
@@ -29,13 +42,15 @@ class InstanceDirectory:
                  on_down: Callable[[str, float], None] | None = None,
                  on_unhealthy: Callable[[str, float], None] | None = None,
                  sockets: Callable[[], dict[str, str | None]] | None = None,
-                 on_payload: Callable[[str, int], None] | None = None):
+                 on_payload: Callable[[str, int], None] | None = None,
+                 token_for: Callable[[int | None], str | None] | None = None):
         self.urls, self.interval_s, self.sockets, self.on_payload = urls, interval_s, sockets, on_payload
         self._epochs: dict[str, int | None] = {}  # the session view each instance last sent us
         self.streams = StreamClient()
         self.on_telemetry, self.on_down, self.on_unhealthy = on_telemetry, on_down, on_unhealthy
         self.snapshots: dict[str, tuple[float, Telemetry]] = {}
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None))
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None),
+                                        auth=InternalAuth(token_for) if token_for else None)
 
     def snapshot(self, name: str) -> Telemetry | None:
         entry = self.snapshots.get(name)
@@ -145,6 +160,17 @@ class InstanceDirectory:
             final = ErrorEvent(message=f"instance {instance} failed: {err}")
         if final is not None:
             yield final
+
+    async def abort_all(self) -> int:
+        """Ask every instance to end its live calls with an error event; how many were ended."""
+        async def one(url: str) -> int:
+            try:
+                r = await self.client.post(f"{url}/internal/abort", timeout=5.0)
+                r.raise_for_status()
+                return int(r.json().get("aborted", 0))
+            except (httpx.HTTPError, ValueError):
+                return 0
+        return sum(await asyncio.gather(*(one(u) for u in self.urls().values() if u)))
 
     async def aclose(self) -> None:
         await self.streams.aclose()

@@ -117,6 +117,13 @@ class RouterShell:
         self._sessions: dict[str, dict[tuple[str, str], SessionKV]] = {}  # per instance, merged
         self._fed: dict[str, int] = {}
 
+    closing = False
+    """Set when shutdown's grace ran out: calls still held in the overload queue are rejected."""
+
+    def close(self) -> None:
+        self.closing = True
+        self._changed.set()
+
     def observe(self, t: Telemetry, now: float) -> None:
         """Install one telemetry reply; replies of an instance must come in order (deltas)."""
         view = self._merge(t)
@@ -175,6 +182,10 @@ class RouterShell:
                 decision = self.router.place(call, clock())
                 if decision.kind != DecisionKind.OVERLOAD_QUEUE:
                     return decision
+                if self.closing:
+                    self.router.failed(call.call_id, clock())
+                    return decision._replace(kind=DecisionKind.OVERLOAD_REJECT,
+                                             reason=f"{decision.reason}; talariad is shutting down")
                 if clock() >= deadline:
                     self.router.failed(call.call_id, clock())
                     return decision._replace(kind=DecisionKind.OVERLOAD_REJECT,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -18,8 +19,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from talariad.replay.metrics import CallRecord, RunResult, SessionRecord
-from talariad.replay.scale import (GENERATORS, Conversation, ScaledCall, ScaledSession, load_trace, map_models,
-                                   parse_model_map, scale_trace)
+from talariad.replay.scale import (GENERATORS, Conversation, ScaledCall, ScaledSession, count_tokens, filler,
+                                   fit_context, load_trace, map_models, parse_model_map, scale_trace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,8 @@ class ReplayOptions:
     start_interval_s: float = 0.0  # session i starts at i x this
     session_tag: str | None = None  # prefix of every x-session-id; None: a fresh one per run, so a
     # replay never finds the KV an earlier replay of the same trace left on the server
+    contexts: dict[str, int | None] | None = None  # served model -> context tokens: calls are fitted
+    tokens_per_unit: float = 1.0  # server tokens per scaling unit before a session's first answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,7 @@ class ReplayResult:
     usage: list[CallUsage] = field(default_factory=list)
     errors: list[CallError] = field(default_factory=list)
     retries: int = 0  # 429 / 503 answers that were retried
+    fitted: int = 0  # calls whose history or max_tokens was cut to fit the model's context
 
 
 @dataclass(slots=True)
@@ -146,13 +150,21 @@ async def replay(sessions: list[ScaledSession], opts: ReplayOptions,
 
 async def _session(run: _Run, calls: ScaledSession, start_s: float) -> None:
     conv, intended, prev = Conversation(calls[0].session_id), start_s, None
-    current = calls[0]
+    current, ratio = calls[0], run.opts.tokens_per_unit
     try:
         for current in calls:
             if prev is not None:
                 intended = prev.done_s + current.gap_s
             await run.sleep_until(intended)
-            reply = await _call(run, current, conv.messages(current))
+            messages = conv.messages(current)
+            context = (run.opts.contexts or {}).get(current.model)
+            if context:
+                current, cut = fit_context(conv, current, ratio, context)
+                run.result.fitted += cut
+                messages = [dict(m) for m in conv.history]
+            reply = await _call(run, current, messages)
+            if reply.usage.get("prompt_tokens") and conv.tokens():  # this conversation's own ratio
+                ratio = max(ratio, reply.usage["prompt_tokens"] / conv.tokens())
             conv.answered(reply.text)
             _record(run, current, intended, reply, prev)
             prev = reply
@@ -284,15 +296,42 @@ def add_run_parser(sub) -> None:
                    help="talariad's admin socket, for rounds, switches and HBM (default: talaria-ctl's)")
 
 
+async def served_contexts(endpoint: str, timeout_s: float = 10.0) -> dict[str, int | None]:
+    """Each served model's context in tokens (`max_model_len` of `GET /v1/models`; None if not listed)."""
+    async with httpx.AsyncClient(base_url=base_url(endpoint), timeout=timeout_s) as http:
+        try:
+            r = await http.get("/v1/models")
+            r.raise_for_status()
+        except httpx.HTTPError as e:
+            raise ValueError(f"cannot list models at {endpoint}: {e}") from None
+    return {m["id"]: m.get("max_model_len") for m in r.json()["data"]}
+
+
+async def tokens_per_unit(endpoint: str, model: str, timeout_s: float = 120.0) -> float:
+    """Server tokens per scaling unit (word or punctuation mark), measured with one short call: its
+    `usage.prompt_tokens` over the prompt's size in units (template tokens included: errs high)."""
+    text = filler(random.Random(0), 200)
+    async with httpx.AsyncClient(base_url=base_url(endpoint), timeout=timeout_s) as http:
+        try:
+            r = await http.post("/v1/chat/completions", json={
+                "model": model, "max_tokens": 1, "messages": [{"role": "user", "content": text}]})
+            r.raise_for_status()
+        except httpx.HTTPError as e:
+            raise ValueError(f"cannot measure {model}'s tokenizer at {endpoint}: {e}") from None
+    return r.json()["usage"]["prompt_tokens"] / count_tokens(text)
+
+
 def prepare(args) -> tuple[list[ScaledSession], ReplayOptions]:
     trace = load_trace(args.trace, args.seed, args.sessions)
     if args.timeout <= 0 or args.gap_cap < 0 or args.start_interval < 0:
         raise ValueError("--timeout must be > 0, --gap-cap and --start-interval >= 0")
-    served = asyncio.run(served_models(args.endpoint))
-    models = map_models(trace.models(), served, parse_model_map(args.model_map))
+    contexts = asyncio.run(served_contexts(args.endpoint))
+    models = map_models(trace.models(), list(contexts), parse_model_map(args.model_map))
     sessions = scale_trace(trace, models, args.scale, args.output_scale, args.gap_cap, args.max_calls)
+    used = sorted(set(models.values()))
+    ratio = max(asyncio.run(tokens_per_unit(args.endpoint, m)) for m in used) if any(contexts.values()) else 1.0
     return sessions, ReplayOptions(args.endpoint, config=args.label, timeout_s=args.timeout,
-                                   start_interval_s=args.start_interval)
+                                   start_interval_s=args.start_interval, contexts=contexts, tokens_per_unit=ratio)
 
 
 def replay_measured(sessions: list[ScaledSession], opts: ReplayOptions, admin_socket: str | None) -> ReplayResult:
@@ -316,7 +355,7 @@ def summary(result: ReplayResult) -> str:
     reused = sum(u.cached_tokens for u in cont) / max(1, sum(u.prompt_tokens for u in cont))
     sources = {s: sum(u.kv_source == s for u in result.usage) for s in ("device", "host", "recompute", "none")}
     return (f"{len(result.run.calls)} calls, {len(result.run.sessions)} sessions done, {len(result.errors)} errors, "
-            f"{result.retries} retries; continuations cached {100 * reused:.1f}% of prompt tokens; "
+            f"{result.retries} retries, {result.fitted} fitted to context; continuations cached {100 * reused:.1f}% of prompt tokens; "
             f"kv_source {sources}; wall {result.run.wall_clock_s:.1f} s")
 
 

@@ -18,7 +18,7 @@ import math
 import random
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from talariad.replay.generate import characterization, fixed_replay
 from talariad.replay.trace import Trace, TraceCall, read_jsonl
@@ -152,3 +152,31 @@ class Conversation:
 
     def answered(self, text: str) -> None:
         self.history.append({"role": "assistant", "content": text})
+
+
+def fit_context(conv: Conversation, call: ScaledCall, tokens_per_unit: float, context: int,
+                margin: float = 0.95) -> tuple[ScaledCall, bool]:
+    """Make the next prompt plus `call.max_tokens` fit `context` server tokens (with a margin):
+    drop the oldest messages after the system prompt first (an agent compacts its history the
+    same way), then lower max_tokens, then cut the newest message. Returns the call to send and
+    whether anything was changed. `tokens_per_unit`: server tokens per word, as measured."""
+    budget = int(context * margin)
+
+    def need() -> int:
+        return math.ceil(tokens_per_unit * conv.tokens()) + 1
+
+    changed = False
+    while need() + call.max_tokens > budget and len(conv.history) > 2:
+        del conv.history[1]
+        changed = True
+    if need() + call.max_tokens > budget:
+        call, changed = replace(call, max_tokens=max(1, min(call.max_tokens, budget // 4))), True
+    while need() + call.max_tokens > budget and conv.history:
+        last = conv.history[-1]
+        words = last["content"].split()
+        keep = max(0, len(words) - max(1, math.ceil((need() + call.max_tokens - budget) / tokens_per_unit)))
+        last["content"] = " ".join(words[:keep])
+        changed = True
+        if not keep:
+            break
+    return call, changed

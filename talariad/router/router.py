@@ -44,13 +44,14 @@ class Router:
         self._drained: set[str] = set()  # instances that get no new leases
         self._decisions: OrderedDict[str, Decision] = OrderedDict()
 
-    def set_knobs(self, knobs: RouterKnobs) -> None:
-        """Apply new knobs (a config reload); the policy stays, its knobs follow."""
-        self.knobs = self._cost.knobs = self._view.knobs = self._policy.knobs = knobs
-
     @property
     def policy(self) -> str:
         return self._policy.name
+
+    def retune(self, knobs: RouterKnobs) -> None:
+        """Replace the knobs live (config reload); books, leases and sessions are kept."""
+        for part in (self, self._policy, self._cost, self._view):
+            part.knobs = knobs
 
     # --- telemetry ---------------------------------------------------------------------------
     def observe(self, snapshot: InstanceSnapshot, now: float) -> bool:

@@ -52,16 +52,19 @@ def _pump(stream, sink: queue.Queue) -> None:
 
 
 def start_daemon(tmp_path: pathlib.Path, overrides: dict | None = None, executor: str | None = None,
-                 base: dict | None = None) -> Daemon:
-    """The embedded default config (or `base`), with `overrides` merged into its sections and every
-    instance's executor replaced by `executor` when given."""
+                 base: dict | None = None, instance: dict | None = None) -> Daemon:
+    """The embedded default config (or `base`), with `overrides` merged into its sections, every
+    instance's executor replaced by `executor` when given and `instance` merged into every instance."""
     cfg = base or yaml.safe_load((ROOT / "etc" / "talaria.yaml").read_text())
     for inst in cfg["instances"] if executor else ():
         inst["executor"] = executor
+    for inst in cfg["instances"]:
+        inst.update(instance or {})
     sock_path = str(tmp_path / "admin.sock")
     cfg["listen"] = {"http": "127.0.0.1:0", "admin_socket": sock_path}
     for key, value in (overrides or {}).items():
         cfg.setdefault(key, {}).update(value)
+    cfg["listen"]["admin_socket"] = sock_path = cfg["listen"].get("admin_socket", sock_path)
     config_path = tmp_path / "talaria.yaml"
     config_path.write_text(yaml.safe_dump(cfg))
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

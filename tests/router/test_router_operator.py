@@ -61,6 +61,6 @@ def test_revoke_and_forget():
 
 def test_set_knobs_changes_tau_for_new_leases():
     r, _ = setup()
-    r.set_knobs(dataclasses.replace(r.knobs, tau_s=7.0))
+    r.retune(dataclasses.replace(r.knobs, tau_s=7.0))
     _, lease = serve(r, call("c1"), 0.1, 1.0)
     assert lease.t_exp == 8.0

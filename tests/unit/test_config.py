@@ -43,6 +43,9 @@ def test_default_config_loads_with_paper_defaults():
     (lambda d: d["listen"].update(http="nohost"), "listen.http", "host:port"),
     (lambda d: d["instances"][0].update(executor="vllm"), "instances[0].executor", "'sim', 'torch' or 'sglang'"),
     (lambda d: d["policy"].update(router="fastest"), "policy.router", "unknown policy 'fastest' (valid: consistent-hash"),
+    (lambda d: d["policy"].update(staleness_s=0.25), "policy.staleness_s", "not longer than policy.telemetry_interval_s"),
+    (lambda d: d["listen"].update(http="0.0.0.0:8000"), "listen.http", "not a loopback address"),
+    (lambda d: d["listen"].update(http="gpu-box.example:8000"), "listen.http", "set listen.api_keys_file"),
 ])
 def test_bad_config_names_file_field_and_problem(tmp_path, mutate, path, words):
     data = _base()
@@ -152,3 +155,26 @@ def test_alias_naming_another_model_and_unknown_default_model_are_refused(tmp_pa
         load_config(_write(tmp_path, data))
     text = "\n".join(err.value.lines)
     assert "models[0].aliases[0]" in text and "anthropic.default_model: 'nope' is not a model name or alias" in text
+@pytest.mark.parametrize("listen", [
+    {"http": "0.0.0.0:8000", "api_keys_file": "keys.txt"},
+    {"http": "0.0.0.0:8000", "allow_unauthenticated": True},
+    {"http": "[::1]:8000"}, {"http": "localhost:8000"},
+])
+def test_non_loopback_bind_is_allowed_with_keys_or_an_explicit_opt_out(tmp_path, listen):
+    data = _base()
+    data["listen"].update(listen)
+    assert load_config(_write(tmp_path, data)).listen.http == listen["http"]
+
+
+def test_check_config_reads_the_api_keys_file(tmp_path):
+    data = _base()
+    data["listen"]["api_keys_file"] = "keys.txt"
+    f = _write(tmp_path, data)
+    result = CliRunner().invoke(app, ["check-config", str(f)])
+    assert result.exit_code == 2 and "listen.api_keys_file: cannot read" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    (tmp_path / "keys.txt").write_text("# none yet\n")
+    result = CliRunner().invoke(app, ["check-config", str(f)])
+    assert result.exit_code == 2 and "holds no key" in result.stderr
+    (tmp_path / "keys.txt").write_text("sk-1\n")
+    assert CliRunner().invoke(app, ["check-config", str(f)]).exit_code == 0

@@ -1,0 +1,54 @@
+"""The HTTP server's connection timeouts, in-process: a silent connection is closed after the idle
+(keep-alive) timeout, a partial request head after the head timeout however slowly it trickles,
+and a request that completes its head is served."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from talariad import httpserver
+
+
+async def _app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def _serve():
+    sock = httpserver.bind("127.0.0.1", 0)
+    server, task = await httpserver.start(_app, sock, keep_alive_s=0.4, head_timeout_s=0.6)
+    return server, task, sock.getsockname()[1]
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1024), seconds) == b""
+    except TimeoutError:
+        return False
+
+
+async def test_connection_timeouts():
+    server, task, port = await _serve()
+    try:
+        silent_r, silent_w = await asyncio.open_connection("127.0.0.1", port)
+        assert await _closed_within(silent_r, 5)  # idle: no byte at all
+
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        closed = False
+        while time.monotonic() - started < 5 and not closed:  # trickle a header byte every 0.1 s
+            w.write(b"X")
+            closed = await _closed_within(r, 0.1)
+        assert closed
+
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await asyncio.wait_for(r.read(1024), 5)).startswith(b"HTTP/1.1 200")
+        w.close()
+    finally:
+        server.should_exit = True
+        await task
