@@ -120,9 +120,9 @@ class _Call:
         self.text = _canonical(messages, prompt, self.tools)
         asked = body.limit(0)
         clamp = not asked or (api == "anthropic" and gw.cfg.anthropic.clamp_max_tokens)
-        # refused from its size alone, before anything hashes or tokenizes it (a clamped call
-        # needs room for one output token)
-        limits.check_context(self.text, 1 if clamp else asked, spec.max_context, gw.cfg.limits)
+        # a prompt that alone cannot fit is refused from its size, before anything hashes or
+        # tokenizes it; whether max_tokens fits is the instance's to say (it knows the exact count)
+        limits.check_context(self.text, 1, spec.max_context, gw.cfg.limits)
         self.id = uuid.uuid4().hex[:24]
         self.session = session_id(headers, body.model_dump(), [(m.role, m.content) for m in messages])
         self.started = gw.clock()

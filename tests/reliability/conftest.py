@@ -23,6 +23,7 @@ def one_call(endpoint: str, kind: str, i: int, max_tokens: int) -> dict:
         path, body = "/v1/completions", {"model": "tiny-code", "prompt": "def f(x):", "max_tokens": max_tokens}
     else:
         path, body = "/v1/chat/completions", {"model": "tiny-code", "messages": CHAT, "max_tokens": max_tokens}
+    body["ignore_eos"] = True  # exactly max_tokens, whatever the model's end of turn
     if stream:
         body |= {"stream": True} | ({"stream_options": {"include_usage": True}} if kind == "chat-stream" else {})
     out = {"kind": kind, "status": None, "tokens": None, "prompt": None, "stream_error": False, "error": None}
