@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from talariad.router import DecisionKind, ModelResidency, ModelState
-from talariad.types import KVState
-from tests.router.router_factories import MODEL, Snaps, call, cluster, router, serve
+from talariad.types import KVState, Pool
+from tests.router.router_factories import MODEL, Snaps, call, cand, cluster, router, serve
 
 NAMES = ("a", "b", "c")
 
@@ -189,3 +189,21 @@ def test_baselines_install_no_lease_and_skip_unhealthy(policy):
     assert all(c.instance != "a" for c in d.candidates)
     assert r.explain("c1") == d and d.policy == policy
     assert MODEL in r.profiles()
+
+
+def test_hot_instance_pinning_the_model_wins_a_tie_over_cold():
+    # equal Eq. (1) totals: the name order alone would send it to "a-cold"
+    r, snaps = router(), Snaps()
+    r.observe(snaps("a-cold", 0.0), 0.0)
+    r.observe(snaps("b-hot", 0.0, pool=Pool.HOT), 0.0)
+    d = r.place(call("c1"), 0.1)
+    assert cand(d, "a-cold").total_s == cand(d, "b-hot").total_s
+    assert d.instance == "b-hot" and "hot pool" in d.reason
+
+
+def test_cold_takes_a_hot_model_only_when_the_hot_instance_is_infeasible():
+    r, snaps = router(), Snaps()
+    r.observe(snaps("a-cold", 0.0), 0.0)
+    r.observe(snaps("b-hot", 0.0, pool=Pool.HOT, hbm_free_bytes=0), 0.0)  # no room for the call
+    d = r.place(call("c1"), 0.1)
+    assert not cand(d, "b-hot").feasible and d.instance == "a-cold"

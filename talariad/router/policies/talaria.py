@@ -5,6 +5,10 @@
 2. Otherwise every placeable instance is scored by Eq. (1); the round-admission (Eq. 5) and HBM
    checks filter them, and a candidate that needs a fresh replica must also pass Eq. (2).
 3. The cheapest survivor wins; with none, the router applies the configured overload policy.
+   The hot pool is for its models: when a cold instance would win, a feasible hot instance
+   allowed the model wins instead (a tie in Eq. (1) is not a reason to time-share a cold slot
+   while the instance pinning the model idles); the cold pool takes a hot model's calls only
+   when every such hot instance is infeasible (round budget, HBM, Eq. (2)).
 The lease check honours a lease on a stale instance as long as it passes the health check;
 staleness only removes an instance from step 2.
 """
@@ -15,7 +19,7 @@ from talariad.router.cost import CallPlan
 from talariad.router.messages import DecisionKind, CallRequest
 from talariad.router.policies.base import POLICIES, Choice, ClusterView, Policy
 from talariad.router.ranking import rank
-from talariad.types import KVState
+from talariad.types import KVState, Pool
 
 
 @POLICIES.register("talaria")
@@ -55,5 +59,17 @@ class TalariaPolicy(Policy):
         prefix = f"{note}; " if note else ""
         if best is None:
             return Choice(None, DecisionKind.COST, cands, prefix + "no feasible instance", spill)
+        why = "min cost"
+        if view.instances.get(best.instance).snapshot.pool is not Pool.HOT:
+            hot_best = self._hot_best(plan, view, insts, now)
+            if hot_best is not None:
+                best, why = hot_best, "hot pool pins the model"
         kind = DecisionKind.REPLICA_OPEN if best.needs_replica else DecisionKind.COST
-        return Choice(best.instance, kind, cands, prefix + "min cost", best=best)
+        return Choice(best.instance, kind, cands, prefix + why, best=best)
+
+    def _hot_best(self, plan: CallPlan, view: ClusterView, insts: list, now: float):
+        """The cheapest feasible hot instance allowed the model, or None."""
+        hot = [i for i in insts if i.snapshot.pool is Pool.HOT]
+        if not hot:
+            return None
+        return self.ranker(view.cost, plan, hot, view.instances, view.demand, now).best
