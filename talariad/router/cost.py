@@ -43,6 +43,7 @@ class CallPlan(NamedTuple):
     kv_record: KVRecord | None  # where the session's last completion left its prefix
     decode_s: float  # max_tokens decode steps at batch 0 (per-sequence part added per instance)
     kv_bytes: int  # KV footprint of the whole call if nothing is on device
+    now: float | None  # placement time: replica retirement is judged then (None: not judged)
 
 
 class Inputs(NamedTuple):
@@ -57,6 +58,7 @@ class Inputs(NamedTuple):
     leased_all: int  # for all models
     ov_work_s: float
     ov_hbm: int
+    retired: bool  # the model is resident there but retired from its rotation (`CostModel.retired`)
 
 
 class CostModel:
@@ -65,15 +67,43 @@ class CostModel:
     def __init__(self, knobs: RouterKnobs, profiles: ProfileBook, leases: LeaseBook,
                  sessions: SessionTable) -> None:
         self.knobs, self.profiles, self.leases, self.sessions = knobs, profiles, leases, sessions
+        # work forwarded per (instance, model) and per model over the retirement window
+        self.placed = DemandTracker(knobs.retire_window_s)
 
-    def plan(self, call: CallRequest) -> CallPlan:
+    def plan(self, call: CallRequest, now: float | None = None) -> CallPlan:
         prof, suffix = self.profiles.get(call.model), call.prompt_tokens - call.prefix_tokens
         sid = call.session_id
         key = (sid, call.model) if sid is not None else None
         rec = self.sessions.kv_record(sid, call.model) if sid is not None else None
         kv_bytes = prof.kv_bytes_per_token * (call.prompt_tokens + call.max_tokens)
         return CallPlan(call, prof, suffix, prof.prefill_s(suffix), key, rec,
-                        call.max_tokens * prof.decode_step_s, kv_bytes)
+                        call.max_tokens * prof.decode_step_s, kv_bytes, now)
+
+    def record_placed(self, plan: CallPlan, instance: str, now: float) -> None:
+        """A forward of `plan` to `instance`: its service work counts as the model's demand there."""
+        work = plan.prefill_s + plan.decode_s
+        self.placed.record((instance, plan.call.model), now, work)  # type: ignore[arg-type]
+        self.placed.record(plan.call.model, now, work)
+
+    def retired(self, plan: CallPlan, inst: InstanceState, row: tuple) -> bool:
+        """The retirement rule: a model resident (not active, not being opened) on a cold
+        instance is out of that instance's rotation when the work forwarded there for it over
+        `retire_window_s` does not cover what keeping it costs: its switch, its weights' HBM and
+        ν_m (`keep_cost_s`, the right side of Eq. (2)). While nothing anywhere keeps the model in
+        rotation, nothing is retired: a first replica needs no gate (Eq. (2)'s infinite gain)."""
+        now, model = plan.now, plan.call.model
+        if now is None or row[3] is not ModelState.RESIDENT or inst.snapshot.pool is Pool.HOT:
+            return False
+        if inst.opening(model) > 0 or self.placed.work_s(model, now) <= 0.0:
+            return False
+        kept = self.placed.work_s((inst.name, model), now)  # type: ignore[arg-type]
+        facts = replica_facts(inst.snapshot, model)
+        return kept < self.keep_cost_s(model, plan.profile, facts, row[4])
+
+    def keep_cost_s(self, model: str, prof: LatencyProfile, facts: tuple, switch_s: float) -> float:
+        """What keeping `model` in an instance's rotation costs over a window: one switch, its
+        weights' HBM at μ_j, and ν_m; the right side of Eq. (2) with the whole weights."""
+        return self._price(model, facts, prof.weight_bytes, switch_s)
 
     def kv_on(self, inst: InstanceState, call: CallRequest) -> tuple[KVState, int]:
         """Newest word on the session's prefix there: a later completion beats the snapshot."""
@@ -106,7 +136,8 @@ class CostModel:
         per_model = self.leases.by_instance.get(inst.name)
         leased = (per_model.get(model, 0), per_model.get(None, 0)) if per_model else (0, 0)
         return Inputs(inst.name, row, (ov[0], ov[1], ov[2]) if ov is not None else None,
-                      kv_state, kv_len, leased[0], leased[1], inst.ov_work_s, inst.ov_hbm)
+                      kv_state, kv_len, leased[0], leased[1], inst.ov_work_s, inst.ov_hbm,
+                      self.retired(plan, inst, row))
 
     def prime(self, inst: InstanceState) -> None:
         """Compute a new snapshot's cost rows now rather than in the next placements."""
@@ -131,6 +162,8 @@ class CostModel:
             queued, batch = queued + x.ov[0], batch + x.ov[1]
             if x.ov[2]:  # an in-flight forward already opens it there
                 state, activation, needs_replica, added = ModelState.ACTIVE, 0.0, False, 0
+        if x.retired:
+            needs_replica = True  # reopening a retired replica passes Eq. (2) like a fresh one
         kv_state, kv_len = x.kv_state, x.kv_len
         reusable = 0 if kv_state is KVState.MISSING else (kv_len if kv_len < prefix else prefix)
         recovery = _recompute_s(plan, prefix - reusable)
@@ -184,7 +217,10 @@ class CostModel:
     def passes_eq2_on(self, plan: CallPlan, facts: tuple, state: ModelState, cand: CandidateCost,
                       gain: float) -> bool:
         """Eq. (2) from `replica_facts` and the model's state there (pure: lazy explanations)."""
-        return gain > self._replica_cost(plan.call.model, plan.profile, state, facts, cand.activation_s)
+        model, prof = plan.call.model, plan.profile
+        if state is not ModelState.ABSENT:  # a retired replica: keeping it is what it costs
+            return gain > self.keep_cost_s(model, prof, facts, cand.activation_s)
+        return gain > self._replica_cost(model, prof, state, facts, cand.activation_s)
 
     def inflight(self, plan: CallPlan, inst: InstanceState, cand: CandidateCost | None,
                  now: float) -> InFlight:
@@ -206,23 +242,34 @@ class CostModel:
                      now: float) -> float:
         """gain(m, ·) of Eq. (2): how much one more replica shrinks the per-replica backlog of m
         over the next control window, D / (k (k + 1)) with D = queued prefill work of m on its k
-        open replicas + arrivals' work over the last window + m's live lease charges. No open
-        replica (k = 0) means the first one must open: infinite gain. O(1): the book keeps k and
-        the queued tokens up to date."""
+        open replicas (those in rotation, when the placement time is known) + arrivals' work over
+        the last window + m's live lease charges. No open replica (k = 0) means the first one must
+        open: infinite gain. The book keeps k and the queued tokens up to date."""
         model = plan.call.model
         open_replicas, queued = instances.open_replicas(model)
         if open_replicas == 0:
             return math.inf
+        if plan.now is not None:  # retired replicas serve nothing: k counts those in rotation
+            open_replicas = max(1, min(open_replicas, self._in_rotation(model, instances, plan.now)))
         backlog = plan.profile.prefill_s_per_token * queued
         backlog += demand.work_s(model, now) + self.leases.by_model.get(model, 0) * self.knobs.admission_unit_s
         return backlog / (open_replicas * (open_replicas + 1))
+
+    def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> int:
+        """Instances that `model`'s forwards kept busy over the retirement window (O(instances):
+        read only when Eq. (2) must decide)."""
+        work = self.placed.work_s
+        return sum(1 for i in instances.all() if work((i.name, model), now) > 0.0)  # type: ignore[arg-type]
 
     def _replica_cost(self, model: str, prof: LatencyProfile, state: ModelState, facts: tuple,
                       activation: float) -> float:
         """Right side of Eq. (2): T_swap + μ_j·ΔW_m + ν_m; μ_j rises with KV occupancy and with
         the share of ΔW that the instance's staging slack cannot cover."""
-        res, kv_occupancy, staging_slack = facts
-        added = _added_weights(prof, res, state)
+        return self._price(model, facts, _added_weights(prof, facts[0], state), activation)
+
+    def _price(self, model: str, facts: tuple, added: int, activation: float) -> float:
+        """T_swap + μ_j·ΔW + ν_m for `added` bytes of weights."""
+        _, kv_occupancy, staging_slack = facts
         u = min(max(kv_occupancy, 0.0), 0.95)
         uncovered = max(added - staging_slack, 0) / added if added > 0 else 0.0
         mu = self.knobs.hbm_price_s_per_gib * (1.0 + u / (1.0 - u)) * (1.0 + uncovered)

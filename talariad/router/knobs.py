@@ -42,6 +42,12 @@ class RouterKnobs:
     control_window_s: float = 30.0
     """Horizon over which Eq. (2) predicts the gain of a new replica from observed arrivals."""
 
+    retire_window_s: float = 30.0
+    """Window of a replica's retirement rule: a model resident on a cold instance stays in that
+    instance's rotation while the work placed there for it over this window covers what keeping
+    it costs (the right side of Eq. (2) with its full weights); otherwise it retires, and placing
+    it there again must pass Eq. (2) like a fresh replica."""
+
     staleness_s: float = 2.0
     """A snapshot older than this excludes its instance from non-reserved placement."""
 
@@ -80,7 +86,8 @@ class RouterKnobs:
 
     def __post_init__(self) -> None:
         _check_nonneg(self, "tau_s", "admission_unit_s", "replica_penalty_s", "hbm_price_s_per_gib")
-        _check_positive(self, "ttft_target_s", "control_window_s", "staleness_s", "heartbeat_s")
+        _check_positive(self, "ttft_target_s", "control_window_s", "retire_window_s", "staleness_s",
+                        "heartbeat_s")
         _check_positive(self, "queue_timeout_s", "session_idle_s", "max_sessions")
         if not 0.0 < self.gamma < 1.0:
             raise ValueError(f"gamma must satisfy 0 < gamma < 1 (Eq. 5), got {self.gamma!r}")

@@ -134,7 +134,8 @@ class CandidateCost(NamedTuple):
     """Eq. (1) for one instance, term by term, and whether the feasibility filters kept it.
 
     `reason` is "ok" for a feasible candidate, else which check failed: "round" (Eq. 5),
-    "hbm", "eq2" (replica gain below its cost). Baselines put their own score in `score`.
+    "hbm", "eq2" (replica gain below its cost), "retired" (a resident replica out of the
+    instance's rotation whose reopening fails Eq. (2)). Baselines put their own score in `score`.
     NOTE: a NamedTuple, not a frozen dataclass: place() builds one per instance per call and a
     frozen dataclass costs several times more to construct; it is just as immutable and typed.
     """

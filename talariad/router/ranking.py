@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from talariad.router.cost import CallPlan, CostModel, Inputs, _recompute_s
-from talariad.router.messages import CandidateCost
+from talariad.router.messages import CandidateCost, ModelState
 from talariad.router.profiles import DemandTracker
 from talariad.types import KVState
 from talariad.router.telemetry import InstanceBook, InstanceState
@@ -42,7 +42,7 @@ def rank_all(cost: CostModel, plan: CallPlan, insts: list[InstanceState],
     if cost.knobs.residency_terms and any(c.needs_replica and c.feasible for c in cands):
         gain = cost.replica_gain(plan, every, demand, now)
         if not math.isinf(gain):
-            cands = [c._replace(feasible=False, reason="eq2")
+            cands = [c._replace(feasible=False, reason=_gate(cost, inst, plan))
                      if c.needs_replica and c.feasible and not cost.passes_eq2(plan, inst, c, gain)
                      else c for c, inst in zip(cands, insts)]
     return Ranking(min((c for c in cands if c.feasible), key=_rank, default=None), tuple(cands),
@@ -119,7 +119,7 @@ class _Search:
         if cand.needs_replica and cand.feasible and cost.knobs.residency_terms:
             gain = self.gain()
             if not math.isinf(gain) and not cost.passes_eq2(plan, inst, cand, gain):
-                cand = cand._replace(feasible=False, reason="eq2")
+                cand = cand._replace(feasible=False, reason=_gate(cost, inst, plan))
         self.scored[idx] = cand
         if cand.feasible and _before(cand, self.best):
             self.best = cand
@@ -169,13 +169,15 @@ class _Search:
             flat.append(snap.models.get(model) or snap.residency(model))  # not the snapshot: small
             flat.append(snap.kv_occupancy)
             flat.append(snap.staging_slack_bytes)
-            replica = replica or row[5]
+            retired = cost.retired(self.plan, inst, row)
+            flat.append(retired)
+            replica = replica or row[5] or retired
         # Eq. (2) may mark a skipped candidate: keep the gain of this moment for the rendering
         gain = self.gain() if replica and cost.knobs.residency_terms else None
         return Ranking(self.best, LazyCandidates(cost, self.plan, scored, flat, gain), cheapest)
 
 
-_CAPTURED = 9
+_CAPTURED = 10
 
 class LazyCandidates(Sequence):
     """The per-candidate breakdown of one placement, scored from captured inputs when first read."""
@@ -197,12 +199,13 @@ class LazyCandidates(Sequence):
 
     def _render(self, at: int) -> CandidateCost:
         cost, plan, gain = self._cost, self._plan, self._gain
-        name, row, leased, leased_all, ov_work_s, ov_hbm, res, occupancy, slack = self._flat[at:at + _CAPTURED]
+        (name, row, leased, leased_all, ov_work_s, ov_hbm, res, occupancy, slack,
+         retired) = self._flat[at:at + _CAPTURED]
         cand = cost.score(plan, Inputs(name, row, None, KVState.MISSING, 0, leased, leased_all,
-                                       ov_work_s, ov_hbm))
+                                       ov_work_s, ov_hbm, retired))
         if (cand.needs_replica and cand.feasible and gain is not None and not math.isinf(gain)
                 and not cost.passes_eq2_on(plan, (res, occupancy, slack), res.state, cand, gain)):
-            cand = cand._replace(feasible=False, reason="eq2")
+            cand = cand._replace(feasible=False, reason="retired" if retired else "eq2")
         return cand
 
     def __getitem__(self, i):
@@ -222,6 +225,11 @@ class LazyCandidates(Sequence):
 
     def __repr__(self) -> str:
         return repr(self._all())
+
+
+def _gate(cost: CostModel, inst: InstanceState, plan: CallPlan) -> str:
+    """Which Eq. (2) gate a candidate failed: a fresh replica's, or a retired one's reopening."""
+    return "eq2" if cost.model_state(inst, plan.call.model) is ModelState.ABSENT else "retired"
 
 
 def _rank(c: CandidateCost) -> tuple[float, str]:

@@ -220,7 +220,9 @@ class Router:
         cand = choice.best
         if cand is None or cand.instance != choice.instance:  # reading candidates renders them all
             cand = next((c for c in choice.candidates if c.instance == choice.instance), None)
-        self._instances.add_inflight(self._cost.inflight(self._cost.plan(call), inst, cand, now))
+        plan = self._cost.plan(call)
+        self._instances.add_inflight(self._cost.inflight(plan, inst, cand, now))
+        self._cost.record_placed(plan, inst.name, now)  # keeps the model in its rotation there
         self._queued.pop(call.call_id, None)
         self._policy.on_placed(call, inst.name, now)
         return Decision(call.call_id, kind, inst.name, self.policy, now, choice.reason,

@@ -207,3 +207,48 @@ def test_cold_takes_a_hot_model_only_when_the_hot_instance_is_infeasible():
     r.observe(snaps("b-hot", 0.0, pool=Pool.HOT, hbm_free_bytes=0), 0.0)  # no room for the call
     d = r.place(call("c1"), 0.1)
     assert not cand(d, "b-hot").feasible and d.instance == "a-cold"
+
+
+def _resident_everywhere(r, snaps, names, now):
+    for name in names:
+        r.observe(snaps(name, now, state=ModelState.RESIDENT), now)
+
+
+def test_a_burst_does_not_open_the_model_on_every_cold_instance():
+    # the model is resident (opened once, long ago) on three cold instances; a burst of new
+    # sessions concentrates on as few of them as the load allows instead of rotating it everywhere
+    r, snaps = router(), Snaps()
+    _resident_everywhere(r, snaps, ("a", "b", "c"), 0.0)
+    used = [r.place(call(f"c{i}", session=f"s{i}", prompt=2000, max_tokens=5),
+                    0.1 + 0.01 * i) for i in range(40)]
+    assert {d.instance for d in used} == {"a", "b"}  # cost alone spreads it over all three
+    assert cand(used[-1], "c").reason == "retired" and "keep" in used[-1].reason
+    assert any("reopen retired replica" in d.reason for d in used)  # b, once a's backlog pays
+
+
+def test_an_idle_replica_retires_and_reopening_it_passes_eq2():
+    r, snaps = router(retire_window_s=10.0), Snaps()
+    _resident_everywhere(r, snaps, ("a", "b"), 0.0)
+    r.place(call("c1", session="s1"), 0.0)  # a keeps the model in rotation
+    r.observe(snaps("a", 0.5, hbm_free_bytes=0), 0.5)  # a cannot take the next call
+    r.observe(snaps("b", 0.5, state=ModelState.RESIDENT), 0.5)
+    r.observe(snaps("c", 0.5, state=ModelState.ACTIVE), 0.5)  # idle, where the model is active
+    d = r.place(call("c2", session="s2", prompt=20), 0.6)
+    assert d.instance == "c" and cand(d, "b").reason == "retired"  # b retired: gain too small
+    # a burst large enough that one more replica pays for its switch, HBM and ν reopens b
+    r.observe(snaps("a", 0.7, hbm_free_bytes=0, models={MODEL: ModelResidency(
+        ModelState.ACTIVE, queued_tokens=400_000)}), 0.7)
+    r.observe(snaps("c", 0.7, hbm_free_bytes=0), 0.7)
+    d = r.place(call("c3", session="s3", prompt=20), 0.8)
+    assert d.instance == "b" and d.kind is DecisionKind.REPLICA_OPEN
+    assert "min cost; reopen retired replica" in d.reason  # it passed Eq. (2), no fallback
+    # once its demand there has left the window, b retires again
+    r.observe(snaps("a", 30.0, hbm_free_bytes=0), 30.0)
+    r.observe(snaps("b", 30.0, state=ModelState.RESIDENT), 30.0)
+    r.observe(snaps("c", 30.0, state=ModelState.ACTIVE), 30.0)
+    assert r.place(call("c4", session="s4", prompt=20), 30.0).instance == "c"  # c in rotation
+    assert cand(r.place(call("c6", session="s6", prompt=20), 30.0), "b").reason == "retired"
+    # with every replica in rotation over its budget, the retired one reopens (load allows)
+    r.observe(snaps("c", 30.1, hbm_free_bytes=0), 30.1)
+    d = r.place(call("c5", session="s5", prompt=20), 30.2)
+    assert d.instance == "b" and "in-rotation replicas infeasible" in d.reason

@@ -16,7 +16,7 @@ staleness only removes an instance from step 2.
 from __future__ import annotations
 
 from talariad.router.cost import CallPlan
-from talariad.router.messages import DecisionKind, CallRequest
+from talariad.router.messages import DecisionKind, CallRequest, ModelState
 from talariad.router.policies.base import POLICIES, Choice, ClusterView, Policy
 from talariad.router.ranking import rank
 from talariad.types import KVState, Pool
@@ -28,7 +28,7 @@ class TalariaPolicy(Policy):
     ranker = staticmethod(rank)  # `rank_all` scores every instance: the reference it must equal
 
     def choose(self, call: CallRequest, view: ClusterView, now: float) -> Choice:
-        plan = view.cost.plan(call)
+        plan = view.cost.plan(call, now)
         hit, note = self._consume_lease(plan, view, now)
         if hit is not None:
             return hit
@@ -57,15 +57,21 @@ class TalariaPolicy(Policy):
         insts = view.eligible(plan.call.model, now)
         best, cands, spill = self.ranker(view.cost, plan, insts, view.instances, view.demand, now)
         prefix = f"{note}; " if note else ""
+        why = "min cost"
+        if best is None:
+            # the replicas in rotation are over their admission budget: the load no longer
+            # allows concentrating the model, so the cheapest retired replica reopens
+            best = min((c for c in cands if c.reason == "retired"), key=_total, default=None)
+            why = "in-rotation replicas infeasible"
         if best is None:
             return Choice(None, DecisionKind.COST, cands, prefix + "no feasible instance", spill)
-        why = "min cost"
         if view.instances.get(best.instance).snapshot.pool is not Pool.HOT:
             hot_best = self._hot_best(plan, view, insts, now)
             if hot_best is not None:
                 best, why = hot_best, "hot pool pins the model"
         kind = DecisionKind.REPLICA_OPEN if best.needs_replica else DecisionKind.COST
-        return Choice(best.instance, kind, cands, prefix + why, best=best)
+        return Choice(best.instance, kind, cands, f"{prefix}{why}; {_lifecycle(best, view, plan)}",
+                      best=best)
 
     def _hot_best(self, plan: CallPlan, view: ClusterView, insts: list, now: float):
         """The cheapest feasible hot instance allowed the model, or None."""
@@ -73,3 +79,18 @@ class TalariaPolicy(Policy):
         if not hot:
             return None
         return self.ranker(view.cost, plan, hot, view.instances, view.demand, now).best
+
+
+def _total(c) -> tuple[float, str]:
+    return (c.total_s, c.instance)
+
+
+def _lifecycle(best, view: ClusterView, plan: CallPlan) -> str:
+    """The replica decision behind a placement, for the explanation: open (a fresh replica),
+    reopen (a retired one, past Eq. (2)) or keep (the model stays in the instance's rotation)."""
+    if not best.needs_replica:
+        return "keep"
+    inst = view.instances.get(best.instance)
+    absent = view.cost.model_state(inst, plan.call.model) is ModelState.ABSENT
+    return "open replica" if absent else "reopen retired replica"
+
