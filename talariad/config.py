@@ -183,6 +183,9 @@ class PolicyConfig(_Strict):
     """Slot budget (seconds) one live lease charges to its instance's next model slot (§4.1)."""
     replica_penalty_s: float = Field(default=2.0, ge=0)
     """Per-replica penalty ν_m of Eq. (2) against opening replicas for transient bursts."""
+    retire_window_s: float = Field(default=30.0, gt=0)
+    """A model resident on a cold instance retires from its rotation when the work placed there
+    for it over this window no longer covers its switch, HBM and ν_m; reopening it passes Eq. (2)."""
     mem_fraction_bump: float = Field(default=0.8, gt=0, le=1)
     """Fraction of device memory handed to the bump-managed layout (App. E: 0.8)."""
     overload: Literal["queue", "reject", "spill"] = "queue"

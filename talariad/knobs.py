@@ -25,6 +25,7 @@ def router_knobs(policy: PolicyConfig, ablations: AblationConfig, **overrides) -
         ttft_target_s=p.ttft_target_s,
         admission_unit_s=p.admission_unit_s,
         replica_penalty_s=p.replica_penalty_s,
+        retire_window_s=p.retire_window_s,
         staleness_s=p.staleness_s,
         heartbeat_s=heartbeat_s(p),
         overload=p.overload,

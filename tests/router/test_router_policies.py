@@ -252,3 +252,27 @@ def test_an_idle_replica_retires_and_reopening_it_passes_eq2():
     r.observe(snaps("c", 30.1, hbm_free_bytes=0), 30.1)
     d = r.place(call("c5", session="s5", prompt=20), 30.2)
     assert d.instance == "b" and "in-rotation replicas infeasible" in d.reason
+
+
+def _busy_resident_and_idle_absent(r, snaps):
+    """a: the model active, 5 calls queued, session s1's prefix on device; b: the model absent, idle."""
+    busy = {MODEL: ModelResidency(ModelState.ACTIVE, queued_calls=5, queued_tokens=5000)}
+    r.observe(snaps("a", 0.0, models=busy, sessions={"s1": (KVState.DEVICE, 1000)}), 0.0)
+    r.observe(snaps("b", 0.0, state=ModelState.ABSENT), 0.0)
+
+
+def test_a_peer_chooses_a_non_resident_instance_when_its_rule_says_so():
+    # llm-d scores queue and KV utilisation, not residency: the idle instance wins
+    r, snaps = router("llm-d"), Snaps()
+    _busy_resident_and_idle_absent(r, snaps)
+    assert r.place(call("c1", prompt=1200, prefix=1000), 0.1).instance == "b"
+
+
+def test_two_peers_diverge_where_their_rules_differ():
+    picks = {}
+    for policy in ("dynamo-kv", "llm-d"):
+        r, snaps = router(policy), Snaps()
+        _busy_resident_and_idle_absent(r, snaps)
+        picks[policy] = r.place(call("c1", prompt=1200, prefix=1000), 0.1).instance
+    # Dynamo follows the KV overlap (a), llm-d's default profile the shorter queue (b)
+    assert picks == {"dynamo-kv": "a", "llm-d": "b"}

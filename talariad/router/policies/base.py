@@ -14,14 +14,12 @@ from typing import ClassVar, NamedTuple
 
 from talariad.router.cost import CallPlan, CostModel
 from talariad.router.knobs import RouterKnobs
-from talariad.router.messages import CallRequest, CandidateCost, DecisionKind, ModelState
+from talariad.router.messages import CallRequest, CandidateCost, DecisionKind
 from talariad.router.profiles import DemandTracker
 from talariad.router.registry import Registry
 from talariad.router.sessions import LeaseBook, SessionTable
 from talariad.router.telemetry import InstanceBook, InstanceState
 from talariad.types import KVState
-
-_OPEN = (ModelState.ACTIVE, ModelState.RESIDENT)
 
 
 class Choice(NamedTuple):
@@ -50,13 +48,6 @@ class ClusterView:
         stale, silent = now - self.knobs.staleness_s, now - self.knobs.heartbeat_s
         return [i for i in self.instances.all() if i.health_ok and i.taken_at >= stale
                 and i.last_seen >= silent and model in i.allowed]
-
-    def serving(self, insts: list[InstanceState], model: str) -> list[InstanceState]:
-        """Peers' routers pre-filter workers by served model; here "serves" means the model is
-        active or resident (or being opened). With no such instance, every one may open it."""
-        state = self.cost.model_state
-        hits = [i for i in insts if state(i, model) in _OPEN]
-        return hits or insts
 
     @staticmethod
     def load(inst: InstanceState) -> int:

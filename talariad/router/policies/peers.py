@@ -1,6 +1,10 @@
 """Peer routers as baselines: SGLang cache-aware, Dynamo KV cost, llm-d weighted scorers.
 
-Each pre-filters to instances serving the model (`ClusterView.serving`). Derived signals:
+Rules: `shared/reference/peer-policies.md` (§1 SGLang, Dynamo, llm-d/GIE; source files and
+commits named there). Each chooses among every instance allowed the model (their routers pre-filter
+workers by the model a worker is configured to serve, which is our `allowed` list), by its own
+rule: residency is not one of their signals, so a peer may send a call to an instance where the
+model is not loaded, and the instance pays the open or switch. Our telemetry stands in for theirs:
 - SGLang `cache_aware` (CLI defaults: cache_threshold 0.3, balance 64 / 1.5, eviction every
   120 s, max tree 2^26 per worker; miss → min load per PR #14650): the text tree becomes the
   router-side `RoutedPrefixIndex` over token counts (the token-tree variant), updated with the
@@ -45,7 +49,7 @@ class SGLangCacheAwarePolicy(Policy):
 
     def choose(self, call: CallRequest, view: ClusterView, now: float) -> Choice:
         self._maybe_evict(now)
-        insts = view.serving(view.eligible(call.model, now), call.model)
+        insts = view.eligible(call.model, now)
         if not insts:
             return placed(view, call, None, insts, "no eligible instance")
         loads = [ClusterView.load(i) for i in insts]
@@ -87,7 +91,7 @@ class DynamoKVPolicy(Policy):
     HOST_HIT_WEIGHT = 0.75
 
     def choose(self, call: CallRequest, view: ClusterView, now: float) -> Choice:
-        insts = view.serving(view.eligible(call.model, now), call.model)
+        insts = view.eligible(call.model, now)
         logits = {i.name: self._logit(call, view, i) for i in insts}
         best = min(logits.values(), default=None)
         ties = [i for i in insts if logits[i.name] == best]
@@ -121,7 +125,7 @@ class LlmDPolicy(Policy):
         self.index = RoutedPrefixIndex(self.LRU_BLOCKS * BLOCK)
 
     def choose(self, call: CallRequest, view: ClusterView, now: float) -> Choice:
-        insts = view.serving(view.eligible(call.model, now), call.model)
+        insts = view.eligible(call.model, now)
         scores = self._scores(call, insts)
         order = list(insts)
         self.rng.shuffle(order)  # max-score picker: shuffle first, so ties break at random

@@ -1,5 +1,8 @@
 """Residency-style baselines: Continuum TTL pinning and llama-swap, as their authors define them.
 
+Rules and the source each was read from: `shared/reference/peer-policies.md`. Each chooses among
+every instance allowed the model, by its own rule, from the signals mapped below.
+
 - continuum-ttl: the preview code's rule at the router: when a call completes, its session is
   pinned to that instance for 2.0 s if the running mean tool gap is ≤ 2.0 s, else not pinned. The
   tool name is not visible to the router, so one global mean of observed gaps (arrival minus the

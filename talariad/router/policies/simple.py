@@ -1,5 +1,8 @@
 """Load-only and sticky baselines, each as its authors define it (paper §5.3).
 
+Rules and the source each was read from: `shared/reference/peer-policies.md`. Each chooses among
+every instance allowed the model, by its own rule, from the signals mapped below.
+
 - least-pressure: the paper's load-only baseline; argmin of the instance's predicted round load
   (snapshot + overlay, inflated by deadline risk), ties by KV occupancy then name.
 - session-sticky: a session stays on the instance it last completed on while that instance is
