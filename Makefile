@@ -24,6 +24,8 @@ run: $(STAMP)
 	$(VENV)/bin/talariad run --config $(CONFIG)
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q
 
 # Regenerate the admin API's Python modules after editing talariad/admin/admin.proto.

@@ -20,13 +20,30 @@ from talariad.sim.configs import ablation_configs  # noqa: E402
 from talariad.sim.profiles import load_set  # noqa: E402
 from talariad.sim.simulator import simulate  # noqa: E402
 
-FIELDS = ("sct_p50_s", "sct_p95_s", "ttft_p50_s", "ttft_p95_s", "rounds", "switches",
-          "switch_share", "slowdown_p50", "slowdown_p95", "parked_calls", "parks", "park_cost_s",
-          "sp_admitted", "sp_parked", "hbm_peak_gib")
-PAPER = {"Talaria": "189 / 867 s, TTFT 0.55 / 14.2 s, 200 rounds, 600 switches, 34.6%",
-         "no-SP": "623 s, TTFT 4.60 / 20.5 s", "no-HKVR": "486 s, TTFT p95 26.3 s",
-         "H2D-only": "194 / 933 s, 600 switches, 51.7%",
-         "Round-only": "1000 / 2296 s, TTFT p50 13.44 s, 339 rounds"}
+FIELDS = (
+    "sct_p50_s",
+    "sct_p95_s",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "rounds",
+    "switches",
+    "switch_share",
+    "slowdown_p50",
+    "slowdown_p95",
+    "parked_calls",
+    "parks",
+    "park_cost_s",
+    "sp_admitted",
+    "sp_parked",
+    "hbm_peak_gib",
+)
+PAPER = {
+    "Talaria": "189 / 867 s, TTFT 0.55 / 14.2 s, 200 rounds, 600 switches, 34.6%",
+    "no-SP": "623 s, TTFT 4.60 / 20.5 s",
+    "no-HKVR": "486 s, TTFT p95 26.3 s",
+    "H2D-only": "194 / 933 s, 600 switches, 51.7%",
+    "Round-only": "1000 / 2296 s, TTFT p50 13.44 s, 339 rounds",
+}
 
 
 def seeds(text: str) -> list[int]:
@@ -47,24 +64,36 @@ def main() -> None:
         for cfg in ablation_configs(pset, PAPER_MODELS):
             row = row_metrics(simulate(trace, cfg, pset))
             per.setdefault(cfg.name, []).append({f: getattr(row, f) for f in FIELDS})
-            paths.setdefault(cfg.name, []).append({k: v.share for k, v in row.switch_by_path.items()})
+            paths.setdefault(cfg.name, []).append(
+                {k: v.share for k, v in row.switch_by_path.items()}
+            )
     means = {c: {f: statistics.mean(r[f] for r in rows) for f in FIELDS} for c, rows in per.items()}
     for c in means:
         keys = {k for d in paths[c] for k in d}
-        means[c]["path_mix"] = {k: statistics.mean(d.get(k, 0.0) for d in paths[c]) for k in sorted(keys)}
+        means[c]["path_mix"] = {
+            k: statistics.mean(d.get(k, 0.0) for d in paths[c]) for k in sorted(keys)
+        }
     print(f"fixed replay, paper-tp8 profiles, mean of seeds {args.seeds}")
-    print(f"{'config':<11}{'SCT p50/p95 s':>16}{'TTFT p50/p95':>14}{'rounds':>7}{'sw':>6}{'share':>7}"
-          f"{'slowdown':>12}{'parked/times':>14}{'park s':>8}  path mix d2d/partial/h2d   paper")
+    print(
+        f"{'config':<11}{'SCT p50/p95 s':>16}{'TTFT p50/p95':>14}{'rounds':>7}{'sw':>6}{'share':>7}"
+        f"{'slowdown':>12}{'parked/times':>14}{'park s':>8}  path mix d2d/partial/h2d   paper"
+    )
     for c, m in means.items():
         mix = "/".join(f"{100 * m['path_mix'].get(k, 0):.0f}" for k in ("d2d", "partial", "h2d"))
-        print(f"{c:<11}{m['sct_p50_s']:>8.0f} /{m['sct_p95_s']:>6.0f}{m['ttft_p50_s']:>7.2f} /{m['ttft_p95_s']:>5.1f}"
-              f"{m['rounds']:>7.0f}{m['switches']:>6.0f}{100 * m['switch_share']:>6.1f}%"
-              f"{m['slowdown_p50']:>6.2f} /{m['slowdown_p95']:>5.2f}{m['parked_calls']:>7.0f} /{m['parks']:>5.0f}"
-              f"{m['park_cost_s']:>8.0f}  {mix:<24}  {PAPER.get(c, '-')}")
+        print(
+            f"{c:<11}{m['sct_p50_s']:>8.0f} /{m['sct_p95_s']:>6.0f}{m['ttft_p50_s']:>7.2f} /{m['ttft_p95_s']:>5.1f}"
+            f"{m['rounds']:>7.0f}{m['switches']:>6.0f}{100 * m['switch_share']:>6.1f}%"
+            f"{m['slowdown_p50']:>6.2f} /{m['slowdown_p95']:>5.2f}{m['parked_calls']:>7.0f} /{m['parks']:>5.0f}"
+            f"{m['park_cost_s']:>8.0f}  {mix:<24}  {PAPER.get(c, '-')}"
+        )
     t, r = means["Talaria"], means["Round-only"]
-    print(f"Round-only / Talaria SCT: p50 {r['sct_p50_s'] / t['sct_p50_s']:.2f}x, "
-          f"p95 {r['sct_p95_s'] / t['sct_p95_s']:.2f}x (paper 5.3x, 2.6x)")
-    print(f"no-SP / Talaria SCT p50: {means['no-SP']['sct_p50_s'] / t['sct_p50_s']:.2f}x (paper 3.3x)")
+    print(
+        f"Round-only / Talaria SCT: p50 {r['sct_p50_s'] / t['sct_p50_s']:.2f}x, "
+        f"p95 {r['sct_p95_s'] / t['sct_p95_s']:.2f}x (paper 5.3x, 2.6x)"
+    )
+    print(
+        f"no-SP / Talaria SCT p50: {means['no-SP']['sct_p50_s'] / t['sct_p50_s']:.2f}x (paper 3.3x)"
+    )
     print(f"H2D-only / Talaria switches: {means['H2D-only']['switches'] / t['switches']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(means, indent=2))

@@ -26,13 +26,22 @@ sys.path.insert(0, str(ROOT))
 from tests.e2e.conftest import start_daemon, stop_daemon  # noqa: E402
 
 CASES = {
-    "small call (200)": lambda: {"model": "tiny-chat", "max_tokens": 1,
-                                 "messages": [{"role": "user", "content": "hello"}]},
+    "small call (200)": lambda: {
+        "model": "tiny-chat",
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": "hello"}],
+    },
     "9 MiB body (413)": lambda: b"x" * (9 << 20),
-    "4 MB prompt (400)": lambda: {"model": "tiny-chat", "max_tokens": 1,
-                                  "messages": [{"role": "user", "content": "word " * 800_000}]},
-    "lone surrogate (400)": lambda: {"model": "tiny-chat", "max_tokens": 1,
-                                     "messages": [{"role": "user", "content": "a\ud800b"}]},
+    "4 MB prompt (400)": lambda: {
+        "model": "tiny-chat",
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": "word " * 800_000}],
+    },
+    "lone surrogate (400)": lambda: {
+        "model": "tiny-chat",
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": "a\ud800b"}],
+    },
 }
 
 
@@ -61,7 +70,9 @@ def main() -> int:
     base = rows["small call (200)"][0]
     print(f"{'request':24} {'status':>6} {'median ms':>10} {'x small call':>13}")
     for name, (t, statuses) in rows.items():
-        print(f"{name:24} {'/'.join(map(str, sorted(statuses))):>6} {1000 * t:10.1f} {t / base:13.2f}")
+        print(
+            f"{name:24} {'/'.join(map(str, sorted(statuses))):>6} {1000 * t:10.1f} {t / base:13.2f}"
+        )
     return 0
 
 

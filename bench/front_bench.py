@@ -49,22 +49,45 @@ instances:
 
 # ---- (a) the instant server ---------------------------------------------------------------------
 
-_COMPLETION = json.dumps({
-    "id": "chatcmpl-0", "object": "chat.completion", "created": 0, "model": MODEL,
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
-_CHUNK = json.dumps({"id": "chatcmpl-0", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
-                     "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "length"}]})
+_COMPLETION = json.dumps(
+    {
+        "id": "chatcmpl-0",
+        "object": "chat.completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "ok"},
+                "finish_reason": "length",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+).encode()
+_CHUNK = json.dumps(
+    {
+        "id": "chatcmpl-0",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": MODEL,
+        "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "length"}],
+    }
+)
 
 
 def _chunked(*parts: bytes) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
 
 
-_JSON_REPLY = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-               % len(_COMPLETION)) + _COMPLETION
-_SSE_REPLY = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-              + _chunked(f"data: {_CHUNK}\n\n".encode(), b"data: [DONE]\n\n"))
+_JSON_REPLY = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    % len(_COMPLETION)
+) + _COMPLETION
+_SSE_REPLY = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    + _chunked(f"data: {_CHUNK}\n\n".encode(), b"data: [DONE]\n\n")
+)
 
 
 class _Instant(asyncio.Protocol):
@@ -83,8 +106,10 @@ class _Instant(asyncio.Protocol):
             end = head_end + 4 + (int(m.group(1)) if m else 0)
             if len(self.buf) < end:
                 return
-            body, self.buf = self.buf[head_end + 4:end], self.buf[end:]
-            self.transport.write(_SSE_REPLY if b'"stream":true' in body.replace(b" ", b"") else _JSON_REPLY)
+            body, self.buf = self.buf[head_end + 4 : end], self.buf[end:]
+            self.transport.write(
+                _SSE_REPLY if b'"stream":true' in body.replace(b" ", b"") else _JSON_REPLY
+            )
 
 
 def serve_instant(port_file: str) -> None:
@@ -101,10 +126,13 @@ def serve_instant(port_file: str) -> None:
 
 # ---- load generators ----------------------------------------------------------------------------
 
+
 def _request(port: int, body: dict) -> bytes:
     data = json.dumps(body).encode()
-    return (f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(data)}\r\n\r\n").encode() + data
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(data)}\r\n\r\n"
+    ).encode() + data
 
 
 async def _read_response(reader: asyncio.StreamReader, on_data=None) -> None:
@@ -149,14 +177,33 @@ _WRK_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
 def _wrk(port: int, conns: int, seconds: float, script: str) -> dict:
-    out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--latency", "-s", script,
-                          f"http://127.0.0.1:{port}/v1/chat/completions"],
-                         capture_output=True, text=True, check=True).stdout
-    ms = {q: float(v) * _WRK_UNITS[u] for q, v, u in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)}
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{conns}",
+            f"-d{max(1, round(seconds))}s",
+            "--latency",
+            "-s",
+            script,
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    ms = {
+        q: float(v) * _WRK_UNITS[u]
+        for q, v, u in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    }
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if bad:
         raise RuntimeError(f"wrk saw {bad.group(1)} error responses:\n{out}")
-    return {"p50_ms": ms["50"], "p99_ms": ms["99"], "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}
+    return {
+        "p50_ms": ms["50"],
+        "p99_ms": ms["99"],
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+    }
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -186,6 +233,7 @@ async def _first_chunk(port: int, calls: int) -> list[float]:
 
 
 # ---- processes ----------------------------------------------------------------------------------
+
 
 def _wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
@@ -223,9 +271,25 @@ def start_talariad(tmp: Path, extra: str = "") -> tuple[subprocess.Popen, int]:
     port = _free_port()
     cfg = tmp / "talaria.yaml"
     cfg.write_text(CONFIG.format(port=port, admin=tmp / "admin.sock", model=MODEL) + extra)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "talariad.cli", "run", "--config", str(cfg),
-                             "--log-level", "warning"], env=env, stdout=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "talariad.cli",
+            "run",
+            "--config",
+            str(cfg),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stdout:  # the daemon prints one line once every instance is ready
         if "listening on" in line:
             break
@@ -246,16 +310,20 @@ def main() -> None:
     if args.serve_instant:
         return serve_instant(args.serve_instant)
     use_wrk = args.client == "wrk" or (args.client == "auto" and shutil.which("wrk") is not None)
-    print(f"front path: load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
-          f"load generator {'wrk (Lua body)' if use_wrk else 'asyncio keep-alive client'}; "
-          f"{args.seconds:g} s per run, keep-alive")
+    print(
+        f"front path: load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
+        f"load generator {'wrk (Lua body)' if use_wrk else 'asyncio keep-alive client'}; "
+        f"{args.seconds:g} s per run, keep-alive"
+    )
     with tempfile.TemporaryDirectory(prefix="talaria-front-") as d:
         tmp = Path(d)
         script = None
         if use_wrk:
             script = str(tmp / "post.lua")
-            Path(script).write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(BODY))}\n'
-                                    'wrk.headers["Content-Type"] = "application/json"\n')
+            Path(script).write_text(
+                f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(BODY))}\n'
+                'wrk.headers["Content-Type"] = "application/json"\n'
+            )
         procs = []
         try:
             direct, dport = start_direct(tmp)
@@ -267,8 +335,10 @@ def main() -> None:
                 for name, port in (("direct", dport), ("talariad", tport)):
                     load(port, c, min(1.0, args.seconds), script)  # warm-up
                     rows[(name, c)] = load(port, c, args.seconds, script)
-            ttfc = {name: asyncio.run(_first_chunk(port, args.stream_calls))
-                    for name, port in (("direct", dport), ("talariad", tport))}
+            ttfc = {
+                name: asyncio.run(_first_chunk(port, args.stream_calls))
+                for name, port in (("direct", dport), ("talariad", tport))
+            }
         finally:
             for p in procs:
                 p.terminate()
@@ -279,12 +349,16 @@ def main() -> None:
         print(f"{c:>5} {name:<9} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['rps']:9.0f}")
     for c in sorted({c for _, c in rows}):
         d, t = rows[("direct", c)], rows[("talariad", c)]
-        print(f"c={c}: talariad adds p50 {t['p50_ms'] - d['p50_ms']:.3f} ms, p99 {t['p99_ms'] - d['p99_ms']:.3f} ms; "
-              f"throughput {t['rps'] / d['rps']:.2f}x direct")
+        print(
+            f"c={c}: talariad adds p50 {t['p50_ms'] - d['p50_ms']:.3f} ms, p99 {t['p99_ms'] - d['p99_ms']:.3f} ms; "
+            f"throughput {t['rps'] / d['rps']:.2f}x direct"
+        )
     d50, t50 = _pct(ttfc["direct"], 0.5) * 1e3, _pct(ttfc["talariad"], 0.5) * 1e3
     d99, t99 = _pct(ttfc["direct"], 0.99) * 1e3, _pct(ttfc["talariad"], 0.99) * 1e3
-    print(f"streaming, time to first chunk over {args.stream_calls} calls: direct p50 {d50:.3f} ms p99 {d99:.3f} ms; "
-          f"talariad p50 {t50:.3f} ms p99 {t99:.3f} ms; added p50 {t50 - d50:.3f} ms")
+    print(
+        f"streaming, time to first chunk over {args.stream_calls} calls: direct p50 {d50:.3f} ms p99 {d99:.3f} ms; "
+        f"talariad p50 {t50:.3f} ms p99 {t99:.3f} ms; added p50 {t50 - d50:.3f} ms"
+    )
     print("goals: added p50 <= 0.5 ms at c=1; c=32 throughput >= 0.5x direct")
 
 

@@ -22,8 +22,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from talariad.router import (POLICIES, CallRequest, InstanceSnapshot, ModelResidency,  # noqa: E402
-                             ModelState, Router, RouterKnobs, SessionKV)
+from talariad.router import (
+    POLICIES,
+    CallRequest,
+    InstanceSnapshot,
+    ModelResidency,  # noqa: E402
+    ModelState,
+    Router,
+    RouterKnobs,
+    SessionKV,
+)
 from talariad.router.policies.talaria import TalariaPolicy  # noqa: E402
 from talariad.router.ranking import rank, rank_all  # noqa: E402
 from talariad.types import KVState, LatencyProfile, Pool  # noqa: E402
@@ -38,8 +46,16 @@ IN_FLIGHT = 8  # a call completes this many arrivals later (0.4 s)
 
 
 def profiles() -> dict[str, LatencyProfile]:
-    return {m: LatencyProfile(prefill_s_per_token=1.7e-4, decode_step_s=0.03, open_s=2.6,
-                              weight_bytes=120 << 30, kv_bytes_per_token=1 << 17) for m in MODELS}
+    return {
+        m: LatencyProfile(
+            prefill_s_per_token=1.7e-4,
+            decode_step_s=0.03,
+            open_s=2.6,
+            weight_bytes=120 << 30,
+            kv_bytes_per_token=1 << 17,
+        )
+        for m in MODELS
+    }
 
 
 class World:
@@ -57,17 +73,33 @@ class World:
             self.kv[inst][(sid, model)] = SessionKV(state, kv_len)
 
     def snapshot(self, inst: str, idx: int, now: float) -> InstanceSnapshot:
-        models = {m: ModelResidency(STATES[(idx + k) % len(STATES)], staged_fraction=0.5,
-                                    queued_tokens=self.rng.randint(0, 20_000),
-                                    queued_calls=self.rng.randint(0, 8),
-                                    running_calls=self.rng.randint(0, 16))
-                  for k, m in enumerate(MODELS)}
+        models = {
+            m: ModelResidency(
+                STATES[(idx + k) % len(STATES)],
+                staged_fraction=0.5,
+                queued_tokens=self.rng.randint(0, 20_000),
+                queued_calls=self.rng.randint(0, 8),
+                running_calls=self.rng.randint(0, 16),
+            )
+            for k, m in enumerate(MODELS)
+        }
         self.version += 1
-        return InstanceSnapshot(inst, self.version, now, Pool.COLD, True, frozenset(MODELS),
-                                models, dict(self.kv[inst]), round_remaining_s=1.5,
-                                round_load_s=self.rng.uniform(0.2, 3.0), deadline_risk=0.05,
-                                kv_occupancy=self.rng.uniform(0.2, 0.8),
-                                hbm_free_bytes=60 << 30, staging_slack_bytes=30 << 30)
+        return InstanceSnapshot(
+            inst,
+            self.version,
+            now,
+            Pool.COLD,
+            True,
+            frozenset(MODELS),
+            models,
+            dict(self.kv[inst]),
+            round_remaining_s=1.5,
+            round_load_s=self.rng.uniform(0.2, 3.0),
+            deadline_risk=0.05,
+            kv_occupancy=self.rng.uniform(0.2, 0.8),
+            hbm_free_bytes=60 << 30,
+            staging_slack_bytes=30 << 30,
+        )
 
     def call(self, n: int, recent: deque) -> CallRequest:
         roll = self.rng.random()
@@ -83,7 +115,9 @@ class World:
         return CallRequest(f"c{n}", sid, model, kv_len + 800, kv_len, 256)
 
 
-def run(policy: str, calls: int, seed: int, instances: int = 16) -> tuple[list[int], list[int], Counter]:
+def run(
+    policy: str, calls: int, seed: int, instances: int = 16
+) -> tuple[list[int], list[int], Counter]:
     world = World(seed, instances)
     router = Router(RouterKnobs(overload="spill"), profiles(), policy)
     gc.collect()
@@ -132,29 +166,46 @@ def main() -> None:
     ap.add_argument("--instances", default="16,64", help="comma-separated instance counts")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    print(f"place() latency, {SESSIONS} sessions, {args.calls} calls; "
-          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-    print("wall = perf_counter around place(); cpu = this thread's CPU time (no preemption); "
-          "talaria-all = talaria scoring every instance (the reference ranking)")
+    print(
+        f"place() latency, {SESSIONS} sessions, {args.calls} calls; "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
+    print(
+        "wall = perf_counter around place(); cpu = this thread's CPU time (no preemption); "
+        "talaria-all = talaria scoring every instance (the reference ranking)"
+    )
     for n in (int(x) for x in args.instances.split(",")):
         print(f"--- {n} instances")
-        print(f"{'policy':<20} {'p50 wall':>9} {'p99 wall':>9} {'p50 cpu':>8} {'p99 cpu':>8}"
-              "  (µs)  decisions")
+        print(
+            f"{'policy':<20} {'p50 wall':>9} {'p99 wall':>9} {'p50 cpu':>8} {'p99 cpu':>8}"
+            "  (µs)  decisions"
+        )
         p99 = {}
         for policy in args.policies.split(","):
             ranker = rank_all if policy == "talaria-all" else rank
             TalariaPolicy.ranker = staticmethod(ranker)
             wall, cpu, kinds = run(policy.removesuffix("-all"), args.calls, args.seed, n)
             TalariaPolicy.ranker = staticmethod(rank)
-            wall, cpu = wall[len(wall) // 10:], cpu[len(cpu) // 10:]  # drop the first 10 % (warm-up)
+            wall, cpu = (
+                wall[len(wall) // 10 :],
+                cpu[len(cpu) // 10 :],
+            )  # drop the first 10 % (warm-up)
             mix = " ".join(f"{k}={kinds[k]}" for k in KINDS if kinds[k])
             p99[policy] = pct(wall, 0.99)
-            print(f"{policy:<20} {pct(wall, 0.50):9.1f} {pct(wall, 0.99):9.1f} "
-                  f"{pct(cpu, 0.50):8.1f} {pct(cpu, 0.99):8.1f}        {mix}")
+            print(
+                f"{policy:<20} {pct(wall, 0.50):9.1f} {pct(wall, 0.99):9.1f} "
+                f"{pct(cpu, 0.50):8.1f} {pct(cpu, 0.99):8.1f}        {mix}"
+            )
         if "talaria" in p99:
             verdict = "met" if p99["talaria"] < 100 else "not met"
-            ratio = f", {p99['talaria'] / p99['talaria-all']:.2f}x talaria-all" if "talaria-all" in p99 else ""
-            print(f"goal p99 wall < 100 µs at {n} instances: {verdict} ({p99['talaria']:.1f} µs{ratio})")
+            ratio = (
+                f", {p99['talaria'] / p99['talaria-all']:.2f}x talaria-all"
+                if "talaria-all" in p99
+                else ""
+            )
+            print(
+                f"goal p99 wall < 100 µs at {n} instances: {verdict} ({p99['talaria']:.1f} µs{ratio})"
+            )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ def main() -> None:
     trace = fixed_replay(args.seed)
     wanted = set(args.configs.split(",")) if args.configs else None
     total = total_cpu = 0.0
-    print(f"fixed replay, seed {args.seed}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"fixed replay, seed {args.seed}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
     for cfg in ablation_configs(pset, tuple(trace.models())):
         if wanted and cfg.name not in wanted:
             continue
@@ -45,10 +47,14 @@ def main() -> None:
         total_cpu += cpu
         sched = next(iter(sim.instances.values())).sched
         actions = sum(r.decode_steps for r in sched.round_summaries) + len(run.switches)
-        print(f"{cfg.name:<11} {dt:7.2f} s (cpu {cpu:5.2f} s)  calls={len(run.calls)} rounds={len(run.rounds)} "
-              f"switches={len(run.switches)} decode+switch actions={actions} ({actions / dt:,.0f}/s) "
-              f"result {digest(run)}")
-    print(f"{'total':<11} {total:7.2f} s (cpu {total_cpu:5.2f} s)  (goal < 5 s: {'met' if total < 5 else 'not met'})")
+        print(
+            f"{cfg.name:<11} {dt:7.2f} s (cpu {cpu:5.2f} s)  calls={len(run.calls)} rounds={len(run.rounds)} "
+            f"switches={len(run.switches)} decode+switch actions={actions} ({actions / dt:,.0f}/s) "
+            f"result {digest(run)}"
+        )
+    print(
+        f"{'total':<11} {total:7.2f} s (cpu {total_cpu:5.2f} s)  (goal < 5 s: {'met' if total < 5 else 'not met'})"
+    )
 
 
 def digest(run) -> str:

@@ -32,14 +32,21 @@ def timed(fn, dev: TorchDevice) -> float:
 
 
 def llama_layout(order: str) -> KVLayout:
-    return KVLayout(num_layers=32, num_kv_heads=8, head_dim=128, page_size=16, dtype="bfloat16", order=order)
+    return KVLayout(
+        num_layers=32, num_kv_heads=8, head_dim=128, page_size=16, dtype="bfloat16", order=order
+    )
 
 
 def bench_hkvr(device: str, kv_mb: int, repeat: int, order: str) -> list[float]:
     dev, lay = TorchDevice(device), llama_layout(order)
     pages_n = kv_mb * MB // lay.row_bytes
-    cfg = SubstrateConfig(capacity_bytes=(kv_mb + 64) * MB + 16 * MB, host_kv_bytes=(kv_mb + 8) * MB,
-                          runtime_bytes=4 * MB, graph_pool_bytes=4 * MB, slab_bytes=lay.component_bytes)
+    cfg = SubstrateConfig(
+        capacity_bytes=(kv_mb + 64) * MB + 16 * MB,
+        host_kv_bytes=(kv_mb + 8) * MB,
+        runtime_bytes=4 * MB,
+        graph_pool_bytes=4 * MB,
+        slab_bytes=lay.component_bytes,
+    )
     sub = Substrate(dev, cfg)
     sub.register_model("m", {"w": ((MB,), "uint8")}, lay)
     sub.switch_to("m", 0.0)
@@ -62,8 +69,14 @@ def bench_hkvr(device: str, kv_mb: int, repeat: int, order: str) -> list[float]:
             sub.registry.evict(block)
     gbps = lambda t: nbytes / statistics.median(t) / 1e9  # noqa: E731
     print(f"HKVR [{order}] {nbytes / MB:.0f} MiB, {pages_n} pages of {lay.row_bytes // 1024} KiB:")
-    print(f"  save    {gbps(saves):6.2f} GB/s  plain copy {gbps(plain_save):6.2f} GB/s  ratio {gbps(saves) / gbps(plain_save):.2f}")
-    print(f"  restore {gbps(loads):6.2f} GB/s  plain copy {gbps(plain_load):6.2f} GB/s  ratio {gbps(loads) / gbps(plain_load):.2f}")
+    print(
+        f"  save    {gbps(saves):6.2f} GB/s  plain copy {gbps(plain_save):6.2f} GB/s  "
+        f"ratio {gbps(saves) / gbps(plain_save):.2f}"
+    )
+    print(
+        f"  restore {gbps(loads):6.2f} GB/s  plain copy {gbps(plain_load):6.2f} GB/s  "
+        f"ratio {gbps(loads) / gbps(plain_load):.2f}"
+    )
     return [gbps(saves) / gbps(plain_save), gbps(loads) / gbps(plain_load)]
 
 
@@ -73,8 +86,13 @@ def bench_switch(device: str, model_gb: float, repeat: int) -> None:
     n_tensors = max(1, int(model_gb * 1024 / tensor_mb))
     shapes = {f"layer{i}.w": ((tensor_mb * MB // 2,), "bfloat16") for i in range(n_tensors)}
     model_bytes = n_tensors * tensor_mb * MB
-    cfg = SubstrateConfig(capacity_bytes=2 * model_bytes + 256 * MB, host_kv_bytes=8 * MB,
-                          runtime_bytes=16 * MB, graph_pool_bytes=16 * MB, chunk_bytes=64 * MB)
+    cfg = SubstrateConfig(
+        capacity_bytes=2 * model_bytes + 256 * MB,
+        host_kv_bytes=8 * MB,
+        runtime_bytes=16 * MB,
+        graph_pool_bytes=16 * MB,
+        chunk_bytes=64 * MB,
+    )
     sub = Substrate(dev, cfg)
     sub.buffer.fill_(0)
     for i, name in enumerate(("a", "b")):
@@ -93,14 +111,18 @@ def bench_switch(device: str, model_gb: float, repeat: int) -> None:
                 sub.switch_to("a", 0.0)  # back to the start for the next round
     h2d = statistics.median(r.phase_s[1] for r in results["h2d"])
     h2d_total = statistics.median(r.total_s for r in results["h2d"])
-    print(f"Switch, model {model_bytes / 2**30:.2f} GiB ({n_tensors} x {tensor_mb} MiB), chunks 64 MiB, device={device}:")
+    print(
+        f"Switch, model {model_bytes / 2**30:.2f} GiB ({n_tensors} x {tensor_mb} MiB), chunks 64 MiB, device={device}:"
+    )
     for kind, recs in results.items():
         p2 = statistics.median(r.phase_s[1] for r in recs)
         total = statistics.median(r.total_s for r in recs)
         paths = sorted({r.path.value for r in recs})
         staged = statistics.median(r.staged_bytes for r in recs) / model_bytes
-        print(f"  {kind:8s} path={','.join(paths):8s} staged={staged:4.0%}  open(P2) {p2 * 1e3:7.1f} ms "
-              f"({p2 / h2d:.2f} of H2D)  total {total * 1e3:7.1f} ms ({total / h2d_total:.2f} of H2D)")
+        print(
+            f"  {kind:8s} path={','.join(paths):8s} staged={staged:4.0%}  open(P2) {p2 * 1e3:7.1f} ms "
+            f"({p2 / h2d:.2f} of H2D)  total {total * 1e3:7.1f} ms ({total / h2d_total:.2f} of H2D)"
+        )
 
 
 def main() -> None:
@@ -109,17 +131,29 @@ def main() -> None:
     ap.add_argument("--model-gb", type=float, default=1.0)
     ap.add_argument("--kv-mb", type=int, default=512)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads (on a small shared CPU, waking the pool for every "
-                         "MB-sized copy costs more than the copy; 0 keeps torch's default)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (on a small shared CPU, waking the pool for every "
+        "MB-sized copy costs more than the copy; 0 keeps torch's default)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}; "
-          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-    ratios = [r for order in ("layer_first", "page_first") for r in bench_hkvr(args.device, args.kv_mb, args.repeat, order)]
-    print(f"goal HKVR save and restore >= 0.8 of a plain copy in both layouts: "
-          f"{'met' if min(ratios) >= 0.8 else 'not met'} (lowest {min(ratios):.2f})")
+    print(
+        f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}; "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
+    ratios = [
+        r
+        for order in ("layer_first", "page_first")
+        for r in bench_hkvr(args.device, args.kv_mb, args.repeat, order)
+    ]
+    print(
+        f"goal HKVR save and restore >= 0.8 of a plain copy in both layouts: "
+        f"{'met' if min(ratios) >= 0.8 else 'not met'} (lowest {min(ratios):.2f})"
+    )
     bench_switch(args.device, args.model_gb, args.repeat)
 
 

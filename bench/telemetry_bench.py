@@ -43,8 +43,13 @@ async def make_sessions(port: int, sessions: int, conns: int = 32) -> float:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for n in todo:
-            writer.write((f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                          f"x-session-id: bench-{n}\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body)
+            writer.write(
+                (
+                    f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                    f"x-session-id: bench-{n}\r\ncontent-length: {len(body)}\r\n\r\n"
+                ).encode()
+                + body
+            )
             await _read_response(reader)
         writer.close()
 
@@ -77,7 +82,9 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=10_000)
     ap.add_argument("--idle", type=float, default=6.0, help="seconds of idle measurement")
     args = ap.parse_args()
-    print(f"telemetry: {args.sessions} sessions; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"telemetry: {args.sessions} sessions; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
     with tempfile.TemporaryDirectory(prefix="talaria-telemetry-") as d:
         # every completed session charges its lease's admission unit to the instance for τ; at this
         # rate of new sessions that would hold calls back, and the bench only needs them live
@@ -94,21 +101,28 @@ def main() -> None:
                 time.sleep(0.3)
             wall = time.monotonic() - t0
             daemon_share, inst_share = (cpu_s(daemon) - d0) / wall, (cpu_s(instance) - i0) / wall
-            full = urllib.request.urlopen(f"http://127.0.0.1:{instance_port(daemon)}/internal/telemetry",
-                                          timeout=10).read()
+            full = urllib.request.urlopen(
+                f"http://127.0.0.1:{instance_port(daemon)}/internal/telemetry", timeout=10
+            ).read()
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     seen = [s for s in samples if s is not None]
     if seen:
         steady = max(seen)
-        print(f"payload per poll, steady state: max {steady} B, median {statistics.median(seen):.0f} B "
-              f"over {len(seen)} samples (goal <= {GOAL_BYTES} B: {'met' if steady <= GOAL_BYTES else 'not met'})")
+        print(
+            f"payload per poll, steady state: max {steady} B, median {statistics.median(seen):.0f} B "
+            f"over {len(seen)} samples (goal <= {GOAL_BYTES} B: {'met' if steady <= GOAL_BYTES else 'not met'})"
+        )
     else:
-        print("payload per poll, steady state: - (this daemon exports no talaria_telemetry_payload_bytes)")
+        print(
+            "payload per poll, steady state: - (this daemon exports no talaria_telemetry_payload_bytes)"
+        )
     sessions_in_full = len(json.loads(full).get("sessions", []))
     print(f"whole telemetry of the instance: {len(full)} B with {sessions_in_full} sessions listed")
-    print(f"idle CPU share over {wall:.1f} s: daemon {daemon_share:.1%}, instance {inst_share:.1%} of one CPU")
+    print(
+        f"idle CPU share over {wall:.1f} s: daemon {daemon_share:.1%}, instance {inst_share:.1%} of one CPU"
+    )
 
 
 if __name__ == "__main__":

@@ -15,8 +15,12 @@ from talariad.admin.sockets import client_socket
 ACTION_TIMEOUT_S = 300.0
 """Actions that drain or restart an instance wait for it; reads use the client's timeout."""
 
-_REFUSED = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-            grpc.StatusCode.UNIMPLEMENTED)
+_REFUSED = (
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.UNIMPLEMENTED,
+)
 
 
 def default_socket() -> str:
@@ -49,8 +53,10 @@ class AdminClient:
         except grpc.RpcError as err:
             if err.code() in _REFUSED:
                 raise Refused(err.details()) from None
-            raise Unreachable(f"talariad admin socket {self.socket_path}: {err.code().name.lower()}: "
-                              f"{err.details()}") from None
+            raise Unreachable(
+                f"talariad admin socket {self.socket_path}: {err.code().name.lower()}: "
+                f"{err.details()}"
+            ) from None
 
     def status(self) -> admin_pb2.StatusReply:
         return self._call("Status", admin_pb2.StatusRequest())
@@ -84,48 +90,72 @@ class AdminClient:
 
     def instance_action(self, verb: str, instance: str) -> admin_pb2.InstanceStatus:
         """verb: Drain | Undrain | Cordon | Restart."""
-        return self._call(f"{verb}Instance", admin_pb2.InstanceRequest(instance=instance), action=True)
+        return self._call(
+            f"{verb}Instance", admin_pb2.InstanceRequest(instance=instance), action=True
+        )
 
     def move(self, instance: str, to: str, model: str = "") -> admin_pb2.InstanceStatus:
-        return self._call("MoveInstance", admin_pb2.MoveRequest(instance=instance, to=to, model=model), action=True)
+        return self._call(
+            "MoveInstance",
+            admin_pb2.MoveRequest(instance=instance, to=to, model=model),
+            action=True,
+        )
 
     def model_action(self, verb: str, model: str, instance: str) -> admin_pb2.ModelStatus:
         """verb: Pin | Unpin | Load | Unload."""
-        return self._call(f"{verb}Model", admin_pb2.ModelRequest(model=model, instance=instance), action=True)
+        return self._call(
+            f"{verb}Model", admin_pb2.ModelRequest(model=model, instance=instance), action=True
+        )
 
     def revoke(self, session_id: str, model: str = "") -> admin_pb2.LeasesReply:
-        return self._call("RevokeLease", admin_pb2.LeaseRequest(session_id=session_id, model=model), action=True)
+        return self._call(
+            "RevokeLease", admin_pb2.LeaseRequest(session_id=session_id, model=model), action=True
+        )
 
     def forget(self, session_id: str) -> admin_pb2.ForgetReply:
-        return self._call("ForgetSession", admin_pb2.SessionRequest(session_id=session_id), action=True)
+        return self._call(
+            "ForgetSession", admin_pb2.SessionRequest(session_id=session_id), action=True
+        )
 
     def reload(self) -> admin_pb2.ReloadReply:
         return self._call("ReloadConfig", admin_pb2.ReloadRequest(), action=True)
 
-    def watch_rounds(self, instance: str = "", interval_s: float = 0.5) -> Iterator[admin_pb2.RoundsReply]:
-        call = self.stub.WatchRounds(admin_pb2.RoundsRequest(instance=instance, interval_s=interval_s))
+    def watch_rounds(
+        self, instance: str = "", interval_s: float = 0.5
+    ) -> Iterator[admin_pb2.RoundsReply]:
+        call = self.stub.WatchRounds(
+            admin_pb2.RoundsRequest(instance=instance, interval_s=interval_s)
+        )
         self._streams.append(call)
         try:
             yield from call
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.CANCELLED:
                 return
-            raise Unreachable(f"talariad admin socket {self.socket_path}: {err.code().name.lower()}") from None
+            raise Unreachable(
+                f"talariad admin socket {self.socket_path}: {err.code().name.lower()}"
+            ) from None
         finally:
             if call in self._streams:
                 self._streams.remove(call)
 
-    def watch_router(self, interval_s: float, sessions: int = 200, decisions: int = 50
-                     ) -> Iterator[admin_pb2.RouterState]:
-        call = self.stub.WatchRouter(admin_pb2.WatchRouterRequest(interval_s=interval_s, sessions=sessions,
-                                                                  decisions=decisions))
+    def watch_router(
+        self, interval_s: float, sessions: int = 200, decisions: int = 50
+    ) -> Iterator[admin_pb2.RouterState]:
+        call = self.stub.WatchRouter(
+            admin_pb2.WatchRouterRequest(
+                interval_s=interval_s, sessions=sessions, decisions=decisions
+            )
+        )
         self._streams.append(call)
         try:
             yield from call
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.CANCELLED:
                 return
-            raise Unreachable(f"talariad admin socket {self.socket_path}: {err.code().name.lower()}") from None
+            raise Unreachable(
+                f"talariad admin socket {self.socket_path}: {err.code().name.lower()}"
+            ) from None
         finally:
             if call in self._streams:
                 self._streams.remove(call)
@@ -138,7 +168,9 @@ class AdminClient:
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.CANCELLED:
                 return
-            raise Unreachable(f"talariad admin socket {self.socket_path}: {err.code().name.lower()}") from None
+            raise Unreachable(
+                f"talariad admin socket {self.socket_path}: {err.code().name.lower()}"
+            ) from None
         finally:
             if call in self._streams:
                 self._streams.remove(call)
@@ -159,7 +191,9 @@ _INT64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
 def as_dict(reply) -> dict:
     """The message as JSON-ready data: every field present, proto names, int64 as ints (not the
     strings proto3 JSON prints)."""
-    data = MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    data = MessageToDict(
+        reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
     _int64_as_int(reply.DESCRIPTOR, data)
     return data
 

@@ -24,16 +24,31 @@ from talariad import __version__
 from talariad.types import SWITCH_PHASES
 
 EPILOG = "Exit codes: 0 ok, 1 daemon unreachable, 2 usage error, 3 refused."
-app = typer.Typer(no_args_is_help=True, add_completion=True, help="Administer a running talariad.", epilog=EPILOG)
+app = typer.Typer(
+    no_args_is_help=True, add_completion=True, help="Administer a running talariad.", epilog=EPILOG
+)
 session_app = typer.Typer(no_args_is_help=True, help="The router's session table.")
 lease_app = typer.Typer(no_args_is_help=True, help="Live soft reservations.")
 call_app = typer.Typer(no_args_is_help=True, help="Routing decisions: where calls went and why.")
-instance_app = typer.Typer(no_args_is_help=True, help="Instances: state, memory, rounds; drain, cordon, restart.")
-pool_app = typer.Typer(no_args_is_help=True, help="The hot and cold pools; move an instance between them.")
-model_app = typer.Typer(no_args_is_help=True, help="Models: where each is served; pin, load, unload.")
+instance_app = typer.Typer(
+    no_args_is_help=True, help="Instances: state, memory, rounds; drain, cordon, restart."
+)
+pool_app = typer.Typer(
+    no_args_is_help=True, help="The hot and cold pools; move an instance between them."
+)
+model_app = typer.Typer(
+    no_args_is_help=True, help="Models: where each is served; pin, load, unload."
+)
 config_app = typer.Typer(no_args_is_help=True, help="The daemon's config: show it, reload it.")
-for sub, name in ((session_app, "session"), (lease_app, "lease"), (call_app, "call"), (instance_app, "instance"),
-                  (pool_app, "pool"), (model_app, "model"), (config_app, "config")):
+for sub, name in (
+    (session_app, "session"),
+    (lease_app, "lease"),
+    (call_app, "call"),
+    (instance_app, "instance"),
+    (pool_app, "pool"),
+    (model_app, "model"),
+    (config_app, "config"),
+):
     app.add_typer(sub, name=name)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document")]
@@ -49,14 +64,25 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _global(ctx: typer.Context,
-            socket: Annotated[str | None, typer.Option(
-                envvar="TALARIA_SOCKET", show_default=False,
-                help="Admin socket path [default: /run/talaria/admin.sock when the service runs, else "
-                     "$XDG_RUNTIME_DIR/talaria/admin.sock, else ~/.local/state/talaria/admin.sock]")] = None,
-            timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the daemon")] = 3.0,
-            version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                                  help="Print the version and exit")] = False) -> None:
+def _global(
+    ctx: typer.Context,
+    socket: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TALARIA_SOCKET",
+            show_default=False,
+            help="Admin socket path [default: /run/talaria/admin.sock when the service runs, else "
+            "$XDG_RUNTIME_DIR/talaria/admin.sock, else ~/.local/state/talaria/admin.sock]",
+        ),
+    ] = None,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the daemon")] = 3.0,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit"
+        ),
+    ] = False,
+) -> None:
     ctx.obj = AdminClient(socket or default_socket(), timeout)
 
 
@@ -96,19 +122,31 @@ def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     data = _fetch(ctx.obj.status)
     if as_json:
         return _json(data)
-    _table(f"talariad {data['version']} at {data['http_endpoint']} (up {data['uptime_s']:.0f}s)",
-           INSTANCE_COLUMNS, [_instance_row(i) for i in data["instances"]])
+    _table(
+        f"talariad {data['version']} at {data['http_endpoint']} (up {data['uptime_s']:.0f}s)",
+        INSTANCE_COLUMNS,
+        [_instance_row(i) for i in data["instances"]],
+    )
 
 
 @session_app.command("list")
-def session_list(ctx: typer.Context, as_json: JsonOpt = False,
-                 limit: Annotated[int, typer.Option(min=0, help="Most recent N (0: all)")] = 50) -> None:
+def session_list(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    limit: Annotated[int, typer.Option(min=0, help="Most recent N (0: all)")] = 50,
+) -> None:
     """Sessions: last instance, model, KV length, idle time, lease."""
     rows = _fetch(lambda: ctx.obj.sessions(limit)).get("sessions", [])
     if as_json:
         return _json(rows)
-    _table("sessions", ("session", "instance", "model", "kv_len", "idle_s", "leased"),
-           [(r["session_id"], r["instance"], r["model"], r["kv_len"], r["idle_s"], r["leased"]) for r in rows])
+    _table(
+        "sessions",
+        ("session", "instance", "model", "kv_len", "idle_s", "leased"),
+        [
+            (r["session_id"], r["instance"], r["model"], r["kv_len"], r["idle_s"], r["leased"])
+            for r in rows
+        ],
+    )
 
 
 @lease_app.command("list")
@@ -117,34 +155,73 @@ def lease_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     rows = _fetch(ctx.obj.leases).get("leases", [])
     if as_json:
         return _json(rows)
-    _table("leases", ("session", "model", "instance", "kv_len", "expires_in_s"),
-           [(r["session_id"], r["model"], r["instance"], r["kv_len"], r["expires_in_s"]) for r in rows])
+    _table(
+        "leases",
+        ("session", "model", "instance", "kv_len", "expires_in_s"),
+        [
+            (r["session_id"], r["model"], r["instance"], r["kv_len"], r["expires_in_s"])
+            for r in rows
+        ],
+    )
 
 
 def _candidates(d: dict) -> None:
-    _table(f"{d['call_id']}: {d['kind']} → {d['instance'] or '(not placed)'} [{d['policy']}] {d['reason']}",
-           ("instance", "queue", "prefill", "decode", "kv", "activation", "total", "kv_state", "feasible"),
-           [(c["instance"], c["queue_s"], c["prefill_s"], c["decode_s"], c["kv_recovery_s"], c["activation_s"],
-             c["total_s"], c["kv_state"], "yes" if c["feasible"] else c["reason"]) for c in d.get("candidates", [])])
+    _table(
+        f"{d['call_id']}: {d['kind']} → {d['instance'] or '(not placed)'} [{d['policy']}] {d['reason']}",
+        (
+            "instance",
+            "queue",
+            "prefill",
+            "decode",
+            "kv",
+            "activation",
+            "total",
+            "kv_state",
+            "feasible",
+        ),
+        [
+            (
+                c["instance"],
+                c["queue_s"],
+                c["prefill_s"],
+                c["decode_s"],
+                c["kv_recovery_s"],
+                c["activation_s"],
+                c["total_s"],
+                c["kv_state"],
+                "yes" if c["feasible"] else c["reason"],
+            )
+            for c in d.get("candidates", [])
+        ],
+    )
 
 
 @call_app.command("explain")
-def call_explain(ctx: typer.Context, call_id: Annotated[str, typer.Argument(help="Response id or call id")],
-                 as_json: JsonOpt = False) -> None:
+def call_explain(
+    ctx: typer.Context,
+    call_id: Annotated[str, typer.Argument(help="Response id or call id")],
+    as_json: JsonOpt = False,
+) -> None:
     """Why one call went where it did: decision kind and Eq. (1) per candidate."""
     data = _fetch(lambda: ctx.obj.explain(call_id))
     return _json(data) if as_json else _candidates(data)
 
 
 @call_app.command("recent")
-def call_recent(ctx: typer.Context, as_json: JsonOpt = False,
-                limit: Annotated[int, typer.Option(min=1, max=4096, help="How many")] = 20) -> None:
+def call_recent(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    limit: Annotated[int, typer.Option(min=1, max=4096, help="How many")] = 20,
+) -> None:
     """The latest routing decisions, newest first."""
     rows = _fetch(lambda: ctx.obj.decisions(limit)).get("decisions", [])
     if as_json:
         return _json(rows)
-    _table("recent decisions", ("call", "kind", "instance", "age_s", "reason"),
-           [(r["call_id"], r["kind"], r["instance"] or "-", r["age_s"], r["reason"]) for r in rows])
+    _table(
+        "recent decisions",
+        ("call", "kind", "instance", "age_s", "reason"),
+        [(r["call_id"], r["kind"], r["instance"] or "-", r["age_s"], r["reason"]) for r in rows],
+    )
 
 
 def _mib(n) -> str:
@@ -152,13 +229,32 @@ def _mib(n) -> str:
 
 
 def _instance_row(i: dict) -> tuple:
-    return (i["name"], i["pool"], f"{i['executor']}@{i['devices']}", ", ".join(i["rotation"]) or "-",
-            i["active_model"] or "-", i["state"], i["admission"], "yes" if i["healthy"] else "no",
-            f"{i['running']}/{i['queued']}", i["restarts"])
+    return (
+        i["name"],
+        i["pool"],
+        f"{i['executor']}@{i['devices']}",
+        ", ".join(i["rotation"]) or "-",
+        i["active_model"] or "-",
+        i["state"],
+        i["admission"],
+        "yes" if i["healthy"] else "no",
+        f"{i['running']}/{i['queued']}",
+        i["restarts"],
+    )
 
 
-INSTANCE_COLUMNS = ("instance", "pool", "executor", "serving", "active", "state", "admission", "healthy",
-                    "run/queue", "restarts")
+INSTANCE_COLUMNS = (
+    "instance",
+    "pool",
+    "executor",
+    "serving",
+    "active",
+    "state",
+    "admission",
+    "healthy",
+    "run/queue",
+    "restarts",
+)
 
 
 @instance_app.command("list")
@@ -222,30 +318,69 @@ def _phase_cell(phases: list[dict]) -> str:
 
 
 @instance_app.command("rounds")
-def instance_rounds(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Instance (default: all cold)")] = "",
-                    limit: Annotated[int, typer.Option(min=1, max=4096, help="Latest N rounds")] = 20,
-                    as_json: JsonOpt = False) -> None:
+def instance_rounds(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Instance (default: all cold)")] = "",
+    limit: Annotated[int, typer.Option(min=1, max=4096, help="Latest N rounds")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
     """Per-round records: wall = active + switch, slots with their phases, SP admitted/parked.
     An open round's active time is booked when its slots close, so its wall prints `-`."""
     data = _fetch(lambda: ctx.obj.rounds(name, limit))
     if as_json:
         return _json(data)
-    _table("rounds (latest last)", ("instance", "round", "wall s", "active s", "switch s", "slots", "SP adm/park"),
-           [(r["instance"], f"{r['index']}{' (open)' if r['open'] else ''}", *(("-", "-") if r["open"] else
-                                                                                (r["wall_s"], r["active_s"])),
-             r["switch_s"],
-             "; ".join(f"{s['model']}: " + " ".join(f"{p['phase']} {p['seconds']:.3f}" for p in s["phases"])
-                       for s in r["slots"]) or "-", f"{r['sp_admitted']}/{r['sp_parked']}")
-            for r in data.get("rounds", [])])
+    _table(
+        "rounds (latest last)",
+        ("instance", "round", "wall s", "active s", "switch s", "slots", "SP adm/park"),
+        [
+            (
+                r["instance"],
+                f"{r['index']}{' (open)' if r['open'] else ''}",
+                *(("-", "-") if r["open"] else (r["wall_s"], r["active_s"])),
+                r["switch_s"],
+                "; ".join(
+                    f"{s['model']}: "
+                    + " ".join(f"{p['phase']} {p['seconds']:.3f}" for p in s["phases"])
+                    for s in r["slots"]
+                )
+                or "-",
+                f"{r['sp_admitted']}/{r['sp_parked']}",
+            )
+            for r in data.get("rounds", [])
+        ],
+    )
     _switch_table(data.get("switches", []))
 
 
 def _switch_table(switches: list[dict]) -> None:
-    _table("switches (latest last; phases in ms)", ("instance", "round", "from", "to", "path", "total ms", "phases",
-                                                    "staged MiB", "dirty MiB"),
-           [(w["instance"], _dash(w["round_index"], "{}"), w["from_model"] or "-", w["to_model"], w["path"],
-             f"{w['total_ms']:.1f}", _phase_cell(w["phases"]), _dash_mib(w["staged_bytes"]),
-             _dash_mib(w["dirty_bytes"])) for w in switches])
+    _table(
+        "switches (latest last; phases in ms)",
+        (
+            "instance",
+            "round",
+            "from",
+            "to",
+            "path",
+            "total ms",
+            "phases",
+            "staged MiB",
+            "dirty MiB",
+        ),
+        [
+            (
+                w["instance"],
+                _dash(w["round_index"], "{}"),
+                w["from_model"] or "-",
+                w["to_model"],
+                w["path"],
+                f"{w['total_ms']:.1f}",
+                _phase_cell(w["phases"]),
+                _dash_mib(w["staged_bytes"]),
+                _dash_mib(w["dirty_bytes"]),
+            )
+            for w in switches
+        ],
+    )
 
 
 def _dash_mib(n) -> str:
@@ -253,8 +388,11 @@ def _dash_mib(n) -> str:
 
 
 @instance_app.command("memory")
-def instance_memory(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Instance name")],
-                    as_json: JsonOpt = False) -> None:
+def instance_memory(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Instance name")],
+    as_json: JsonOpt = False,
+) -> None:
     """HBM layout (region, offset, size, owner) and the latest switch records with their phases."""
     data = _fetch(lambda: ctx.obj.memory(name))
     if as_json:
@@ -262,20 +400,40 @@ def instance_memory(ctx: typer.Context, name: Annotated[str, typer.Argument(help
     if not data.get("managed"):
         print(f"{name}: this executor keeps no managed device memory")
         return
-    _table(f"{name}: {_mib(data['capacity_bytes'])} MiB managed, active {data['active_model'] or '-'}, "
-           f"free {_mib(data['hbm_free_bytes'])} MiB, staging slack {_mib(data['staging_slack_bytes'])} MiB",
-           ("region", "offset MiB", "size MiB", "owner"),
-           [(r["region"], _mib(r["offset"]), _mib(r["size"]), r["owner"]) for r in data.get("layout", [])])
-    _table(f"host KV: {_mib(data['host_kv_bytes'])} of {_mib(data['host_kv_capacity_bytes'])} MiB", ("model", "MiB"),
-           [(m, _mib(n)) for m, n in sorted(data.get("host_kv_by_model", {}).items())])
-    _table("switches (latest last; phases in ms)", ("from", "to", "path", "total ms", *SWITCH_PHASES, "staged MiB",
-                                                    "dirty MiB"),
-           [(w["from_model"] or "-", w["to_model"], w["path"], f"{w['total_ms']:.1f}",
-             *(f"{x:.1f}" for x in w["phase_ms"]), _mib(w["staged_bytes"]), _mib(w["dirty_bytes"]))
-            for w in data.get("switches", [])])
+    _table(
+        f"{name}: {_mib(data['capacity_bytes'])} MiB managed, active {data['active_model'] or '-'}, "
+        f"free {_mib(data['hbm_free_bytes'])} MiB, staging slack {_mib(data['staging_slack_bytes'])} MiB",
+        ("region", "offset MiB", "size MiB", "owner"),
+        [
+            (r["region"], _mib(r["offset"]), _mib(r["size"]), r["owner"])
+            for r in data.get("layout", [])
+        ],
+    )
+    _table(
+        f"host KV: {_mib(data['host_kv_bytes'])} of {_mib(data['host_kv_capacity_bytes'])} MiB",
+        ("model", "MiB"),
+        [(m, _mib(n)) for m, n in sorted(data.get("host_kv_by_model", {}).items())],
+    )
+    _table(
+        "switches (latest last; phases in ms)",
+        ("from", "to", "path", "total ms", *SWITCH_PHASES, "staged MiB", "dirty MiB"),
+        [
+            (
+                w["from_model"] or "-",
+                w["to_model"],
+                w["path"],
+                f"{w['total_ms']:.1f}",
+                *(f"{x:.1f}" for x in w["phase_ms"]),
+                _mib(w["staged_bytes"]),
+                _mib(w["dirty_bytes"]),
+            )
+            for w in data.get("switches", [])
+        ],
+    )
 
 
 # ---- pools -----------------------------------------------------------------------------------
+
 
 @pool_app.command("list")
 def pool_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
@@ -283,14 +441,28 @@ def pool_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     rows = _fetch(ctx.obj.pools).get("pools", [])
     if as_json:
         return _json(rows)
-    _table("pools", ("pool", "instances", "models", "running", "queued"),
-           [(p["name"], ", ".join(p["instances"]) or "-", ", ".join(p["models"]) or "-", p["running"], p["queued"])
-            for p in rows])
+    _table(
+        "pools",
+        ("pool", "instances", "models", "running", "queued"),
+        [
+            (
+                p["name"],
+                ", ".join(p["instances"]) or "-",
+                ", ".join(p["models"]) or "-",
+                p["running"],
+                p["queued"],
+            )
+            for p in rows
+        ],
+    )
 
 
 @pool_app.command("show")
-def pool_show(ctx: typer.Context, pool: Annotated[str, typer.Argument(help="hot or cold")],
-              as_json: JsonOpt = False) -> None:
+def pool_show(
+    ctx: typer.Context,
+    pool: Annotated[str, typer.Argument(help="hot or cold")],
+    as_json: JsonOpt = False,
+) -> None:
     """One pool's instances."""
     if pool not in ("hot", "cold"):
         raise typer.BadParameter(f"pool must be hot or cold, not {pool!r}")
@@ -302,10 +474,15 @@ def pool_show(ctx: typer.Context, pool: Annotated[str, typer.Argument(help="hot 
 
 
 @pool_app.command("move")
-def pool_move(ctx: typer.Context, name: InstanceArg,
-              to: Annotated[str, typer.Option("--to", help="hot or cold")],
-              model: Annotated[str, typer.Option(help="Moving to hot: the model to pin (default: the active one)")] = "",
-              as_json: JsonOpt = False) -> None:
+def pool_move(
+    ctx: typer.Context,
+    name: InstanceArg,
+    to: Annotated[str, typer.Option("--to", help="hot or cold")],
+    model: Annotated[
+        str, typer.Option(help="Moving to hot: the model to pin (default: the active one)")
+    ] = "",
+    as_json: JsonOpt = False,
+) -> None:
     """Drain the instance, restart it in the other pool, and place calls on it again."""
     if to not in ("hot", "cold"):
         raise typer.BadParameter(f"--to must be hot or cold, not {to!r}")
@@ -321,8 +498,14 @@ MODEL_COLUMNS = ("model", "status", "served by", "pinned on", "max context", "pr
 
 
 def _model_row(m: dict) -> tuple:
-    return (m["name"], m["status"], ", ".join(m["instances"]) or "-", ", ".join(m["pinned_on"]) or "-",
-            m["max_context"], m["profile"] or "-")
+    return (
+        m["name"],
+        m["status"],
+        ", ".join(m["instances"]) or "-",
+        ", ".join(m["pinned_on"]) or "-",
+        m["max_context"],
+        m["profile"] or "-",
+    )
 
 
 @model_app.command("list")
@@ -379,42 +562,67 @@ def model_unload(ctx: typer.Context, model: ModelArg, on: OnOpt, as_json: JsonOp
 
 # ---- leases, sessions, config ------------------------------------------------------------------
 
+
 @lease_app.command("revoke")
-def lease_revoke(ctx: typer.Context, session_id: Annotated[str, typer.Argument(help="Session id")],
-                 model: Annotated[str, typer.Option(help="Only the lease for this model")] = "",
-                 as_json: JsonOpt = False) -> None:
+def lease_revoke(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="Session id")],
+    model: Annotated[str, typer.Option(help="Only the lease for this model")] = "",
+    as_json: JsonOpt = False,
+) -> None:
     """Drop a session's live lease(s); prints the session's leases left."""
     rows = _fetch(lambda: ctx.obj.revoke(session_id, model)).get("leases", [])
     if as_json:
         return _json(rows)
-    _table(f"leases of {session_id} left", ("session", "model", "instance", "kv_len", "expires_in_s"),
-           [(r["session_id"], r["model"], r["instance"], r["kv_len"], r["expires_in_s"]) for r in rows])
+    _table(
+        f"leases of {session_id} left",
+        ("session", "model", "instance", "kv_len", "expires_in_s"),
+        [
+            (r["session_id"], r["model"], r["instance"], r["kv_len"], r["expires_in_s"])
+            for r in rows
+        ],
+    )
 
 
 @session_app.command("show")
-def session_show(ctx: typer.Context, session_id: Annotated[str, typer.Argument(help="Session id")],
-                 as_json: JsonOpt = False) -> None:
+def session_show(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="Session id")],
+    as_json: JsonOpt = False,
+) -> None:
     """One session's row."""
-    rows = [r for r in _fetch(lambda: ctx.obj.sessions(0)).get("sessions", []) if r["session_id"] == session_id]
+    rows = [
+        r
+        for r in _fetch(lambda: ctx.obj.sessions(0)).get("sessions", [])
+        if r["session_id"] == session_id
+    ]
     if not rows:
         print(f"talaria-ctl: no session {session_id!r} in the router's table", file=sys.stderr)
         raise typer.Exit(3)
     if as_json:
         return _json(rows[0])
     r = rows[0]
-    _table(session_id, ("instance", "model", "kv_len", "idle_s", "leased"),
-           [(r["instance"], r["model"], r["kv_len"], r["idle_s"], r["leased"])])
+    _table(
+        session_id,
+        ("instance", "model", "kv_len", "idle_s", "leased"),
+        [(r["instance"], r["model"], r["kv_len"], r["idle_s"], r["leased"])],
+    )
 
 
 @session_app.command("forget")
-def session_forget(ctx: typer.Context, session_id: Annotated[str, typer.Argument(help="Session id")],
-                   as_json: JsonOpt = False) -> None:
+def session_forget(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="Session id")],
+    as_json: JsonOpt = False,
+) -> None:
     """Forget a session: its row, leases, and its KV on every instance."""
     data = _fetch(lambda: ctx.obj.forget(session_id))
     if as_json:
         return _json(data)
-    print(f"{session_id}: {'forgotten' if data['known'] else 'was not known'}; {data['leases_dropped']} leases "
-          f"dropped; KV freed on {', '.join(data['instances_freed']) or 'no instance'}")
+    print(
+        f"{session_id}: {'forgotten' if data['known'] else 'was not known'}; {data['leases_dropped']} leases "
+        f"dropped; KV freed on {', '.join(data['instances_freed']) or 'no instance'}"
+    )
 
 
 @config_app.command("show")

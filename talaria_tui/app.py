@@ -4,8 +4,8 @@ Views: Rounds (active vs switch time per round, slot phases, SP admitted/parked)
 the five named phases, staged/dirty MiB), Memory (HBM layout as a proportional bar, host KV per
 model), Leases (TTL counting down), Sessions, Instances and Decisions (Eq. (1) per candidate on
 select). Status, rounds and the router's state (leases, sessions, decisions) arrive on gRPC
-streams; memory layouts are read every `interval_s`. Keys: d drain, u undrain, c cordon (Instances), x revoke (Leases), each
-after a confirmation.
+streams; memory layouts are read every `interval_s`. Keys: d drain, u undrain, c cordon
+(Instances), x revoke (Leases), each after a confirmation.
 """
 
 from __future__ import annotations
@@ -29,19 +29,55 @@ from textual.widgets import Button, DataTable, Footer, Static, TabbedContent, Ta
 from talaria_ctl.client import AdminClient, Refused, Unreachable, as_dict, default_socket
 from talariad.types import SWITCH_PHASES
 
-INSTANCE_COLUMNS = ("instance", "pool", "executor", "serving", "active", "state", "admission", "healthy",
-                    "running", "queued", "restarts")
+INSTANCE_COLUMNS = (
+    "instance",
+    "pool",
+    "executor",
+    "serving",
+    "active",
+    "state",
+    "admission",
+    "healthy",
+    "running",
+    "queued",
+    "restarts",
+)
 LEASE_COLUMNS = ("session", "model", "instance", "kv_len", "ttl_s")
 SESSION_COLUMNS = ("session", "instance", "model", "kv_len", "idle_s", "leased")
 DECISION_COLUMNS = ("call", "kind", "instance", "age_s", "reason")
 ROUND_COLUMNS = ("instance", "round", "wall s", "active | switch", "slots", "SP adm/park")
-SWITCH_COLUMNS = ("instance", "round", "from → to", "path", "total ms", "phases", "staged MiB", "dirty MiB")
-CANDIDATE_COLUMNS = ("instance", "queue", "prefill", "decode", "kv", "activation", "total", "kv_state", "feasible")
+SWITCH_COLUMNS = (
+    "instance",
+    "round",
+    "from → to",
+    "path",
+    "total ms",
+    "phases",
+    "staged MiB",
+    "dirty MiB",
+)
+CANDIDATE_COLUMNS = (
+    "instance",
+    "queue",
+    "prefill",
+    "decode",
+    "kv",
+    "activation",
+    "total",
+    "kv_state",
+    "feasible",
+)
 
 BAR = 30
 PHASE_STYLES = ("magenta", "blue", "cyan", "yellow", "green")
-REGION_STYLES = {"weights": "blue", "kv_pool": "green", "clean": "yellow", "dirty": "dark_orange",
-                 "graph_pool": "magenta", "runtime": "red"}
+REGION_STYLES = {
+    "weights": "blue",
+    "kv_pool": "green",
+    "clean": "yellow",
+    "dirty": "dark_orange",
+    "graph_pool": "magenta",
+    "runtime": "red",
+}
 KEEP_ROUNDS = 40
 
 
@@ -50,9 +86,19 @@ def _mib(n) -> str:
 
 
 def _instance_row(i: dict) -> tuple:
-    return (i["name"], i["pool"], i["executor"], ",".join(i["rotation"]) or "-", i["active_model"] or "-",
-            i["state"], i["admission"], "yes" if i["healthy"] else "no", str(i["running"]), str(i["queued"]),
-            str(i["restarts"]))
+    return (
+        i["name"],
+        i["pool"],
+        i["executor"],
+        ",".join(i["rotation"]) or "-",
+        i["active_model"] or "-",
+        i["state"],
+        i["admission"],
+        "yes" if i["healthy"] else "no",
+        str(i["running"]),
+        str(i["queued"]),
+        str(i["restarts"]),
+    )
 
 
 def _decision_row(d: dict) -> tuple:
@@ -60,9 +106,22 @@ def _decision_row(d: dict) -> tuple:
 
 
 def _candidate_row(c: dict) -> tuple:
-    return (c["instance"], *(f"{c[k]:.3f}" for k in ("queue_s", "prefill_s", "decode_s", "kv_recovery_s",
-                                                      "activation_s", "total_s")),
-            c["kv_state"], "yes" if c["feasible"] else c["reason"])
+    return (
+        c["instance"],
+        *(
+            f"{c[k]:.3f}"
+            for k in (
+                "queue_s",
+                "prefill_s",
+                "decode_s",
+                "kv_recovery_s",
+                "activation_s",
+                "total_s",
+            )
+        ),
+        c["kv_state"],
+        "yes" if c["feasible"] else c["reason"],
+    )
 
 
 def stacked_bar(parts: list[tuple[float, str]], scale: float, width: int = BAR) -> Text:
@@ -82,8 +141,13 @@ def round_bar(r: dict, longest: float) -> Text:
 
 
 def _slots_cell(r: dict) -> str:
-    return "; ".join(f"{s['model']}: " + " ".join(f"{p['phase']} {p['seconds']:.2f}" for p in s["phases"])
-                     for s in r["slots"]) or "-"
+    return (
+        "; ".join(
+            f"{s['model']}: " + " ".join(f"{p['phase']} {p['seconds']:.2f}" for p in s["phases"])
+            for s in r["slots"]
+        )
+        or "-"
+    )
 
 
 def switch_bar(w: dict) -> Text:
@@ -102,23 +166,30 @@ def memory_text(m: dict) -> Text:
     regions: dict[str, int] = {}
     for row in m["layout"]:
         kind, size = row["region"].split("[")[0], int(row["size"])
-        if kind == "staged":  # staged chunks sit inside the KV pool's free tail: carve them out of it
+        if (
+            kind == "staged"
+        ):  # staged chunks sit inside the KV pool's free tail: carve them out of it
             model, _, state = row["owner"].partition(":")
             regions["kv_pool"] = regions.get("kv_pool", 0) - size
             label = f"staged {model} {state or 'clean'}"
         else:
             label = f"weights {row['owner']}" if kind == "weights" and row["owner"] else kind
         regions[label] = regions.get(label, 0) + size
-    out = Text(f"{name}: {_mib(cap)} MiB managed · active {m['active_model'] or '-'} · free "
-               f"{_mib(m['hbm_free_bytes'])} MiB\n")
+    out = Text(
+        f"{name}: {_mib(cap)} MiB managed · active {m['active_model'] or '-'} · free "
+        f"{_mib(m['hbm_free_bytes'])} MiB\n"
+    )
     out.append_text(stacked_bar([(v, _region_style(k)) for k, v in regions.items()], cap, 2 * BAR))
     out.append("\n")
     for k, v in regions.items():
         out.append("■ ", style=_region_style(k))
         out.append(f"{k} {_mib(v)} MiB  ")
     host = m.get("host_kv_by_model") or {}
-    out.append(f"\nhost KV {_mib(m['host_kv_bytes'])} / {_mib(m['host_kv_capacity_bytes'])} MiB"
-               + ("".join(f" · {k} {_mib(v)} MiB" for k, v in sorted(host.items())) if host else "") + "\n\n")
+    out.append(
+        f"\nhost KV {_mib(m['host_kv_bytes'])} / {_mib(m['host_kv_capacity_bytes'])} MiB"
+        + ("".join(f" · {k} {_mib(v)} MiB" for k, v in sorted(host.items())) if host else "")
+        + "\n\n"
+    )
     return out
 
 
@@ -130,7 +201,11 @@ def _region_style(label: str) -> str:
 class Confirm(ModalScreen[bool]):
     """Yes/no before an action that changes the daemon."""
 
-    BINDINGS = [("y", "answer(True)", "Yes"), ("n", "answer(False)", "No"), ("escape", "answer(False)", "No")]
+    BINDINGS = [
+        ("y", "answer(True)", "Yes"),
+        ("n", "answer(False)", "No"),
+        ("escape", "answer(False)", "No"),
+    ]
     CSS = "Confirm { align: center middle; } #box { width: 60; height: auto; border: thick $warning; padding: 1 2; }"
 
     def __init__(self, question: str):
@@ -153,9 +228,14 @@ class Confirm(ModalScreen[bool]):
 
 class Dashboard(App):
     TITLE = "Talaria"
-    BINDINGS = [("q", "quit", "Quit"), ("r", "refresh", "Refresh"),
-                Binding("d", "instance('Drain')", "Drain"), Binding("u", "instance('Undrain')", "Undrain"),
-                Binding("c", "instance('Cordon')", "Cordon"), Binding("x", "revoke", "Revoke lease")]
+    BINDINGS = [
+        ("q", "quit", "Quit"),
+        ("r", "refresh", "Refresh"),
+        Binding("d", "instance('Drain')", "Drain"),
+        Binding("u", "instance('Undrain')", "Undrain"),
+        Binding("c", "instance('Cordon')", "Cordon"),
+        Binding("x", "revoke", "Revoke lease"),
+    ]
     CSS = """
     #banner { height: 1; padding: 0 1; background: $boost; }
     TabbedContent { height: 1fr; }
@@ -165,8 +245,13 @@ class Dashboard(App):
     #legend { height: 1; }
     """
 
-    def __init__(self, client: AdminClient, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], datetime.datetime] = datetime.datetime.now):
+    def __init__(
+        self,
+        client: AdminClient,
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime.datetime] = datetime.datetime.now,
+    ):
         super().__init__()
         self.client, self.interval_s, self.clock, self.wall = client, interval_s, clock, wall
         self._fetching = False
@@ -208,10 +293,15 @@ class Dashboard(App):
         self.banner = self.query_one("#banner", Static)
         self.memory_view = self.query_one("#memory", Static)
         self.tabs = self.query_one("#tabs", TabbedContent)
-        for table_id, columns in (("instances", INSTANCE_COLUMNS), ("leases", LEASE_COLUMNS),
-                                  ("sessions", SESSION_COLUMNS), ("decisions", DECISION_COLUMNS),
-                                  ("rounds", ROUND_COLUMNS), ("switches", SWITCH_COLUMNS),
-                                  ("candidates", CANDIDATE_COLUMNS)):
+        for table_id, columns in (
+            ("instances", INSTANCE_COLUMNS),
+            ("leases", LEASE_COLUMNS),
+            ("sessions", SESSION_COLUMNS),
+            ("decisions", DECISION_COLUMNS),
+            ("rounds", ROUND_COLUMNS),
+            ("switches", SWITCH_COLUMNS),
+            ("candidates", CANDIDATE_COLUMNS),
+        ):
             table = self.tables[table_id]
             for col in columns:
                 table.add_column(col, key=col)
@@ -247,7 +337,9 @@ class Dashboard(App):
 
     @work(thread=True, group="rounds")
     def _watch_rounds(self) -> None:
-        self._stream(lambda: self.client.watch_rounds("", max(self.interval_s / 2, 0.05)), self._add_rounds)
+        self._stream(
+            lambda: self.client.watch_rounds("", max(self.interval_s / 2, 0.05)), self._add_rounds
+        )
 
     def action_refresh(self) -> None:
         # NOTE: a refresh still in flight is left to finish rather than replaced, so a slow daemon
@@ -292,21 +384,31 @@ class Dashboard(App):
     def _banner(self) -> None:
         banner = self.banner
         if self.unreachable_since is not None:
-            banner.update(Text(f"daemon unreachable since {self.unreachable_since:%H:%M:%S} · {self.error}",
-                               style="bold red"))
+            banner.update(
+                Text(
+                    f"daemon unreachable since {self.unreachable_since:%H:%M:%S} · {self.error}",
+                    style="bold red",
+                )
+            )
             return
         s = self.status
         if s is None:
             return
-        banner.update(Text(f"talariad {s['version']} at {s['http_endpoint']} · up {s['uptime_s']:.0f}s · "
-                           f"{len(s['instances'])} instances · {len(self.leases)} live leases"))
+        banner.update(
+            Text(
+                f"talariad {s['version']} at {s['http_endpoint']} · up {s['uptime_s']:.0f}s · "
+                f"{len(s['instances'])} instances · {len(self.leases)} live leases"
+            )
+        )
 
     def _show_status(self, status: dict) -> None:
         if self._stop.is_set():  # a late answer after the screen went away
             return
         first = self.status is None
         self.status, self.unreachable_since = status, None
-        if first:  # the memory view needs the instance names: fetch now rather than at the next tick
+        if (
+            first
+        ):  # the memory view needs the instance names: fetch now rather than at the next tick
             self.action_refresh()
         self._banner()
         self._upsert("instances", [(i["name"], _instance_row(i)) for i in status["instances"]])
@@ -316,29 +418,66 @@ class Dashboard(App):
             return
         for r in reply.get("rounds", []):
             self.rounds[(r["instance"], r["index"])] = r
-        for key in sorted(self.rounds, key=lambda k: (k[0], k[1]))[:-KEEP_ROUNDS * 4]:
+        for key in sorted(self.rounds, key=lambda k: (k[0], k[1]))[: -KEEP_ROUNDS * 4]:
             del self.rounds[key]
         self.switches.extend(reply.get("switches", []))
         rows = sorted(self.rounds.values(), key=lambda r: (r["instance"], r["index"]))
         longest = max((r["wall_s"] for r in rows if not r["open"]), default=0.0)
         # an open round's active time is booked when its slots close: its wall is not measured yet
-        self._replace("rounds", [(r["instance"], f"{r['index']}{' (open)' if r['open'] else ''}",
-                                  "-" if r["open"] else f"{r['wall_s']:.3f}",
-                                  Text("-") if r["open"] else round_bar(r, longest), _slots_cell(r),
-                                  f"{r['sp_admitted']}/{r['sp_parked']}")
-                                 for r in rows])
-        self._replace("switches", [(w["instance"], "-" if int(w["round_index"]) < 0 else str(w["round_index"]),
-                                    f"{w['from_model'] or '-'} → {w['to_model']}", w["path"], f"{w['total_ms']:.1f}",
-                                    switch_bar(w), _mib(w["staged_bytes"]), _mib(w["dirty_bytes"]))
-                                   for w in self.switches])
+        self._replace(
+            "rounds",
+            [
+                (
+                    r["instance"],
+                    f"{r['index']}{' (open)' if r['open'] else ''}",
+                    "-" if r["open"] else f"{r['wall_s']:.3f}",
+                    Text("-") if r["open"] else round_bar(r, longest),
+                    _slots_cell(r),
+                    f"{r['sp_admitted']}/{r['sp_parked']}",
+                )
+                for r in rows
+            ],
+        )
+        self._replace(
+            "switches",
+            [
+                (
+                    w["instance"],
+                    "-" if int(w["round_index"]) < 0 else str(w["round_index"]),
+                    f"{w['from_model'] or '-'} → {w['to_model']}",
+                    w["path"],
+                    f"{w['total_ms']:.1f}",
+                    switch_bar(w),
+                    _mib(w["staged_bytes"]),
+                    _mib(w["dirty_bytes"]),
+                )
+                for w in self.switches
+            ],
+        )
 
     def _show_router(self, state: dict) -> None:
         if self._stop.is_set():
             return
-        self.leases, self._leases_at, self.decisions = state["leases"], self.clock(), state["decisions"]
+        self.leases, self._leases_at, self.decisions = (
+            state["leases"],
+            self.clock(),
+            state["decisions"],
+        )
         self._tick_leases()
-        self._replace("sessions", [(s["session_id"], s["instance"] or "-", s["model"] or "-", str(s["kv_len"]),
-                                    f"{s['idle_s']:.1f}", "yes" if s["leased"] else "no") for s in state["sessions"]])
+        self._replace(
+            "sessions",
+            [
+                (
+                    s["session_id"],
+                    s["instance"] or "-",
+                    s["model"] or "-",
+                    str(s["kv_len"]),
+                    f"{s['idle_s']:.1f}",
+                    "yes" if s["leased"] else "no",
+                )
+                for s in state["sessions"]
+            ],
+        )
         self._replace_keyed("decisions", [(d["call_id"], _decision_row(d)) for d in self.decisions])
         self._banner()
 
@@ -356,9 +495,23 @@ class Dashboard(App):
             return
         elapsed = self.clock() - self._leases_at
         live = [le for le in self.leases if le["expires_in_s"] - elapsed > 0]
-        self._upsert("leases", [(f"{le['session_id']}\x00{le['model']}",
-                                 (le["session_id"], le["model"], le["instance"], str(le["kv_len"]),
-                                  f"{le['expires_in_s'] - elapsed:.1f}")) for le in live], prune=True)
+        self._upsert(
+            "leases",
+            [
+                (
+                    f"{le['session_id']}\x00{le['model']}",
+                    (
+                        le["session_id"],
+                        le["model"],
+                        le["instance"],
+                        str(le["kv_len"]),
+                        f"{le['expires_in_s'] - elapsed:.1f}",
+                    ),
+                )
+                for le in live
+            ],
+            prune=True,
+        )
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id != "decisions" or event.row_key is None:
@@ -374,7 +527,9 @@ class Dashboard(App):
         keys = set()
         for key, row in rows:
             keys.add(key)
-            cells = [v if isinstance(v, Text) else Text(v) for v in row]  # client data is never markup
+            cells = [
+                v if isinstance(v, Text) else Text(v) for v in row
+            ]  # client data is never markup
             if key in table.rows:
                 for col, value in zip(columns, cells):
                     table.update_cell(key, col, value)
@@ -417,8 +572,10 @@ class Dashboard(App):
         name = self._selected("instances")
         if name is None:
             return
-        self.push_screen(Confirm(f"{verb} instance {name}?"),
-                         lambda yes: self._act(lambda: self.client.instance_action(verb, name)) if yes else None)
+        self.push_screen(
+            Confirm(f"{verb} instance {name}?"),
+            lambda yes: self._act(lambda: self.client.instance_action(verb, name)) if yes else None,
+        )
 
     def action_revoke(self) -> None:
         if self.tabs.active != "tab-leases":
@@ -427,8 +584,10 @@ class Dashboard(App):
         if key is None:
             return
         session, model = key.split("\x00")
-        self.push_screen(Confirm(f"Revoke the lease of session {session} on {model}?"),
-                         lambda yes: self._act(lambda: self.client.revoke(session, model)) if yes else None)
+        self.push_screen(
+            Confirm(f"Revoke the lease of session {session} on {model}?"),
+            lambda yes: self._act(lambda: self.client.revoke(session, model)) if yes else None,
+        )
 
     @work(thread=True, group="action")
     def _act(self, action: Callable) -> None:
@@ -450,10 +609,15 @@ def phase_legend() -> Text:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="talaria-tui", description="Live dashboard of a running talariad.")
-    p.add_argument("--socket", default=None,
-                   help="admin socket path (default: $TALARIA_SOCKET, /run/talaria/admin.sock when the service "
-                        "runs, else $XDG_RUNTIME_DIR/talaria/admin.sock)")
+    p = argparse.ArgumentParser(
+        prog="talaria-tui", description="Live dashboard of a running talariad."
+    )
+    p.add_argument(
+        "--socket",
+        default=None,
+        help="admin socket path (default: $TALARIA_SOCKET, /run/talaria/admin.sock when the service "
+        "runs, else $XDG_RUNTIME_DIR/talaria/admin.sock)",
+    )
     p.add_argument("--interval", type=float, default=1.0, help="refresh interval in seconds")
     args = p.parse_args(argv)
     if not args.interval >= 0.1:  # also refuses nan

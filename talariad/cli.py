@@ -16,9 +16,13 @@ from talariad.config import ConfigError, TalariaConfig, load_config
 
 DEFAULT_CONFIG = "etc/talaria.yaml"
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Talaria: session-aware multi-model serving.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Talaria: session-aware multi-model serving."
+)
 
-ConfigOpt = Annotated[str, typer.Option("--config", "-c", envvar="TALARIA_CONFIG", help="Path to talaria.yaml")]
+ConfigOpt = Annotated[
+    str, typer.Option("--config", "-c", envvar="TALARIA_CONFIG", help="Path to talaria.yaml")
+]
 
 
 def _load(path: str) -> TalariaConfig:
@@ -47,8 +51,10 @@ def check_config(path: Annotated[str, typer.Argument(help="Config file to valida
 
 
 @app.command()
-def run(config: ConfigOpt = DEFAULT_CONFIG,
-        log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info") -> None:
+def run(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> None:
     """Start the supervisor, instances, gateway and admin API; stop on SIGTERM or SIGINT."""
     from talariad.daemon import Daemon
 
@@ -57,7 +63,9 @@ def run(config: ConfigOpt = DEFAULT_CONFIG,
         print(f"talariad: --log-level: unknown level {log_level!r}", file=sys.stderr)
         raise typer.Exit(2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))  # one line per telemetry poll otherwise
+    logging.getLogger("httpx").setLevel(
+        max(level, logging.WARNING)
+    )  # one line per telemetry poll otherwise
     cfg = _load(config)
     try:
         asyncio.run(Daemon(cfg, config).run())

@@ -279,11 +279,20 @@ class TalariaConfig(_Strict):
 
     def resolve_model(self, requested: str) -> ModelConfig | None:
         """The model serving `requested`: a name, an exact alias, then the first matching glob alias."""
-        found = self.model(requested) or next((m for m in self.models if requested in m.aliases), None)
+        found = self.model(requested) or next(
+            (m for m in self.models if requested in m.aliases), None
+        )
         if found is not None:
             return found
-        return next((m for m in self.models for a in m.aliases if _is_glob(a) and fnmatch.fnmatchcase(requested, a)),
-                    None)
+        return next(
+            (
+                m
+                for m in self.models
+                for a in m.aliases
+                if _is_glob(a) and fnmatch.fnmatchcase(requested, a)
+            ),
+            None,
+        )
 
 
 class ConfigError(Exception):
@@ -317,7 +326,9 @@ def _duplicates(names: list[str], prefix: str) -> list[tuple[str, str]]:
     out = []
     for i, n in enumerate(names):
         if n in seen:
-            out.append((f"{prefix}[{i}].name", f"duplicate name {n!r} (first at {prefix}[{seen[n]}])"))
+            out.append(
+                (f"{prefix}[{i}].name", f"duplicate name {n!r} (first at {prefix}[{seen[n]}])")
+            )
         seen.setdefault(n, i)
     return out
 
@@ -328,19 +339,27 @@ def _is_glob(pattern: str) -> bool:
 
 def _alias_lines(models: list[dict], data: dict) -> list[tuple[str, str]]:
     """An alias may name one model only; `anthropic.default_model` must resolve."""
-    owner: dict[str, object] = {m["name"]: m["name"] for m in models if isinstance(m.get("name"), str)}
+    owner: dict[str, object] = {
+        m["name"]: m["name"] for m in models if isinstance(m.get("name"), str)
+    }
     problems, globs = [], []
     for i, m in enumerate(_list(data.get("models"))):
         for j, alias in enumerate(_list(m.get("aliases")) if isinstance(m, dict) else []):
             if not isinstance(alias, str):
                 continue
             if alias in owner and owner[alias] != m.get("name"):
-                problems.append((f"models[{i}].aliases[{j}]", f"{alias!r} already names model {owner[alias]!r}"))
+                problems.append(
+                    (f"models[{i}].aliases[{j}]", f"{alias!r} already names model {owner[alias]!r}")
+                )
             owner.setdefault(alias, m.get("name"))
             globs += [alias] if _is_glob(alias) else []
     anthropic = data.get("anthropic") if isinstance(data.get("anthropic"), dict) else {}
     default = anthropic.get("default_model")
-    if isinstance(default, str) and default not in owner and not any(fnmatch.fnmatchcase(default, g) for g in globs):
+    if (
+        isinstance(default, str)
+        and default not in owner
+        and not any(fnmatch.fnmatchcase(default, g) for g in globs)
+    ):
         problems.append(("anthropic.default_model", f"{default!r} is not a model name or alias"))
     return problems
 
@@ -360,32 +379,54 @@ def _semantic_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str
         hosted = _list(inst.get("models")) if isinstance(inst, dict) else []
         for j, m in enumerate(hosted):
             if isinstance(m, str) and defined and m not in defined:
-                problems.append((f"instances[{i}].models[{j}]",
-                                 f"model {m!r} is not defined under models (defined: {', '.join(sorted(defined))})"))
+                problems.append(
+                    (
+                        f"instances[{i}].models[{j}]",
+                        f"model {m!r} is not defined under models (defined: {', '.join(sorted(defined))})",
+                    )
+                )
         if isinstance(inst, dict) and inst.get("pool") == "hot" and len(hosted) != 1:
             problems.append((f"instances[{i}].models", "a hot instance pins exactly one model"))
     policy = data.get("policy") if isinstance(data.get("policy"), dict) else {}
     valid = _policy_names()
     if isinstance(policy.get("router"), str) and policy["router"] not in valid:
-        problems.append(("policy.router",
-                         f"unknown policy {policy['router']!r} (valid: {', '.join(valid)})"))
+        problems.append(
+            ("policy.router", f"unknown policy {policy['router']!r} (valid: {', '.join(valid)})")
+        )
     stale, interval = policy.get("staleness_s", 2.0), policy.get("telemetry_interval_s", 0.25)
     if _num(stale) and _num(interval) and 0 < stale <= interval:
-        problems.append(("policy.staleness_s",
-                         f"{stale} s is not longer than policy.telemetry_interval_s "
-                         f"({interval} s): "
-                         "every snapshot would be stale before the next poll"))
+        problems.append(
+            (
+                "policy.staleness_s",
+                f"{stale} s is not longer than policy.telemetry_interval_s "
+                f"({interval} s): "
+                "every snapshot would be stale before the next poll",
+            )
+        )
     sup = data.get("supervisor") if isinstance(data.get("supervisor"), dict) else {}
     first, most = sup.get("restart_backoff_s", 0.5), sup.get("max_backoff_s", 30.0)
     if _num(first) and _num(most) and first > most:
-        problems.append(("supervisor.restart_backoff_s",
-                         f"{first} s is above supervisor.max_backoff_s ({most} s)"))
+        problems.append(
+            (
+                "supervisor.restart_backoff_s",
+                f"{first} s is above supervisor.max_backoff_s ({most} s)",
+            )
+        )
     listen = data.get("listen") if isinstance(data.get("listen"), dict) else {}
     http = listen.get("http", ListenConfig().http)
-    if (isinstance(http, str) and not _loopback(http.rpartition(":")[0].strip("[]"))
-            and not listen.get("api_keys_file") and listen.get("allow_unauthenticated") is not True):
-        problems.append(("listen.http", f"{http.rpartition(':')[0]} is not a loopback address: set "
-                                        "listen.api_keys_file, or listen.allow_unauthenticated: true"))
+    if (
+        isinstance(http, str)
+        and not _loopback(http.rpartition(":")[0].strip("[]"))
+        and not listen.get("api_keys_file")
+        and listen.get("allow_unauthenticated") is not True
+    ):
+        problems.append(
+            (
+                "listen.http",
+                f"{http.rpartition(':')[0]} is not a loopback address: set "
+                "listen.api_keys_file, or listen.allow_unauthenticated: true",
+            )
+        )
     return problems + _build_lines(data, base_dir)
 
 
@@ -400,9 +441,12 @@ def _build_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str, s
     for i, m in enumerate(_list(data.get("models"))):
         name = m.get("profile", "tiny") if isinstance(m, dict) else None
         if isinstance(name, str) and find_model(name) is None:
-            problems.append((f"models[{i}].profile",
-                             f"no bundled latency profile named {name!r} "
-                             f"(sets: {', '.join(available())})"))
+            problems.append(
+                (
+                    f"models[{i}].profile",
+                    f"no bundled latency profile named {name!r} (sets: {', '.join(available())})",
+                )
+            )
     for i, inst in enumerate(_list(data.get("instances"))):
         if not isinstance(inst, dict) or not isinstance(inst.get("executor", "sim"), str):
             continue
@@ -420,15 +464,23 @@ def _checkpoint_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[s
     """A `path` a torch instance would load must be a checkpoint directory (config.json)."""
     if base_dir is None:
         return []
-    torch_models = {m for inst in _list(data.get("instances")) if isinstance(inst, dict)
-                    and inst.get("executor") == "torch" for m in _list(inst.get("models"))}
+    torch_models = {
+        m
+        for inst in _list(data.get("instances"))
+        if isinstance(inst, dict) and inst.get("executor") == "torch"
+        for m in _list(inst.get("models"))
+    }
     problems = []
     for i, m in enumerate(_list(data.get("models"))):
         path = m.get("path") if isinstance(m, dict) else None
         if isinstance(path, str) and m.get("name") in torch_models:
             if not (base_dir / path / "config.json").is_file():
-                problems.append((f"models[{i}].path",
-                                 f"{path!r} is not a checkpoint directory (no config.json there)"))
+                problems.append(
+                    (
+                        f"models[{i}].path",
+                        f"{path!r} is not a checkpoint directory (no config.json there)",
+                    )
+                )
     return problems
 
 
@@ -450,7 +502,9 @@ def parse_config(data: object, source: str, base_dir: pathlib.Path | None = None
     """Validate already-parsed YAML data; raises ConfigError naming `source`. `base_dir`: where
     relative model paths start (the file's folder); None skips the checkpoint check."""
     if not isinstance(data, dict):
-        raise ConfigError([f"{source}: (top level): expected a mapping of sections, got {type(data).__name__}"])
+        raise ConfigError(
+            [f"{source}: (top level): expected a mapping of sections, got {type(data).__name__}"]
+        )
     problems, cfg = [], None
     try:
         cfg = TalariaConfig.model_validate(data)
@@ -468,11 +522,15 @@ def load_config(path: str | pathlib.Path) -> TalariaConfig:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError([f"{path}: cannot read: {getattr(err, 'strerror', None) or err}"]) from None
+        raise ConfigError(
+            [f"{path}: cannot read: {getattr(err, 'strerror', None) or err}"]
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(top level)"
-        raise ConfigError([f"{path}: {where}: invalid YAML: {getattr(err, 'problem', None) or err}"]) from None
+        raise ConfigError(
+            [f"{path}: {where}: invalid YAML: {getattr(err, 'problem', None) or err}"]
+        ) from None
     return parse_config(data, str(path), path.resolve().parent)

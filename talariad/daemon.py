@@ -36,10 +36,22 @@ from talariad.supervisor import ProcState, Supervisor
 log = logging.getLogger("talariad")
 
 LIVE_FIELDS = (
-    "policy.tau_s", "policy.admission_unit_s", "policy.replica_penalty_s", "policy.staleness_s",
-    "policy.overload", "policy.queue_limit", "policy.queue_timeout_s", "policy.telemetry_interval_s",
-    "policy.unready_after_polls", "ablations.reservations", "ablations.residency_terms",
-    "limits.*", "listen.api_keys_file", "listen.allow_unauthenticated", "supervisor.*", "models.*.aliases",
+    "policy.tau_s",
+    "policy.admission_unit_s",
+    "policy.replica_penalty_s",
+    "policy.staleness_s",
+    "policy.overload",
+    "policy.queue_limit",
+    "policy.queue_timeout_s",
+    "policy.telemetry_interval_s",
+    "policy.unready_after_polls",
+    "ablations.reservations",
+    "ablations.residency_terms",
+    "limits.*",
+    "listen.api_keys_file",
+    "listen.allow_unauthenticated",
+    "supervisor.*",
+    "models.*.aliases",
 )
 """Config fields `reload_config` applies to the running daemon (fnmatch patterns over dotted paths).
 Everything else (models, instances, listen addresses, instance-side scheduler knobs) needs a restart."""
@@ -57,16 +69,24 @@ class Daemon:
         self.supervisor = Supervisor(cfg, config_path)
         self.routing = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
         self.readiness = Readiness(cfg.policy.unready_after_polls, cfg.policy.staleness_s)
-        self.directory = InstanceDirectory(self._urls, cfg.policy.telemetry_interval_s,
-                                           on_telemetry=self._observed, on_down=self._down,
-                                           on_unhealthy=self._missed, token_for=self.supervisor.token_for,
-                                           sockets=self._sockets, on_payload=self._telemetry_payload)
+        self.directory = InstanceDirectory(
+            self._urls,
+            cfg.policy.telemetry_interval_s,
+            on_telemetry=self._observed,
+            on_down=self._down,
+            on_unhealthy=self._missed,
+            token_for=self.supervisor.token_for,
+            sockets=self._sockets,
+            on_payload=self._telemetry_payload,
+        )
         self.gateway = Gateway(cfg, self.directory, self.routing, self._ready, self._describe)
         self.gateway.api_keys = self._keys(cfg)
         self.endpoint = ""
         self.operator = Operator(self)
         self.instance_metrics = InstanceMetrics(self.gateway.metrics.registry, self.metric_sample)
-        self._marks: dict[str, tuple[int | None, int, int]] = {}  # instance -> (pid, last round, last switch seq)
+        self._marks: dict[
+            str, tuple[int | None, int, int]
+        ] = {}  # instance -> (pid, last round, last switch seq)
         self._hbm: dict[str, dict[str, int]] = {}
         self._host_kv: dict[str, int] = {}
         self._stop = asyncio.Event()
@@ -97,22 +117,35 @@ class Daemon:
         self.readiness.down(name)
 
     def _ready(self, name: str) -> bool:
-        return self.supervisor.procs[name].state == ProcState.READY and self.readiness.ready(name, time.monotonic())
+        return self.supervisor.procs[name].state == ProcState.READY and self.readiness.ready(
+            name, time.monotonic()
+        )
 
     def _describe(self) -> list[dict]:
         now = time.monotonic()
         out = []
         for name, m in self.supervisor.procs.items():
             age = self.directory.age_s(name, now)
-            out.append({"name": name, "state": m.state.value, "ready": self._ready(name),
-                        "telemetry_age_s": round(age, 3) if age != float("inf") else None,
-                        "failed_polls": self.readiness.failed_polls(name), "restarts": m.restarts})
+            out.append(
+                {
+                    "name": name,
+                    "state": m.state.value,
+                    "ready": self._ready(name),
+                    "telemetry_age_s": round(age, 3) if age != float("inf") else None,
+                    "failed_polls": self.readiness.failed_polls(name),
+                    "restarts": m.restarts,
+                }
+            )
         return out
 
     def status(self) -> admin_pb2.StatusReply:
         now = time.monotonic()
-        return admin_pb2.StatusReply(version=__version__, uptime_s=now - self.started, http_endpoint=self.endpoint,
-                                     instances=[self.instance_status(i.name, now) for i in self.cfg.instances])
+        return admin_pb2.StatusReply(
+            version=__version__,
+            uptime_s=now - self.started,
+            http_endpoint=self.endpoint,
+            instances=[self.instance_status(i.name, now) for i in self.cfg.instances],
+        )
 
     def pool_of(self, name: str) -> str:
         m = self.supervisor.procs[name]
@@ -131,7 +164,12 @@ class Daemon:
             return "open"
         if name not in router.drained_instances():
             return "cordoned"
-        busy = snap is None or snap.running or any(snap.queued.values()) or name in router.in_flight().values()
+        busy = (
+            snap is None
+            or snap.running
+            or any(snap.queued.values())
+            or name in router.in_flight().values()
+        )
         return "draining" if busy else "drained"
 
     def instance_status(self, name: str, now: float | None = None) -> admin_pb2.InstanceStatus:
@@ -140,14 +178,27 @@ class Daemon:
         m, snap = self.supervisor.procs[inst.name], self.directory.snapshot(inst.name)
         age = self.directory.age_s(inst.name, now)
         return admin_pb2.InstanceStatus(
-            name=inst.name, pool=self.pool_of(name), configured_pool=inst.pool, executor=inst.executor,
-            rotation=self.serving_models(name), admission=self.admission(name, snap),
-            devices=inst.devices if isinstance(inst.devices, str) else ",".join(map(str, inst.devices)),
-            models=(m.role or {}).get("models", inst.models), state=m.state.value, healthy=self._ready(inst.name), pid=m.pid or 0,
-            restarts=m.restarts, active_model=(snap.active_model or "") if snap else "",
-            loaded_models=snap.loaded_models if snap else [], running=snap.running if snap else 0,
-            queued=sum(snap.queued.values()) if snap else 0, switches=snap.switches if snap else 0,
-            telemetry_age_s=age if age != float("inf") else -1.0)
+            name=inst.name,
+            pool=self.pool_of(name),
+            configured_pool=inst.pool,
+            executor=inst.executor,
+            rotation=self.serving_models(name),
+            admission=self.admission(name, snap),
+            devices=inst.devices
+            if isinstance(inst.devices, str)
+            else ",".join(map(str, inst.devices)),
+            models=(m.role or {}).get("models", inst.models),
+            state=m.state.value,
+            healthy=self._ready(inst.name),
+            pid=m.pid or 0,
+            restarts=m.restarts,
+            active_model=(snap.active_model or "") if snap else "",
+            loaded_models=snap.loaded_models if snap else [],
+            running=snap.running if snap else 0,
+            queued=sum(snap.queued.values()) if snap else 0,
+            switches=snap.switches if snap else 0,
+            telemetry_age_s=age if age != float("inf") else -1.0,
+        )
 
     def metric_sample(self) -> dict[str, dict]:
         """Per-instance gauge values for a /metrics scrape."""
@@ -156,10 +207,14 @@ class Daemon:
         now = time.monotonic()
         for name, m in self.supervisor.procs.items():
             snap = self.directory.snapshot(name)
-            out[name] = {"queued": sum(snap.queued.values()) if snap else 0, "running": snap.running if snap else 0,
-                         "leases": sum(le.instance == name and le.live(now) for le in leases),
-                         "restarts": m.restarts, "hbm": self._hbm.get(name, {}),
-                         "host_kv_bytes": self._host_kv.get(name)}
+            out[name] = {
+                "queued": sum(snap.queued.values()) if snap else 0,
+                "running": snap.running if snap else 0,
+                "leases": sum(le.instance == name and le.live(now) for le in leases),
+                "restarts": m.restarts,
+                "hbm": self._hbm.get(name, {}),
+                "host_kv_bytes": self._host_kv.get(name),
+            }
         return out
 
     async def collect_records(self) -> None:
@@ -169,7 +224,9 @@ class Daemon:
             if m.base_url is None:
                 continue
             try:
-                r = await self.directory.client.get(f"{m.base_url}/internal/rounds", params={"limit": 256}, timeout=5.0)
+                r = await self.directory.client.get(
+                    f"{m.base_url}/internal/rounds", params={"limit": 256}, timeout=5.0
+                )
                 r.raise_for_status()
                 data = r.json()
             except (httpx.HTTPError, ValueError):
@@ -212,7 +269,9 @@ class Daemon:
         dotted field paths. Raises ConfigError (nothing applied) when the file is invalid."""
         new = load_config(self.config_path)
         old_flat, new_flat = _flatten(self.cfg.model_dump()), _flatten(new.model_dump())
-        changed = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
+        changed = sorted(
+            k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k)
+        )
         applied = [k for k in changed if _live(k)]
         restart = [k for k in changed if not _live(k)]
         # knobs the instance schedulers also read reach them only when they restart
@@ -233,9 +292,14 @@ class Daemon:
         self.gateway.api_keys = keys
         self.routing.router.retune(config_router_knobs(cfg))
         self.directory.interval_s = cfg.policy.telemetry_interval_s
-        self.readiness.unready_after, self.readiness.stale_after_s = cfg.policy.unready_after_polls, cfg.policy.staleness_s
+        self.readiness.unready_after, self.readiness.stale_after_s = (
+            cfg.policy.unready_after_polls,
+            cfg.policy.staleness_s,
+        )
         if self._http is not None:
-            self._http.config.timeout_graceful_shutdown = cfg.supervisor.shutdown_grace_s + _HTTP_BACKSTOP_S
+            self._http.config.timeout_graceful_shutdown = (
+                cfg.supervisor.shutdown_grace_s + _HTTP_BACKSTOP_S
+            )
 
     def _on_hangup(self) -> None:
         try:
@@ -243,8 +307,11 @@ class Daemon:
         except (ConfigError, RuntimeError) as err:
             log.error("SIGHUP: config not reloaded: %s", err)
             return
-        log.info("SIGHUP: config reloaded; applied: %s; needs a restart: %s",
-                 ", ".join(applied) or "nothing", ", ".join(restart) or "nothing")
+        log.info(
+            "SIGHUP: config reloaded; applied: %s; needs a restart: %s",
+            ", ".join(applied) or "nothing",
+            ", ".join(restart) or "nothing",
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -271,16 +338,24 @@ class Daemon:
         host, port = sock.getsockname()[:2]
         self.endpoint = f"http://{host}:{port}"
         # uvicorn's own cancel-on-timeout only backs up our drain (which ends calls cleanly first)
-        http, http_task = await httpserver.start(build_app(self.gateway), sock,
-                                                 keep_alive_s=self.cfg.limits.keep_alive_timeout_s,
-                                                 head_timeout_s=self.cfg.limits.header_timeout_s,
-                                                 graceful_s=self.cfg.supervisor.shutdown_grace_s + _HTTP_BACKSTOP_S)
+        http, http_task = await httpserver.start(
+            build_app(self.gateway),
+            sock,
+            keep_alive_s=self.cfg.limits.keep_alive_timeout_s,
+            head_timeout_s=self.cfg.limits.header_timeout_s,
+            graceful_s=self.cfg.supervisor.shutdown_grace_s + _HTTP_BACKSTOP_S,
+        )
         self._http = http
-        admin = await admin_server.start(self.admin_socket,
-                                         admin_server.AdminService(self.status, self.routing.router,
-                                                                   memory=self.directory.memory,
-                                                                   operator=self.operator),
-                                         group=self.cfg.listen.admin_group)
+        admin = await admin_server.start(
+            self.admin_socket,
+            admin_server.AdminService(
+                self.status,
+                self.routing.router,
+                memory=self.directory.memory,
+                operator=self.operator,
+            ),
+            group=self.cfg.listen.admin_group,
+        )
         try:
             await self._serve()
         finally:
@@ -295,7 +370,9 @@ class Daemon:
 
     async def _serve(self) -> None:
         starting = asyncio.create_task(self.supervisor.start())
-        await asyncio.wait([starting, asyncio.create_task(self._stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            [starting, asyncio.create_task(self._stop.wait())], return_when=asyncio.FIRST_COMPLETED
+        )
         if self._stop.is_set():
             starting.cancel()
             return
@@ -303,10 +380,19 @@ class Daemon:
         await self.directory.poll_once()
         gc.freeze()  # start-up objects never die; keeping them out of GC passes trims routing tail latency
         # both keep running through the drain: held calls need fresh telemetry to be placed
-        self._background = [asyncio.create_task(self.directory.poll_forever()),
-                            asyncio.create_task(self._collect_forever()), asyncio.create_task(_watchdog())]
-        sdnotify.notify("READY=1", f"STATUS=serving {len(self.cfg.models)} models on {len(self.cfg.instances)} instances")
-        print(f"talariad: listening on {self.endpoint}/v1 (admin: unix:{self.admin_socket})", flush=True)
+        self._background = [
+            asyncio.create_task(self.directory.poll_forever()),
+            asyncio.create_task(self._collect_forever()),
+            asyncio.create_task(_watchdog()),
+        ]
+        sdnotify.notify(
+            "READY=1",
+            f"STATUS=serving {len(self.cfg.models)} models on {len(self.cfg.instances)} instances",
+        )
+        print(
+            f"talariad: listening on {self.endpoint}/v1 (admin: unix:{self.admin_socket})",
+            flush=True,
+        )
         await self._stop.wait()
 
     async def _drain(self, http, http_task: asyncio.Task) -> None:
@@ -318,7 +404,9 @@ class Daemon:
         if not done:
             self.routing.close()
             ended = await self.directory.abort_all()
-            log.warning("shutdown grace of %gs ran out: ended %d call(s) with an error", grace, ended)
+            log.warning(
+                "shutdown grace of %gs ran out: ended %d call(s) with an error", grace, ended
+            )
         await http_task
 
 

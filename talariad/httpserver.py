@@ -33,7 +33,9 @@ class _HeadTimeout(H11Protocol):
         super().connection_made(transport)
         # a connection that never sends a byte is idle: uvicorn arms its keep-alive timer only
         # after a first response, so arm it now (the first byte disarms it, as after a response)
-        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
 
     def data_received(self, data: bytes) -> None:
         if self._head_timer is None and self.conn.their_state is h11.IDLE:
@@ -71,14 +73,27 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def start(app, sock: socket.socket, keep_alive_s: float = 30.0, head_timeout_s: float = 15.0,
-                graceful_s: float = 2.0) -> tuple[Server, asyncio.Task]:
+async def start(
+    app,
+    sock: socket.socket,
+    keep_alive_s: float = 30.0,
+    head_timeout_s: float = 15.0,
+    graceful_s: float = 2.0,
+) -> tuple[Server, asyncio.Task]:
     """Start serving `app` on an already bound socket; returns once it accepts connections.
     keep_alive_s: idle timeout; head_timeout_s: request-head timeout; graceful_s: how long a stop
     waits for running requests before uvicorn cancels them."""
     protocol = type("HeadTimeout", (_HeadTimeout,), {"head_timeout_s": head_timeout_s})
-    server = Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=graceful_s, lifespan="off",
-                                   http=protocol, timeout_keep_alive=keep_alive_s))
+    server = Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            timeout_graceful_shutdown=graceful_s,
+            lifespan="off",
+            http=protocol,
+            timeout_keep_alive=keep_alive_s,
+        )
+    )
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():

@@ -48,7 +48,9 @@ class Managed:
 
     @property
     def base_url(self) -> str | None:
-        return f"http://127.0.0.1:{self.port}" if self.port and self.state == ProcState.READY else None
+        return (
+            f"http://127.0.0.1:{self.port}" if self.port and self.state == ProcState.READY else None
+        )
 
     @property
     def call_socket(self) -> str | None:
@@ -66,14 +68,21 @@ class Supervisor:
 
     async def start(self) -> None:
         """Spawn every instance and return once all reported ready (or raise on timeout)."""
-        self.socket_dir = tempfile.mkdtemp(prefix="talaria-")  # mode 0700: only this user reaches them
+        self.socket_dir = tempfile.mkdtemp(
+            prefix="talaria-"
+        )  # mode 0700: only this user reaches them
         self._tasks = [asyncio.create_task(self._keep(m)) for m in self.procs.values()]
-        waits = [asyncio.wait_for(m.ready.wait(), self.cfg.supervisor.ready_timeout_s) for m in self.procs.values()]
+        waits = [
+            asyncio.wait_for(m.ready.wait(), self.cfg.supervisor.ready_timeout_s)
+            for m in self.procs.values()
+        ]
         try:
             await asyncio.gather(*waits)
         except TimeoutError:
             slow = [m.inst.name for m in self.procs.values() if not m.ready.is_set()]
-            raise RuntimeError(f"instances not ready after {self.cfg.supervisor.ready_timeout_s}s: {', '.join(slow)}")
+            raise RuntimeError(
+                f"instances not ready after {self.cfg.supervisor.ready_timeout_s}s: {', '.join(slow)}"
+            )
 
     async def _keep(self, m: Managed) -> None:
         backoff = self.cfg.supervisor.restart_backoff_s
@@ -87,7 +96,11 @@ class Supervisor:
                 m.restarting = False
                 m.restarts += 1
                 continue
-            backoff = self.cfg.supervisor.restart_backoff_s if time.monotonic() - started > _STABLE_S else backoff
+            backoff = (
+                self.cfg.supervisor.restart_backoff_s
+                if time.monotonic() - started > _STABLE_S
+                else backoff
+            )
             log.warning("instance %s exited with %s; restarting in %.1fs", m.inst.name, rc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.cfg.supervisor.max_backoff_s)
@@ -99,10 +112,18 @@ class Supervisor:
         # A session of its own: a terminal's SIGINT/SIGHUP reach the daemon only, which drains
         # calls before it stops its instances (PDEATHSIG still ends them if the daemon dies).
         m.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "talariad.engine", "--config", self.config_path, "--instance", m.inst.name,
-            "--socket", os.path.join(self.socket_dir, f"{m.inst.name}.sock"),
+            sys.executable,
+            "-m",
+            "talariad.engine",
+            "--config",
+            self.config_path,
+            "--instance",
+            m.inst.name,
+            "--socket",
+            os.path.join(self.socket_dir, f"{m.inst.name}.sock"),
             *(["--role", json.dumps(m.role)] if m.role else []),
-            stdout=asyncio.subprocess.PIPE, env={**os.environ, "TALARIA_PARENT_PID": str(os.getpid())},
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "TALARIA_PARENT_PID": str(os.getpid())},
             start_new_session=True,
         )
         m.pid = m.proc.pid
@@ -144,7 +165,9 @@ class Supervisor:
         for p in live:
             p.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in live)), self.cfg.supervisor.stop_timeout_s)
+            await asyncio.wait_for(
+                asyncio.gather(*(p.wait() for p in live)), self.cfg.supervisor.stop_timeout_s
+            )
         except TimeoutError:
             for p in live:
                 if p.returncode is None:

@@ -20,7 +20,10 @@ from talariad.engine.messages import ToolCall
 def function_tool(name: str, description: str | None, parameters: Any) -> dict[str, Any]:
     """A tool definition in the chat-template form."""
     schema = parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}}
-    return {"type": "function", "function": {"name": name, "description": description or "", "parameters": schema}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description or "", "parameters": schema},
+    }
 
 
 def new_call_id() -> str:
@@ -44,7 +47,11 @@ def call_from_json(obj: Any) -> ToolCall | None:
 
 def arguments_json(call: ToolCall) -> str:
     """The arguments as the JSON text OpenAI and Anthropic stream (a free-form input stays as is)."""
-    return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments, ensure_ascii=False)
+    return (
+        call.arguments
+        if isinstance(call.arguments, str)
+        else json.dumps(call.arguments, ensure_ascii=False)
+    )
 
 
 class ToolParser(Protocol):
@@ -82,8 +89,14 @@ class HermesParser:
         if at >= 0:
             return at, True
         # a partial marker at the end may still become one
-        return next(((len(text) - n, False) for n in range(len(self.OPEN) - 1, 0, -1)
-                     if text.endswith(self.OPEN[:n])), None)
+        return next(
+            (
+                (len(text) - n, False)
+                for n in range(len(self.OPEN) - 1, 0, -1)
+                if text.endswith(self.OPEN[:n])
+            ),
+            None,
+        )
 
 
 class Llama3JsonParser:
@@ -147,7 +160,7 @@ class ToolStream:
             return self._take(len(self.text))
         if self.calling:
             return ""
-        held = self.parser.holds(self.text[self.emitted:])
+        held = self.parser.holds(self.text[self.emitted :])
         if held is None:
             return self._take(len(self.text))
         self.calling = held[1]
@@ -155,7 +168,7 @@ class ToolStream:
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """What is left to emit as text, and the tool calls (held text that parses as none is text)."""
-        rest = self.text[self.emitted:]
+        rest = self.text[self.emitted :]
         if self.enabled and rest:
             found = self.parser.parse(rest)
             if found is not None:
@@ -164,6 +177,6 @@ class ToolStream:
         return self._take(len(self.text)), []
 
     def _take(self, end: int) -> str:
-        piece = self.text[self.emitted:end]
+        piece = self.text[self.emitted : end]
         self.emitted = max(self.emitted, end)
         return piece

@@ -54,7 +54,9 @@ class LatencyProfile:
     kv_bytes_per_token: int = 0
 
     def prefill_s(self, new_tokens: int) -> float:
-        return 0.0 if new_tokens <= 0 else self.prefill_base_s + self.prefill_s_per_token * new_tokens
+        return (
+            0.0 if new_tokens <= 0 else self.prefill_base_s + self.prefill_s_per_token * new_tokens
+        )
 
     def decode_s(self, batch: int) -> float:
         return self.decode_step_s + self.decode_s_per_seq * batch

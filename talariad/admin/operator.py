@@ -37,23 +37,33 @@ class Operator:
     def _inst(self, name: str):
         m = self.d.supervisor.procs.get(name)
         if m is None:
-            raise Refusal("not_found", f"no instance named {name!r} (instances: {', '.join(self.d.supervisor.procs)})")
+            raise Refusal(
+                "not_found",
+                f"no instance named {name!r} (instances: {', '.join(self.d.supervisor.procs)})",
+            )
         return m
 
     def _model(self, name: str) -> None:
         if self.d.cfg.model(name) is None:
-            raise Refusal("not_found", f"no model named {name!r} (models: {', '.join(m.name for m in self.d.cfg.models)})")
+            raise Refusal(
+                "not_found",
+                f"no model named {name!r} (models: {', '.join(m.name for m in self.d.cfg.models)})",
+            )
 
     def _url(self, name: str) -> str:
         url = self.d.supervisor.procs[name].base_url
         if url is None:
-            raise Refusal("failed_precondition", f"instance {name} is not ready (state "
-                                                 f"{self.d.supervisor.procs[name].state.value})")
+            raise Refusal(
+                "failed_precondition",
+                f"instance {name} is not ready (state {self.d.supervisor.procs[name].state.value})",
+            )
         return url
 
     async def _post(self, name: str, path: str, body: dict) -> httpx.Response:
         try:
-            return await self.d.directory.client.post(f"{self._url(name)}{path}", json=body, timeout=10.0)
+            return await self.d.directory.client.post(
+                f"{self._url(name)}{path}", json=body, timeout=10.0
+            )
         except httpx.HTTPError as err:
             raise Refusal("failed_precondition", f"instance {name} did not answer: {err}") from None
 
@@ -79,10 +89,14 @@ class Operator:
         self.d.routing.router.reopen_instance(name)
         return self.status(name)
 
-    async def restart(self, name: str, role: dict | None = None, keep_role: bool = True) -> admin_pb2.InstanceStatus:
+    async def restart(
+        self, name: str, role: dict | None = None, keep_role: bool = True
+    ) -> admin_pb2.InstanceStatus:
         m = self._inst(name)
         if not self.d.supervisor.restart(name, m.role if keep_role else role):
-            raise Refusal("failed_precondition", f"instance {name} is not running (state {m.state.value})")
+            raise Refusal(
+                "failed_precondition", f"instance {name} is not running (state {m.state.value})"
+            )
         await self._ready(name)
         return self.status(name)
 
@@ -91,8 +105,11 @@ class Operator:
         try:
             await asyncio.wait_for(m.ready.wait(), self.d.cfg.supervisor.ready_timeout_s)
         except TimeoutError:
-            raise Refusal("failed_precondition", f"instance {name} did not come back within "
-                                                 f"{self.d.cfg.supervisor.ready_timeout_s}s") from None
+            raise Refusal(
+                "failed_precondition",
+                f"instance {name} did not come back within "
+                f"{self.d.cfg.supervisor.ready_timeout_s}s",
+            ) from None
         await self.d.directory.poll_once()
 
     async def _drained(self, name: str) -> None:
@@ -101,12 +118,19 @@ class Operator:
         while True:
             await self.d.directory.poll_once()
             snap = self.d.directory.snapshot(name)
-            if snap is not None and snap.running == 0 and not any(snap.queued.values()) \
-                    and not any(i == name for i in self.d.routing.router.in_flight().values()):
+            if (
+                snap is not None
+                and snap.running == 0
+                and not any(snap.queued.values())
+                and not any(i == name for i in self.d.routing.router.in_flight().values())
+            ):
                 return
             if time.monotonic() > deadline:
-                raise Refusal("failed_precondition", f"instance {name} still has calls after "
-                                                     f"{self.drain_timeout_s:.0f}s of draining")
+                raise Refusal(
+                    "failed_precondition",
+                    f"instance {name} still has calls after "
+                    f"{self.drain_timeout_s:.0f}s of draining",
+                )
             await asyncio.sleep(0.1)
 
     async def move(self, name: str, to: str, model: str = "") -> admin_pb2.InstanceStatus:
@@ -144,9 +168,17 @@ class Operator:
                 raise Refusal("invalid_argument", "--model applies to a move to the hot pool")
             return None if inst.pool == "cold" else {"pool": "cold"}
         snap = self.d.directory.snapshot(name)
-        model = model or (snap.active_model if snap and snap.active_model else self._models_of(name)[0])
-        self._model(model)  # any model of the config: the instance process is built for it on restart
-        return None if inst.pool == "hot" and inst.models == [model] else {"pool": "hot", "models": [model]}
+        model = model or (
+            snap.active_model if snap and snap.active_model else self._models_of(name)[0]
+        )
+        self._model(
+            model
+        )  # any model of the config: the instance process is built for it on restart
+        return (
+            None
+            if inst.pool == "hot" and inst.models == [model]
+            else {"pool": "hot", "models": [model]}
+        )
 
     # ---- models ----------------------------------------------------------------------------
 
@@ -157,14 +189,22 @@ class Operator:
         serving = [n for n in self.d.supervisor.procs if model in self.d.serving_models(n)]
         pinned = [n for n in serving if self.d.pool_of(n) == "hot"]
         cfg = self.d.cfg.model(model)
-        return admin_pb2.ModelStatus(name=model, instances=serving, pinned_on=pinned,
-                                     status=self.d.gateway.residency(model) if serving else "unserved",
-                                     max_context=cfg.max_context, profile=cfg.profile or "")
+        return admin_pb2.ModelStatus(
+            name=model,
+            instances=serving,
+            pinned_on=pinned,
+            status=self.d.gateway.residency(model) if serving else "unserved",
+            max_context=cfg.max_context,
+            profile=cfg.profile or "",
+        )
 
     def _hot(self, name: str) -> None:
         if self.d.pool_of(name) != "hot":
-            raise Refusal("failed_precondition", f"instance {name} is in the cold pool; "
-                                                 f"use `model load` for a cold instance's rotation")
+            raise Refusal(
+                "failed_precondition",
+                f"instance {name} is in the cold pool; "
+                f"use `model load` for a cold instance's rotation",
+            )
 
     async def pin(self, model: str, name: str) -> admin_pb2.ModelStatus:
         self._model(model)
@@ -179,13 +219,21 @@ class Operator:
         m = self._inst(name)
         self._hot(name)
         if self._models_of(name) != [model]:
-            raise Refusal("failed_precondition", f"instance {name} pins {self._models_of(name)[0]!r}, not {model!r}")
+            raise Refusal(
+                "failed_precondition",
+                f"instance {name} pins {self._models_of(name)[0]!r}, not {model!r}",
+            )
         if m.role is None:
-            raise Refusal("failed_precondition", f"{model!r} is the model the config pins on {name}; "
-                                                 f"pin another one instead")
+            raise Refusal(
+                "failed_precondition",
+                f"{model!r} is the model the config pins on {name}; pin another one instead",
+            )
         if m.inst.pool == "cold":
-            raise Refusal("failed_precondition", f"{name} is a cold instance moved to the hot pool; "
-                                                 f"move it back with `pool move {name} --to cold`")
+            raise Refusal(
+                "failed_precondition",
+                f"{name} is a cold instance moved to the hot pool; "
+                f"move it back with `pool move {name} --to cold`",
+            )
         await self.move(name, "hot", m.inst.models[0])  # back to the model the config pins
         return self.model_status(model)
 
@@ -193,7 +241,9 @@ class Operator:
         self._model(model)
         self._inst(name)
         if self.d.pool_of(name) != "cold":
-            raise Refusal("failed_precondition", f"instance {name} is a hot instance; use `model pin`")
+            raise Refusal(
+                "failed_precondition", f"instance {name} is a hot instance; use `model pin`"
+            )
         r = await self._post(name, "/internal/rotation", {"model": model, "serve": serve})
         if r.status_code == 409:
             raise Refusal("failed_precondition", r.json()["error"])
@@ -209,8 +259,15 @@ class Operator:
             names = [n for n in self.d.supervisor.procs if self.d.pool_of(n) == pool]
             snaps = [s for n in names if (s := self.d.directory.snapshot(n)) is not None]
             models = sorted({m for n in names for m in self.d.serving_models(n)})
-            out.append(admin_pb2.Pool(name=pool, instances=names, models=models, running=sum(s.running for s in snaps),
-                                      queued=sum(sum(s.queued.values()) for s in snaps)))
+            out.append(
+                admin_pb2.Pool(
+                    name=pool,
+                    instances=names,
+                    models=models,
+                    running=sum(s.running for s in snaps),
+                    queued=sum(sum(s.queued.values()) for s in snaps),
+                )
+            )
         return admin_pb2.PoolsReply(pools=out)
 
     def revoke(self, session_id: str, model: str) -> admin_pb2.LeasesReply:
@@ -220,8 +277,9 @@ class Operator:
             self._model(model)
         self.d.routing.router.revoke(session_id, model or None)
         now = time.monotonic()
-        return admin_pb2.LeasesReply(leases=[lease for lease in _live_leases(self.d, now)
-                                             if lease.session_id == session_id])
+        return admin_pb2.LeasesReply(
+            leases=[lease for lease in _live_leases(self.d, now) if lease.session_id == session_id]
+        )
 
     async def forget(self, session_id: str) -> admin_pb2.ForgetReply:
         if not session_id:
@@ -235,13 +293,21 @@ class Operator:
             r = await self._post(name, "/internal/forget", {"session_id": session_id})
             if r.status_code == 200 and r.json().get("freed"):
                 freed.append(name)
-        return admin_pb2.ForgetReply(session_id=session_id, known=known or bool(freed),
-                                     leases_dropped=len(dropped), instances_freed=freed)
+        return admin_pb2.ForgetReply(
+            session_id=session_id,
+            known=known or bool(freed),
+            leases_dropped=len(dropped),
+            instances_freed=freed,
+        )
 
     # ---- rounds ------------------------------------------------------------------------------
 
     async def rounds(self, instance: str, limit: int) -> admin_pb2.RoundsReply:
-        names = [instance] if instance else [n for n in self.d.supervisor.procs if self.d.pool_of(n) == "cold"]
+        names = (
+            [instance]
+            if instance
+            else [n for n in self.d.supervisor.procs if self.d.pool_of(n) == "cold"]
+        )
         if instance:
             self._inst(instance)
         reply = admin_pb2.RoundsReply()
@@ -250,7 +316,9 @@ class Operator:
             if url is None:
                 continue
             try:
-                r = await self.d.directory.client.get(f"{url}/internal/rounds", params={"limit": limit}, timeout=5.0)
+                r = await self.d.directory.client.get(
+                    f"{url}/internal/rounds", params={"limit": limit}, timeout=5.0
+                )
                 r.raise_for_status()
                 data = r.json()
             except (httpx.HTTPError, ValueError):
@@ -267,18 +335,43 @@ def _live_leases(d: Daemon, now: float):
 
 
 def round_record(instance: str, r: dict) -> admin_pb2.RoundRecord:
-    slots = [admin_pb2.Slot(model=s["model"], sp_admitted=s["sp_admitted"], sp_parked=s["sp_parked"],
-                            phases=[admin_pb2.SlotPhase(phase=p, seconds=v) for p, v in s["phases"].items() if v > 0])
-             for s in r.get("slots", [])]
-    return admin_pb2.RoundRecord(instance=instance, index=r["index"], wall_s=r["wall_s"], active_s=r["active_s"],
-                                 switch_s=r["switch_s"], predicted_s=r["predicted_s"], slots=slots,
-                                 sp_admitted=r["sp_admitted"], sp_parked=r["sp_parked"], switches=r["switches"],
-                                 open=r["open"], age_s=r["age_s"])
+    slots = [
+        admin_pb2.Slot(
+            model=s["model"],
+            sp_admitted=s["sp_admitted"],
+            sp_parked=s["sp_parked"],
+            phases=[
+                admin_pb2.SlotPhase(phase=p, seconds=v) for p, v in s["phases"].items() if v > 0
+            ],
+        )
+        for s in r.get("slots", [])
+    ]
+    return admin_pb2.RoundRecord(
+        instance=instance,
+        index=r["index"],
+        wall_s=r["wall_s"],
+        active_s=r["active_s"],
+        switch_s=r["switch_s"],
+        predicted_s=r["predicted_s"],
+        slots=slots,
+        sp_admitted=r["sp_admitted"],
+        sp_parked=r["sp_parked"],
+        switches=r["switches"],
+        open=r["open"],
+        age_s=r["age_s"],
+    )
 
 
 def switch_record(instance: str, w: dict) -> admin_pb2.SwitchRecord:
     return admin_pb2.SwitchRecord(
-        instance=instance, round_index=w["round_index"], from_model=w["from_model"], to_model=w["to_model"],
-        path=w["path"], total_ms=1e3 * w["total_s"],
+        instance=instance,
+        round_index=w["round_index"],
+        from_model=w["from_model"],
+        to_model=w["to_model"],
+        path=w["path"],
+        total_ms=1e3 * w["total_s"],
         phases=[admin_pb2.SwitchPhase(name=n, ms=1e3 * s) for n, s in w["phases"].items()],
-        staged_bytes=w["staged_bytes"], dirty_bytes=w["dirty_bytes"], age_s=w["age_s"])
+        staged_bytes=w["staged_bytes"],
+        dirty_bytes=w["dirty_bytes"],
+        age_s=w["age_s"],
+    )

@@ -20,8 +20,11 @@ from talariad.config import ConfigError
 from talariad.router import Router
 
 SERVICE = "talaria.admin.v1.Admin"
-_CODES = {"not_found": grpc.StatusCode.NOT_FOUND, "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
-          "invalid_argument": grpc.StatusCode.INVALID_ARGUMENT}
+_CODES = {
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
+    "invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
+}
 
 
 async def _act(context, action):
@@ -34,10 +37,14 @@ async def _act(context, action):
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, status: Callable[[], admin_pb2.StatusReply], router: Router,
-                 clock: Callable[[], float] = time.monotonic,
-                 memory: Callable[[str], Awaitable[dict | None]] | None = None,
-                 operator: Operator | None = None):
+    def __init__(
+        self,
+        status: Callable[[], admin_pb2.StatusReply],
+        router: Router,
+        clock: Callable[[], float] = time.monotonic,
+        memory: Callable[[str], Awaitable[dict | None]] | None = None,
+        operator: Operator | None = None,
+    ):
         self._status, self.router, self.clock, self._memory = status, router, clock, memory
         self.op = operator
 
@@ -47,7 +54,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def WatchStatus(self, request, context):  # noqa: N802
         interval = request.interval_s if request.interval_s > 0 else 1.0
         if interval < 0.05:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "interval_s must be at least 0.05")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "interval_s must be at least 0.05"
+            )
         while True:
             yield self._status()
             await asyncio.sleep(interval)
@@ -55,13 +64,18 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def WatchRouter(self, request, context):  # noqa: N802
         interval = request.interval_s if request.interval_s > 0 else 1.0
         if interval < 0.05 or request.sessions < 0 or request.decisions < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "interval_s must be >= 0.05, limits >= 0")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "interval_s must be >= 0.05, limits >= 0"
+            )
         while True:
             now = self.clock()
             yield admin_pb2.RouterState(
                 leases=views.leases(self.router, now).leases,
                 sessions=views.sessions(self.router, now, request.sessions or 200).sessions,
-                decisions=[views.decision(d, now) for d in self.router.recent(request.decisions or 50)])
+                decisions=[
+                    views.decision(d, now) for d in self.router.recent(request.decisions or 50)
+                ],
+            )
             await asyncio.sleep(interval)
 
     async def Sessions(self, request, context):  # noqa: N802
@@ -75,29 +89,35 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def Explain(self, request, context):  # noqa: N802
         found = self.router.explain(views.bare_call_id(request.call_id))
         if found is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no routing decision recorded for call {request.call_id!r}")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no routing decision recorded for call {request.call_id!r}",
+            )
         return views.decision(found, self.clock())
 
     async def Decisions(self, request, context):  # noqa: N802
         if request.limit < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit must be >= 0")
         now = self.clock()
-        return admin_pb2.DecisionsReply(decisions=[views.decision(d, now)
-                                                   for d in self.router.recent(request.limit or 20)])
-
+        return admin_pb2.DecisionsReply(
+            decisions=[views.decision(d, now) for d in self.router.recent(request.limit or 20)]
+        )
 
     async def Memory(self, request, context):  # noqa: N802
         report = await self._memory(request.instance) if self._memory else None
         if report is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no ready instance named {request.instance!r}")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no ready instance named {request.instance!r}"
+            )
         return views.memory(request.instance, report)
-
 
     # ---- actions (need the daemon's operator) --------------------------------------------------
 
     async def _operator(self, context) -> Operator:
         if self.op is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no operator actions")
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, "this server has no operator actions"
+            )
         return self.op
 
     async def DrainInstance(self, request, context):  # noqa: N802
@@ -163,10 +183,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def ShowConfig(self, request, context):  # noqa: N802
         op = await self._operator(context)
         data = op.d.cfg.model_dump(mode="json")
-        data["listen"]["admin_socket"] = op.d.admin_socket  # the path in effect, also when defaulted
+        data["listen"]["admin_socket"] = (
+            op.d.admin_socket
+        )  # the path in effect, also when defaulted
         for inst in data["instances"]:  # run-time pool moves and pins show as they are now
             inst.update(op.d.supervisor.procs[inst["name"]].role or {})
-        return admin_pb2.ConfigReply(path=op.d.config_path, yaml=yaml.safe_dump(data, sort_keys=False))
+        return admin_pb2.ConfigReply(
+            path=op.d.config_path, yaml=yaml.safe_dump(data, sort_keys=False)
+        )
 
     async def Rounds(self, request, context):  # noqa: N802
         op = await self._operator(context)
@@ -179,7 +203,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         op = await self._operator(context)
         interval = request.interval_s if request.interval_s > 0 else 0.5
         if interval < 0.05 or request.limit < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "interval_s must be >= 0.05 and limit >= 0")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "interval_s must be >= 0.05 and limit >= 0"
+            )
         sent: dict[tuple[str, int], bool] = {}
         seen_switch: set[tuple] = set()
         while True:
@@ -213,7 +239,9 @@ async def start(path: str, service: AdminService, group: str | None = None) -> g
     admin_pb2_grpc.add_AdminServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    reflection.enable_server_reflection(
+        (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
     server.add_insecure_port(socket_target(path))
     await server.start()
     _restrict(sock, group)

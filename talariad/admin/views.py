@@ -11,29 +11,58 @@ _RESPONSE_PREFIXES = ("chatcmpl-", "cmpl-", "msg_")
 def bare_call_id(call_id: str) -> str:
     for prefix in _RESPONSE_PREFIXES:
         if call_id.startswith(prefix):
-            return call_id[len(prefix):]
+            return call_id[len(prefix) :]
     return call_id
 
 
 def session(e: SessionEntry, now: float) -> admin_pb2.Session:
-    return admin_pb2.Session(session_id=e.session_id, instance=e.instance or "", model=e.model or "",
-                             kv_len=e.kv_len, idle_s=max(0.0, now - e.last_used),
-                             leased=e.lease is not None and e.lease.live(now))
+    return admin_pb2.Session(
+        session_id=e.session_id,
+        instance=e.instance or "",
+        model=e.model or "",
+        kv_len=e.kv_len,
+        idle_s=max(0.0, now - e.last_used),
+        leased=e.lease is not None and e.lease.live(now),
+    )
 
 
 def lease(le: Lease, now: float) -> admin_pb2.Lease:
-    return admin_pb2.Lease(session_id=le.session_id, model=le.model, instance=le.instance, kv_len=le.kv_len,
-                           expires_in_s=max(0.0, le.t_exp - now))
+    return admin_pb2.Lease(
+        session_id=le.session_id,
+        model=le.model,
+        instance=le.instance,
+        kv_len=le.kv_len,
+        expires_in_s=max(0.0, le.t_exp - now),
+    )
 
 
 def decision(d: Decision, now: float) -> admin_pb2.Decision:
-    cands = [admin_pb2.Candidate(instance=c.instance, queue_s=c.queue_s, prefill_s=c.prefill_s, decode_s=c.decode_s,
-                                 kv_recovery_s=c.kv_recovery_s, activation_s=c.activation_s, total_s=c.total_s,
-                                 feasible=c.feasible, reason=c.reason, kv_state=c.kv_state.value,
-                                 needs_replica=c.needs_replica) for c in d.candidates]
-    return admin_pb2.Decision(call_id=d.call_id, kind=d.kind.value, instance=d.instance or "", policy=d.policy,
-                              reason=d.reason, age_s=max(0.0, now - d.at), retry_after_s=d.retry_after_s or 0.0,
-                              candidates=cands)
+    cands = [
+        admin_pb2.Candidate(
+            instance=c.instance,
+            queue_s=c.queue_s,
+            prefill_s=c.prefill_s,
+            decode_s=c.decode_s,
+            kv_recovery_s=c.kv_recovery_s,
+            activation_s=c.activation_s,
+            total_s=c.total_s,
+            feasible=c.feasible,
+            reason=c.reason,
+            kv_state=c.kv_state.value,
+            needs_replica=c.needs_replica,
+        )
+        for c in d.candidates
+    ]
+    return admin_pb2.Decision(
+        call_id=d.call_id,
+        kind=d.kind.value,
+        instance=d.instance or "",
+        policy=d.policy,
+        reason=d.reason,
+        age_s=max(0.0, now - d.at),
+        retry_after_s=d.retry_after_s or 0.0,
+        candidates=cands,
+    )
 
 
 def sessions(router: Router, now: float, limit: int) -> admin_pb2.SessionsReply:
@@ -51,18 +80,30 @@ def memory(instance: str, report: dict) -> admin_pb2.MemoryReply:
     if not report.get("layout"):
         return admin_pb2.MemoryReply(instance=instance, managed=False)
     return admin_pb2.MemoryReply(
-        instance=instance, managed=True, active_model=report.get("active_model") or "",
-        capacity_bytes=report.get("capacity_bytes", 0), hbm_free_bytes=report.get("hbm_free_bytes", 0),
-        staging_slack_bytes=report.get("staging_slack_bytes", 0), host_kv_bytes=report.get("host_kv_bytes", 0),
+        instance=instance,
+        managed=True,
+        active_model=report.get("active_model") or "",
+        capacity_bytes=report.get("capacity_bytes", 0),
+        hbm_free_bytes=report.get("hbm_free_bytes", 0),
+        staging_slack_bytes=report.get("staging_slack_bytes", 0),
+        host_kv_bytes=report.get("host_kv_bytes", 0),
         host_kv_capacity_bytes=report.get("host_kv_capacity_bytes", 0),
         host_kv_by_model=report.get("host_kv_by_model", {}),
         layout=[admin_pb2.Region(**row) for row in report["layout"]],
-        switches=[_switch(r) for r in report.get("switches", [])])
+        switches=[_switch(r) for r in report.get("switches", [])],
+    )
 
 
 def _switch(r: dict) -> admin_pb2.SwitchTiming:
     return admin_pb2.SwitchTiming(
-        from_model=r.get("from_model") or "", to_model=r["to_model"], path=r["path"],
-        phase_ms=[1e3 * x for x in r["phase_s"]], total_ms=1e3 * r["total_s"], staged_bytes=r["staged_bytes"],
-        dirty_bytes=r["dirty_bytes"], h2d_bytes=r["h2d_bytes"], d2d_gather_ms=1e3 * r["d2d_gather_s"],
-        h2d_gather_ms=1e3 * r["h2d_gather_s"])
+        from_model=r.get("from_model") or "",
+        to_model=r["to_model"],
+        path=r["path"],
+        phase_ms=[1e3 * x for x in r["phase_s"]],
+        total_ms=1e3 * r["total_s"],
+        staged_bytes=r["staged_bytes"],
+        dirty_bytes=r["dirty_bytes"],
+        h2d_bytes=r["h2d_bytes"],
+        d2d_gather_ms=1e3 * r["d2d_gather_s"],
+        h2d_gather_ms=1e3 * r["h2d_gather_s"],
+    )

@@ -146,7 +146,9 @@ class SessionLedger:
             return LedgerEntry(KVState.MISSING, 0, entry.updated_at)
         return entry
 
-    def demote(self, model: str, to: KVState, now: float, keep: frozenset[str] = frozenset()) -> None:
+    def demote(
+        self, model: str, to: KVState, now: float, keep: frozenset[str] = frozenset()
+    ) -> None:
         """A switch away from `model` releases its device KV: it is saved to host or lost, except
         for the sessions in `keep` (calls parked mid-decode, whose rows stay on device)."""
         for key, entry in self.entries.items():

@@ -8,7 +8,7 @@ import math
 
 from talariad.types import KVState, LatencyProfile
 
-from .admission import has_reusable_prefix, plan_item
+from .admission import has_reusable_prefix
 from .budget import SlotPlan, decode_iterations, plan_slot, prefill_batch_s
 from .calls import CallProgress, CallTable, SessionLedger
 from .knobs import SchedKnobs
@@ -183,8 +183,11 @@ class SlotPolicy:
         rnd = self.rounds.current
         if rnd is None or rnd.started_at is None:
             return False
-        later = [m for m in rotation(self.models, self.slot.model)
-                 if m not in rnd.models and self.table.has_work(m)]
+        later = [
+            m
+            for m in rotation(self.models, self.slot.model)
+            if m not in rnd.models and self.table.has_work(m)
+        ]
         reserved = sum(self.predicted_switch_s(m) + self.slot.plan.budget_s for m in later)
         return (now - rnd.started_at) + step_s + reserved <= self.knobs.round_bound_s + 1e-9
 

@@ -18,8 +18,9 @@ def rotation(models: list[str], active: str | None) -> list[str]:
     return models[start:] + models[:start]
 
 
-def staging_target(models: list[str], active: str | None,
-                   has_work: Callable[[str], bool]) -> str | None:
+def staging_target(
+    models: list[str], active: str | None, has_work: Callable[[str], bool]
+) -> str | None:
     """The model the rotation will switch to next, so the one worth staging now: the first after
     `active` with work; with none, simply the next one (None: nothing else to stage)."""
     others = [m for m in rotation(models, active) if m != active]

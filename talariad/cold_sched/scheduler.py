@@ -132,7 +132,9 @@ class ColdScheduler(SlotPolicy):
         if self._inflight is not None:
             raise RuntimeError(f"next_action() while {type(self._inflight).__name__} is in flight")
         retiring = self._retire_switch(now) if self._retire is not None else None
-        action = retiring or (self._next_pinned() if self.mode == "pinned" else self._next_time_shared(now))
+        action = retiring or (
+            self._next_pinned() if self.mode == "pinned" else self._next_time_shared(now)
+        )
         if action.__class__ is not Idle:
             self._inflight = action
         return action
@@ -239,7 +241,9 @@ class ColdScheduler(SlotPolicy):
                 if generated >= call.max_tokens:
                     done.append(self._complete(rec, now))
                 else:
-                    ledger_set(call.session_id, call.model, device, call.prompt_tokens + generated, now)
+                    ledger_set(
+                        call.session_id, call.model, device, call.prompt_tokens + generated, now
+                    )
             return self._after_tokens(action, done)
         for cid in action.call_ids:
             rec = records[cid]
@@ -279,7 +283,9 @@ class ColdScheduler(SlotPolicy):
         if action.from_model is not None:
             self.switch_costs.record(action.to_model, path or action.path, measured_s)
             lost = KVState.HOST if self.knobs.host_kv else KVState.MISSING
-            self.ledger.demote(action.from_model, lost, now, self._parked_sessions(action.from_model))
+            self.ledger.demote(
+                action.from_model, lost, now, self._parked_sessions(action.from_model)
+            )
         rnd = self.rounds.current
         rnd.switch_s += measured_s
         rnd.switches += 1
@@ -290,7 +296,9 @@ class ColdScheduler(SlotPolicy):
         """Nothing is resident now; the target's calls stay queued and rotation moves past it."""
         if action.from_model is not None:
             lost = KVState.HOST if self.knobs.host_kv else KVState.MISSING
-            self.ledger.demote(action.from_model, lost, now, self._parked_sessions(action.from_model))
+            self.ledger.demote(
+                action.from_model, lost, now, self._parked_sessions(action.from_model)
+            )
         self.rounds.current.switch_s += measured_s
         self.failed_switches += 1
         self.active, self.skipped = None, action.to_model

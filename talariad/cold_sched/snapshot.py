@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from talariad.types import SwitchPath
 
 from .telemetry import LedgerRow, ModelQueue, SchedTelemetry
 
@@ -38,8 +37,7 @@ def build_telemetry(s: ColdScheduler, now: float) -> SchedTelemetry:
         kv_used_tokens=s.table.kv_used(),
         kv_capacity_tokens=s.knobs.kv_capacity_tokens,
         sessions=[
-            LedgerRow(k[0], k[1], e.state, e.kv_len)
-            for k, e in sorted(s.ledger.entries.items())
+            LedgerRow(k[0], k[1], e.state, e.kv_len) for k, e in sorted(s.ledger.entries.items())
         ],
         measured_switch_s=s.switch_costs.view(),
         phase_totals_s=dict(s.phase_totals),

@@ -37,13 +37,24 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", required=True)
     p.add_argument("--instance", required=True)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--socket", help="unix socket path of the call stream (default: in a new temp folder)")
-    p.add_argument("--role", default=None, help="JSON override of the instance's pool and models (pool move, pin)")
+    p.add_argument(
+        "--socket", help="unix socket path of the call stream (default: in a new temp folder)"
+    )
+    p.add_argument(
+        "--role",
+        default=None,
+        help="JSON override of the instance's pool and models (pool move, pin)",
+    )
     return p.parse_args(argv)
 
 
-async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str, config_dir: Path,
-                 socket_path: str | None = None) -> int:
+async def _serve(
+    cfg: TalariaConfig,
+    inst: InstanceConfig,
+    host: str,
+    config_dir: Path,
+    socket_path: str | None = None,
+) -> int:
     stop = httpserver.stop_event()
     try:
         worker = build_worker(cfg, inst, config_dir)
@@ -52,7 +63,9 @@ async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str, config_dir
         return 2
     start, close = getattr(worker.executor, "start", None), getattr(worker.executor, "aclose", None)
     try:
-        if start is not None:  # an executor with servers to bring up (sglang) is ready only after them
+        if (
+            start is not None
+        ):  # an executor with servers to bring up (sglang) is ready only after them
             await start()
     except Exception as err:
         print(f"instance {inst.name}: {err}", file=sys.stderr)
@@ -67,9 +80,20 @@ async def _serve(cfg: TalariaConfig, inst: InstanceConfig, host: str, config_dir
     socket_path = socket_path or os.path.join(own_dir, "calls.sock")
     calls = await stream.serve(worker, socket_path)
     try:
-        print(json.dumps({"ready": True, "port": sock.getsockname()[1], "socket": socket_path, "token": token}),
-              flush=True)
-        await asyncio.wait([task, loop, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        print(
+            json.dumps(
+                {
+                    "ready": True,
+                    "port": sock.getsockname()[1],
+                    "socket": socket_path,
+                    "token": token,
+                }
+            ),
+            flush=True,
+        )
+        await asyncio.wait(
+            [task, loop, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
+        )
         server.should_exit = True
         calls.close()
         await task
@@ -119,8 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             print(f"--role: {err}", file=sys.stderr)
             return 2
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {inst.name}: %(message)s")
-    return asyncio.run(_serve(cfg, inst, args.host, Path(args.config).resolve().parent, args.socket))
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s %(levelname)s {inst.name}: %(message)s"
+    )
+    return asyncio.run(
+        _serve(cfg, inst, args.host, Path(args.config).resolve().parent, args.socket)
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from talariad.engine.worker import Worker
 
 TOKEN_HEADER = "x-talaria-token"
 
+
 class SessionDeltas:
     """Per-session KV telemetry as changes since the consumer's last view, so a poll's size follows
     what changed, not how many sessions exist. One base view is kept: a consumer whose `since` is
@@ -33,7 +34,9 @@ class SessionDeltas:
             self.sent = {(s.session_id, s.model): (s.state, s.kv_len) for s in t.sessions}
             return t.model_copy(update={"sessions_epoch": self.epoch})
         sent = self.sent  # updated in place: a poll's work follows what changed, bar one pass
-        changed = [s for s in t.sessions if sent.get((s.session_id, s.model)) != (s.state, s.kv_len)]
+        changed = [
+            s for s in t.sessions if sent.get((s.session_id, s.model)) != (s.state, s.kv_len)
+        ]
         for s in changed:
             sent[(s.session_id, s.model)] = (s.state, s.kv_len)
         removed: list[tuple[str, str]] = []
@@ -42,8 +45,14 @@ class SessionDeltas:
             removed = [k for k in sent if k not in now]
             for k in removed:
                 del sent[k]
-        return t.model_copy(update={"sessions": changed, "sessions_removed": removed,
-                                    "sessions_base": base, "sessions_epoch": self.epoch})
+        return t.model_copy(
+            update={
+                "sessions": changed,
+                "sessions_removed": removed,
+                "sessions_base": base,
+                "sessions_epoch": self.epoch,
+            }
+        )
 
 
 class RotationChange(BaseModel):
@@ -108,7 +117,9 @@ def build_app(worker: Worker, token: str | None = None) -> FastAPI:
     async def rotation(change: RotationChange) -> JSONResponse:
         """Load or unload a configured model at run time; 409 with the reason when it cannot."""
         why = worker.set_rotation(change.model, change.serve)
-        return JSONResponse({"rotation": worker.rotation, "error": why}, status_code=409 if why else 200)
+        return JSONResponse(
+            {"rotation": worker.rotation, "error": why}, status_code=409 if why else 200
+        )
 
     @app.post("/internal/forget")
     async def forget(body: Forget) -> dict:
@@ -125,7 +136,11 @@ def build_app(worker: Worker, token: str | None = None) -> FastAPI:
     @app.post("/internal/abort")
     async def abort() -> dict:
         """End every live call with an error event (the daemon's shutdown grace ran out)."""
-        return {"aborted": worker.abort_all("talariad is shutting down: the call did not finish "
-                                            "within supervisor.shutdown_grace_s")}
+        return {
+            "aborted": worker.abort_all(
+                "talariad is shutting down: the call did not finish "
+                "within supervisor.shutdown_grace_s"
+            )
+        }
 
     return app

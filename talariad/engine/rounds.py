@@ -24,9 +24,18 @@ def _slot_of(sched) -> tuple[int, str, float, str] | None:
 
 
 def _round_dict(r: RoundSummary) -> dict:
-    return {"index": r.index, "started_at": r.started_at, "wall_s": r.wall_s, "active_s": r.active_s,
-            "switch_s": r.switch_s, "predicted_s": r.predicted_s, "sp_admitted": r.sp_admitted,
-            "sp_parked": r.sp_parked, "switches": r.switches, "open": r.open}
+    return {
+        "index": r.index,
+        "started_at": r.started_at,
+        "wall_s": r.wall_s,
+        "active_s": r.active_s,
+        "switch_s": r.switch_s,
+        "predicted_s": r.predicted_s,
+        "sp_admitted": r.sp_admitted,
+        "sp_parked": r.sp_parked,
+        "switches": r.switches,
+        "open": r.open,
+    }
 
 
 class RoundRecorder:
@@ -39,7 +48,9 @@ class RoundRecorder:
         self._parked_seen = 0
         self._seq = 0
 
-    def on_action(self, action, measured_s: float, sched, now: float, switch: dict | None = None) -> None:
+    def on_action(
+        self, action, measured_s: float, sched, now: float, switch: dict | None = None
+    ) -> None:
         """`switch`: the executor's measured record of a switch (phase_s, staged/dirty bytes), if any."""
         if isinstance(action, Switch):
             self._switch(action, measured_s, sched, now, switch)
@@ -51,8 +62,15 @@ class RoundRecorder:
         index, model, opened_at, phase = where
         slots = self.slots.setdefault(index, [])
         if not slots or (slots[-1]["model"], slots[-1]["opened_at"]) != (model, opened_at):
-            slots.append({"model": model, "opened_at": opened_at, "phases": dict.fromkeys(SLOT_PHASES, 0.0),
-                          "sp_admitted": 0, "sp_parked": 0})
+            slots.append(
+                {
+                    "model": model,
+                    "opened_at": opened_at,
+                    "phases": dict.fromkeys(SLOT_PHASES, 0.0),
+                    "sp_admitted": 0,
+                    "sp_parked": 0,
+                }
+            )
         slot = slots[-1]
         label = action.tag if isinstance(action, Prefill) else phase
         slot["phases"][label] = slot["phases"].get(label, 0.0) + measured_s
@@ -62,17 +80,26 @@ class RoundRecorder:
         while len(self.slots) > self.keep_rounds:
             self.slots.pop(min(self.slots))
 
-    def _switch(self, action: Switch, measured_s: float, sched, now: float, measured: dict | None) -> None:
+    def _switch(
+        self, action: Switch, measured_s: float, sched, now: float, measured: dict | None
+    ) -> None:
         current = sched.rounds.current
         self._seq += 1
         phases = measured.get("phase_s") if measured else None
-        self.switches.append({
-            "seq": self._seq, "round_index": current.index if current is not None else -1,
-            "from_model": action.from_model or "", "to_model": action.to_model,
-            "path": (measured or {}).get("path") or action.path.value, "total_s": measured_s,
-            "phases": dict(zip(SWITCH_PHASES, phases)) if phases else {},
-            "staged_bytes": measured["staged_bytes"] if measured else -1,
-            "dirty_bytes": measured["dirty_bytes"] if measured else -1, "at": now})
+        self.switches.append(
+            {
+                "seq": self._seq,
+                "round_index": current.index if current is not None else -1,
+                "from_model": action.from_model or "",
+                "to_model": action.to_model,
+                "path": (measured or {}).get("path") or action.path.value,
+                "total_s": measured_s,
+                "phases": dict(zip(SWITCH_PHASES, phases)) if phases else {},
+                "staged_bytes": measured["staged_bytes"] if measured else -1,
+                "dirty_bytes": measured["dirty_bytes"] if measured else -1,
+                "at": now,
+            }
+        )
 
     def report(self, sched, now: float, limit: int) -> dict:
         """The latest `limit` rounds (closed, then the open one) and switch records, JSON-ready."""
@@ -83,8 +110,13 @@ class RoundRecorder:
         for r in summaries[-limit:]:
             row = _round_dict(r)
             row["age_s"] = max(0.0, now - row.pop("started_at"))
-            row["slots"] = [{k: v for k, v in s.items() if k != "opened_at"} for s in self.slots.get(r.index, [])]
+            row["slots"] = [
+                {k: v for k, v in s.items() if k != "opened_at"}
+                for s in self.slots.get(r.index, [])
+            ]
             rounds.append(row)
-        switches = [{**{k: v for k, v in s.items() if k != "at"}, "age_s": max(0.0, now - s["at"])}
-                    for s in list(self.switches)[-limit:]]
+        switches = [
+            {**{k: v for k, v in s.items() if k != "at"}, "age_s": max(0.0, now - s["at"])}
+            for s in list(self.switches)[-limit:]
+        ]
         return {"rounds": rounds, "switches": switches}

@@ -57,6 +57,7 @@ def parse_event(payload: bytes) -> StreamEvent:
 
 # ---- instance side ------------------------------------------------------------------------------
 
+
 async def serve(worker, path: str) -> asyncio.AbstractServer:
     """Serve `worker.generate` on a unix socket at `path` (owner-only)."""
     with contextlib.suppress(FileNotFoundError):
@@ -72,7 +73,9 @@ async def _connection(worker, reader: asyncio.StreamReader, writer: asyncio.Stre
             try:
                 req = GenerateRequest.model_validate_json(payload)
             except ValidationError as err:
-                bad = ErrorEvent(status=400, code="invalid_request", message=f"bad generate request: {err}")
+                bad = ErrorEvent(
+                    status=400, code="invalid_request", message=f"bad generate request: {err}"
+                )
                 writer.write(frame(bad.model_dump_json().encode()))
                 break
             if not await _one_call(worker, req, reader, writer):
@@ -85,10 +88,13 @@ async def _connection(worker, reader: asyncio.StreamReader, writer: asyncio.Stre
         writer.close()
 
 
-async def _one_call(worker, req: GenerateRequest, reader: asyncio.StreamReader,
-                    writer: asyncio.StreamWriter) -> bool:
+async def _one_call(
+    worker, req: GenerateRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> bool:
     """Stream one call's events; False when the gateway went away (the call is then cancelled)."""
-    gone = asyncio.ensure_future(reader.read(1))  # the gateway sends nothing mid-call: any read is EOF
+    gone = asyncio.ensure_future(
+        reader.read(1)
+    )  # the gateway sends nothing mid-call: any read is EOF
     events = worker.generate(req)
     try:
         async for ev in events:
@@ -99,11 +105,14 @@ async def _one_call(worker, req: GenerateRequest, reader: asyncio.StreamReader,
         return not gone.done()
     finally:
         gone.cancel()
-        await asyncio.gather(gone, return_exceptions=True)  # the reader is free for the next request
+        await asyncio.gather(
+            gone, return_exceptions=True
+        )  # the reader is free for the next request
         await events.aclose()  # on a disconnect this cancels the call in the worker
 
 
 # ---- gateway side -------------------------------------------------------------------------------
+
 
 class StreamClient:
     """Kept-alive call-stream connections per instance socket; one call per connection at a time."""

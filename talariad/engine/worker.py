@@ -12,8 +12,15 @@ from collections.abc import AsyncIterator, Callable
 
 from talariad.cold_sched import Idle, Switch
 from talariad.config import InstanceConfig, TalariaConfig
-from talariad.engine.messages import (DoneEvent, ErrorEvent, GenerateRequest, StreamEvent,
-                                      Telemetry, TokenEvent, Usage)
+from talariad.engine.messages import (
+    DoneEvent,
+    ErrorEvent,
+    GenerateRequest,
+    StreamEvent,
+    Telemetry,
+    TokenEvent,
+    Usage,
+)
 from talariad.engine.rounds import RoundRecorder
 from talariad.instance import Executor, InstanceCall, InstanceCore
 from talariad.instance.core import Done
@@ -23,13 +30,26 @@ log = logging.getLogger("talariad.engine")
 
 
 class Worker:
-    def __init__(self, cfg: TalariaConfig, inst: InstanceConfig, executor: Executor, profiles: dict,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        cfg: TalariaConfig,
+        inst: InstanceConfig,
+        executor: Executor,
+        profiles: dict,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.inst, self.executor, self._clock = inst, executor, clock
         knobs = config_sched_knobs(cfg, executor.kv_capacity_tokens)
         limits = {m: cfg.model(m).max_context for m in inst.models}
-        self.core = InstanceCore(inst.name, inst.pool, list(inst.models), knobs, profiles,
-                                 executor=executor, max_context=limits)
+        self.core = InstanceCore(
+            inst.name,
+            inst.pool,
+            list(inst.models),
+            knobs,
+            profiles,
+            executor=executor,
+            max_context=limits,
+        )
         self.queues: dict[str, asyncio.Queue[StreamEvent]] = {}
         self._t0 = clock()
         self._wake = asyncio.Event()
@@ -70,8 +90,13 @@ class Worker:
             finished = self.core.finish(plan, result, now, now - started)
             switch = plan.action if isinstance(plan.action, Switch) else None
             last_switch = getattr(self.executor, "last_switch", None) if switch else None
-            self.recorder.on_action(plan.action, now - started, self.core.sched, now,
-                                    last_switch() if last_switch is not None else None)
+            self.recorder.on_action(
+                plan.action,
+                now - started,
+                self.core.sched,
+                now,
+                last_switch() if last_switch is not None else None,
+            )
             for done in finished:
                 self._complete(done)
 
@@ -91,7 +116,14 @@ class Worker:
             return TokenEvent(text=out.text)
         cached = out.cached_tokens if out.cached_tokens is not None else call.cached_tokens
         if cached is None:  # the scheduler's plan
-            item = next((i for i in getattr(plan.action, "calls", ()) if getattr(i, "call_id", None) == cid), None)
+            item = next(
+                (
+                    i
+                    for i in getattr(plan.action, "calls", ())
+                    if getattr(i, "call_id", None) == cid
+                ),
+                None,
+            )
             cached = item.cached_device_tokens + item.restore_tokens if item is not None else 0
         return TokenEvent(text=out.text, prompt_tokens=call.prompt_tokens, cached_tokens=cached)
 
@@ -100,11 +132,22 @@ class Worker:
         if queue is None:
             return
         c = done.completion
-        usage = Usage(prompt_tokens=c.prompt_tokens, completion_tokens=done.call.generated,
-                      cached_tokens=done.cached_tokens, kv_source=done.call.kv_source)
-        queue.put_nowait(DoneEvent(finish_reason=done.finish_reason, stop_sequence=done.call.stop_sequence,
-                                   usage=usage, ttft_s=c.ttft_s,
-                                   kv_state=done.kv_state.value, kv_len=done.kv_len))
+        usage = Usage(
+            prompt_tokens=c.prompt_tokens,
+            completion_tokens=done.call.generated,
+            cached_tokens=done.cached_tokens,
+            kv_source=done.call.kv_source,
+        )
+        queue.put_nowait(
+            DoneEvent(
+                finish_reason=done.finish_reason,
+                stop_sequence=done.call.stop_sequence,
+                usage=usage,
+                ttft_s=c.ttft_s,
+                kv_state=done.kv_state.value,
+                kv_len=done.kv_len,
+            )
+        )
 
     def abort_all(self, message: str) -> int:
         """End every live call with an error event; each call's stream then cancels it."""
@@ -114,25 +157,42 @@ class Worker:
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         if req.model not in self.core.models:
-            yield ErrorEvent(message=f"instance {self.inst.name} does not serve model {req.model!r} now",
-                             code="model_not_loaded")
+            yield ErrorEvent(
+                message=f"instance {self.inst.name} does not serve model {req.model!r} now",
+                code="model_not_loaded",
+            )
             return
         try:
             prompt = self.executor.encode(req)
         except ValueError as err:  # a conversation the model's chat template refuses
             yield ErrorEvent(status=400, code="invalid_value", param="messages", message=str(err))
             return
-        if req.clamp_max_tokens and prompt:  # lower the output limit to what fits (at least one token)
+        if (
+            req.clamp_max_tokens and prompt
+        ):  # lower the output limit to what fits (at least one token)
             req.max_tokens = max(1, min(req.max_tokens, self.core.room(req.model, len(prompt))))
         refusal = self.core.refusal(req.model, len(prompt), req.max_tokens)
         if refusal is not None:
-            yield ErrorEvent(status=400, code=refusal.code, param=refusal.param, message=refusal.message,
-                             prompt_tokens=len(prompt) if refusal.limit is not None else None,
-                             limit=refusal.limit)
+            yield ErrorEvent(
+                status=400,
+                code=refusal.code,
+                param=refusal.param,
+                message=refusal.message,
+                prompt_tokens=len(prompt) if refusal.limit is not None else None,
+                limit=refusal.limit,
+            )
             return
         session = req.session_id or f"call-{req.call_id}"
-        call = InstanceCall(req.call_id, session, req.model, len(prompt), req.max_tokens,
-                            self.now(), request=req, prompt=prompt)
+        call = InstanceCall(
+            req.call_id,
+            session,
+            req.model,
+            len(prompt),
+            req.max_tokens,
+            self.now(),
+            request=req,
+            prompt=prompt,
+        )
         try:
             self.core.submit(call, self.executor.reusable(session, req.model, prompt), self.now())
         except ValueError as err:  # anything else the scheduler finds it can never fit
@@ -177,7 +237,8 @@ class Worker:
             return f"{self.inst.name} is a hot instance; pin another model instead"
         if not serve:
             busy = len(sched.table.waiting[model]) + sum(
-                sched.table.records[c].call.model == model for c in sched.table.running)
+                sched.table.records[c].call.model == model for c in sched.table.running
+            )
             if busy:
                 return f"{busy} calls of {model!r} are queued or running on {self.inst.name}; drain it first"
             if len(self.rotation) == 1:
@@ -205,4 +266,7 @@ class Worker:
         return bool(hook(session)) if hook is not None else bool(keys)
 
     def rounds(self, limit: int) -> dict:
-        return {"instance": self.inst.name, **self.recorder.report(self.core.sched, self.now(), limit)}
+        return {
+            "instance": self.inst.name,
+            **self.recorder.report(self.core.sched, self.now(), limit),
+        }

@@ -17,9 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from talariad.engine.messages import ChatMessage, DoneEvent, ToolCall
 from talariad.tools import arguments_json, function_tool
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-               429: "rate_limit_error", 503: "overloaded_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 class _Open(BaseModel):
@@ -55,12 +62,26 @@ class AnthropicMessage(_Open):
         if isinstance(self.content, str):
             return [ChatMessage(role=self.role, content=self.content)]
         blocks = self.content
-        out = [ChatMessage(role="tool", content=b.flat(), tool_call_id=b.tool_use_id,
-                           name=tool_names.get(b.tool_use_id or "")) for b in blocks if b.type == "tool_result"]
+        out = [
+            ChatMessage(
+                role="tool",
+                content=b.flat(),
+                tool_call_id=b.tool_use_id,
+                name=tool_names.get(b.tool_use_id or ""),
+            )
+            for b in blocks
+            if b.type == "tool_result"
+        ]
         text = "".join(b.flat() for b in blocks if b.type == "text")
-        calls = [ToolCall(id=b.id or "", name=b.name or "",
-                          arguments=b.input if isinstance(b.input, (dict, str)) else {})
-                 for b in blocks if b.type == "tool_use"]
+        calls = [
+            ToolCall(
+                id=b.id or "",
+                name=b.name or "",
+                arguments=b.input if isinstance(b.input, (dict, str)) else {},
+            )
+            for b in blocks
+            if b.type == "tool_use"
+        ]
         for c in calls:
             tool_names[c.id] = c.name
         if text or calls or not out:
@@ -90,7 +111,11 @@ class MessagesRequest(_Open):
     tool_choice: dict[str, Any] | None = None
 
     def chat(self) -> list[ChatMessage]:
-        system = self.system if isinstance(self.system, str) else "".join(b.flat() for b in self.system or [])
+        system = (
+            self.system
+            if isinstance(self.system, str)
+            else "".join(b.flat() for b in self.system or [])
+        )
         out = [ChatMessage(role="system", content=system)] if system else []
         names: dict[str, str] = {}
         for m in self.messages:
@@ -101,8 +126,11 @@ class MessagesRequest(_Open):
         """Client tools in the template form; server tools (no input schema) cannot run here."""
         if (self.tool_choice or {}).get("type") == "none":
             return []
-        return [function_tool(t.name, t.description, t.input_schema) for t in self.tools or []
-                if t.input_schema is not None]
+        return [
+            function_tool(t.name, t.description, t.input_schema)
+            for t in self.tools or []
+            if t.input_schema is not None
+        ]
 
     def dropped_tools(self) -> list[str]:
         """Server tools (web search and the like) left out of the prompt."""
@@ -132,21 +160,40 @@ def stop_reason(done: DoneEvent, calls: list[ToolCall]) -> str:
 
 def usage(done: DoneEvent, talaria: dict | None = None) -> dict:
     u = done.usage
-    out = {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
-           "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens}
+    out = {
+        "input_tokens": u.prompt_tokens - u.cached_tokens,
+        "output_tokens": u.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": u.cached_tokens,
+    }
     return {**out, "talaria": talaria} if talaria is not None else out
 
 
 def tool_use_block(call: ToolCall) -> dict:
-    return {"type": "tool_use", "id": call.id, "name": call.name,
-            "input": call.arguments if isinstance(call.arguments, dict) else {"input": call.arguments}}
+    return {
+        "type": "tool_use",
+        "id": call.id,
+        "name": call.name,
+        "input": call.arguments if isinstance(call.arguments, dict) else {"input": call.arguments},
+    }
 
 
-def message_body(call_id: str, model: str, text: str, calls: list[ToolCall], done: DoneEvent, talaria: dict) -> dict:
-    content = ([{"type": "text", "text": text}] if text or not calls else []) + [tool_use_block(c) for c in calls]
-    return {"id": f"msg_{call_id}", "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop_reason(done, calls), "stop_sequence": done.stop_sequence,
-            "usage": usage(done, talaria)}
+def message_body(
+    call_id: str, model: str, text: str, calls: list[ToolCall], done: DoneEvent, talaria: dict
+) -> dict:
+    content = ([{"type": "text", "text": text}] if text or not calls else []) + [
+        tool_use_block(c) for c in calls
+    ]
+    return {
+        "id": f"msg_{call_id}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason(done, calls),
+        "stop_sequence": done.stop_sequence,
+        "usage": usage(done, talaria),
+    }
 
 
 def event(name: str, data: dict) -> str:
@@ -154,7 +201,10 @@ def event(name: str, data: dict) -> str:
 
 
 def error_body(status: int, message: str) -> dict:
-    return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}}
+    return {
+        "type": "error",
+        "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message},
+    }
 
 
 def context_message(prompt: int, max_tokens: int, limit: int) -> str:
@@ -162,18 +212,33 @@ def context_message(prompt: int, max_tokens: int, limit: int) -> str:
     over the limit asks for compaction, prompt plus output a smaller `max_tokens`."""
     if prompt >= limit:
         return f"prompt is too long: {prompt} tokens > {limit} maximum"
-    return (f"input length and `max_tokens` exceed context limit: {prompt} + {max_tokens} > {limit}, "
-            f"decrease input length or `max_tokens` and try again")
+    return (
+        f"input length and `max_tokens` exceed context limit: {prompt} + {max_tokens} > {limit}, "
+        f"decrease input length or `max_tokens` and try again"
+    )
 
 
 def start_events(call_id: str, model: str, input_tokens: int, cached_tokens: int) -> list[str]:
-    message = {"id": f"msg_{call_id}", "type": "message", "role": "assistant", "model": model, "content": [],
-               "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": input_tokens - cached_tokens, "output_tokens": 0,
-                         "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached_tokens}}
-    return [event("message_start", {"message": message}),
-            event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
-            event("ping", {})]
+    message = {
+        "id": f"msg_{call_id}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": input_tokens - cached_tokens,
+            "output_tokens": 0,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached_tokens,
+        },
+    }
+    return [
+        event("message_start", {"message": message}),
+        event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+        event("ping", {}),
+    ]
 
 
 def text_event(text: str) -> str:
@@ -181,19 +246,41 @@ def text_event(text: str) -> str:
 
 
 def tool_events(index: int, call: ToolCall) -> list[str]:
-    return [event("content_block_start", {"index": index, "content_block": {**tool_use_block(call), "input": {}}}),
-            event("content_block_delta", {"index": index, "delta": {"type": "input_json_delta",
-                                                                    "partial_json": arguments_json(call)
-                                                                    if isinstance(call.arguments, dict)
-                                                                    else json.dumps({"input": call.arguments})}}),
-            event("content_block_stop", {"index": index})]
+    return [
+        event(
+            "content_block_start",
+            {"index": index, "content_block": {**tool_use_block(call), "input": {}}},
+        ),
+        event(
+            "content_block_delta",
+            {
+                "index": index,
+                "delta": {
+                    "type": "input_json_delta",
+                    "partial_json": arguments_json(call)
+                    if isinstance(call.arguments, dict)
+                    else json.dumps({"input": call.arguments}),
+                },
+            },
+        ),
+        event("content_block_stop", {"index": index}),
+    ]
 
 
 def end_events(done: DoneEvent, calls: list[ToolCall], talaria: dict) -> list[str]:
     lines = [event("content_block_stop", {"index": 0})]
     for i, c in enumerate(calls, start=1):
         lines += tool_events(i, c)
-    return lines + [event("message_delta", {"delta": {"stop_reason": stop_reason(done, calls),
-                                                      "stop_sequence": done.stop_sequence},
-                                            "usage": usage(done, talaria)}),
-                    event("message_stop", {})]
+    return lines + [
+        event(
+            "message_delta",
+            {
+                "delta": {
+                    "stop_reason": stop_reason(done, calls),
+                    "stop_sequence": done.stop_sequence,
+                },
+                "usage": usage(done, talaria),
+            },
+        ),
+        event("message_stop", {}),
+    ]

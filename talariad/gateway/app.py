@@ -14,8 +14,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from talariad.config import ModelConfig, TalariaConfig
-from talariad.engine.messages import (ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, StreamEvent, TokenEvent,
-                                      ToolCall)
+from talariad.engine.messages import (
+    ChatMessage,
+    DoneEvent,
+    ErrorEvent,
+    GenerateRequest,
+    StreamEvent,
+    TokenEvent,
+    ToolCall,
+)
 from talariad.gateway import anthropic, errors, limits, responses
 from talariad.gateway.auth import APIKeys
 from talariad.gateway.errors import APIError
@@ -33,10 +40,18 @@ log = logging.getLogger("talariad.gateway")
 class Gateway:
     """Everything a request handler needs; the daemon builds one and the tests can too."""
 
-    def __init__(self, cfg: TalariaConfig, directory: InstanceDirectory, routing: RouterShell,
-                 ready: Callable[[str], bool], describe: Callable[[], list[dict]] | None = None):
+    def __init__(
+        self,
+        cfg: TalariaConfig,
+        directory: InstanceDirectory,
+        routing: RouterShell,
+        ready: Callable[[str], bool],
+        describe: Callable[[], list[dict]] | None = None,
+    ):
         self.cfg, self.directory, self.routing, self.ready = cfg, directory, routing, ready
-        self.describe = describe or (lambda: [{"name": i.name, "ready": ready(i.name)} for i in cfg.instances])
+        self.describe = describe or (
+            lambda: [{"name": i.name, "ready": ready(i.name)} for i in cfg.instances]
+        )
         """Each instance's state and telemetry age, for /health and /ready."""
         self.api_keys: frozenset[str] | None = None
         """When set, every /v1/ call needs one of these keys."""
@@ -57,8 +72,11 @@ class Gateway:
         return False
 
     def residency(self, model: str) -> str:
-        snaps = [s for i in self.cfg.instances if (s := self.directory.snapshot(i.name)) is not None
-                 and model in s.models]
+        snaps = [
+            s
+            for i in self.cfg.instances
+            if (s := self.directory.snapshot(i.name)) is not None and model in s.models
+        ]
         if any(s and s.active_model == model for s in snaps):
             return "loaded"
         return "parked" if any(s and model in s.opened_models for s in snaps) else "cold"
@@ -70,18 +88,28 @@ class Gateway:
         if found is None and api == "anthropic" and self.cfg.anthropic.default_model:
             found = self.cfg.resolve_model(self.cfg.anthropic.default_model)
         if found is None:
-            raise APIError(404, f"The model {requested!r} does not exist", type="not_found_error",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"The model {requested!r} does not exist",
+                type="not_found_error",
+                param="model",
+                code="model_not_found",
+            )
         return found
 
     def log_dropped(self, session: str, dropped: list[str]) -> None:
         """Tools that cannot run here were dropped from the prompt: say so once per session."""
         if dropped and session not in self._dropped_logged:
-            if len(self._dropped_logged) > 10_000:  # bounded: a long-running daemon sees many sessions
+            if (
+                len(self._dropped_logged) > 10_000
+            ):  # bounded: a long-running daemon sees many sessions
                 self._dropped_logged.clear()
             self._dropped_logged.add(session)
-            log.info("session %s: dropped hosted tools that cannot run locally: %s", session,
-                     ", ".join(sorted(set(dropped))))
+            log.info(
+                "session %s: dropped hosted tools that cannot run locally: %s",
+                session,
+                ", ".join(sorted(set(dropped))),
+            )
 
 
 def _estimate_tokens(texts: list[str]) -> int:
@@ -97,7 +125,9 @@ def _canonical(messages: list[ChatMessage], prompt: str | None, tools: list[dict
     if prompt is not None:
         return prompt
     head = "".join(f"<|tools|> {json.dumps(t, sort_keys=True)}\n" for t in tools)
-    return head + "".join(f"<|{m.role}|> {m.content}{_calls_text(m.tool_calls)}\n" for m in messages)
+    return head + "".join(
+        f"<|{m.role}|> {m.content}{_calls_text(m.tool_calls)}\n" for m in messages
+    )
 
 
 def _calls_text(calls: list[ToolCall]) -> str:
@@ -107,13 +137,28 @@ def _calls_text(calls: list[ToolCall]) -> str:
 class _Call:
     """One forwarded call: placement, the internal request, and its completion bookkeeping."""
 
-    def __init__(self, gw: Gateway, body, headers, messages: list[ChatMessage], prompt: str | None = None, *,
-                 api: str = "openai", tools: list[dict] | None = None):
+    def __init__(
+        self,
+        gw: Gateway,
+        body,
+        headers,
+        messages: list[ChatMessage],
+        prompt: str | None = None,
+        *,
+        api: str = "openai",
+        tools: list[dict] | None = None,
+    ):
         limits.screen(body, gw.cfg.limits)
         spec = gw.resolve(body.model, api)
         if not gw.served(spec.name):
-            raise APIError(503, f"The model {body.model!r} is not loaded on any instance now", type="api_error",
-                           param="model", code="model_not_loaded", headers={"Retry-After": "5"})
+            raise APIError(
+                503,
+                f"The model {body.model!r} is not loaded on any instance now",
+                type="api_error",
+                param="model",
+                code="model_not_loaded",
+                headers={"Retry-After": "5"},
+            )
         self.gw, self.body, self.api, self.model = gw, body, api, spec.name
         self.tools = tools or []
         self.parser = spec.tool_parser
@@ -124,7 +169,9 @@ class _Call:
         # tokenizes it; whether max_tokens fits is the instance's to say (it knows the exact count)
         limits.check_context(self.text, 1, spec.max_context, gw.cfg.limits)
         self.id = uuid.uuid4().hex[:24]
-        self.session = session_id(headers, body.model_dump(), [(m.role, m.content) for m in messages])
+        self.session = session_id(
+            headers, body.model_dump(), [(m.role, m.content) for m in messages]
+        )
         self.started = gw.clock()
         self.branch = gw.routing.branches.branch(self.session, self.model, self.text)
         max_tokens = asked or spec.default_max_tokens
@@ -132,12 +179,29 @@ class _Call:
         # the router plans with what can fit; the instance, which knows the exact prompt, clamps
         plan = max(1, min(max_tokens, spec.max_context - estimate)) if clamp else max_tokens
         covered = gw.routing.prefixes.covered_chars(self.branch, self.model, self.text)
-        self.info = CallRequest(self.id, self.branch, self.model, estimate,
-                                min(_estimate_tokens([self.text[:covered]]) if covered else 0, estimate), plan)
+        self.info = CallRequest(
+            self.id,
+            self.branch,
+            self.model,
+            estimate,
+            min(_estimate_tokens([self.text[:covered]]) if covered else 0, estimate),
+            plan,
+        )
         self.req = GenerateRequest(
-            call_id=self.id, session_id=self.branch, model=self.model, prompt=prompt, messages=messages,
-            tools=self.tools, max_tokens=max_tokens, clamp_max_tokens=clamp, temperature=body.temperature,
-            top_p=body.top_p, seed=body.seed, stop=body.stop_list(), ignore_eos=getattr(body, "ignore_eos", False))
+            call_id=self.id,
+            session_id=self.branch,
+            model=self.model,
+            prompt=prompt,
+            messages=messages,
+            tools=self.tools,
+            max_tokens=max_tokens,
+            clamp_max_tokens=clamp,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            stop=body.stop_list(),
+            ignore_eos=getattr(body, "ignore_eos", False),
+        )
         self.instance = ""
         self.route = ""
         self.first_token_at: float | None = None
@@ -148,15 +212,23 @@ class _Call:
         decision = await self.gw.routing.place(self.info, self.gw.clock)
         if decision.instance is None:
             retry = str(max(1, round(decision.retry_after_s or 1)))
-            raise APIError(429, f"no instance can take a {self.body.model!r} call now ({decision.reason})",
-                           type="rate_limit_exceeded", code=decision.kind.value, headers={"Retry-After": retry})
+            raise APIError(
+                429,
+                f"no instance can take a {self.body.model!r} call now ({decision.reason})",
+                type="rate_limit_exceeded",
+                code=decision.kind.value,
+                headers={"Retry-After": retry},
+            )
         self.instance, self.route, self.done = decision.instance, decision.kind.value, False
         self.gw.metrics.running.labels(self.model).inc()
 
     def headers(self) -> dict[str, str]:
         # the session id is client text: percent-encode it so any value is a legal header
-        return {"x-talaria-session-id": quote(self.session, safe="-_.~:@+="), "x-talaria-instance": self.instance,
-                "x-talaria-route": self.route}
+        return {
+            "x-talaria-session-id": quote(self.session, safe="-_.~:@+="),
+            "x-talaria-instance": self.instance,
+            "x-talaria-route": self.route,
+        }
 
     def events(self) -> AsyncIterator[StreamEvent]:
         return self.gw.directory.generate(self.instance, self.req)
@@ -188,13 +260,20 @@ class _Call:
 
     def talaria(self, ev: DoneEvent) -> dict:
         """The `talaria` usage extension: where the call ran and where its prefix came from."""
-        return {"kv_source": ev.usage.kv_source, "instance": self.instance, "session_id": self.session,
-                "branch": self.branch, "route": self.route, "model": self.model}
+        return {
+            "kv_source": ev.usage.kv_source,
+            "instance": self.instance,
+            "session_id": self.session,
+            "branch": self.branch,
+            "route": self.route,
+            "model": self.model,
+        }
 
     def usage(self, ev: DoneEvent) -> dict:
         u = ev.usage
         return {
-            "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "prompt_tokens": u.prompt_tokens,
+            "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
             "talaria": self.talaria(ev),
@@ -205,10 +284,18 @@ def _upstream_error(call: _Call, ev: ErrorEvent) -> APIError:
     call.finish(ev)
     if ev.status < 500:  # the call itself can never be served: retrying would not help
         message = ev.message
-        if call.api == "anthropic" and ev.code == "context_length_exceeded" and ev.prompt_tokens is not None:
-            message = anthropic.context_message(ev.prompt_tokens, call.req.max_tokens, ev.limit or 0)
+        if (
+            call.api == "anthropic"
+            and ev.code == "context_length_exceeded"
+            and ev.prompt_tokens is not None
+        ):
+            message = anthropic.context_message(
+                ev.prompt_tokens, call.req.max_tokens, ev.limit or 0
+            )
         return APIError(ev.status, message, param=ev.param, code=ev.code)
-    return APIError(503, ev.message, type="api_error", code="instance_unavailable", headers={"Retry-After": "1"})
+    return APIError(
+        503, ev.message, type="api_error", code="instance_unavailable", headers={"Retry-After": "1"}
+    )
 
 
 class TextPiece(str):
@@ -222,8 +309,9 @@ class Answer:
         self.done, self.calls = done, calls
 
 
-async def _answer(call: _Call, first: StreamEvent,
-                  rest: AsyncIterator[StreamEvent]) -> AsyncIterator[TextPiece | Answer | ErrorEvent]:
+async def _answer(
+    call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]
+) -> AsyncIterator[TextPiece | Answer | ErrorEvent]:
     """The instance's events as text pieces and one final Answer (or ErrorEvent); one parser for
     every API splits tool calls out of the text."""
     stream = ToolStream(call.parser, bool(call.tools))
@@ -247,7 +335,9 @@ async def _answer(call: _Call, first: StreamEvent,
         ev = await _first(rest)
 
 
-async def _collect(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]) -> tuple[str, Answer]:
+async def _collect(
+    call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]
+) -> tuple[str, Answer]:
     parts = []
     async for item in _answer(call, first, rest):
         if isinstance(item, Answer):
@@ -276,8 +366,14 @@ def _finish_reason(answer: Answer) -> str:
 
 
 def _openai_calls(calls: list[ToolCall]) -> list[dict]:
-    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_json(c)}}
-            for c in calls]
+    return [
+        {
+            "id": c.id,
+            "type": "function",
+            "function": {"name": c.name, "arguments": arguments_json(c)},
+        }
+        for c in calls
+    ]
 
 
 async def _chat_stream(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
@@ -287,13 +383,29 @@ async def _chat_stream(call: _Call, first: StreamEvent, rest: AsyncIterator[Stre
             yield _sse(chat_chunk(call, {"content": str(item)}, None))
         elif isinstance(item, Answer):
             for i, c in enumerate(item.calls):
-                head = {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
+                head = {
+                    "index": i,
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": ""},
+                }
                 yield _sse(chat_chunk(call, {"tool_calls": [head]}, None))
-                yield _sse(chat_chunk(call, {"tool_calls": [{"index": i, "function": {"arguments": arguments_json(c)}}]},
-                                      None))
+                yield _sse(
+                    chat_chunk(
+                        call,
+                        {
+                            "tool_calls": [
+                                {"index": i, "function": {"arguments": arguments_json(c)}}
+                            ]
+                        },
+                        None,
+                    )
+                )
             yield _sse(chat_chunk(call, {}, _finish_reason(item)))
             if call.body.include_usage():
-                yield _sse({**chat_chunk(call, {}, None), "choices": [], "usage": call.usage(item.done)})
+                yield _sse(
+                    {**chat_chunk(call, {}, None), "choices": [], "usage": call.usage(item.done)}
+                )
         else:
             yield _sse(_upstream_error_body(item))
     yield _sse("[DONE]")
@@ -306,7 +418,9 @@ async def _completion_stream(call: _Call, first: StreamEvent, rest: AsyncIterato
         elif isinstance(item, Answer):
             yield _sse(text_chunk(call, {}, item.done.finish_reason))
             if call.body.include_usage():
-                yield _sse({**text_chunk(call, {}, None), "choices": [], "usage": call.usage(item.done)})
+                yield _sse(
+                    {**text_chunk(call, {}, None), "choices": [], "usage": call.usage(item.done)}
+                )
         else:
             yield _sse(_upstream_error_body(item))
     yield _sse("[DONE]")
@@ -317,14 +431,23 @@ def _upstream_error_body(ev: ErrorEvent) -> dict:
 
 
 def chat_chunk(call: _Call, delta: dict, finish: str | None) -> dict:
-    return {"id": f"chatcmpl-{call.id}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": call.body.model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return {
+        "id": f"chatcmpl-{call.id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": call.body.model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
 
 
 def text_chunk(call: _Call, delta: dict, finish: str | None) -> dict:
-    return {"id": f"cmpl-{call.id}", "object": "text_completion", "created": int(time.time()),
-            "model": call.body.model,
-            "choices": [{"index": 0, "text": delta.get("content", ""), "finish_reason": finish}]}
+    return {
+        "id": f"cmpl-{call.id}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": call.body.model,
+        "choices": [{"index": 0, "text": delta.get("content", ""), "finish_reason": finish}],
+    }
 
 
 async def _respond(call: _Call, stream: Callable, full: Callable) -> Response:
@@ -336,8 +459,11 @@ async def _respond(call: _Call, stream: Callable, full: Callable) -> Response:
         if isinstance(first, ErrorEvent):
             raise _upstream_error(call, first)
         if call.body.stream:
-            return StreamingResponse(_guarded(call, rest, stream(call, first, rest)),
-                                     media_type="text/event-stream", headers=call.headers())
+            return StreamingResponse(
+                _guarded(call, rest, stream(call, first, rest)),
+                media_type="text/event-stream",
+                headers=call.headers(),
+            )
         text, answer = await _collect(call, first, rest)
     except BaseException:  # cancelled or failed before a stream took over: release the placement
         call.finish(ErrorEvent(message="call aborted"))
@@ -350,20 +476,33 @@ def _chat_body(call: _Call, text: str, answer: Answer) -> dict:
     message: dict = {"role": "assistant", "content": text if text or not answer.calls else None}
     if answer.calls:
         message["tool_calls"] = _openai_calls(answer.calls)
-    return {"id": f"chatcmpl-{call.id}", "object": "chat.completion", "created": int(time.time()),
-            "model": call.body.model, "usage": call.usage(answer.done),
-            "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(answer)}]}
+    return {
+        "id": f"chatcmpl-{call.id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": call.body.model,
+        "usage": call.usage(answer.done),
+        "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(answer)}],
+    }
 
 
 def _completion_body(call: _Call, text: str, answer: Answer) -> dict:
-    return {"id": f"cmpl-{call.id}", "object": "text_completion", "created": int(time.time()),
-            "model": call.body.model, "usage": call.usage(answer.done),
-            "choices": [{"index": 0, "text": text, "finish_reason": answer.done.finish_reason}]}
+    return {
+        "id": f"cmpl-{call.id}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": call.body.model,
+        "usage": call.usage(answer.done),
+        "choices": [{"index": 0, "text": text, "finish_reason": answer.done.finish_reason}],
+    }
 
 
 async def _anthropic_stream(call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
-    prompt = first.prompt_tokens if isinstance(first, TokenEvent) and first.prompt_tokens is not None else \
-        call.info.prompt_tokens
+    prompt = (
+        first.prompt_tokens
+        if isinstance(first, TokenEvent) and first.prompt_tokens is not None
+        else call.info.prompt_tokens
+    )
     cached = first.cached_tokens or 0 if isinstance(first, TokenEvent) else 0
     for line in anthropic.start_events(call.id, call.body.model, prompt, cached):
         yield line
@@ -374,12 +513,15 @@ async def _anthropic_stream(call: _Call, first: StreamEvent, rest: AsyncIterator
             for line in anthropic.end_events(item.done, item.calls, call.talaria(item.done)):
                 yield line
         else:
-            yield anthropic.event("error", {"error": anthropic.error_body(503, item.message)["error"]})
+            yield anthropic.event(
+                "error", {"error": anthropic.error_body(503, item.message)["error"]}
+            )
 
 
 def _message_body(call: _Call, text: str, answer: Answer) -> dict:
-    return anthropic.message_body(call.id, call.body.model, text, answer.calls, answer.done,
-                                  call.talaria(answer.done))
+    return anthropic.message_body(
+        call.id, call.body.model, text, answer.calls, answer.done, call.talaria(answer.done)
+    )
 
 
 class _ResponsesCall(_Call):
@@ -389,7 +531,9 @@ class _ResponsesCall(_Call):
     custom: set[str]
 
 
-async def _responses_stream(call: _ResponsesCall, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
+async def _responses_stream(
+    call: _ResponsesCall, first: StreamEvent, rest: AsyncIterator[StreamEvent]
+):
     ev = responses.EventWriter()
     body = call.body
     shell = responses.response_object(call.id, body, "in_progress", [])
@@ -401,31 +545,62 @@ async def _responses_stream(call: _ResponsesCall, first: StreamEvent, rest: Asyn
     async for item in _answer(call, first, rest):
         if isinstance(item, TextPiece):
             if not text:
-                yield ev("response.output_item.added",
-                         {"output_index": 0, "item": responses.message_item(call.id, "", "in_progress")})
-                yield ev("response.content_part.added", {"item_id": msg_id, "output_index": 0, "content_index": 0,
-                                                         "part": {"type": "output_text", "text": "", "annotations": []}})
+                yield ev(
+                    "response.output_item.added",
+                    {"output_index": 0, "item": responses.message_item(call.id, "", "in_progress")},
+                )
+                yield ev(
+                    "response.content_part.added",
+                    {
+                        "item_id": msg_id,
+                        "output_index": 0,
+                        "content_index": 0,
+                        "part": {"type": "output_text", "text": "", "annotations": []},
+                    },
+                )
             text += item
-            yield ev("response.output_text.delta", {"item_id": msg_id, "output_index": 0, "content_index": 0,
-                                                    "delta": str(item)})
+            yield ev(
+                "response.output_text.delta",
+                {"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": str(item)},
+            )
         elif isinstance(item, ErrorEvent):
-            failed = responses.response_object(call.id, body, "failed", output,
-                                               error={"code": "server_error", "message": item.message})
+            failed = responses.response_object(
+                call.id,
+                body,
+                "failed",
+                output,
+                error={"code": "server_error", "message": item.message},
+            )
             yield ev("response.failed", {"response": failed})
             return
         else:
             if text or not item.calls:
                 if not text:
-                    yield ev("response.output_item.added",
-                             {"output_index": 0, "item": responses.message_item(call.id, "", "in_progress")})
-                    yield ev("response.content_part.added",
-                             {"item_id": msg_id, "output_index": 0, "content_index": 0,
-                              "part": {"type": "output_text", "text": "", "annotations": []}})
+                    yield ev(
+                        "response.output_item.added",
+                        {
+                            "output_index": 0,
+                            "item": responses.message_item(call.id, "", "in_progress"),
+                        },
+                    )
+                    yield ev(
+                        "response.content_part.added",
+                        {
+                            "item_id": msg_id,
+                            "output_index": 0,
+                            "content_index": 0,
+                            "part": {"type": "output_text", "text": "", "annotations": []},
+                        },
+                    )
                 part = {"type": "output_text", "text": text, "annotations": []}
-                yield ev("response.output_text.done", {"item_id": msg_id, "output_index": 0, "content_index": 0,
-                                                       "text": text})
-                yield ev("response.content_part.done", {"item_id": msg_id, "output_index": 0, "content_index": 0,
-                                                        "part": part})
+                yield ev(
+                    "response.output_text.done",
+                    {"item_id": msg_id, "output_index": 0, "content_index": 0, "text": text},
+                )
+                yield ev(
+                    "response.content_part.done",
+                    {"item_id": msg_id, "output_index": 0, "content_index": 0, "part": part},
+                )
                 output.append(responses.message_item(call.id, text))
                 yield ev("response.output_item.done", {"output_index": 0, "item": output[-1]})
             for c in item.calls:
@@ -433,26 +608,53 @@ async def _responses_stream(call: _ResponsesCall, first: StreamEvent, rest: Asyn
                     yield line
                 output.append(responses.tool_item(c, call.custom))
             _store(call, text, item)
-            final = responses.response_object(call.id, body, responses.status_of(item.done, item.calls), output,
-                                              item.done, call.talaria(item.done))
-            yield ev("response.completed" if final["status"] == "completed" else "response.incomplete",
-                     {"response": final})
+            final = responses.response_object(
+                call.id,
+                body,
+                responses.status_of(item.done, item.calls),
+                output,
+                item.done,
+                call.talaria(item.done),
+            )
+            yield ev(
+                "response.completed" if final["status"] == "completed" else "response.incomplete",
+                {"response": final},
+            )
 
 
-def _tool_item_events(ev: responses.EventWriter, c: ToolCall, custom: set[str], index: int) -> list[str]:
+def _tool_item_events(
+    ev: responses.EventWriter, c: ToolCall, custom: set[str], index: int
+) -> list[str]:
     done = responses.tool_item(c, custom)
     added = responses.tool_item(c, custom, "in_progress")
     lines = [ev("response.output_item.added", {"output_index": index, "item": added})]
     if done["type"] == "custom_tool_call":
-        lines += [ev("response.custom_tool_call_input.delta", {"item_id": done["id"], "output_index": index,
-                                                                 "delta": done["input"]}),
-                  ev("response.custom_tool_call_input.done", {"item_id": done["id"], "output_index": index,
-                                                                "input": done["input"]})]
+        lines += [
+            ev(
+                "response.custom_tool_call_input.delta",
+                {"item_id": done["id"], "output_index": index, "delta": done["input"]},
+            ),
+            ev(
+                "response.custom_tool_call_input.done",
+                {"item_id": done["id"], "output_index": index, "input": done["input"]},
+            ),
+        ]
     else:
-        lines += [ev("response.function_call_arguments.delta", {"item_id": done["id"], "output_index": index,
-                                                                  "delta": done["arguments"]}),
-                  ev("response.function_call_arguments.done", {"item_id": done["id"], "output_index": index,
-                                                                 "name": c.name, "arguments": done["arguments"]})]
+        lines += [
+            ev(
+                "response.function_call_arguments.delta",
+                {"item_id": done["id"], "output_index": index, "delta": done["arguments"]},
+            ),
+            ev(
+                "response.function_call_arguments.done",
+                {
+                    "item_id": done["id"],
+                    "output_index": index,
+                    "name": c.name,
+                    "arguments": done["arguments"],
+                },
+            ),
+        ]
     return lines + [ev("response.output_item.done", {"output_index": index, "item": done})]
 
 
@@ -465,8 +667,14 @@ def _store(call: _ResponsesCall, text: str, answer: Answer) -> None:
 def _responses_body(call: _ResponsesCall, text: str, answer: Answer) -> dict:
     _store(call, text, answer)
     output = responses.output_items(call.id, text, answer.calls, call.custom)
-    body = responses.response_object(call.id, call.body, responses.status_of(answer.done, answer.calls), output,
-                                     answer.done, call.talaria(answer.done))
+    body = responses.response_object(
+        call.id,
+        call.body,
+        responses.status_of(answer.done, answer.calls),
+        output,
+        answer.done,
+        call.talaria(answer.done),
+    )
     body["output_text"] = text
     return body
 
@@ -512,44 +720,73 @@ def build_app(gw: Gateway) -> FastAPI:
     async def health() -> JSONResponse:
         """Liveness: answered while the daemon's loop runs (readiness is /ready)."""
         rows = gw.describe()
-        return JSONResponse({"status": "ok", "instances_ready": [r["name"] for r in rows if r["ready"]],
-                             "instances": rows})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "instances_ready": [r["name"] for r in rows if r["ready"]],
+                "instances": rows,
+            }
+        )
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
         """Readiness: 200 when every configured model has at least one ready instance."""
-        serving = {m.name: [i.name for i in gw.cfg.instances if m.name in i.models and gw.ready(i.name)]
-                   for m in gw.cfg.models}
+        serving = {
+            m.name: [i.name for i in gw.cfg.instances if m.name in i.models and gw.ready(i.name)]
+            for m in gw.cfg.models
+        }
         ok = all(serving.values())
-        return JSONResponse({"status": "ready" if ok else "not_ready", "models": serving,
-                             "instances": gw.describe()}, status_code=200 if ok else 503)
+        return JSONResponse(
+            {
+                "status": "ready" if ok else "not_ready",
+                "models": serving,
+                "instances": gw.describe(),
+            },
+            status_code=200 if ok else 503,
+        )
 
     @app.get("/v1/models")
     async def models() -> dict:
         """Every model, with its aliases; exact aliases are listed as models of their own too."""
         data = []
         for m in gw.cfg.models:
-            entry = {"id": m.name, "object": "model", "created": 0, "owned_by": "talaria",
-                     "max_model_len": m.max_context, "status": gw.residency(m.name), "aliases": list(m.aliases)}
+            entry = {
+                "id": m.name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "talaria",
+                "max_model_len": m.max_context,
+                "status": gw.residency(m.name),
+                "aliases": list(m.aliases),
+            }
             data.append(entry)
-            data += [{**entry, "id": a, "alias_of": m.name, "aliases": []}
-                     for a in m.aliases if not any(c in a for c in "*?[")]
+            data += [
+                {**entry, "id": a, "alias_of": m.name, "aliases": []}
+                for a in m.aliases
+                if not any(c in a for c in "*?[")
+            ]
         return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        call = _Call(gw, body, request.headers, [m.chat() for m in body.messages], tools=body.tool_defs())
+        call = _Call(
+            gw, body, request.headers, [m.chat() for m in body.messages], tools=body.tool_defs()
+        )
         return await _respond(call, _chat_stream, _chat_body)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        call = _Call(gw, body, request.headers, [ChatMessage(role="user", content=body.text())], body.text())
+        call = _Call(
+            gw, body, request.headers, [ChatMessage(role="user", content=body.text())], body.text()
+        )
         return await _respond(call, _completion_stream, _completion_body)
 
     @app.post("/v1/messages")
     async def messages(body: anthropic.MessagesRequest, request: Request) -> Response:
         """Anthropic Messages; `?beta=true`, `anthropic-version` and the API key are accepted and ignored."""
-        call = _Call(gw, body, request.headers, body.chat(), api="anthropic", tools=body.tool_defs())
+        call = _Call(
+            gw, body, request.headers, body.chat(), api="anthropic", tools=body.tool_defs()
+        )
         gw.log_dropped(call.session, body.dropped_tools())
         return await _respond(call, _anthropic_stream, _message_body)
 
@@ -557,8 +794,12 @@ def build_app(gw: Gateway) -> FastAPI:
     async def count_tokens(body: anthropic.CountTokensRequest, request: Request) -> dict:
         """The exact prompt length (system, messages and tools) as the serving model tokenizes it."""
         spec = gw.resolve(body.model, "anthropic")
-        req = GenerateRequest(call_id=uuid.uuid4().hex[:24], model=spec.name, messages=body.chat(),
-                              tools=body.tool_defs())
+        req = GenerateRequest(
+            call_id=uuid.uuid4().hex[:24],
+            model=spec.name,
+            messages=body.chat(),
+            tools=body.tool_defs(),
+        )
         for inst in gw.cfg.instances:
             if spec.name in inst.models and gw.ready(inst.name):
                 count = await gw.directory.count_tokens(inst.name, req)
@@ -566,8 +807,13 @@ def build_app(gw: Gateway) -> FastAPI:
                     return {"input_tokens": count}
                 if isinstance(count, str):
                     raise APIError(400, count, param="messages")
-        raise APIError(503, f"no instance of {spec.name!r} is ready to count tokens", type="api_error",
-                       code="instance_unavailable", headers={"Retry-After": "1"})
+        raise APIError(
+            503,
+            f"no instance of {spec.name!r} is ready to count tokens",
+            type="api_error",
+            code="instance_unavailable",
+            headers={"Retry-After": "1"},
+        )
 
     @app.post("/v1/responses")
     async def create_response(body: responses.ResponsesRequest, request: Request) -> Response:

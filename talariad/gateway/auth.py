@@ -20,8 +20,12 @@ def load_keys(path: pathlib.Path) -> frozenset[str]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"listen.api_keys_file: cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
-    keys = frozenset(ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
+        raise ValueError(
+            f"listen.api_keys_file: cannot read {path}: {getattr(err, 'strerror', None) or err}"
+        ) from None
+    keys = frozenset(
+        ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")
+    )
     if not keys:
         raise ValueError(f"listen.api_keys_file: {path} holds no key")
     return keys
@@ -50,8 +54,11 @@ class APIKeys:
             ok = given is not None and sum(hmac.compare_digest(given, k.encode()) for k in keys) > 0
             if not ok:
                 what = "no API key given" if given is None else "the API key is not valid"
-                err = APIError(401, f"{what}: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
-                               code="invalid_api_key",
-                               headers={"WWW-Authenticate": "Bearer"})
+                err = APIError(
+                    401,
+                    f"{what}: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
                 return await error_response(scope["path"], err)(scope, receive, send)
         await self.app(scope, receive, send)

@@ -9,21 +9,46 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         message, param = _printable(message), _printable(param)
         super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.status, self.message, self.type, self.param, self.code = (
+            status,
+            message,
+            type,
+            param,
+            code,
+        )
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def _printable(text: str | None) -> str | None:
     """Client text quoted in an error (a field name, a model id) with anything that cannot be
     encoded as UTF-8 (a lone surrogate) escaped, so the error itself can always be sent."""
-    return text if text is None or text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return (
+        text
+        if text is None or text.isascii()
+        else text.encode("utf-8", "backslashreplace").decode("utf-8")
+    )
 
 
 def _param(loc: tuple) -> str | None:
@@ -34,14 +59,22 @@ def _param(loc: tuple) -> str | None:
 def validation_error(exc: RequestValidationError) -> APIError:
     first = exc.errors()[0]
     if first["type"] == "json_invalid":
-        return APIError(400, f"request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
+        return APIError(
+            400,
+            f"request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
+        )
     param = _param(tuple(first["loc"]))
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "missing":
         msg = f"missing required parameter: {param!r}"
     elif param:
         msg = f"invalid parameter {param!r}: {msg}"
-    return APIError(400, msg, param=param, code="invalid_value" if first["type"] != "missing" else "missing_parameter")
+    return APIError(
+        400,
+        msg,
+        param=param,
+        code="invalid_value" if first["type"] != "missing" else "missing_parameter",
+    )
 
 
 def error_response(path: str, err: APIError) -> JSONResponse:
@@ -49,7 +82,9 @@ def error_response(path: str, err: APIError) -> JSONResponse:
     if path.startswith("/v1/messages"):  # Anthropic clients expect their own error shape
         from talariad.gateway.anthropic import error_body
 
-        return JSONResponse(error_body(err.status, err.message), status_code=err.status, headers=err.headers)
+        return JSONResponse(
+            error_body(err.status, err.message), status_code=err.status, headers=err.headers
+        )
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 

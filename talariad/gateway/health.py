@@ -43,4 +43,7 @@ class Readiness:
         p = self._polls.get(instance)
         if p is None or p.last_ok is None:
             return False
-        return p.misses < self.unready_after and now - p.last_ok < self.unready_after * self.stale_after_s
+        return (
+            p.misses < self.unready_after
+            and now - p.last_ok < self.unready_after * self.stale_after_s
+        )

@@ -13,12 +13,17 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 
-from talariad.engine.messages import (DoneEvent, ErrorEvent, GenerateRequest, StreamEvent,
-                                      Telemetry, TokenEvent)
+from talariad.engine.messages import (
+    DoneEvent,
+    ErrorEvent,
+    GenerateRequest,
+    StreamEvent,
+    Telemetry,
+    TokenEvent,
+)
 from talariad.engine.stream import StreamClient
 
 log = logging.getLogger("talariad.gateway")
-
 
 
 class InternalAuth(httpx.Auth):
@@ -37,20 +42,31 @@ class InternalAuth(httpx.Auth):
 class InstanceDirectory:
     """Base URLs come from the supervisor (`urls()`); telemetry is polled on the heartbeat."""
 
-    def __init__(self, urls: Callable[[], dict[str, str | None]], interval_s: float,
-                 on_telemetry: Callable[[Telemetry, float], None] | None = None,
-                 on_down: Callable[[str, float], None] | None = None,
-                 on_unhealthy: Callable[[str, float], None] | None = None,
-                 sockets: Callable[[], dict[str, str | None]] | None = None,
-                 on_payload: Callable[[str, int], None] | None = None,
-                 token_for: Callable[[int | None], str | None] | None = None):
-        self.urls, self.interval_s, self.sockets, self.on_payload = urls, interval_s, sockets, on_payload
+    def __init__(
+        self,
+        urls: Callable[[], dict[str, str | None]],
+        interval_s: float,
+        on_telemetry: Callable[[Telemetry, float], None] | None = None,
+        on_down: Callable[[str, float], None] | None = None,
+        on_unhealthy: Callable[[str, float], None] | None = None,
+        sockets: Callable[[], dict[str, str | None]] | None = None,
+        on_payload: Callable[[str, int], None] | None = None,
+        token_for: Callable[[int | None], str | None] | None = None,
+    ):
+        self.urls, self.interval_s, self.sockets, self.on_payload = (
+            urls,
+            interval_s,
+            sockets,
+            on_payload,
+        )
         self._epochs: dict[str, int | None] = {}  # the session view each instance last sent us
         self.streams = StreamClient()
         self.on_telemetry, self.on_down, self.on_unhealthy = on_telemetry, on_down, on_unhealthy
         self.snapshots: dict[str, tuple[float, Telemetry]] = {}
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None),
-                                        auth=InternalAuth(token_for) if token_for else None)
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(10.0, read=None),
+            auth=InternalAuth(token_for) if token_for else None,
+        )
 
     def snapshot(self, name: str) -> Telemetry | None:
         entry = self.snapshots.get(name)
@@ -72,8 +88,11 @@ class InstanceDirectory:
         # reply in order, so it can apply them (RouterShell.observe)
         since = self._epochs.get(name)
         try:
-            r = await self.client.get(f"{url}/internal/telemetry", timeout=2.0,
-                                      params={"since": since} if since is not None else None)
+            r = await self.client.get(
+                f"{url}/internal/telemetry",
+                timeout=2.0,
+                params={"since": since} if since is not None else None,
+            )
             r.raise_for_status()
             now, telemetry = time.monotonic(), Telemetry.model_validate_json(r.content)
             self._epochs[name] = telemetry.sessions_epoch
@@ -111,8 +130,12 @@ class InstanceDirectory:
         if not url:
             return None
         try:
-            r = await self.client.post(f"{url}/internal/count_tokens", content=req.model_dump_json(),
-                                       headers={"content-type": "application/json"}, timeout=30.0)
+            r = await self.client.post(
+                f"{url}/internal/count_tokens",
+                content=req.model_dump_json(),
+                headers={"content-type": "application/json"},
+                timeout=30.0,
+            )
             data = r.json()
         except (httpx.HTTPError, ValueError):
             return None
@@ -127,13 +150,18 @@ class InstanceDirectory:
             async for ev in events:
                 yield ev
 
-    async def _stream(self, instance: str, path: str,
-                      req: GenerateRequest) -> AsyncIterator[StreamEvent]:
+    async def _stream(
+        self, instance: str, path: str, req: GenerateRequest
+    ) -> AsyncIterator[StreamEvent]:
         try:
             async with contextlib.aclosing(self.streams.generate(path, req)) as events:
                 async for ev in events:
                     yield ev
-        except (OSError, asyncio.IncompleteReadError, ValueError) as err:  # ValueError: a garbled frame
+        except (
+            OSError,
+            asyncio.IncompleteReadError,
+            ValueError,
+        ) as err:  # ValueError: a garbled frame
             yield ErrorEvent(message=f"instance {instance} failed: {err or type(err).__name__}")
 
     async def _http(self, instance: str, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
@@ -143,8 +171,12 @@ class InstanceDirectory:
             return
         final: StreamEvent | None = None
         try:
-            async with self.client.stream("POST", f"{url}/internal/generate", content=req.model_dump_json(),
-                                          headers={"content-type": "application/json"}) as r:
+            async with self.client.stream(
+                "POST",
+                f"{url}/internal/generate",
+                content=req.model_dump_json(),
+                headers={"content-type": "application/json"},
+            ) as r:
                 if r.status_code != 200:
                     yield ErrorEvent(message=f"instance {instance} answered HTTP {r.status_code}")
                     return
@@ -155,7 +187,9 @@ class InstanceDirectory:
                     if isinstance(ev, TokenEvent):
                         yield ev
                     else:  # the last event: hold it until the body is read to its end, which hands
-                        final = ev  # the connection back to the pool (a consumer stops at this event)
+                        final = (
+                            ev  # the connection back to the pool (a consumer stops at this event)
+                        )
         except (httpx.HTTPError, ValueError) as err:  # ValueError: a garbled event line
             final = ErrorEvent(message=f"instance {instance} failed: {err}")
         if final is not None:
@@ -163,6 +197,7 @@ class InstanceDirectory:
 
     async def abort_all(self) -> int:
         """Ask every instance to end its live calls with an error event; how many were ended."""
+
         async def one(url: str) -> int:
             try:
                 r = await self.client.post(f"{url}/internal/abort", timeout=5.0)
@@ -170,6 +205,7 @@ class InstanceDirectory:
                 return int(r.json().get("aborted", 0))
             except (httpx.HTTPError, ValueError):
                 return 0
+
         return sum(await asyncio.gather(*(one(u) for u in self.urls().values() if u)))
 
     async def aclose(self) -> None:

@@ -68,8 +68,11 @@ class BodyLimit:
     @staticmethod
     async def _refuse(scope, receive, send, limit: int, length: int | None) -> None:
         size = f"{length} bytes" if length is not None else "more than that"
-        err = APIError(413, f"request body is {size}; the limit is {limit} bytes (limits.max_body_bytes)",
-                       code="request_too_large")
+        err = APIError(
+            413,
+            f"request body is {size}; the limit is {limit} bytes (limits.max_body_bytes)",
+            code="request_too_large",
+        )
         await error_response(scope["path"], err)(scope, receive, send)
 
 
@@ -88,8 +91,10 @@ UNSUPPORTED = {
     "best_of": (lambda v: v is not None and v != 1, "only best_of=1 is supported"),
     "suffix": (lambda v: bool(v), "suffix (insertion) is not supported"),
     "n": (lambda v: v is not None and v != 1, "only n=1 is supported"),
-    "response_format": (lambda v: v is not None and not (isinstance(v, dict) and v.get("type", "text") == "text"),
-                        "only response_format {\"type\": \"text\"} is supported"),
+    "response_format": (
+        lambda v: v is not None and not (isinstance(v, dict) and v.get("type", "text") == "text"),
+        'only response_format {"type": "text"} is supported',
+    ),
 }
 """Request fields the gateway cannot honour: a request that uses one gets 400 naming it, rather than
 an answer that silently ignores it. Harmless fields (top_k, metadata, user ...) are ignored."""
@@ -104,15 +109,28 @@ def screen(body, limits: LimitsConfig) -> None:
             raise APIError(400, f"{field}: {why}", param=field, code="unsupported_parameter")
     count = len(data.get("messages") or ())
     if count > limits.max_messages:
-        raise APIError(400, f"{count} messages; the limit is {limits.max_messages} (limits.max_messages)",
-                       param="messages", code="invalid_value")
+        raise APIError(
+            400,
+            f"{count} messages; the limit is {limits.max_messages} (limits.max_messages)",
+            param="messages",
+            code="invalid_value",
+        )
     for path, text in _strings(data):
         if len(text) > limits.max_string_chars:
-            raise APIError(400, f"{path} is {len(text)} characters long; the limit is {limits.max_string_chars} "
-                                f"(limits.max_string_chars)", param=path, code="invalid_value")
+            raise APIError(
+                400,
+                f"{path} is {len(text)} characters long; the limit is {limits.max_string_chars} "
+                f"(limits.max_string_chars)",
+                param=path,
+                code="invalid_value",
+            )
         if not text.isascii() and _SURROGATE.search(text):
-            raise APIError(400, f"{path} is not valid Unicode (it contains a lone surrogate)",
-                           param=path, code="invalid_value")
+            raise APIError(
+                400,
+                f"{path} is not valid Unicode (it contains a lone surrogate)",
+                param=path,
+                code="invalid_value",
+            )
 
 
 def _strings(data) -> Iterator[tuple[str, str]]:
@@ -143,6 +161,10 @@ def check_context(text: str, max_tokens: int, max_context: int, limits: LimitsCo
     """Refuse, from its size alone, a prompt that cannot fit the model's context."""
     least = min_prompt_tokens(text, limits)
     if least + max_tokens > max_context:
-        raise APIError(400, f"this model's maximum context is {max_context} tokens; the call needs at least "
-                            f"{least + max_tokens} ({least}+ prompt, judged from its size, + {max_tokens} max_tokens)",
-                       param="messages" if least > max_context else "max_tokens", code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"this model's maximum context is {max_context} tokens; the call needs at least "
+            f"{least + max_tokens} ({least}+ prompt, judged from its size, + {max_tokens} max_tokens)",
+            param="messages" if least > max_context else "max_tokens",
+            code="context_length_exceeded",
+        )

@@ -11,20 +11,53 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.finished = Counter("talaria_requests_finished", "Calls finished, by reason", ["model", "reason"], registry=r)
-        self.ttft = Histogram("talaria_time_to_first_token_seconds", "Gateway-observed TTFT", ["model"],
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("talaria_e2e_request_latency_seconds", "Call latency", ["model"],
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("talaria_prompt_tokens", "Prompt tokens", ["model"], registry=r)
-        self.generation_tokens = Counter("talaria_generation_tokens", "Completion tokens", ["model"], registry=r)
-        self.cached_tokens = Counter("talaria_prefix_cache_hit_tokens", "Prompt tokens served from a reused prefix",
-                                     ["model", "source"], registry=r)
-        self.running = Gauge("talaria_requests_running", "Calls in flight at the gateway", ["model"], registry=r)
-        self.telemetry_bytes = Gauge("talaria_telemetry_payload_bytes", "Size of an instance's latest telemetry reply",
-                                     ["instance"], registry=r)
-        self.responses = Counter("talaria_http_responses", "HTTP responses of the gateway, by status code", ["code"],
-                                 registry=r)
+        self.finished = Counter(
+            "talaria_requests_finished",
+            "Calls finished, by reason",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "talaria_time_to_first_token_seconds",
+            "Gateway-observed TTFT",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "talaria_e2e_request_latency_seconds",
+            "Call latency",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "talaria_prompt_tokens", "Prompt tokens", ["model"], registry=r
+        )
+        self.generation_tokens = Counter(
+            "talaria_generation_tokens", "Completion tokens", ["model"], registry=r
+        )
+        self.cached_tokens = Counter(
+            "talaria_prefix_cache_hit_tokens",
+            "Prompt tokens served from a reused prefix",
+            ["model", "source"],
+            registry=r,
+        )
+        self.running = Gauge(
+            "talaria_requests_running", "Calls in flight at the gateway", ["model"], registry=r
+        )
+        self.telemetry_bytes = Gauge(
+            "talaria_telemetry_payload_bytes",
+            "Size of an instance's latest telemetry reply",
+            ["instance"],
+            registry=r,
+        )
+        self.responses = Counter(
+            "talaria_http_responses",
+            "HTTP responses of the gateway, by status code",
+            ["code"],
+            registry=r,
+        )
 
 
 _SWITCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20)
@@ -37,15 +70,36 @@ class InstanceMetrics:
 
     def __init__(self, registry: CollectorRegistry, sample) -> None:
         r = registry
-        self.switch = Histogram("talaria_switch_duration_seconds", "Model switch time, by path", ["instance", "path"],
-                                buckets=_SWITCH_BUCKETS, registry=r)
-        self.round_wall = Histogram("talaria_round_duration_seconds", "Round wall time (active + switch)",
-                                    ["instance"], buckets=_ROUND_BUCKETS, registry=r)
-        self.round_switch = Histogram("talaria_round_switch_seconds", "Switch time inside one round", ["instance"],
-                                      buckets=_ROUND_BUCKETS, registry=r)
-        self.sp_admitted = Counter("talaria_sp_admitted", "Returns admitted mid-slot by session-prefill",
-                                   ["instance"], registry=r)
-        self.sp_parked = Counter("talaria_sp_parked", "Returns parked to a later slot", ["instance"], registry=r)
+        self.switch = Histogram(
+            "talaria_switch_duration_seconds",
+            "Model switch time, by path",
+            ["instance", "path"],
+            buckets=_SWITCH_BUCKETS,
+            registry=r,
+        )
+        self.round_wall = Histogram(
+            "talaria_round_duration_seconds",
+            "Round wall time (active + switch)",
+            ["instance"],
+            buckets=_ROUND_BUCKETS,
+            registry=r,
+        )
+        self.round_switch = Histogram(
+            "talaria_round_switch_seconds",
+            "Switch time inside one round",
+            ["instance"],
+            buckets=_ROUND_BUCKETS,
+            registry=r,
+        )
+        self.sp_admitted = Counter(
+            "talaria_sp_admitted",
+            "Returns admitted mid-slot by session-prefill",
+            ["instance"],
+            registry=r,
+        )
+        self.sp_parked = Counter(
+            "talaria_sp_parked", "Returns parked to a later slot", ["instance"], registry=r
+        )
         r.register(_GaugeCollector(sample))
 
     def observe_round(self, instance: str, rnd: dict) -> None:
@@ -80,9 +134,17 @@ class _GaugeCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         s = self.sample()
-        families = {name: GaugeMetricFamily(name, doc, labels=["instance", "region"] if name == "talaria_hbm_bytes"
-                                            else ["instance"]) for name, doc in _GAUGES.items()}
-        restarts = CounterMetricFamily("talaria_instance_restarts", "Instance process restarts", labels=["instance"])
+        families = {
+            name: GaugeMetricFamily(
+                name,
+                doc,
+                labels=["instance", "region"] if name == "talaria_hbm_bytes" else ["instance"],
+            )
+            for name, doc in _GAUGES.items()
+        }
+        restarts = CounterMetricFamily(
+            "talaria_instance_restarts", "Instance process restarts", labels=["instance"]
+        )
         for inst, row in s.items():
             families["talaria_num_requests_waiting"].add_metric([inst], row["queued"])
             families["talaria_num_requests_running"].add_metric([inst], row["running"])

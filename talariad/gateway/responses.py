@@ -27,8 +27,11 @@ from talariad.tools import arguments_json, function_tool
 
 log = logging.getLogger("talariad.gateway")
 
-CUSTOM_INPUT = {"type": "object", "required": ["input"],
-                "properties": {"input": {"type": "string", "description": "the tool's free-form input"}}}
+CUSTOM_INPUT = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {"input": {"type": "string", "description": "the tool's free-form input"}},
+}
 """Parameters a custom (free-form) tool is rendered with: its whole input as one string."""
 
 
@@ -71,36 +74,51 @@ class ResponseTools:
 
     def add(self, tool: Any, where: str, prefix: str = "") -> None:
         if not isinstance(tool, dict):
-            raise APIError(400, f"invalid parameter {where!r}: a tool must be an object", param=where)
+            raise APIError(
+                400, f"invalid parameter {where!r}: a tool must be an object", param=where
+            )
         kind = tool.get("type")
         if kind == "namespace":
             self._name(tool, where)
             for j, inner in enumerate(tool.get("tools") or []):
                 self.add(inner, f"{where}.tools.{j}", prefix=f"{prefix}{tool['name']}.")
         elif kind == "function":
-            fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool  # chat-style nesting too
+            fn = (
+                tool.get("function") if isinstance(tool.get("function"), dict) else tool
+            )  # chat-style nesting too
             self._name(fn, where)
-            self.defs.append(function_tool(prefix + fn["name"], fn.get("description"), fn.get("parameters")))
+            self.defs.append(
+                function_tool(prefix + fn["name"], fn.get("description"), fn.get("parameters"))
+            )
         elif kind == "custom":
             self._name(tool, where)
             self.custom.add(prefix + tool["name"])
-            self.defs.append(function_tool(prefix + tool["name"], tool.get("description"), CUSTOM_INPUT))
+            self.defs.append(
+                function_tool(prefix + tool["name"], tool.get("description"), CUSTOM_INPUT)
+            )
         else:  # hosted tools (web_search, file_search, ...) run at OpenAI, not here
             self.dropped.append(str(kind))
 
     @staticmethod
     def _name(tool: dict, where: str) -> None:
         if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise APIError(400, f"missing required parameter: '{where}.name'", param=f"{where}.name",
-                           code="missing_parameter")
+            raise APIError(
+                400,
+                f"missing required parameter: '{where}.name'",
+                param=f"{where}.name",
+                code="missing_parameter",
+            )
 
 
 def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text") or "" for p in content
-                       if isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text"))
+        return "".join(
+            p.get("text") or ""
+            for p in content
+            if isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text")
+        )
     return ""
 
 
@@ -127,31 +145,52 @@ def convert(body: ResponsesRequest) -> tuple[list[ChatMessage], ResponseTools]:
     return out, tools
 
 
-def _item(item: dict, where: str, out: list[ChatMessage], tools: ResponseTools, names: dict[str, str]) -> None:
+def _item(
+    item: dict, where: str, out: list[ChatMessage], tools: ResponseTools, names: dict[str, str]
+) -> None:
     kind = item.get("type") or ("message" if "role" in item else None)
     if kind == "message":
         role = {"developer": "system"}.get(item.get("role"), item.get("role"))
         if role not in ("system", "user", "assistant"):
-            raise APIError(400, f"invalid parameter '{where}.role': {item.get('role')!r}", param=f"{where}.role")
+            raise APIError(
+                400,
+                f"invalid parameter '{where}.role': {item.get('role')!r}",
+                param=f"{where}.role",
+            )
         out.append(ChatMessage(role=role, content=_text(item.get("content"))))
     elif kind in ("function_call", "custom_tool_call"):
         call_id, name = item.get("call_id") or item.get("id") or "", item.get("name")
         if not isinstance(name, str) or not name:
-            raise APIError(400, f"missing required parameter: '{where}.name'", param=f"{where}.name",
-                           code="missing_parameter")
+            raise APIError(
+                400,
+                f"missing required parameter: '{where}.name'",
+                param=f"{where}.name",
+                code="missing_parameter",
+            )
         names[call_id] = name
-        args = (parse_arguments(item.get("arguments") or "") if kind == "function_call"
-                else {"input": item.get("input", "")})
+        args = (
+            parse_arguments(item.get("arguments") or "")
+            if kind == "function_call"
+            else {"input": item.get("input", "")}
+        )
         _assistant(out).tool_calls.append(ToolCall(id=call_id, name=name, arguments=args))
     elif kind in ("function_call_output", "custom_tool_call_output"):
         call_id = item.get("call_id") or ""
-        out.append(ChatMessage(role="tool", content=_text(item.get("output")), tool_call_id=call_id,
-                               name=names.get(call_id)))
+        out.append(
+            ChatMessage(
+                role="tool",
+                content=_text(item.get("output")),
+                tool_call_id=call_id,
+                name=names.get(call_id),
+            )
+        )
     elif kind == "additional_tools":
         for j, t in enumerate(item.get("tools") or []):
             tools.add(t, f"{where}.tools.{j}")
     elif kind is None:
-        raise APIError(400, f"invalid parameter {where!r}: an input item needs a `type`", param=where)
+        raise APIError(
+            400, f"invalid parameter {where!r}: an input item needs a `type`", param=where
+        )
     else:  # reasoning and items of hosted tools carry nothing the model reads back
         log.debug("dropped input item of type %s", kind)
 
@@ -166,9 +205,17 @@ class ResponseStore:
     def get(self, response_id: str) -> list[ChatMessage]:
         found = self._items.get(response_id) if self.size else None
         if found is None:
-            why = "is not stored (responses.store_max is 0)" if not self.size else "is unknown or expired"
-            raise APIError(400, f"previous response {response_id!r} {why}",
-                           param="previous_response_id", code="previous_response_not_found")
+            why = (
+                "is not stored (responses.store_max is 0)"
+                if not self.size
+                else "is unknown or expired"
+            )
+            raise APIError(
+                400,
+                f"previous response {response_id!r} {why}",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
         return list(found)
 
     def put(self, response_id: str, conversation: list[ChatMessage]) -> None:
@@ -184,40 +231,87 @@ def output_items(call_id: str, text: str, calls: list[ToolCall], custom: set[str
 
 
 def message_item(call_id: str, text: str, status: str = "completed") -> dict:
-    return {"id": f"msg_{call_id}", "type": "message", "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []}
+    return {
+        "id": f"msg_{call_id}",
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}]
+        if status == "completed"
+        else [],
+    }
 
 
 def tool_item(call: ToolCall, custom: set[str], status: str = "completed") -> dict:
     done = status == "completed"
     if call.name in custom:
-        value = call.arguments.get("input", "") if isinstance(call.arguments, dict) else call.arguments
-        return {"id": f"ctc_{call.id}", "type": "custom_tool_call", "status": status, "call_id": call.id,
-                "name": call.name, "input": str(value) if done else ""}
-    return {"id": f"fc_{call.id}", "type": "function_call", "status": status, "call_id": call.id,
-            "name": call.name, "arguments": arguments_json(call) if done else ""}
+        value = (
+            call.arguments.get("input", "") if isinstance(call.arguments, dict) else call.arguments
+        )
+        return {
+            "id": f"ctc_{call.id}",
+            "type": "custom_tool_call",
+            "status": status,
+            "call_id": call.id,
+            "name": call.name,
+            "input": str(value) if done else "",
+        }
+    return {
+        "id": f"fc_{call.id}",
+        "type": "function_call",
+        "status": status,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": arguments_json(call) if done else "",
+    }
 
 
 def usage(done: DoneEvent, talaria: dict) -> dict:
     u = done.usage
-    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": u.prompt_tokens + u.completion_tokens, "talaria": talaria}
+    return {
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "talaria": talaria,
+    }
 
 
-def response_object(call_id: str, body: ResponsesRequest, status: str, output: list[dict],
-                    done: DoneEvent | None = None, talaria: dict | None = None, error: dict | None = None) -> dict:
+def response_object(
+    call_id: str,
+    body: ResponsesRequest,
+    status: str,
+    output: list[dict],
+    done: DoneEvent | None = None,
+    talaria: dict | None = None,
+    error: dict | None = None,
+) -> dict:
     incomplete = status == "incomplete"
-    return {"id": f"resp_{call_id}", "object": "response", "created_at": int(time.time()), "status": status,
-            "model": body.model, "output": output, "error": error,
-            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-            "parallel_tool_calls": bool(getattr(body, "parallel_tool_calls", True)),
-            "previous_response_id": body.previous_response_id, "store": body.store is not False,
-            "temperature": body.temperature, "top_p": body.top_p, "tool_choice": body.tool_choice or "auto",
-            "tools": body.tools or [], "text": {"format": {"type": "text"}}, "truncation": "disabled",
-            "metadata": body.metadata or {}, "reasoning": None,
-            "usage": usage(done, talaria or {}) if done is not None else None}
+    return {
+        "id": f"resp_{call_id}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "model": body.model,
+        "output": output,
+        "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "parallel_tool_calls": bool(getattr(body, "parallel_tool_calls", True)),
+        "previous_response_id": body.previous_response_id,
+        "store": body.store is not False,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "tool_choice": body.tool_choice or "auto",
+        "tools": body.tools or [],
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "metadata": body.metadata or {},
+        "reasoning": None,
+        "usage": usage(done, talaria or {}) if done is not None else None,
+    }
 
 
 def status_of(done: DoneEvent, calls: list[ToolCall]) -> str:

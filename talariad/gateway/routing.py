@@ -49,7 +49,12 @@ class PrefixTracker:
 
     def remember(self, session: str, model: str, prompt: str, answer: str) -> None:
         full = prompt + answer
-        self._last[(session, model)] = (len(prompt), self._digest(prompt), len(full), self._digest(full))
+        self._last[(session, model)] = (
+            len(prompt),
+            self._digest(prompt),
+            len(full),
+            self._digest(full),
+        )
         self._last.move_to_end((session, model))
         if len(self._last) > self.max_entries:
             self._last.popitem(last=False)
@@ -76,7 +81,9 @@ class PrefixBranches:
 
     HEAD_CHARS = 1024
 
-    def __init__(self, tracker: PrefixTracker, max_branches: int, max_sessions: int = 100_000) -> None:
+    def __init__(
+        self, tracker: PrefixTracker, max_branches: int, max_sessions: int = 100_000
+    ) -> None:
         self.tracker, self.max_branches = tracker, max_branches
         self.max_sessions = max_sessions  # (session, model) pairs; the least recently used go first
         self._branches: OrderedDict[tuple[str, str], OrderedDict[str, bytes]] = OrderedDict()
@@ -91,7 +98,7 @@ class PrefixBranches:
                 self.tracker.forget(name, old_model)
         covered = {name: self.tracker.covered_chars(name, model, text) for name in branches}
         best = max(covered, key=covered.__getitem__, default=None)
-        head = PrefixTracker._digest(text[:self.HEAD_CHARS])
+        head = PrefixTracker._digest(text[: self.HEAD_CHARS])
         if best is None or covered[best] == 0:
             best = next((name for name, h in branches.items() if h == head), None)
         if best is None:
@@ -111,7 +118,9 @@ class RouterShell:
     def __init__(self, cfg: TalariaConfig, profiles: dict[str, LatencyProfile]):
         self.router = Router(router_knobs(cfg), profiles, policy=cfg.policy.router)
         self.prefixes = PrefixTracker(cfg.policy.max_sessions)
-        self.branches = PrefixBranches(self.prefixes, cfg.sessions.max_branches, cfg.policy.max_sessions)
+        self.branches = PrefixBranches(
+            self.prefixes, cfg.sessions.max_branches, cfg.policy.max_sessions
+        )
         self._changed = asyncio.Event()
         self._expired_at = float("-inf")
         self._sessions: dict[str, dict[tuple[str, str], SessionKV]] = {}  # per instance, merged
@@ -184,12 +193,16 @@ class RouterShell:
                     return decision
                 if self.closing:
                     self.router.failed(call.call_id, clock())
-                    return decision._replace(kind=DecisionKind.OVERLOAD_REJECT,
-                                             reason=f"{decision.reason}; talariad is shutting down")
+                    return decision._replace(
+                        kind=DecisionKind.OVERLOAD_REJECT,
+                        reason=f"{decision.reason}; talariad is shutting down",
+                    )
                 if clock() >= deadline:
                     self.router.failed(call.call_id, clock())
-                    return decision._replace(kind=DecisionKind.OVERLOAD_REJECT,
-                                             reason=f"{decision.reason}; queue timeout")
+                    return decision._replace(
+                        kind=DecisionKind.OVERLOAD_REJECT,
+                        reason=f"{decision.reason}; queue timeout",
+                    )
                 try:
                     await asyncio.wait_for(self._changed.wait(), timeout=0.25)
                 except TimeoutError:
@@ -198,7 +211,9 @@ class RouterShell:
             self.router.failed(call.call_id, clock())
             raise
 
-    def completed(self, call_id: str, instance: str, kv_state: str, kv_len: int, now: float) -> None:
+    def completed(
+        self, call_id: str, instance: str, kv_state: str, kv_len: int, now: float
+    ) -> None:
         self.router.completed(call_id, instance, KVState(kv_state), kv_len, now)
         self._changed.set()
 

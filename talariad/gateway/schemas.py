@@ -45,10 +45,17 @@ class Message(_Open):
 
     def chat(self) -> ChatMessage:
         role = {"developer": "system", "function": "tool"}.get(self.role, self.role)
-        calls = [ToolCall(id=c.id, name=c.function.name, arguments=parse_arguments(c.function.arguments))
-                 for c in self.tool_calls or []]
-        return ChatMessage(role=role, content=self.text(), tool_calls=calls, tool_call_id=self.tool_call_id,
-                           name=self.name if role == "tool" else None)
+        calls = [
+            ToolCall(id=c.id, name=c.function.name, arguments=parse_arguments(c.function.arguments))
+            for c in self.tool_calls or []
+        ]
+        return ChatMessage(
+            role=role,
+            content=self.text(),
+            tool_calls=calls,
+            tool_call_id=self.tool_call_id,
+            name=self.name if role == "tool" else None,
+        )
 
 
 def parse_arguments(arguments: str | dict[str, Any]) -> dict[str, Any] | str:
@@ -112,8 +119,11 @@ class ChatCompletionRequest(_Sampling):
     def tool_defs(self) -> list[dict]:
         if self.tool_choice == "none":
             return []
-        return [function_tool(t.function.name, t.function.description, t.function.parameters)
-                for t in self.tools or [] if t.type == "function" and t.function is not None]
+        return [
+            function_tool(t.function.name, t.function.description, t.function.parameters)
+            for t in self.tools or []
+            if t.type == "function" and t.function is not None
+        ]
 
 
 class CompletionRequest(_Sampling):

@@ -15,7 +15,13 @@ import json
 import uuid
 from collections.abc import Mapping
 
-HEADERS = ("x-session-id", "x-claude-code-session-id", "x-session-affinity", "session-id", "session_id")
+HEADERS = (
+    "x-session-id",
+    "x-claude-code-session-id",
+    "x-session-affinity",
+    "session-id",
+    "session_id",
+)
 
 
 def session_id(headers: Mapping[str, str], body: Mapping, messages: list[tuple[str, str]]) -> str:

@@ -146,8 +146,10 @@ class InstanceCore:
 
     def room(self, model: str, prompt_tokens: int) -> int:
         """Output tokens that fit after a prompt of `prompt_tokens` (context and KV capacity)."""
-        limit = min(self.max_context.get(model, self.sched.knobs.kv_capacity_tokens),
-                    self.sched.knobs.kv_capacity_tokens)
+        limit = min(
+            self.max_context.get(model, self.sched.knobs.kv_capacity_tokens),
+            self.sched.knobs.kv_capacity_tokens,
+        )
         return limit - prompt_tokens
 
     def submit(self, call: InstanceCall, reusable: int, now: float) -> None:
@@ -160,12 +162,22 @@ class InstanceCore:
         call.claimed_prefix = reusable
         self.submit_resolved(call, reuse, state, entry.kv_len > 0, now)
 
-    def submit_resolved(self, call: InstanceCall, prefix: int, state: KVState, continuation: bool,
-                        now: float) -> None:
+    def submit_resolved(
+        self, call: InstanceCall, prefix: int, state: KVState, continuation: bool, now: float
+    ) -> None:
         """Queue a call whose reusable prefix and its location are already known (`submit`
         resolves them against the ledger; a scripted test states them)."""
-        sub = SubmittedCall(call.call_id, call.session_id, call.model, call.prompt_tokens, prefix,
-                            state, call.max_tokens, now, continuation)
+        sub = SubmittedCall(
+            call.call_id,
+            call.session_id,
+            call.model,
+            call.prompt_tokens,
+            prefix,
+            state,
+            call.max_tokens,
+            now,
+            continuation,
+        )
         self.sched.submit(sub, now)
         call.progress = self.sched.table.records[call.call_id]
         self.calls[call.call_id] = call

@@ -17,8 +17,9 @@ from talariad.types import KVState, Pool, SwitchPath
 _KV = {s.value: s for s in KVState}
 
 
-def router_snapshot(t: Telemetry, allowed: list[str], taken_at: float, healthy: bool,
-                    sessions: dict | None = None) -> InstanceSnapshot:
+def router_snapshot(
+    t: Telemetry, allowed: list[str], taken_at: float, healthy: bool, sessions: dict | None = None
+) -> InstanceSnapshot:
     """The router's view of one telemetry reply; `sessions`: the merged session view when the
     reply carries only changes (default: the reply's own list)."""
     models = {}

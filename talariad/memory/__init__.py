@@ -13,7 +13,23 @@ from talariad.memory.substrate import RestoreResult, Substrate, SubstrateConfig
 from talariad.memory.switch import PointerCheck, SwitchTiming, switch_all
 
 __all__ = [
-    "BlockState", "BumpLayout", "ChunkState", "Device", "CopyEvent", "GatherPlan", "HostKVRegistry",
-    "KVGeometry", "KVLayout", "PointerCheck", "PrefixAgreement", "Region", "RestoreResult",
-    "StagingBitmap", "Substrate", "SubstrateConfig", "SwitchTiming", "prefix_hashes", "switch_all",
+    "BlockState",
+    "BumpLayout",
+    "ChunkState",
+    "Device",
+    "CopyEvent",
+    "GatherPlan",
+    "HostKVRegistry",
+    "KVGeometry",
+    "KVLayout",
+    "PointerCheck",
+    "PrefixAgreement",
+    "Region",
+    "RestoreResult",
+    "StagingBitmap",
+    "Substrate",
+    "SubstrateConfig",
+    "SwitchTiming",
+    "prefix_hashes",
+    "switch_all",
 ]

@@ -27,8 +27,14 @@ class Device(Protocol):
     def alloc_host(self, nbytes: int) -> Any:
         """A host byte buffer, page-locked where the device can DMA from it."""
 
-    def view(self, buf: Any, offset: int, shape: tuple[int, ...], dtype: str = "uint8",
-             strides: tuple[int, ...] | None = None) -> Any:
+    def view(
+        self,
+        buf: Any,
+        offset: int,
+        shape: tuple[int, ...],
+        dtype: str = "uint8",
+        strides: tuple[int, ...] | None = None,
+    ) -> Any:
         """A typed view of `buf` starting `offset` bytes in; `strides` in elements (None: contiguous)."""
 
     def copy_h2d(self, dst: Any, src: Any) -> CopyEvent: ...

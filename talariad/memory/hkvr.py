@@ -26,7 +26,9 @@ def prefix_hashes(token_ids: list[int], page_size: int, model: str = "") -> list
     """Cumulative prefix hash at every full page boundary (the key the registry and ranks share)."""
     out, h = [], hashlib.blake2b(model.encode(), digest_size=16)
     for end in range(page_size, len(token_ids) + 1, page_size):
-        h.update(b"".join(t.to_bytes(8, "little", signed=True) for t in token_ids[end - page_size:end]))
+        h.update(
+            b"".join(t.to_bytes(8, "little", signed=True) for t in token_ids[end - page_size : end])
+        )
         out.append(h.copy().hexdigest())
     return out
 
@@ -118,11 +120,16 @@ class HostKVRegistry:
         return self.sessions.get((model, session), [])
 
     def pending(self, model: str | None = None) -> list[Block]:
-        return [b for b in self.blocks.values()
-                if b.state is BlockState.PENDING and model in (None, b.key[0])]
+        return [
+            b
+            for b in self.blocks.values()
+            if b.state is BlockState.PENDING and model in (None, b.key[0])
+        ]
 
     # ---- save ------------------------------------------------------------------------------
-    def begin_save(self, model: str, session: str, hashes: list[str], layout: KVLayout) -> list[tuple[int, Block]]:
+    def begin_save(
+        self, model: str, session: str, hashes: list[str], layout: KVLayout
+    ) -> list[tuple[int, Block]]:
         """Reference the session's pages and create pinned PENDING blocks for the new ones.
 
         Returns (page index, block) pairs to copy; stops at the first page the pool cannot hold
@@ -152,8 +159,16 @@ class HostKVRegistry:
         slabs = self.pool.alloc(n) if self.pool.can_alloc(n) else self._evict_for(n)
         if slabs is None:
             return None
-        desc = BlockDesc(model, self.rank, h, (index + 1) * layout.page_size, layout.page_size,
-                         layout.dtype, layout.family, n)
+        desc = BlockDesc(
+            model,
+            self.rank,
+            h,
+            (index + 1) * layout.page_size,
+            layout.page_size,
+            layout.dtype,
+            layout.family,
+            n,
+        )
         block = Block((model, h), desc, slabs)
         self.blocks[block.key] = block
         return block
@@ -202,8 +217,10 @@ class HostKVRegistry:
                 block.last_use = self._tick
 
     def _evict_for(self, n: int) -> list[int] | None:
-        victims = sorted((b for b in self.blocks.values() if b.dma_pins == 0),
-                         key=lambda b: (bool(b.radix_refs), b.last_use))
+        victims = sorted(
+            (b for b in self.blocks.values() if b.dma_pins == 0),
+            key=lambda b: (bool(b.radix_refs), b.last_use),
+        )
         freeable = self.pool.num_free + sum(len(b.slabs) for b in victims)
         if freeable < n:
             return None
@@ -227,7 +244,9 @@ class HostKVRegistry:
         if len(owned) != len(set(owned)):
             raise AssertionError("a slab belongs to two blocks")
         if len(owned) != self.pool.num_slabs - self.pool.num_free:
-            raise AssertionError(f"blocks own {len(owned)} slabs, pool says {self.pool.num_slabs - self.pool.num_free}")
+            raise AssertionError(
+                f"blocks own {len(owned)} slabs, pool says {self.pool.num_slabs - self.pool.num_free}"
+            )
         for b in self.blocks.values():
             if b.dma_pins < 0 or (b.state is BlockState.PENDING and b.dma_pins < 1):
                 raise AssertionError(f"block {b.key} {b.state.value} with {b.dma_pins} pins")

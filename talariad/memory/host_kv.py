@@ -29,23 +29,35 @@ class HostKV:
         self._saves: list[tuple[Block, CopyEvent]] = []
         self.restores: dict[str, PendingRestore] = {}
 
-    def _copy_pages(self, geo: KVGeometry, buffer: Any, pages: list[int], blocks: list[Block],
-                    to_host: bool) -> list[CopyEvent]:
+    def _copy_pages(
+        self, geo: KVGeometry, buffer: Any, pages: list[int], blocks: list[Block], to_host: bool
+    ) -> list[CopyEvent]:
         """Copy pages to or from their blocks as merged runs; the event covering each block."""
         events: list[CopyEvent] = []
         for cp in run_copies(geo, pages, [b.slabs for b in blocks], self.registry.pool.slab_bytes):
             spec = cp.device
             shape = (cp.pages, spec.rows, spec.width)
-            dev = self.device.view(buffer, spec.offset, shape, "uint8", (cp.page_stride, spec.stride, 1))
-            host = self.device.view(self.host, cp.host_offset, shape, "uint8", (cp.host_stride, spec.width, 1))
+            dev = self.device.view(
+                buffer, spec.offset, shape, "uint8", (cp.page_stride, spec.stride, 1)
+            )
+            host = self.device.view(
+                self.host, cp.host_offset, shape, "uint8", (cp.host_stride, spec.width, 1)
+            )
             event = self.device.copy_d2h(host, dev) if to_host else self.device.copy_h2d(dev, host)
             events.append(event)
         # copies on one stream complete in order: the last one covers every block
         return [events[-1]] * len(blocks) if events else []
 
     # ---- save ----------------------------------------------------------------------------
-    def save(self, geo: KVGeometry, buffer: Any, model: str, session: str, hashes: list[str],
-             pages: list[int]) -> list[CopyEvent]:
+    def save(
+        self,
+        geo: KVGeometry,
+        buffer: Any,
+        model: str,
+        session: str,
+        hashes: list[str],
+        pages: list[int],
+    ) -> list[CopyEvent]:
         """Queue D2H copies of the session's not-yet-saved pages; returns their events."""
         family = geo.layout.family
         todo = self.registry.begin_save(model, session, hashes, geo.layout)
@@ -80,13 +92,20 @@ class HostKV:
         """The blocks a restore of `hashes` would copy and how many prefix pages they cover."""
         n = self.registry.restorable(model, hashes, family)
         if family == "mamba":
-            blocks = self.registry.blocks_for(model, hashes[n - 1:n]) if n else []
+            blocks = self.registry.blocks_for(model, hashes[n - 1 : n]) if n else []
             return blocks, n if blocks else 0
         blocks = self.registry.blocks_for(model, hashes[:n])
         return blocks, len(blocks)
 
-    def restore(self, geo: KVGeometry, buffer: Any, session: str, model: str, blocks: list[Block],
-                pages: list[int]) -> CopyEvent | None:
+    def restore(
+        self,
+        geo: KVGeometry,
+        buffer: Any,
+        session: str,
+        model: str,
+        blocks: list[Block],
+        pages: list[int],
+    ) -> CopyEvent | None:
         self.registry.pin(blocks)
         n = min(len(blocks), len(pages))
         events = self._copy_pages(geo, buffer, pages[:n], blocks[:n], to_host=False)

@@ -12,9 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DTYPE_BYTES = {
-    "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "float16": 2, "bfloat16": 2, "int16": 2,
-    "float32": 4, "int32": 4, "float64": 8, "int64": 8,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float16": 2,
+    "bfloat16": 2,
+    "int16": 2,
+    "float32": 4,
+    "int32": 4,
+    "float64": 8,
+    "int64": 8,
 }
 FAMILY_COMPONENTS = {"mha": ("k", "v"), "mla": ("latent",), "mamba": ("state",)}
 ORDERS = ("layer_first", "page_first")
@@ -60,8 +68,11 @@ class KVLayout:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.family == "mamba" and self.state_bytes < 1:
             raise ValueError("state_bytes must be >= 1 for family='mamba'")
-        frag = self.state_bytes if self.family == "mamba" else (
-            self.page_size * self.num_kv_heads * self.head_dim * dtype_bytes(self.dtype))
+        frag = (
+            self.state_bytes
+            if self.family == "mamba"
+            else (self.page_size * self.num_kv_heads * self.head_dim * dtype_bytes(self.dtype))
+        )
         object.__setattr__(self, "fragment_bytes", frag)  # hot in every copy plan: compute once
 
     @property
@@ -147,10 +158,19 @@ class KVGeometry:
         """Page rows [first_row, first_row+num_rows) as views whose concatenation is the rows' bytes."""
         lay = self.layout
         if lay.order == "page_first":
-            return [ViewSpec(self.offset + first_row * lay.row_bytes, 1, num_rows * lay.row_bytes, 0)]
+            return [
+                ViewSpec(self.offset + first_row * lay.row_bytes, 1, num_rows * lay.row_bytes, 0)
+            ]
         blocks = len(lay.components) * lay.num_layers
         seg = num_rows * lay.fragment_bytes
-        return [ViewSpec(self.fragment_offset(first_row, 0, 0), blocks, seg, self.num_pages * lay.fragment_bytes)]
+        return [
+            ViewSpec(
+                self.fragment_offset(first_row, 0, 0),
+                blocks,
+                seg,
+                self.num_pages * lay.fragment_bytes,
+            )
+        ]
 
     def rows_low_address(self, first_row: int) -> int:
         return self.fragment_offset(first_row, 0, 0)

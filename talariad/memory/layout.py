@@ -103,12 +103,17 @@ class BumpLayout:
         """(region, offset, size, owner) rows, low address first; `inner` are sub-regions of the KV
         pool such as staged chunks."""
         rows = [*self.regions(), *inner]
-        return [(r.name, r.offset, r.size, r.owner) for r in sorted(rows, key=lambda r: (r.offset, -r.size))]
+        return [
+            (r.name, r.offset, r.size, r.owner)
+            for r in sorted(rows, key=lambda r: (r.offset, -r.size))
+        ]
 
     def check_integrity(self, inner: list[Region] = ()) -> None:
         regions = self.regions()
         if sum(r.size for r in regions) != self.capacity:
-            raise AssertionError(f"regions sum to {sum(r.size for r in regions)} != {self.capacity}")
+            raise AssertionError(
+                f"regions sum to {sum(r.size for r in regions)} != {self.capacity}"
+            )
         for a, b in zip(regions, regions[1:]):
             if a.end != b.offset or a.size < 0:
                 raise AssertionError(f"regions {a} and {b} overlap or leave a hole")

@@ -42,6 +42,10 @@ class ModelEntry:
     kv_layout: KVLayout
     params: dict[str, ParamSpec]
     nbytes: int
-    host: Any  # the host byte image (pinned on CUDA); the source of every H2D open and staging write
+    host: (
+        Any  # the host byte image (pinned on CUDA); the source of every H2D open and staging write
+    )
     processed: bool = False
-    captured: dict[str, int] | None = field(default=None)  # region addresses when graphs were captured
+    captured: dict[str, int] | None = field(
+        default=None
+    )  # region addresses when graphs were captured

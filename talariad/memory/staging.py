@@ -69,8 +69,10 @@ class StagingBitmap:
         D2D gather never overwrites a slot it has not read yet."""
         self.model, self.weight_end, self.dirtied_bytes = model, weight_end, 0
         cb = self.chunk_bytes
-        self.chunks = [Chunk(i, off, min(cb, weight_bytes - off))
-                       for i, off in enumerate(range(0, weight_bytes, cb))]
+        self.chunks = [
+            Chunk(i, off, min(cb, weight_bytes - off))
+            for i, off in enumerate(range(0, weight_bytes, cb))
+        ]
 
     def clear(self) -> None:
         self.model, self.chunks = None, []
@@ -101,7 +103,9 @@ class StagingBitmap:
         free = len(self.free_slots()) * self.chunk_bytes
         if self.model is None:
             return free
-        need = sum(c.nbytes for c in self.chunks if c.state in (ChunkState.MISSING, ChunkState.DIRTY))
+        need = sum(
+            c.nbytes for c in self.chunks if c.state in (ChunkState.MISSING, ChunkState.DIRTY)
+        )
         return min(free, need)
 
     # ---- writes ------------------------------------------------------------------------
@@ -154,7 +158,9 @@ class StagingBitmap:
             if c.first_row is not None:
                 specs = self.geometry.rows_specs(c.first_row, self.chunk_rows)
                 lo, hi = specs[0].lo, specs[-1].hi
-                out.append(Region(f"staged[{c.index}]", lo, hi - lo, f"{self.model}:{c.state.value}"))
+                out.append(
+                    Region(f"staged[{c.index}]", lo, hi - lo, f"{self.model}:{c.state.value}")
+                )
         return out
 
     def check_integrity(self) -> None:

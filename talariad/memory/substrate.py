@@ -12,7 +12,13 @@ from typing import Any
 from talariad.memory.device import Device, CopyEvent
 from talariad.memory.hkvr import HostKVRegistry, PrefixAgreement
 from talariad.memory.host_kv import HostKV
-from talariad.memory.kv_layout import KVGeometry, KVLayout, contiguous_strides, dtype_bytes, take_bytes
+from talariad.memory.kv_layout import (
+    KVGeometry,
+    KVLayout,
+    contiguous_strides,
+    dtype_bytes,
+    take_bytes,
+)
 from talariad.memory.layout import BumpLayout, Region, align_up
 from talariad.memory.models import ModelEntry, Shapes, pack_params
 from talariad.memory.pages import PageAllocator
@@ -59,8 +65,13 @@ class RestoreResult:
 
 
 class Substrate:
-    def __init__(self, device: Device, config: SubstrateConfig, agreement: PrefixAgreement | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        device: Device,
+        config: SubstrateConfig,
+        agreement: PrefixAgreement | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.device, self.config, self.clock = device, config, clock
         self.buffer = device.alloc(config.capacity_bytes)
         self.layout = BumpLayout(config.capacity_bytes, config.alignment)
@@ -95,7 +106,10 @@ class Substrate:
 
     def host_weights(self, name: str) -> dict[str, Any]:
         entry = self.models[name]
-        return {p.name: self.device.view(entry.host, p.offset, p.shape, p.dtype) for p in entry.params.values()}
+        return {
+            p.name: self.device.view(entry.host, p.offset, p.shape, p.dtype)
+            for p in entry.params.values()
+        }
 
     def weights_view(self, name: str | None = None) -> dict[str, Any] | None:
         """The active model's parameters as views of the weight region; None if `name` is not active."""
@@ -103,9 +117,14 @@ class Substrate:
         if name is None or name != self.active:
             return None
         entry = self.models[name]
-        return {p.name: self.device.view(self.buffer, p.offset, p.shape, p.dtype) for p in entry.params.values()}
+        return {
+            p.name: self.device.view(self.buffer, p.offset, p.shape, p.dtype)
+            for p in entry.params.values()
+        }
 
-    def finalize_weights(self, name: str, shapes: Shapes, tensors: dict[str, Any]) -> dict[str, Any] | None:
+    def finalize_weights(
+        self, name: str, shapes: Shapes, tensors: dict[str, Any]
+    ) -> dict[str, Any] | None:
         """Adopt post-processed weights of the active model (App. D) as its layout for every later
         open and staging write. None when `name` is not active or its KV pool is in use."""
         if name != self.active or self.sessions:
@@ -116,10 +135,14 @@ class Substrate:
         entry = self.models[name]
         host = self.device.alloc_host(max(nbytes, 1))
         for p in params.values():
-            self.device.copy_d2h(self.device.view(host, p.offset, p.shape, p.dtype), tensors[p.name]).synchronize()
+            self.device.copy_d2h(
+                self.device.view(host, p.offset, p.shape, p.dtype), tensors[p.name]
+            ).synchronize()
         entry.params, entry.nbytes, entry.host, entry.processed = params, nbytes, host, True
         self.layout.resize_weights(name, nbytes)
-        self.device.copy_h2d(self.device.view(self.buffer, 0, (nbytes,)), self.device.view(host, 0, (nbytes,))).synchronize()
+        self.device.copy_h2d(
+            self.device.view(self.buffer, 0, (nbytes,)), self.device.view(host, 0, (nbytes,))
+        ).synchronize()
         self._open_pool(name)
         return self.weights_view(name)
 
@@ -192,7 +215,7 @@ class Substrate:
         pages = self.sessions.get(session, [])
         if self.active is None or self.geometry is None or not pages:
             return 0
-        hashes = hashes[:len(pages)] if self.geometry.layout.family != "mamba" else hashes
+        hashes = hashes[: len(pages)] if self.geometry.layout.family != "mamba" else hashes
         events = self.host_kv.save(self.geometry, self.buffer, self.active, session, hashes, pages)
         self._save_events.setdefault(session, []).extend(events)
         return len(events)
@@ -269,23 +292,32 @@ class Substrate:
             if chunk is None:
                 break
             entry = self.models[self.staging.model]
-            specs = take_bytes(self.geometry.rows_specs(chunk.first_row, self.staging.chunk_rows), chunk.nbytes)
+            specs = take_bytes(
+                self.geometry.rows_specs(chunk.first_row, self.staging.chunk_rows), chunk.nbytes
+            )
             event = self._copy_specs(specs, entry.host, chunk.src_offset, to_pool=True)
             self._stage_events.append((chunk.index, event))
             issued += 1
         return issued
 
-    def _copy_specs(self, specs: list, flat: Any, flat_offset: int, to_pool: bool,
-                    d2d: bool = False) -> CopyEvent:
+    def _copy_specs(
+        self, specs: list, flat: Any, flat_offset: int, to_pool: bool, d2d: bool = False
+    ) -> CopyEvent:
         """Copy between pool views and a contiguous span of `flat` (host image or weight region)."""
         event = None
         for spec in specs:
-            pool = self.device.view(self.buffer, spec.offset, (spec.rows, spec.width), "uint8", (spec.stride, 1))
+            pool = self.device.view(
+                self.buffer, spec.offset, (spec.rows, spec.width), "uint8", (spec.stride, 1)
+            )
             span = self.device.view(flat, flat_offset, (spec.rows, spec.width))
             if d2d:
                 event = self.device.copy_d2d(span, pool)
             else:
-                event = self.device.copy_h2d(pool, span) if to_pool else self.device.copy_d2h(span, pool)
+                event = (
+                    self.device.copy_h2d(pool, span)
+                    if to_pool
+                    else self.device.copy_d2h(span, pool)
+                )
             flat_offset += spec.nbytes
         return event
 
@@ -332,7 +364,9 @@ class Substrate:
             self.pages.check_integrity()
             owned = {p for pages in self.sessions.values() for p in pages}
             held = {p for _, _, pages in self._deferred for p in pages}
-            if owned | held != {p for p in range(self.pages.num_pages) if not self.pages.is_free(p)}:
+            if owned | held != {
+                p for p in range(self.pages.num_pages) if not self.pages.is_free(p)
+            }:
                 raise AssertionError("session page lists disagree with the page allocator")
         if self.staging is not None:
             self.staging.check_integrity()

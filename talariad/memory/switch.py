@@ -129,29 +129,45 @@ def run_switch(sub: Substrate, target: str, now: float) -> SwitchTiming | None:
     clock, source = sub.clock, sub.active
     marks = [clock()]
     before = sub.region_addresses()
-    drained = _teardown(sub)                                   # phase 1
+    drained = _teardown(sub)  # phase 1
     marks.append(clock())
-    plan, d2d_s, h2d_s = _open_weights(sub, entry)             # phase 2
+    plan, d2d_s, h2d_s = _open_weights(sub, entry)  # phase 2
     marks.append(clock())
-    hit = sub._open_pool(target)                               # phase 3
+    hit = sub._open_pool(target)  # phase 3
     marks.append(clock())
     check = PointerCheck(before, sub.region_addresses(), entry.captured)  # phase 4
     sub.last_pointer_check = check
     marks.append(clock())
-    sub.active = target                                        # phase 5
+    sub.active = target  # phase 5
     marks.append(clock())
     phases = tuple(b - a for a, b in zip(marks, marks[1:]))
     record = SwitchTiming(
-        sub.config.tp_rank, source, target, _path(plan), phases,
-        plan.staged_bytes if plan else 0, plan.dirty_bytes if plan else 0,
-        plan.h2d_bytes if plan else entry.nbytes, d2d_s, h2d_s, hit, check.graphs_valid, drained, now)
+        sub.config.tp_rank,
+        source,
+        target,
+        _path(plan),
+        phases,
+        plan.staged_bytes if plan else 0,
+        plan.dirty_bytes if plan else 0,
+        plan.h2d_bytes if plan else entry.nbytes,
+        d2d_s,
+        h2d_s,
+        hit,
+        check.graphs_valid,
+        drained,
+        now,
+    )
     sub.records.append(record)
     return record
 
 
 def switch_all(ranks: list[Substrate], target: str, now: float) -> list[SwitchTiming] | None:
     """Switch every TP rank; the logical switch latency is the slowest record's total."""
-    if any(not r.layout.can_resize_weights(r.models[target].nbytes) for r in ranks if target in r.models):
+    if any(
+        not r.layout.can_resize_weights(r.models[target].nbytes)
+        for r in ranks
+        if target in r.models
+    ):
         return None
     records = [run_switch(r, target, now) for r in ranks]
     return None if any(rec is None for rec in records) else records

@@ -8,9 +8,17 @@ import torch
 from talariad.memory.kv_layout import contiguous_strides
 
 TORCH_DTYPES = {
-    "uint8": torch.uint8, "int8": torch.int8, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "int16": torch.int16, "float32": torch.float32, "int32": torch.int32, "float64": torch.float64,
-    "int64": torch.int64, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int16": torch.int16,
+    "float32": torch.float32,
+    "int32": torch.int32,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
 }
 
 
@@ -47,8 +55,14 @@ class TorchDevice:
     def alloc_host(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.is_cuda)
 
-    def view(self, buf: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: str = "uint8",
-             strides: tuple[int, ...] | None = None) -> torch.Tensor:
+    def view(
+        self,
+        buf: torch.Tensor,
+        offset: int,
+        shape: tuple[int, ...],
+        dtype: str = "uint8",
+        strides: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
         t = torch_dtype(dtype)
         item = t.itemsize
         if offset % item:

@@ -29,7 +29,8 @@ def layers_per_slab(layout: KVLayout, slab_bytes: int) -> int:
     per = slab_bytes // layout.fragment_bytes
     if per < 1:
         raise ValueError(
-            f"slab_bytes={slab_bytes} is smaller than one KV fragment ({layout.fragment_bytes} bytes)")
+            f"slab_bytes={slab_bytes} is smaller than one KV fragment ({layout.fragment_bytes} bytes)"
+        )
     return per
 
 
@@ -38,16 +39,23 @@ def slabs_per_block(layout: KVLayout, slab_bytes: int) -> int:
     return len(layout.components) * -(-layout.num_layers // per)
 
 
-def block_copies(geometry: KVGeometry, page: int, slabs: list[int], slab_bytes: int) -> list[SlabCopy]:
+def block_copies(
+    geometry: KVGeometry, page: int, slabs: list[int], slab_bytes: int
+) -> list[SlabCopy]:
     """The copies that move one page between the pool and its slabs (same list both ways)."""
     lay = geometry.layout
     per = layers_per_slab(lay, slab_bytes)
-    runs = [(c, first, min(per, lay.num_layers - first))
-            for c in range(len(lay.components)) for first in range(0, lay.num_layers, per)]
+    runs = [
+        (c, first, min(per, lay.num_layers - first))
+        for c in range(len(lay.components))
+        for first in range(0, lay.num_layers, per)
+    ]
     if len(runs) != len(slabs):
         raise ValueError(f"block needs {len(runs)} slabs, got {len(slabs)}")
-    return [SlabCopy(geometry.layers_spec(page, c, first, count), slab * slab_bytes)
-            for (c, first, count), slab in zip(runs, slabs)]
+    return [
+        SlabCopy(geometry.layers_spec(page, c, first, count), slab * slab_bytes)
+        for (c, first, count), slab in zip(runs, slabs)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +73,17 @@ class RunCopy:
 MAX_RUN_BYTES = 64 << 20  # a strided device side may be gathered into a temporary this large
 
 
-def run_copies(geometry: KVGeometry, pages: list[int], slab_lists: list[list[int]],
-               slab_bytes: int) -> list[RunCopy]:
+def run_copies(
+    geometry: KVGeometry, pages: list[int], slab_lists: list[list[int]], slab_bytes: int
+) -> list[RunCopy]:
     """The copies that move `pages` (page i to or from the slabs in `slab_lists[i]`), merged.
 
     Pages join a run only while the host side stays one contiguous range, so every copy can be a
     single DMA from or into pinned host memory."""
-    per_page = [_merge_adjacent(block_copies(geometry, page, slabs, slab_bytes))
-                for page, slabs in zip(pages, slab_lists)]
+    per_page = [
+        _merge_adjacent(block_copies(geometry, page, slabs, slab_bytes))
+        for page, slabs in zip(pages, slab_lists)
+    ]
     out: list[RunCopy] = []
     start = 0
     while start < len(per_page):
@@ -85,7 +96,10 @@ def run_copies(geometry: KVGeometry, pages: list[int], slab_lists: list[list[int
                 if step is None or step[1] != nbytes or (dev_step and step[0] != dev_step):
                     break
                 dev_step, end = step[0], end + 1
-        out += [RunCopy(cp.device, cp.host_offset, end - start, dev_step, cp.device.nbytes) for cp in first]
+        out += [
+            RunCopy(cp.device, cp.host_offset, end - start, dev_step, cp.device.nbytes)
+            for cp in first
+        ]
         start = end
     return out
 
@@ -97,9 +111,15 @@ def _merge_adjacent(copies: list[SlabCopy]) -> list[SlabCopy]:
         if out:
             last, d = out[-1], cp.device
             ld = last.device
-            if (d.width == ld.width and d.stride == ld.stride and d.offset == ld.offset + ld.rows * ld.stride
-                    and cp.host_offset == last.host_offset + ld.nbytes):
-                out[-1] = SlabCopy(ViewSpec(ld.offset, ld.rows + d.rows, ld.width, ld.stride), last.host_offset)
+            if (
+                d.width == ld.width
+                and d.stride == ld.stride
+                and d.offset == ld.offset + ld.rows * ld.stride
+                and cp.host_offset == last.host_offset + ld.nbytes
+            ):
+                out[-1] = SlabCopy(
+                    ViewSpec(ld.offset, ld.rows + d.rows, ld.width, ld.stride), last.host_offset
+                )
                 continue
         out.append(cp)
     return out
@@ -116,7 +136,10 @@ def _page_step(prev: list[SlabCopy], cur: list[SlabCopy]) -> tuple[int, int] | N
         return None
     for a, b in zip(prev, cur):
         da, db = a.device, b.device
-        if ((da.rows, da.width, da.stride) != (db.rows, db.width, db.stride)
-                or db.offset - da.offset != dev_step or b.host_offset - a.host_offset != host_step):
+        if (
+            (da.rows, da.width, da.stride) != (db.rows, db.width, db.stride)
+            or db.offset - da.offset != dev_step
+            or b.host_offset - a.host_offset != host_step
+        ):
             return None
     return dev_step, host_step

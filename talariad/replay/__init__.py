@@ -14,7 +14,20 @@ from talariad.replay.bounds import rank_bounds, single_tenant_bounds, single_ten
 from talariad.replay.trace import Trace, TraceCall, TraceError, read_jsonl, write_jsonl
 
 __all__ = [
-    "CallRecord", "RoundRecord", "RowMetrics", "RunResult", "SessionRecord", "SwitchRecord",
-    "Trace", "TraceCall", "TraceError", "nearest_rank", "rank_bounds", "read_jsonl",
-    "single_tenant_bounds", "single_tenant_s", "row_metrics", "write_jsonl",
+    "CallRecord",
+    "RoundRecord",
+    "RowMetrics",
+    "RunResult",
+    "SessionRecord",
+    "SwitchRecord",
+    "Trace",
+    "TraceCall",
+    "TraceError",
+    "nearest_rank",
+    "rank_bounds",
+    "read_jsonl",
+    "single_tenant_bounds",
+    "single_tenant_s",
+    "row_metrics",
+    "write_jsonl",
 ]

@@ -18,15 +18,21 @@ def trace_stats(trace: Trace) -> dict:
     calls = list(trace.calls())
     conts = [c for c in calls if c.call_idx > 0]
     prev = {(c.session_id, c.call_idx): c for c in calls}
-    over_half = [c.prefix_tokens > 0.5 * _context(prev[(c.session_id, c.call_idx - 1)]) for c in conts]
+    over_half = [
+        c.prefix_tokens > 0.5 * _context(prev[(c.session_id, c.call_idx - 1)]) for c in conts
+    ]
 
     def pp(xs):
         return {"p50": nearest_rank(xs, 50), "p95": nearest_rank(xs, 95)}
 
     return {
-        "sessions": len(trace), "calls": len(calls), "models": trace.models(),
-        "depth": pp([len(s) for s in trace]), "prompt_tokens": pp([c.prompt_tokens for c in calls]),
-        "output_tokens": pp([c.output_tokens for c in calls]), "gap_s": pp([c.gap_s for c in conts]),
+        "sessions": len(trace),
+        "calls": len(calls),
+        "models": trace.models(),
+        "depth": pp([len(s) for s in trace]),
+        "prompt_tokens": pp([c.prompt_tokens for c in calls]),
+        "output_tokens": pp([c.output_tokens for c in calls]),
+        "gap_s": pp([c.gap_s for c in conts]),
         "reuse_over_half": sum(over_half) / len(over_half) if over_half else None,
     }
 
@@ -46,19 +52,26 @@ def _load(args) -> Trace:
     if args.limit_sessions is not None and args.limit_sessions < 1:
         raise ValueError("--limit-sessions must be >= 1")
     if args.format == "swebv":
-        return load_swebv(args.trace, seed=args.seed, limit_sessions=args.limit_sessions,
-                          model_map=_model_map(args.model_map), assign_models=args.assign_models)
+        return load_swebv(
+            args.trace,
+            seed=args.seed,
+            limit_sessions=args.limit_sessions,
+            model_map=_model_map(args.model_map),
+            assign_models=args.assign_models,
+        )
     if args.model_map or args.assign_models:
         raise ValueError("--model-map and --assign-models apply to --format swebv only")
     trace = read_jsonl(args.trace)
-    return Trace(trace.sessions[:args.limit_sessions]) if args.limit_sessions else trace
+    return Trace(trace.sessions[: args.limit_sessions]) if args.limit_sessions else trace
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m talariad.replay", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in ("stats", "convert"):
-        s = sub.add_parser(name, help="print trace statistics" if name == "stats" else "write a trace as JSONL")
+        s = sub.add_parser(
+            name, help="print trace statistics" if name == "stats" else "write a trace as JSONL"
+        )
         s.add_argument("trace", help="trace file (.jsonl or .jsonl.gz)")
         if name == "convert":
             s.add_argument("out", help="output JSONL path")
@@ -85,7 +98,11 @@ def _run(args) -> int:
     if args.cmd == "run":
         return run_command(args)
     if args.cmd == "generate":
-        trace = fixed_replay(args.seed) if args.kind == "fixed" else characterization(args.sessions, args.seed, PAPER_MODELS)
+        trace = (
+            fixed_replay(args.seed)
+            if args.kind == "fixed"
+            else characterization(args.sessions, args.seed, PAPER_MODELS)
+        )
         write_jsonl(trace, args.out)
     else:
         trace = _load(args)

@@ -16,7 +16,9 @@ import time
 from talariad.replay.metrics import RoundRecord, RunResult, SwitchRecord
 from talariad.types import SwitchPath
 
-ADMIN_METRICS = frozenset({"rounds", "switches", "switch_share", "hbm_peak", "sp", "avoidable_opens"})
+ADMIN_METRICS = frozenset(
+    {"rounds", "switches", "switch_share", "hbm_peak", "sp", "avoidable_opens"}
+)
 REPLAY_UNMEASURED = frozenset({"parks"})
 """Never measured in real mode: which calls were parked at a slot end (the daemon keeps no per-call
 park record the replay client could read)."""
@@ -50,7 +52,9 @@ class HBMSampler:
                         m = self.client.memory(inst.name)
                     except Refused:
                         continue
-                    if m.managed and m.active_model:  # before the first open there is no pool to read
+                    if (
+                        m.managed and m.active_model
+                    ):  # before the first open there is no pool to read
                         self.peak = max(self.peak, m.capacity_bytes - m.hbm_free_bytes)
                         self.samples += 1
             except Unreachable:
@@ -83,13 +87,23 @@ def fill(run: RunResult, client, hbm: HBMSampler | None = None) -> None:
     window = (run.wall_clock_s or 0.0) + (time.monotonic() - ended) + 1.0
     for r in reply.rounds:
         if r.age_s <= window and not r.open:
-            run.rounds.append(RoundRecord(int(r.index), r.instance, r.wall_s, r.active_s, r.switch_s))
+            run.rounds.append(
+                RoundRecord(int(r.index), r.instance, r.wall_s, r.active_s, r.switch_s)
+            )
             run.sp_admitted += r.sp_admitted
             run.sp_parked += r.sp_parked
     for w in reply.switches:
         if w.age_s <= window:
-            run.switches.append(SwitchRecord((run.wall_clock_s or 0.0) - w.age_s, w.instance, w.from_model or None,
-                                             w.to_model, SwitchPath(w.path), w.total_ms / 1e3))
+            run.switches.append(
+                SwitchRecord(
+                    (run.wall_clock_s or 0.0) - w.age_s,
+                    w.instance,
+                    w.from_model or None,
+                    w.to_model,
+                    SwitchPath(w.path),
+                    w.total_ms / 1e3,
+                )
+            )
     run.switches.sort(key=lambda s: s.at_s)
     if not _avoidable_opens(run, client):
         run.unmeasured = run.unmeasured | {"avoidable_opens"}
@@ -111,6 +125,8 @@ def _avoidable_opens(run: RunResult, client) -> bool:
             decision = client.explain(call.call_id)
         except (Unreachable, Refused):
             return False
-        avoidable = any(not c.needs_replica for c in decision.candidates if c.instance != decision.instance)
+        avoidable = any(
+            not c.needs_replica for c in decision.candidates if c.instance != decision.instance
+        )
         run.calls[i] = dataclasses.replace(call, avoidable_open=avoidable)
     return True

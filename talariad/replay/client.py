@@ -19,8 +19,19 @@ from dataclasses import dataclass, field
 import httpx
 
 from talariad.replay.metrics import CallRecord, RunResult, SessionRecord
-from talariad.replay.scale import (GENERATORS, Conversation, ScaledCall, ScaledSession, count_tokens, filler,
-                                   fit_context, load_trace, map_models, parse_model_map, scale_trace)
+from talariad.replay.scale import (
+    GENERATORS,
+    Conversation,
+    ScaledCall,
+    ScaledSession,
+    count_tokens,
+    filler,
+    fit_context,
+    load_trace,
+    map_models,
+    parse_model_map,
+    scale_trace,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +45,9 @@ class ReplayOptions:
     start_interval_s: float = 0.0  # session i starts at i x this
     session_tag: str | None = None  # prefix of every x-session-id; None: a fresh one per run, so a
     # replay never finds the KV an earlier replay of the same trace left on the server
-    contexts: dict[str, int | None] | None = None  # served model -> context tokens: calls are fitted
+    contexts: dict[str, int | None] | None = (
+        None  # served model -> context tokens: calls are fitted
+    )
     tokens_per_unit: float = 1.0  # server tokens per scaling unit before a session's first answer
 
 
@@ -128,15 +141,24 @@ class _Run:
         await asyncio.sleep(max(0.0, t - self.now()))
 
 
-async def replay(sessions: list[ScaledSession], opts: ReplayOptions,
-                 transport: httpx.AsyncBaseTransport | None = None) -> ReplayResult:
+async def replay(
+    sessions: list[ScaledSession],
+    opts: ReplayOptions,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> ReplayResult:
     """Run every session closed-loop against `opts.endpoint`; never longer than `opts.timeout_s`."""
-    limits = httpx.Limits(max_connections=len(sessions) + 4, max_keepalive_connections=len(sessions) + 4)
+    limits = httpx.Limits(
+        max_connections=len(sessions) + 4, max_keepalive_connections=len(sessions) + 4
+    )
     timeout = httpx.Timeout(opts.request_timeout_s)
-    async with httpx.AsyncClient(base_url=base_url(opts.endpoint), timeout=timeout, limits=limits,
-                                 transport=transport) as http:
+    async with httpx.AsyncClient(
+        base_url=base_url(opts.endpoint), timeout=timeout, limits=limits, transport=transport
+    ) as http:
         run = _Run(http, opts)
-        tasks = [asyncio.create_task(_session(run, s, i * opts.start_interval_s)) for i, s in enumerate(sessions)]
+        tasks = [
+            asyncio.create_task(_session(run, s, i * opts.start_interval_s))
+            for i, s in enumerate(sessions)
+        ]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=opts.timeout_s)
             for t in pending:
@@ -168,35 +190,73 @@ async def _session(run: _Run, calls: ScaledSession, start_s: float) -> None:
             conv.answered(reply.text)
             _record(run, current, intended, reply, prev)
             prev = reply
-        run.result.run.sessions.append(SessionRecord(current.session_id, current.model, start_s, prev.done_s))
+        run.result.run.sessions.append(
+            SessionRecord(current.session_id, current.model, start_s, prev.done_s)
+        )
     except _Failed as e:
         run.result.errors.append(CallError(current.session_id, current.call_idx, e.status, str(e)))
     except asyncio.CancelledError:
-        run.result.errors.append(CallError(current.session_id, current.call_idx, None,
-                                           f"run timeout ({run.opts.timeout_s:g} s) before the session finished"))
+        run.result.errors.append(
+            CallError(
+                current.session_id,
+                current.call_idx,
+                None,
+                f"run timeout ({run.opts.timeout_s:g} s) before the session finished",
+            )
+        )
         raise
 
 
-def _record(run: _Run, call: ScaledCall, intended: float, reply: _Reply, prev: _Reply | None) -> None:
+def _record(
+    run: _Run, call: ScaledCall, intended: float, reply: _Reply, prev: _Reply | None
+) -> None:
     u, ext = reply.usage, reply.usage.get("talaria") or {}
     reply.instance = ext.get("instance") or reply.instance  # the usage extension wins over headers
     reply.route = ext.get("route") or reply.route
     kv_source = ext.get("kv_source", "none")
-    run.result.run.calls.append(CallRecord(
-        call.session_id, call.call_idx, call.model, reply.instance, intended, reply.first_token_s,
-        reply.done_s, same_instance=None if prev is None else reply.instance == prev.instance,
-        opened_model=reply.route == "replica_open", kv_source=kv_source, call_id=reply.call_id))
+    run.result.run.calls.append(
+        CallRecord(
+            call.session_id,
+            call.call_idx,
+            call.model,
+            reply.instance,
+            intended,
+            reply.first_token_s,
+            reply.done_s,
+            same_instance=None if prev is None else reply.instance == prev.instance,
+            opened_model=reply.route == "replica_open",
+            kv_source=kv_source,
+            call_id=reply.call_id,
+        )
+    )
     cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    run.result.usage.append(CallUsage(
-        call.session_id, call.call_idx, run.tag + call.session_id, ext.get("session_id", ""),
-        u.get("prompt_tokens", 0), cached, u.get("completion_tokens", 0), kv_source, reply.instance,
-        reply.route))
+    run.result.usage.append(
+        CallUsage(
+            call.session_id,
+            call.call_idx,
+            run.tag + call.session_id,
+            ext.get("session_id", ""),
+            u.get("prompt_tokens", 0),
+            cached,
+            u.get("completion_tokens", 0),
+            kv_source,
+            reply.instance,
+            reply.route,
+        )
+    )
 
 
 def chat_body(call: ScaledCall, messages: list[dict]) -> dict:
     # ignore_eos: the call produces its recorded output length, whatever the model's end of turn
-    return {"model": call.model, "messages": messages, "max_tokens": call.max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    return {
+        "model": call.model,
+        "messages": messages,
+        "max_tokens": call.max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 async def _call(run: _Run, call: ScaledCall, messages: list[dict]) -> _Reply:
@@ -221,15 +281,23 @@ async def _stream(run: _Run, body: dict, headers: dict) -> _Reply:
         if resp.status_code != 200:
             await resp.aread()
             _raise_for(resp)
-        reply = _Reply("", None, 0.0, {}, resp.headers.get("x-talaria-instance", ""),
-                       resp.headers.get("x-talaria-route", ""))
+        reply = _Reply(
+            "",
+            None,
+            0.0,
+            {},
+            resp.headers.get("x-talaria-instance", ""),
+            resp.headers.get("x-talaria-route", ""),
+        )
         parts: list[str] = []
         async for line in resp.aiter_lines():
             if _on_line(run, line, reply, parts):
                 break
     reply.text, reply.done_s = "".join(parts), run.now()
     if reply.first_token_s is None:
-        reply.first_token_s = reply.done_s  # an empty answer: the response itself is the first token
+        reply.first_token_s = (
+            reply.done_s
+        )  # an empty answer: the response itself is the first token
     return reply
 
 
@@ -277,23 +345,43 @@ def _retry_after(resp: httpx.Response) -> float:
 
 # --- `python -m talariad.replay run` ------------------------------------------------------------
 
+
 def add_run_parser(sub) -> None:
-    r = sub.add_parser("run", help="replay a trace, scaled to small models, against a running talariad")
-    r.add_argument("trace", metavar="TRACE_OR_GENERATOR", help=f"trace file (.jsonl[.gz]) or one of {GENERATORS}")
+    r = sub.add_parser(
+        "run", help="replay a trace, scaled to small models, against a running talariad"
+    )
+    r.add_argument(
+        "trace",
+        metavar="TRACE_OR_GENERATOR",
+        help=f"trace file (.jsonl[.gz]) or one of {GENERATORS}",
+    )
     r.add_argument("--endpoint", required=True, help="http://HOST:PORT/v1 of a running talariad")
-    r.add_argument("--scale", type=float, default=50.0, help="divide prompt sizes by this (default 50)")
-    r.add_argument("--output-scale", type=float, default=1.0, help="divide output lengths by this (default 1)")
+    r.add_argument(
+        "--scale", type=float, default=50.0, help="divide prompt sizes by this (default 50)"
+    )
+    r.add_argument(
+        "--output-scale", type=float, default=1.0, help="divide output lengths by this (default 1)"
+    )
     r.add_argument("--sessions", type=int, help="replay only the first N sessions")
     r.add_argument("--max-calls", type=int, help="replay only the first N calls of each session")
     r.add_argument("--seed", type=int, default=0, help="generator seed")
-    r.add_argument("--model-map", nargs="*", metavar="TRACE=SERVED", help="else round-robin over /v1/models")
-    r.add_argument("--gap-cap", type=float, default=10.0, help="cap on each gap, seconds (App. A: 10)")
-    r.add_argument("--start-interval", type=float, default=0.0, help="seconds between session starts")
+    r.add_argument(
+        "--model-map", nargs="*", metavar="TRACE=SERVED", help="else round-robin over /v1/models"
+    )
+    r.add_argument(
+        "--gap-cap", type=float, default=10.0, help="cap on each gap, seconds (App. A: 10)"
+    )
+    r.add_argument(
+        "--start-interval", type=float, default=0.0, help="seconds between session starts"
+    )
     r.add_argument("--timeout", type=float, default=600.0, help="bound on the whole run, seconds")
     r.add_argument("--label", default="real", help="the report row's name")
     r.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
-    r.add_argument("--admin-socket", metavar="PATH",
-                   help="talariad's admin socket, for rounds, switches and HBM (default: talaria-ctl's)")
+    r.add_argument(
+        "--admin-socket",
+        metavar="PATH",
+        help="talariad's admin socket, for rounds, switches and HBM (default: talaria-ctl's)",
+    )
 
 
 async def served_contexts(endpoint: str, timeout_s: float = 10.0) -> dict[str, int | None]:
@@ -313,8 +401,14 @@ async def tokens_per_unit(endpoint: str, model: str, timeout_s: float = 120.0) -
     text = filler(random.Random(0), 200)
     async with httpx.AsyncClient(base_url=base_url(endpoint), timeout=timeout_s) as http:
         try:
-            r = await http.post("/v1/chat/completions", json={
-                "model": model, "max_tokens": 1, "messages": [{"role": "user", "content": text}]})
+            r = await http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": model,
+                    "max_tokens": 1,
+                    "messages": [{"role": "user", "content": text}],
+                },
+            )
             r.raise_for_status()
         except httpx.HTTPError as e:
             raise ValueError(f"cannot measure {model}'s tokenizer at {endpoint}: {e}") from None
@@ -327,14 +421,28 @@ def prepare(args) -> tuple[list[ScaledSession], ReplayOptions]:
         raise ValueError("--timeout must be > 0, --gap-cap and --start-interval >= 0")
     contexts = asyncio.run(served_contexts(args.endpoint))
     models = map_models(trace.models(), list(contexts), parse_model_map(args.model_map))
-    sessions = scale_trace(trace, models, args.scale, args.output_scale, args.gap_cap, args.max_calls)
+    sessions = scale_trace(
+        trace, models, args.scale, args.output_scale, args.gap_cap, args.max_calls
+    )
     used = sorted(set(models.values()))
-    ratio = max(asyncio.run(tokens_per_unit(args.endpoint, m)) for m in used) if any(contexts.values()) else 1.0
-    return sessions, ReplayOptions(args.endpoint, config=args.label, timeout_s=args.timeout,
-                                   start_interval_s=args.start_interval, contexts=contexts, tokens_per_unit=ratio)
+    ratio = (
+        max(asyncio.run(tokens_per_unit(args.endpoint, m)) for m in used)
+        if any(contexts.values())
+        else 1.0
+    )
+    return sessions, ReplayOptions(
+        args.endpoint,
+        config=args.label,
+        timeout_s=args.timeout,
+        start_interval_s=args.start_interval,
+        contexts=contexts,
+        tokens_per_unit=ratio,
+    )
 
 
-def replay_measured(sessions: list[ScaledSession], opts: ReplayOptions, admin_socket: str | None) -> ReplayResult:
+def replay_measured(
+    sessions: list[ScaledSession], opts: ReplayOptions, admin_socket: str | None
+) -> ReplayResult:
     """Replay, then add what the daemon measured (rounds, switches, HBM peak) from its admin API."""
     from talaria_ctl.client import AdminClient, default_socket
     from talariad.replay.admin_records import REPLAY_UNMEASURED, HBMSampler, fill
@@ -353,10 +461,16 @@ def replay_measured(sessions: list[ScaledSession], opts: ReplayOptions, admin_so
 def summary(result: ReplayResult) -> str:
     cont = [u for u in result.usage if u.call_idx > 0]
     reused = sum(u.cached_tokens for u in cont) / max(1, sum(u.prompt_tokens for u in cont))
-    sources = {s: sum(u.kv_source == s for u in result.usage) for s in ("device", "host", "recompute", "none")}
-    return (f"{len(result.run.calls)} calls, {len(result.run.sessions)} sessions done, {len(result.errors)} errors, "
-            f"{result.retries} retries, {result.fitted} fitted to context; continuations cached {100 * reused:.1f}% of prompt tokens; "
-            f"kv_source {sources}; wall {result.run.wall_clock_s:.1f} s")
+    sources = {
+        s: sum(u.kv_source == s for u in result.usage)
+        for s in ("device", "host", "recompute", "none")
+    }
+    return (
+        f"{len(result.run.calls)} calls, {len(result.run.sessions)} sessions done, {len(result.errors)} errors, "
+        f"{result.retries} retries, {result.fitted} fitted to context; "
+        f"continuations cached {100 * reused:.1f}% of prompt tokens; "
+        f"kv_source {sources}; wall {result.run.wall_clock_s:.1f} s"
+    )
 
 
 def run_command(args) -> int:
@@ -367,16 +481,27 @@ def run_command(args) -> int:
 
     sessions, opts = prepare(args)
     result = replay_measured(sessions, opts, args.admin_socket)
-    print_report([result.run], Console(width=200), title=f"Real-mode replay against {opts.endpoint}")
+    print_report(
+        [result.run], Console(width=200), title=f"Real-mode replay against {opts.endpoint}"
+    )
     print(summary(result))
     for e in result.errors:
         print(f"error: {e.session_id} call {e.call_idx}: {e.message}")
     if args.json:
-        obj = {**to_json_obj([result.run]), "errors": [vars_of(e) for e in result.errors], "summary": summary(result)}
+        obj = {
+            **to_json_obj([result.run]),
+            "errors": [vars_of(e) for e in result.errors],
+            "summary": summary(result),
+        }
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=2)
     return 1 if result.errors else 0
 
 
 def vars_of(e: CallError) -> dict:
-    return {"session_id": e.session_id, "call_idx": e.call_idx, "status": e.status, "message": e.message}
+    return {
+        "session_id": e.session_id,
+        "call_idx": e.call_idx,
+        "status": e.status,
+        "message": e.message,
+    }

@@ -39,7 +39,9 @@ class LogNormal:
 # §2.1 / Figure 2 (445 SWE-bench Verified sessions): the paper's characterization targets.
 DEPTH = LogNormal(11, 49)
 TOOL_GAP_S = LogNormal(0.39, 1.32)
-PROMPT_TOKENS = LogNormal(25_000, 105_000)  # the marginal target; generated prompts grow per session
+PROMPT_TOKENS = LogNormal(
+    25_000, 105_000
+)  # the marginal target; generated prompts grow per session
 REUSE_OVER_HALF = 0.968
 
 # Assumption: output lengths follow the shared real trace's README (mini-swe-agent on SWE-bench

@@ -45,7 +45,12 @@ def fig6_sct(results: Sequence[RunResult], out: Path) -> Path | None:
     fig, ax = _plt().subplots(figsize=(6, 4))
     for r in plain:
         _cdf(ax, [s.sct_s for s in r.sessions], r.config)
-    ax.set(xscale="log", xlabel="Session completion time (s)", ylabel="CDF", title="SCT per configuration")
+    ax.set(
+        xscale="log",
+        xlabel="Session completion time (s)",
+        ylabel="CDF",
+        title="SCT per configuration",
+    )
     ax.legend(fontsize=8)
     return _save(fig, out / "fig6_sct_cdf.png")
 
@@ -64,7 +69,12 @@ def fig8_router(results: Sequence[RunResult], out: Path) -> Path | None:
     width = 0.8 / len(policies)
     for i, pol in enumerate(policies):
         opens = {r.load: r.avoidable_opens for r in runs if r.policy == pol}
-        b.bar([j + i * width for j in range(len(LOADS))], [opens.get(ld, 0) for ld in LOADS], width, label=pol)
+        b.bar(
+            [j + i * width for j in range(len(LOADS))],
+            [opens.get(ld, 0) for ld in LOADS],
+            width,
+            label=pol,
+        )
     b.set_xticks([j + 0.4 - width / 2 for j in range(len(LOADS))], LOADS)
     b.set(ylabel="Avoidable model opens", title="(b) Avoidable opens by load")
     b.legend(fontsize=8)
@@ -80,13 +90,22 @@ def fig9_tau(results: Sequence[RunResult], out: Path) -> Path | None:
     rows = [row_metrics(r) for r in runs]
     taus = [str(r.tau_s) for r in runs]
     fig, (a, b) = _plt().subplots(1, 2, figsize=(10, 4))
-    a.plot(taus, [100 * (x.same_instance_rate or 0) for x in rows], marker="o", label="same instance")
-    a.plot(taus, [100 * (x.residency_hit_rate or 0) for x in rows], marker="s", label="model-residency hit")
+    a.plot(
+        taus, [100 * (x.same_instance_rate or 0) for x in rows], marker="o", label="same instance"
+    )
+    a.plot(
+        taus,
+        [100 * (x.residency_hit_rate or 0) for x in rows],
+        marker="s",
+        label="model-residency hit",
+    )
     a.set(xlabel="Reservation timeout τ (s)", ylabel="Rate (%)", title="(a) Locality tradeoff")
     a.legend(fontsize=8)
     b.plot(taus, [x.returning_ttft_p50_s or 0 for x in rows], marker="o", label="p50")
     b.plot(taus, [x.returning_ttft_p95_s or 0 for x in rows], marker="s", label="p95")
-    b.set(xlabel="Reservation timeout τ (s)", ylabel="Returning TTFT (s)", title="(b) Returning TTFT")
+    b.set(
+        xlabel="Reservation timeout τ (s)", ylabel="Returning TTFT (s)", title="(b) Returning TTFT"
+    )
     b.legend(fontsize=8)
     return _save(fig, out / "fig9_tau_sweep.png")
 

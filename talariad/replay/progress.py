@@ -10,14 +10,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 @contextmanager
-def progress_bar(total: int, description: str, *, console: Console | None = None,
-                 enabled: bool = True) -> Iterator[Callable[..., None]]:
+def progress_bar(
+    total: int, description: str, *, console: Console | None = None, enabled: bool = True
+) -> Iterator[Callable[..., None]]:
     """Yields `advance(n=1, description=None)`; the bar goes to stderr unless a console is given."""
     if not enabled:
         yield lambda n=1, description=None: None
         return
     console = console or Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(description, total=total)
 

@@ -31,6 +31,7 @@ def rows(results: Sequence[RunResult]) -> list[RowMetrics]:
 def _pair(a: float | None, b: float | None, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
     def one(x):
         return "-" if x is None else fmt.format(x * scale)
+
     return f"{one(a)} / {one(b)}"
 
 
@@ -85,7 +86,9 @@ def table(results: Sequence[RunResult], title: str = "Replay", paper: bool = Fal
     return t
 
 
-def speedup_line(results: Sequence[RunResult], target: str = "Talaria", base: str = "Round-only") -> str | None:
+def speedup_line(
+    results: Sequence[RunResult], target: str = "Talaria", base: str = "Round-only"
+) -> str | None:
     """'Round-only / Talaria SCT: p50 4.1x, p95 2.2x (paper 5.3x, 2.6x)', or None if either is absent."""
     by = {r.config: row_metrics(r) for r in results}
     if target not in by or base not in by:
@@ -93,16 +96,22 @@ def speedup_line(results: Sequence[RunResult], target: str = "Talaria", base: st
     t, b = by[target], by[base]
     p50 = b.sct_p50_s / t.sct_p50_s if t.sct_p50_s and b.sct_p50_s is not None else None
     p95 = b.sct_p95_s / t.sct_p95_s if t.sct_p95_s and b.sct_p95_s is not None else None
-    return (f"{base} / {target} SCT: p50 {_x(p50)}, p95 {_x(p95)} "
-            f"(paper {PAPER_SPEEDUP[0]}x, {PAPER_SPEEDUP[1]}x)")
+    return (
+        f"{base} / {target} SCT: p50 {_x(p50)}, p95 {_x(p95)} "
+        f"(paper {PAPER_SPEEDUP[0]}x, {PAPER_SPEEDUP[1]}x)"
+    )
 
 
 def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def print_report(results: Sequence[RunResult], console: Console | None = None, title: str = "Replay",
-                 paper: bool = False) -> None:
+def print_report(
+    results: Sequence[RunResult],
+    console: Console | None = None,
+    title: str = "Replay",
+    paper: bool = False,
+) -> None:
     console = console or Console()
     console.print(table(results, title=title, paper=paper))
     line = speedup_line(results)
@@ -112,8 +121,10 @@ def print_report(results: Sequence[RunResult], console: Console | None = None, t
 
 def to_json_obj(results: Sequence[RunResult]) -> dict:
     """The table's numbers (and a few more) as plain JSON types."""
-    return {"rows": [dataclasses.asdict(r) for r in rows(results)],
-            "speedup": speedup_line(results)}
+    return {
+        "rows": [dataclasses.asdict(r) for r in rows(results)],
+        "speedup": speedup_line(results),
+    }
 
 
 def to_json(results: Sequence[RunResult], indent: int | None = 2) -> str:

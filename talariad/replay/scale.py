@@ -75,21 +75,30 @@ def parse_model_map(items: list[str] | None) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in items or [])
 
 
-def map_models(trace_models: Sequence[str], served: Sequence[str], explicit: Mapping[str, str] | None = None
-               ) -> dict[str, str]:
+def map_models(
+    trace_models: Sequence[str], served: Sequence[str], explicit: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Trace model -> served model: explicit pairs first, the rest round-robin over `served`."""
     explicit = dict(explicit or {})
     unknown = sorted(set(explicit.values()) - set(served))
     if unknown:
-        raise ValueError(f"--model-map: the server has no model {unknown[0]!r} (it serves {list(served)})")
+        raise ValueError(
+            f"--model-map: the server has no model {unknown[0]!r} (it serves {list(served)})"
+        )
     if not served:
         raise ValueError("the server lists no models")
     rest = [m for m in trace_models if m not in explicit]
     return {**{m: served[i % len(served)] for i, m in enumerate(rest)}, **explicit}
 
 
-def scale_trace(trace: Trace, models: Mapping[str, str], factor: float, output_scale: float = 1.0,
-                gap_cap_s: float | None = 10.0, max_calls: int | None = None) -> list[ScaledSession]:
+def scale_trace(
+    trace: Trace,
+    models: Mapping[str, str],
+    factor: float,
+    output_scale: float = 1.0,
+    gap_cap_s: float | None = 10.0,
+    max_calls: int | None = None,
+) -> list[ScaledSession]:
     """Every session of `trace`, prompts divided by `factor`, outputs by `output_scale`."""
     if factor <= 0 or output_scale <= 0:
         raise ValueError(f"--scale and --output-scale must be > 0, got {factor} and {output_scale}")
@@ -98,16 +107,38 @@ def scale_trace(trace: Trace, models: Mapping[str, str], factor: float, output_s
     return [_scale_session(s[:max_calls], models, factor, output_scale, gap_cap_s) for s in trace]
 
 
-def _scale_session(calls: list[TraceCall], models: Mapping[str, str], factor: float, output_scale: float,
-                   gap_cap_s: float | None) -> ScaledSession:
+def _scale_session(
+    calls: list[TraceCall],
+    models: Mapping[str, str],
+    factor: float,
+    output_scale: float,
+    gap_cap_s: float | None,
+) -> ScaledSession:
     out, prev = [], None
     for c in calls:
-        growth = c.prompt_tokens if prev is None else c.prompt_tokens - (prev.prompt_tokens + prev.output_tokens)
-        reuse = 1.0 if prev is None else min(1.0, c.prefix_tokens / max(1, prev.prompt_tokens + prev.output_tokens))
+        growth = (
+            c.prompt_tokens
+            if prev is None
+            else c.prompt_tokens - (prev.prompt_tokens + prev.output_tokens)
+        )
+        reuse = (
+            1.0
+            if prev is None
+            else min(1.0, c.prefix_tokens / max(1, prev.prompt_tokens + prev.output_tokens))
+        )
         gap = c.gap_s if gap_cap_s is None else min(c.gap_s, gap_cap_s)
-        out.append(ScaledCall(c.session_id, c.call_idx, c.model, models[c.model],
-                              max(1, round(growth / factor)), reuse,
-                              max(1, math.ceil(c.output_tokens / output_scale)), gap))
+        out.append(
+            ScaledCall(
+                c.session_id,
+                c.call_idx,
+                c.model,
+                models[c.model],
+                max(1, round(growth / factor)),
+                reuse,
+                max(1, math.ceil(c.output_tokens / output_scale)),
+                gap,
+            )
+        )
         prev = c
     return out
 
@@ -131,8 +162,10 @@ class Conversation:
     def messages(self, call: ScaledCall) -> list[dict]:
         if not self.history:
             system = max(1, call.new_tokens // 3)
-            self.history = [{"role": "system", "content": filler(self.rng, system)},
-                            {"role": "user", "content": filler(self.rng, max(1, call.new_tokens - system))}]
+            self.history = [
+                {"role": "system", "content": filler(self.rng, system)},
+                {"role": "user", "content": filler(self.rng, max(1, call.new_tokens - system))},
+            ]
         elif call.reuse >= 1.0:
             self.history.append({"role": "user", "content": filler(self.rng, call.new_tokens)})
         else:
@@ -148,14 +181,17 @@ class Conversation:
                 break
             kept.append(m)
             size += n
-        self.history = kept + [{"role": "user", "content": filler(self.rng, total - size + call.new_tokens)}]
+        self.history = kept + [
+            {"role": "user", "content": filler(self.rng, total - size + call.new_tokens)}
+        ]
 
     def answered(self, text: str) -> None:
         self.history.append({"role": "assistant", "content": text})
 
 
-def fit_context(conv: Conversation, call: ScaledCall, tokens_per_unit: float, context: int,
-                margin: float = 0.95) -> tuple[ScaledCall, bool]:
+def fit_context(
+    conv: Conversation, call: ScaledCall, tokens_per_unit: float, context: int, margin: float = 0.95
+) -> tuple[ScaledCall, bool]:
     """Make the next prompt plus `call.max_tokens` fit `context` server tokens (with a margin):
     drop the oldest messages after the system prompt first (an agent compacts its history the
     same way), then lower max_tokens, then cut the newest message. Returns the call to send and
@@ -174,7 +210,9 @@ def fit_context(conv: Conversation, call: ScaledCall, tokens_per_unit: float, co
     while need() + call.max_tokens > budget and conv.history:
         last = conv.history[-1]
         words = last["content"].split()
-        keep = max(0, len(words) - max(1, math.ceil((need() + call.max_tokens - budget) / tokens_per_unit)))
+        keep = max(
+            0, len(words) - max(1, math.ceil((need() + call.max_tokens - budget) / tokens_per_unit))
+        )
         last["content"] = " ".join(words[:keep])
         changed = True
         if not keep:

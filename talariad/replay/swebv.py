@@ -26,8 +26,13 @@ from talariad.replay.trace import (
     typed_field,
 )
 
-_REQUIRED = {"session_id": str, "call_idx": int, "model": str, "prompt_tokens": int,
-             "output_tokens": int}
+_REQUIRED = {
+    "session_id": str,
+    "call_idx": int,
+    "model": str,
+    "prompt_tokens": int,
+    "output_tokens": int,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +94,15 @@ class _Converter:
                 raise TraceError(self.source, lineno, name, f"must be >= 0, got {v[name]}")
         shared = self.optional_int(obj, "shared_prefix_tokens", lineno) or 0
         prefix = min(shared, v["prompt_tokens"]) if v["call_idx"] > 0 else 0
-        return TraceCall(v["session_id"], v["call_idx"], self.model(v), v["prompt_tokens"],
-                         prefix, v["output_tokens"], self.gap(obj, v["call_idx"], lineno))
+        return TraceCall(
+            v["session_id"],
+            v["call_idx"],
+            self.model(v),
+            v["prompt_tokens"],
+            prefix,
+            v["output_tokens"],
+            self.gap(obj, v["call_idx"], lineno),
+        )
 
     def model(self, v: dict) -> str:
         if self.assign:
@@ -111,5 +123,7 @@ class _Converter:
         if value is None:
             return None
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise TraceError(self.source, lineno, name, f"expected a non-negative int or null, got {value!r}")
+            raise TraceError(
+                self.source, lineno, name, f"expected a non-negative int or null, got {value!r}"
+            )
         return value

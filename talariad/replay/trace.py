@@ -128,7 +128,9 @@ def load_object(raw: str, source: str, lineno: int) -> dict:
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise TraceError(source, lineno, None, f"invalid JSON ({e.msg} at column {e.colno})") from None
+        raise TraceError(
+            source, lineno, None, f"invalid JSON ({e.msg} at column {e.colno})"
+        ) from None
     if not isinstance(obj, dict):
         raise TraceError(source, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -162,8 +164,12 @@ def check_call(call: TraceCall, source: str, lineno: int) -> None:
         if getattr(call, name) < 0:
             raise TraceError(source, lineno, name, f"must be >= 0, got {getattr(call, name)}")
     if call.prefix_tokens > call.prompt_tokens:
-        raise TraceError(source, lineno, "prefix_tokens",
-                         f"{call.prefix_tokens} exceeds prompt_tokens {call.prompt_tokens}")
+        raise TraceError(
+            source,
+            lineno,
+            "prefix_tokens",
+            f"{call.prefix_tokens} exceeds prompt_tokens {call.prompt_tokens}",
+        )
     if call.call_idx == 0 and call.gap_s != 0:
         raise TraceError(source, lineno, "gap_s", f"must be 0 for call 0, got {call.gap_s}")
 
@@ -178,8 +184,12 @@ class SessionBuilder:
     def add(self, call: TraceCall, lineno: int) -> None:
         calls = self._sessions.setdefault(call.session_id, [])
         if call.call_idx != len(calls):
-            raise TraceError(self.source, lineno, "call_idx",
-                             f"session {call.session_id!r} expects call_idx {len(calls)}, got {call.call_idx}")
+            raise TraceError(
+                self.source,
+                lineno,
+                "call_idx",
+                f"session {call.session_id!r} expects call_idx {len(calls)}, got {call.call_idx}",
+            )
         calls.append(call)
 
     def trace(self) -> Trace:

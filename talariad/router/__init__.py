@@ -5,15 +5,39 @@ The gateway (real time) and the simulator (virtual time) drive the same `Router`
 """
 
 from talariad.router.knobs import RouterKnobs
-from talariad.router.messages import (CallRequest, CandidateCost, Decision, DecisionKind,
-                                      ExpiryReport, InstanceSnapshot, InstanceStatus, Lease,
-                                      ModelResidency, ModelState, RoundMeasurement, SessionEntry,
-                                      SessionKV)
+from talariad.router.messages import (
+    CallRequest,
+    CandidateCost,
+    Decision,
+    DecisionKind,
+    ExpiryReport,
+    InstanceSnapshot,
+    InstanceStatus,
+    Lease,
+    ModelResidency,
+    ModelState,
+    RoundMeasurement,
+    SessionEntry,
+    SessionKV,
+)
 from talariad.router.policies import POLICIES
 from talariad.router.router import Router
 
 __all__ = [
-    "POLICIES", "CallRequest", "CandidateCost", "Decision", "DecisionKind", "ExpiryReport",
-    "InstanceSnapshot", "InstanceStatus", "Lease", "ModelResidency", "ModelState",
-    "RoundMeasurement", "Router", "RouterKnobs", "SessionEntry", "SessionKV",
+    "POLICIES",
+    "CallRequest",
+    "CandidateCost",
+    "Decision",
+    "DecisionKind",
+    "ExpiryReport",
+    "InstanceSnapshot",
+    "InstanceStatus",
+    "Lease",
+    "ModelResidency",
+    "ModelState",
+    "RoundMeasurement",
+    "Router",
+    "RouterKnobs",
+    "SessionEntry",
+    "SessionKV",
 ]

@@ -64,8 +64,9 @@ class Inputs(NamedTuple):
 class CostModel:
     """Scores one call against one instance; shared by Talaria and the cost-aware baselines."""
 
-    def __init__(self, knobs: RouterKnobs, profiles: ProfileBook, leases: LeaseBook,
-                 sessions: SessionTable) -> None:
+    def __init__(
+        self, knobs: RouterKnobs, profiles: ProfileBook, leases: LeaseBook, sessions: SessionTable
+    ) -> None:
         self.knobs, self.profiles, self.leases, self.sessions = knobs, profiles, leases, sessions
         # work forwarded per (instance, model) and per model over the retirement window
         self.placed = DemandTracker(knobs.retire_window_s)
@@ -76,8 +77,17 @@ class CostModel:
         key = (sid, call.model) if sid is not None else None
         rec = self.sessions.kv_record(sid, call.model) if sid is not None else None
         kv_bytes = prof.kv_bytes_per_token * (call.prompt_tokens + call.max_tokens)
-        return CallPlan(call, prof, suffix, prof.prefill_s(suffix), key, rec,
-                        call.max_tokens * prof.decode_step_s, kv_bytes, now)
+        return CallPlan(
+            call,
+            prof,
+            suffix,
+            prof.prefill_s(suffix),
+            key,
+            rec,
+            call.max_tokens * prof.decode_step_s,
+            kv_bytes,
+            now,
+        )
 
     def record_placed(self, plan: CallPlan, instance: str, now: float) -> None:
         """A forward of `plan` to `instance`: its service work counts as the model's demand there."""
@@ -135,9 +145,18 @@ class CostModel:
                 kv_state, kv_len = entry.state, entry.kv_len
         per_model = self.leases.by_instance.get(inst.name)
         leased = (per_model.get(model, 0), per_model.get(None, 0)) if per_model else (0, 0)
-        return Inputs(inst.name, row, (ov[0], ov[1], ov[2]) if ov is not None else None,
-                      kv_state, kv_len, leased[0], leased[1], inst.ov_work_s, inst.ov_hbm,
-                      self.retired(plan, inst, row))
+        return Inputs(
+            inst.name,
+            row,
+            (ov[0], ov[1], ov[2]) if ov is not None else None,
+            kv_state,
+            kv_len,
+            leased[0],
+            leased[1],
+            inst.ov_work_s,
+            inst.ov_hbm,
+            self.retired(plan, inst, row),
+        )
 
     def prime(self, inst: InstanceState) -> None:
         """Compute a new snapshot's cost rows now rather than in the next placements."""
@@ -156,8 +175,21 @@ class CostModel:
         NOTE: the per-instance inner loop of place(), written flat on purpose."""
         call, prof, k = plan.call, plan.profile, self.knobs
         prefix = call.prefix_tokens
-        (_, queued, batch, state, activation, needs_replica, added, risk, slot_wait, base_load,
-         restore_rate, _, hbm_free) = x.row
+        (
+            _,
+            queued,
+            batch,
+            state,
+            activation,
+            needs_replica,
+            added,
+            risk,
+            slot_wait,
+            base_load,
+            restore_rate,
+            _,
+            hbm_free,
+        ) = x.row
         if x.ov is not None:
             queued, batch = queued + x.ov[0], batch + x.ov[1]
             if x.ov[2]:  # an in-flight forward already opens it there
@@ -189,8 +221,20 @@ class CostModel:
         else:
             reason = "ok"
         total = queue + prefill + decode + recovery + activation
-        return CandidateCost(x.instance, queue, prefill, decode, recovery, activation, total,
-                             reason == "ok", reason, kv_state, needs_replica, round_load)
+        return CandidateCost(
+            x.instance,
+            queue,
+            prefill,
+            decode,
+            recovery,
+            activation,
+            total,
+            reason == "ok",
+            reason,
+            kv_state,
+            needs_replica,
+            round_load,
+        )
 
     def _row(self, inst: InstanceState, model: str, prof: LatencyProfile) -> tuple:
         """Snapshot- and profile-only parts of Eq. (1) for one model on one instance."""
@@ -201,29 +245,49 @@ class CostModel:
         rate = prof.restore_s_per_token if rate is None else rate  # measured beats profiled
         risk = 1.0 + max(snap.deadline_risk, 0.0)
         slot_wait = 0.0 if snap.pool is Pool.HOT else snap.round_remaining_s
-        row = (self.profiles.epoch, res.queued_tokens, res.running_calls, res.state, activation,
-               needs_replica, _added_weights(prof, res, res.state), risk, slot_wait,
-               snap.round_load_s, rate, snap.taken_at, snap.hbm_free_bytes)
+        row = (
+            self.profiles.epoch,
+            res.queued_tokens,
+            res.running_calls,
+            res.state,
+            activation,
+            needs_replica,
+            _added_weights(prof, res, res.state),
+            risk,
+            slot_wait,
+            snap.round_load_s,
+            rate,
+            snap.taken_at,
+            snap.hbm_free_bytes,
+        )
         inst.rows[model] = row
         return row
 
-    def passes_eq2(self, plan: CallPlan, inst: InstanceState, cand: CandidateCost,
-                   gain: float) -> bool:
+    def passes_eq2(
+        self, plan: CallPlan, inst: InstanceState, cand: CandidateCost, gain: float
+    ) -> bool:
         """Eq. (2): open a fresh replica only if gain > T_swap + μ_j·ΔW_m + ν_m."""
         snap = inst.snapshot
-        return self.passes_eq2_on(plan, replica_facts(snap, plan.call.model),
-                                  self.model_state(inst, plan.call.model), cand, gain)
+        return self.passes_eq2_on(
+            plan,
+            replica_facts(snap, plan.call.model),
+            self.model_state(inst, plan.call.model),
+            cand,
+            gain,
+        )
 
-    def passes_eq2_on(self, plan: CallPlan, facts: tuple, state: ModelState, cand: CandidateCost,
-                      gain: float) -> bool:
+    def passes_eq2_on(
+        self, plan: CallPlan, facts: tuple, state: ModelState, cand: CandidateCost, gain: float
+    ) -> bool:
         """Eq. (2) from `replica_facts` and the model's state there (pure: lazy explanations)."""
         model, prof = plan.call.model, plan.profile
         if state is not ModelState.ABSENT:  # a retired replica: keeping it is what it costs
             return gain > self.keep_cost_s(model, prof, facts, cand.activation_s)
         return gain > self._replica_cost(model, prof, state, facts, cand.activation_s)
 
-    def inflight(self, plan: CallPlan, inst: InstanceState, cand: CandidateCost | None,
-                 now: float) -> InFlight:
+    def inflight(
+        self, plan: CallPlan, inst: InstanceState, cand: CandidateCost | None, now: float
+    ) -> InFlight:
         """The overlay record of forwarding `plan` to `inst` (cand None: score it first)."""
         if cand is None or cand.instance != inst.name:
             cand = self.evaluate(plan, inst)
@@ -238,8 +302,9 @@ class CostModel:
         work = cand.prefill_s + cand.kv_recovery_s + cand.activation_s
         return InFlight(call, inst.name, now, work, call.prompt_tokens - reusable, hbm, opens)
 
-    def replica_gain(self, plan: CallPlan, instances: InstanceBook, demand: DemandTracker,
-                     now: float) -> float:
+    def replica_gain(
+        self, plan: CallPlan, instances: InstanceBook, demand: DemandTracker, now: float
+    ) -> float:
         """gain(m, ·) of Eq. (2): how much one more replica shrinks the per-replica backlog of m
         over the next control window, D / (k (k + 1)) with D = queued prefill work of m on its k
         open replicas (those in rotation, when the placement time is known) + arrivals' work over
@@ -250,9 +315,14 @@ class CostModel:
         if open_replicas == 0:
             return math.inf
         if plan.now is not None:  # retired replicas serve nothing: k counts those in rotation
-            open_replicas = max(1, min(open_replicas, self._in_rotation(model, instances, plan.now)))
+            open_replicas = max(
+                1, min(open_replicas, self._in_rotation(model, instances, plan.now))
+            )
         backlog = plan.profile.prefill_s_per_token * queued
-        backlog += demand.work_s(model, now) + self.leases.by_model.get(model, 0) * self.knobs.admission_unit_s
+        backlog += (
+            demand.work_s(model, now)
+            + self.leases.by_model.get(model, 0) * self.knobs.admission_unit_s
+        )
         return backlog / (open_replicas * (open_replicas + 1))
 
     def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> int:
@@ -261,8 +331,9 @@ class CostModel:
         work = self.placed.work_s
         return sum(1 for i in instances.all() if work((i.name, model), now) > 0.0)  # type: ignore[arg-type]
 
-    def _replica_cost(self, model: str, prof: LatencyProfile, state: ModelState, facts: tuple,
-                      activation: float) -> float:
+    def _replica_cost(
+        self, model: str, prof: LatencyProfile, state: ModelState, facts: tuple, activation: float
+    ) -> float:
         """Right side of Eq. (2): T_swap + μ_j·ΔW_m + ν_m; μ_j rises with KV occupancy and with
         the share of ΔW that the instance's staging slack cannot cover."""
         return self._price(model, facts, _added_weights(prof, facts[0], state), activation)
@@ -291,8 +362,9 @@ def _recompute_s(plan: CallPlan, missing: int) -> float:
     return prof.prefill_s(missing)
 
 
-def _kv_lookup(inst: InstanceState, key: tuple[str, str] | None,
-               rec: KVRecord | None) -> tuple[KVState, int]:
+def _kv_lookup(
+    inst: InstanceState, key: tuple[str, str] | None, rec: KVRecord | None
+) -> tuple[KVState, int]:
     snap = inst.snapshot
     if key is None or snap is None:
         return KVState.MISSING, 0
@@ -319,8 +391,14 @@ def _added_weights(prof: LatencyProfile, res: ModelResidency, state: ModelState)
     return 0
 
 
-def _hbm_need(call: CallRequest, prof: LatencyProfile, res: ModelResidency, state: ModelState,
-              kv_state: KVState, reusable: int) -> int:
+def _hbm_need(
+    call: CallRequest,
+    prof: LatencyProfile,
+    res: ModelResidency,
+    state: ModelState,
+    kv_state: KVState,
+    reusable: int,
+) -> int:
     on_device = reusable if kv_state is KVState.DEVICE else 0
     kv = prof.kv_bytes_per_token * max(call.prompt_tokens + call.max_tokens - on_device, 0)
     return kv + _added_weights(prof, res, state)

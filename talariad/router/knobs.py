@@ -86,8 +86,14 @@ class RouterKnobs:
 
     def __post_init__(self) -> None:
         _check_nonneg(self, "tau_s", "admission_unit_s", "replica_penalty_s", "hbm_price_s_per_gib")
-        _check_positive(self, "ttft_target_s", "control_window_s", "retire_window_s", "staleness_s",
-                        "heartbeat_s")
+        _check_positive(
+            self,
+            "ttft_target_s",
+            "control_window_s",
+            "retire_window_s",
+            "staleness_s",
+            "heartbeat_s",
+        )
         _check_positive(self, "queue_timeout_s", "session_idle_s", "max_sessions")
         if not 0.0 < self.gamma < 1.0:
             raise ValueError(f"gamma must satisfy 0 < gamma < 1 (Eq. 5), got {self.gamma!r}")
@@ -100,8 +106,11 @@ class RouterKnobs:
         for model, pen in self.replica_penalty_by_model.items():
             if not _finite(pen) or pen < 0:
                 raise ValueError(f"replica_penalty_by_model[{model!r}] must be >= 0, got {pen!r}")
-        object.__setattr__(self, "replica_penalty_by_model",
-                           types.MappingProxyType(dict(self.replica_penalty_by_model)))
+        object.__setattr__(
+            self,
+            "replica_penalty_by_model",
+            types.MappingProxyType(dict(self.replica_penalty_by_model)),
+        )
 
     @property
     def round_budget_s(self) -> float:

@@ -35,22 +35,40 @@ class Ranking(NamedTuple):
     cheapest: str | None  # the cheapest candidate ignoring feasibility (where a spill goes)
 
 
-def rank_all(cost: CostModel, plan: CallPlan, insts: list[InstanceState],
-             every: InstanceBook, demand: DemandTracker, now: float) -> Ranking:
+def rank_all(
+    cost: CostModel,
+    plan: CallPlan,
+    insts: list[InstanceState],
+    every: InstanceBook,
+    demand: DemandTracker,
+    now: float,
+) -> Ranking:
     """The reference: every eligible instance scored, Eq. (2) applied, the cheapest kept."""
     cands = [cost.evaluate(plan, inst) for inst in insts]
     if cost.knobs.residency_terms and any(c.needs_replica and c.feasible for c in cands):
         gain = cost.replica_gain(plan, every, demand, now)
         if not math.isinf(gain):
-            cands = [c._replace(feasible=False, reason=_gate(cost, inst, plan))
-                     if c.needs_replica and c.feasible and not cost.passes_eq2(plan, inst, c, gain)
-                     else c for c, inst in zip(cands, insts)]
-    return Ranking(min((c for c in cands if c.feasible), key=_rank, default=None), tuple(cands),
-                   min(cands, key=_rank).instance if cands else None)
+            cands = [
+                c._replace(feasible=False, reason=_gate(cost, inst, plan))
+                if c.needs_replica and c.feasible and not cost.passes_eq2(plan, inst, c, gain)
+                else c
+                for c, inst in zip(cands, insts)
+            ]
+    return Ranking(
+        min((c for c in cands if c.feasible), key=_rank, default=None),
+        tuple(cands),
+        min(cands, key=_rank).instance if cands else None,
+    )
 
 
-def rank(cost: CostModel, plan: CallPlan, insts: list[InstanceState],
-         every: InstanceBook, demand: DemandTracker, now: float) -> Ranking:
+def rank(
+    cost: CostModel,
+    plan: CallPlan,
+    insts: list[InstanceState],
+    every: InstanceBook,
+    demand: DemandTracker,
+    now: float,
+) -> Ranking:
     """`rank_all`'s answer, scoring only the instances that can still win."""
     k, prof = cost.knobs, plan.profile
     if not prof.decode_s_per_seq >= 0.0 or not k.admission_unit_s >= 0.0:
@@ -79,8 +97,15 @@ class _Search:
     # pass that lands inside place() is its tail latency
     __slots__ = ("cost", "plan", "every", "demand", "now", "scored", "best", "cheapest", "_gain")
 
-    def __init__(self, cost: CostModel, plan: CallPlan, every: InstanceBook,
-                 demand: DemandTracker, now: float, n: int) -> None:
+    def __init__(
+        self,
+        cost: CostModel,
+        plan: CallPlan,
+        every: InstanceBook,
+        demand: DemandTracker,
+        now: float,
+        n: int,
+    ) -> None:
         self.cost, self.plan, self.every, self.demand, self.now = cost, plan, every, demand, now
         self.scored: list[CandidateCost | None] = [None] * n
         self.best: CandidateCost | None = None
@@ -103,9 +128,11 @@ class _Search:
         for idx, inst in enumerate(insts):
             row = cost.row(inst, model, prof)
             ov = inst.ov_model.get(model)
-            if ((ov is not None and (ov[0] or ov[1] or ov[2]))
-                    or (rec is not None and rec.instance == inst.name and rec.at > row[11])
-                    or (key is not None and key in inst.snapshot.sessions)):
+            if (
+                (ov is not None and (ov[0] or ov[1] or ov[2]))
+                or (rec is not None and rec.instance == inst.name and rec.at > row[11])
+                or (key is not None and key in inst.snapshot.sessions)
+            ):
                 self.score(idx, inst)
                 continue
             # queue without lease charges, plus activation (row: see CostModel._row)
@@ -150,7 +177,10 @@ class _Search:
         return hbm_free is not None and plan.kv_bytes + row[6] > hbm_free - inst.ov_hbm
 
     def result(self, insts: list[InstanceState], skipped) -> Ranking:
-        scored, cheapest = self.scored, self.cheapest.instance if self.cheapest is not None else None
+        scored, cheapest = (
+            self.scored,
+            self.cheapest.instance if self.cheapest is not None else None,
+        )
         if not skipped:
             return Ranking(self.best, tuple(scored), cheapest)
         cost, model = self.cost, self.plan.call.model
@@ -179,32 +209,51 @@ class _Search:
 
 _CAPTURED = 10
 
+
 class LazyCandidates(Sequence):
     """The per-candidate breakdown of one placement, scored from captured inputs when first read."""
 
     __slots__ = ("_cost", "_plan", "_entries", "_flat", "_gain", "_rendered")
 
-    def __init__(self, cost: CostModel, plan: CallPlan, entries: list, flat: list,
-                 gain: float | None) -> None:
+    def __init__(
+        self, cost: CostModel, plan: CallPlan, entries: list, flat: list, gain: float | None
+    ) -> None:
         """entries: a candidate, or where a skipped instance's captured values start in `flat`."""
-        self._cost, self._plan, self._entries, self._flat, self._gain = cost, plan, entries, flat, gain
+        self._cost, self._plan, self._entries, self._flat, self._gain = (
+            cost,
+            plan,
+            entries,
+            flat,
+            gain,
+        )
         self._rendered: tuple[CandidateCost, ...] | None = None
 
     def _all(self) -> tuple[CandidateCost, ...]:
         if self._rendered is None:
-            self._rendered = tuple(e if isinstance(e, CandidateCost) else self._render(e)
-                                   for e in self._entries)
+            self._rendered = tuple(
+                e if isinstance(e, CandidateCost) else self._render(e) for e in self._entries
+            )
             self._entries, self._flat = [], []
         return self._rendered
 
     def _render(self, at: int) -> CandidateCost:
         cost, plan, gain = self._cost, self._plan, self._gain
-        (name, row, leased, leased_all, ov_work_s, ov_hbm, res, occupancy, slack,
-         retired) = self._flat[at:at + _CAPTURED]
-        cand = cost.score(plan, Inputs(name, row, None, KVState.MISSING, 0, leased, leased_all,
-                                       ov_work_s, ov_hbm, retired))
-        if (cand.needs_replica and cand.feasible and gain is not None and not math.isinf(gain)
-                and not cost.passes_eq2_on(plan, (res, occupancy, slack), res.state, cand, gain)):
+        (name, row, leased, leased_all, ov_work_s, ov_hbm, res, occupancy, slack, retired) = (
+            self._flat[at : at + _CAPTURED]
+        )
+        cand = cost.score(
+            plan,
+            Inputs(
+                name, row, None, KVState.MISSING, 0, leased, leased_all, ov_work_s, ov_hbm, retired
+            ),
+        )
+        if (
+            cand.needs_replica
+            and cand.feasible
+            and gain is not None
+            and not math.isinf(gain)
+            and not cost.passes_eq2_on(plan, (res, occupancy, slack), res.state, cand, gain)
+        ):
             cand = cand._replace(feasible=False, reason="retired" if retired else "eq2")
         return cand
 
@@ -238,8 +287,11 @@ def _rank(c: CandidateCost) -> tuple[float, str]:
 
 def _before(cand: CandidateCost, other: CandidateCost | None) -> bool:
     """`cand` ranks before `other` (lower total, ties by name); anything ranks before None."""
-    return other is None or cand.total_s < other.total_s or (
-        cand.total_s == other.total_s and cand.instance < other.instance)
+    return (
+        other is None
+        or cand.total_s < other.total_s
+        or (cand.total_s == other.total_s and cand.instance < other.instance)
+    )
 
 
 def _above(bound: float, cand: CandidateCost | None) -> bool:

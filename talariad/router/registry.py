@@ -21,6 +21,7 @@ class Registry(Generic[T]):
             self._items[name] = cls
             cls.name = name  # type: ignore[attr-defined]
             return cls
+
         return deco
 
     def get(self, name: str) -> type[T]:

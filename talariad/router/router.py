@@ -13,9 +13,17 @@ from collections import OrderedDict
 
 from talariad.router.cost import CostModel
 from talariad.router.knobs import RouterKnobs
-from talariad.router.messages import (CallRequest, Decision, DecisionKind, ExpiryReport,
-                                      InstanceSnapshot, InstanceStatus, Lease, RoundMeasurement,
-                                      SessionEntry)
+from talariad.router.messages import (
+    CallRequest,
+    Decision,
+    DecisionKind,
+    ExpiryReport,
+    InstanceSnapshot,
+    InstanceStatus,
+    Lease,
+    RoundMeasurement,
+    SessionEntry,
+)
 from talariad.router.policies import POLICIES, Choice, ClusterView
 from talariad.router.profiles import DemandTracker, ProfileBook
 from talariad.router.sessions import LeaseBook, SessionTable
@@ -29,8 +37,9 @@ MIN_RETRY_S = 0.05
 class Router:
     """Session-aware placement with soft reservations; `policy` picks a registered policy."""
 
-    def __init__(self, knobs: RouterKnobs, profiles: dict[str, LatencyProfile],
-                 policy: str = "talaria") -> None:
+    def __init__(
+        self, knobs: RouterKnobs, profiles: dict[str, LatencyProfile], policy: str = "talaria"
+    ) -> None:
         self.knobs = knobs
         self._policy = POLICIES.get(policy)(knobs, random.Random(knobs.seed))
         self._profiles = ProfileBook(profiles, knobs.ewma_alpha)
@@ -38,8 +47,9 @@ class Router:
         self._sessions = SessionTable(knobs.max_sessions)
         self._demand = DemandTracker(knobs.control_window_s)
         self._cost = CostModel(knobs, self._profiles, self._leases, self._sessions)
-        self._view = ClusterView(knobs, self._instances, self._sessions, self._leases,
-                                 self._cost, self._demand)
+        self._view = ClusterView(
+            knobs, self._instances, self._sessions, self._leases, self._cost, self._demand
+        )
         self._queued: OrderedDict[str, float] = OrderedDict()  # call id -> first held at
         self._drained: set[str] = set()  # instances that get no new leases
         self._decisions: OrderedDict[str, Decision] = OrderedDict()
@@ -95,8 +105,11 @@ class Router:
 
     def revoke(self, session_id: str, model: str | None = None) -> list[Lease]:
         """Drop the session's lease for `model` (None: every model); returns those dropped."""
-        keys = [(le.session_id, le.model) for le in self._leases.all()
-                if le.session_id == session_id and (model is None or le.model == model)]
+        keys = [
+            (le.session_id, le.model)
+            for le in self._leases.all()
+            if le.session_id == session_id and (model is None or le.model == model)
+        ]
         return [le for k in keys if (le := self._leases.take(k)) is not None]
 
     def forget_session(self, session_id: str) -> tuple[bool, list[Lease]]:
@@ -104,8 +117,9 @@ class Router:
         dropped = self.revoke(session_id)
         return self._sessions.forget(session_id) or bool(dropped), dropped
 
-    def round_summary(self, instance: str, model: str, measured: RoundMeasurement,
-                      now: float) -> LatencyProfile:
+    def round_summary(
+        self, instance: str, model: str, measured: RoundMeasurement, now: float
+    ) -> LatencyProfile:
         """Fold an instance's round measurements for `model` into the profile EWMA."""
         return self._profiles.refresh(model, measured)
 
@@ -135,8 +149,15 @@ class Router:
         plan = self._cost.plan(rec.call)
         return self._instances.add_inflight(self._cost.inflight(plan, inst, None, now))
 
-    def completed(self, call_id: str, instance: str, kv_state: KVState, kv_len: int,
-                  now: float, prefix_handle: str | None = None) -> Lease | None:
+    def completed(
+        self,
+        call_id: str,
+        instance: str,
+        kv_state: KVState,
+        kv_len: int,
+        now: float,
+        prefix_handle: str | None = None,
+    ) -> Lease | None:
         """The call finished on `instance`, leaving its prefix in `kv_state`. Updates the session
         table, releases the overlay, and installs the successor lease (None when none is)."""
         self._queued.pop(call_id, None)
@@ -151,8 +172,9 @@ class Router:
         if not self._lease_allowed(instance, kv_state):
             return None
         handle = prefix_handle or f"{call.session_id}/{call.model}@{instance}:{kv_len}"
-        lease = Lease(call.session_id, call.model, instance, handle, kv_len, now,
-                      now + self.knobs.tau_s)
+        lease = Lease(
+            call.session_id, call.model, instance, handle, kv_len, now, now + self.knobs.tau_s
+        )
         self._leases.install(lease)
         return lease
 
@@ -198,10 +220,19 @@ class Router:
 
     def instances(self, now: float) -> tuple[InstanceStatus, ...]:
         """Every known instance with its health, freshness, load and lease charge at `now`."""
-        return tuple(InstanceStatus(i.name, i.snapshot.version, i.snapshot.pool, i.healthy(),
-                                    i.fresh(now, self.knobs), len(i.inflight),
-                                    self._leases.charge(i.name), i.ov_work_s)
-                     for i in self._instances.all())
+        return tuple(
+            InstanceStatus(
+                i.name,
+                i.snapshot.version,
+                i.snapshot.pool,
+                i.healthy(),
+                i.fresh(now, self.knobs),
+                len(i.inflight),
+                self._leases.charge(i.name),
+                i.ov_work_s,
+            )
+            for i in self._instances.all()
+        )
 
     def held(self) -> tuple[str, ...]:
         """Calls held at the gateway by the "queue" overload policy, oldest first."""
@@ -214,8 +245,9 @@ class Router:
             raise AssertionError("gateway queue over its limit")
 
     # --- internals ---------------------------------------------------------------------------
-    def _forward(self, call: CallRequest, choice: Choice, kind: DecisionKind,
-                 now: float) -> Decision:
+    def _forward(
+        self, call: CallRequest, choice: Choice, kind: DecisionKind, now: float
+    ) -> Decision:
         inst = self._instances.get(choice.instance)  # type: ignore[arg-type]
         cand = choice.best
         if cand is None or cand.instance != choice.instance:  # reading candidates renders them all
@@ -225,14 +257,19 @@ class Router:
         self._cost.record_placed(plan, inst.name, now)  # keeps the model in its rotation there
         self._queued.pop(call.call_id, None)
         self._policy.on_placed(call, inst.name, now)
-        return Decision(call.call_id, kind, inst.name, self.policy, now, choice.reason,
-                        None, choice.candidates)
+        return Decision(
+            call.call_id, kind, inst.name, self.policy, now, choice.reason, None, choice.candidates
+        )
 
     def _overload(self, call: CallRequest, choice: Choice, now: float) -> Decision:
         mode = self.knobs.overload
         if mode == "spill" and choice.spill is not None:
-            spilled = Choice(choice.spill, choice.kind, choice.candidates,
-                             choice.reason + "; spill ignoring feasibility")
+            spilled = Choice(
+                choice.spill,
+                choice.kind,
+                choice.candidates,
+                choice.reason + "; spill ignoring feasibility",
+            )
             return self._forward(call, spilled, DecisionKind.OVERLOAD_SPILL, now)
         retry = self._retry_after(call.model)
         if mode == "queue":
@@ -247,21 +284,43 @@ class Router:
             return self._refuse(call, choice, DecisionKind.OVERLOAD_REJECT, now, retry, why)
         return self._refuse(call, choice, DecisionKind.OVERLOAD_REJECT, now, retry, "rejected")
 
-    def _refuse(self, call: CallRequest, choice: Choice, kind: DecisionKind, now: float,
-                retry: float, why: str) -> Decision:
-        return Decision(call.call_id, kind, None, self.policy, now, f"{choice.reason}; {why}",
-                        max(retry, MIN_RETRY_S), choice.candidates)
+    def _refuse(
+        self,
+        call: CallRequest,
+        choice: Choice,
+        kind: DecisionKind,
+        now: float,
+        retry: float,
+        why: str,
+    ) -> Decision:
+        return Decision(
+            call.call_id,
+            kind,
+            None,
+            self.policy,
+            now,
+            f"{choice.reason}; {why}",
+            max(retry, MIN_RETRY_S),
+            choice.candidates,
+        )
 
     def _retry_after(self, model: str) -> float:
         """Earliest relief: the soonest round end among healthy instances that allow `model`."""
-        ends = [i.snapshot.round_remaining_s for i in self._instances.all()
-                if i.healthy() and model in i.snapshot.allowed_models]
+        ends = [
+            i.snapshot.round_remaining_s
+            for i in self._instances.all()
+            if i.healthy() and model in i.snapshot.allowed_models
+        ]
         return min(ends) if ends else self.knobs.heartbeat_s
 
     def _lease_allowed(self, instance: str, kv_state: KVState) -> bool:
-        return (self._policy.installs_leases and self.knobs.leases_enabled
-                and kv_state is not KVState.MISSING and instance in self._instances
-                and instance not in self._drained)
+        return (
+            self._policy.installs_leases
+            and self.knobs.leases_enabled
+            and kv_state is not KVState.MISSING
+            and instance in self._instances
+            and instance not in self._drained
+        )
 
     def _log(self, decision: Decision) -> None:
         self._decisions[decision.call_id] = decision

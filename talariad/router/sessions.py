@@ -138,13 +138,15 @@ class SessionTable:
         per_model = self._kv.get(session_id)
         return per_model.get(model) if per_model is not None else None
 
-    def completed(self, session_id: str, model: str, instance: str, state: KVState,
-                  kv_len: int, now: float) -> None:
+    def completed(
+        self, session_id: str, model: str, instance: str, state: KVState, kv_len: int, now: float
+    ) -> None:
         self.touch(session_id, instance, model, kv_len, now)
         self._kv.setdefault(session_id, {})[model] = KVRecord(instance, state, kv_len, now)
 
-    def touch(self, session_id: str, instance: str | None, model: str | None, kv_len: int,
-              now: float) -> None:
+    def touch(
+        self, session_id: str, instance: str | None, model: str | None, kv_len: int, now: float
+    ) -> None:
         row = self._rows.get(session_id)
         if row is None:
             self._rows[session_id] = _Row(instance, model, kv_len, now)

@@ -34,9 +34,23 @@ class InFlight:
 class InstanceState:
     """Everything the router knows about one instance."""
 
-    __slots__ = ("name", "snapshot", "taken_at", "allowed", "last_seen", "health_ok", "health_at",
-                 "inflight", "ov_work_s", "ov_hbm", "ov_calls", "ov_model", "rows", "open_share",
-                 "closed")
+    __slots__ = (
+        "name",
+        "snapshot",
+        "taken_at",
+        "allowed",
+        "last_seen",
+        "health_ok",
+        "health_at",
+        "inflight",
+        "ov_work_s",
+        "ov_hbm",
+        "ov_calls",
+        "ov_model",
+        "rows",
+        "open_share",
+        "closed",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -70,8 +84,11 @@ class InstanceState:
 
     def fresh(self, now: float, knobs: RouterKnobs) -> bool:
         """Snapshot within the staleness bound and no missed heartbeat."""
-        return (self.snapshot is not None and now - self.taken_at <= knobs.staleness_s
-                and now - self.last_seen <= knobs.heartbeat_s)
+        return (
+            self.snapshot is not None
+            and now - self.taken_at <= knobs.staleness_s
+            and now - self.last_seen <= knobs.heartbeat_s
+        )
 
     def placeable(self, model: str, now: float, knobs: RouterKnobs) -> bool:
         """Eligible for non-reserved placement of `model`."""
@@ -196,7 +213,9 @@ class InstanceBook:
         before = inst.health_ok
         inst.report_health(healthy, now)
         if inst.health_ok != before and inst.snapshot is not None:
-            self._reshare(inst, inst.open_share.keys() | inst.snapshot.models.keys() | inst.ov_model.keys())
+            self._reshare(
+                inst, inst.open_share.keys() | inst.snapshot.models.keys() | inst.ov_model.keys()
+            )
         return True
 
     def set_closed(self, name: str, closed: bool) -> None:
@@ -204,7 +223,9 @@ class InstanceBook:
         inst = self._by_name.get(name)
         if inst is not None:
             inst.closed = closed
-            inst.allowed = frozenset() if closed or inst.snapshot is None else inst.snapshot.allowed_models
+            inst.allowed = (
+                frozenset() if closed or inst.snapshot is None else inst.snapshot.allowed_models
+            )
 
     def remove(self, name: str) -> list[InFlight]:
         inst = self._by_name.pop(name, None)

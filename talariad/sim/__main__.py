@@ -23,7 +23,9 @@ from talariad.sim.simulator import simulate
 ROUTER_CALLS, ROUTER_SESSIONS = 120, 30  # §5.3: a 120-call, 30-model-session subset
 
 
-def router_subset(trace: Trace, calls: int = ROUTER_CALLS, sessions: int = ROUTER_SESSIONS) -> Trace:
+def router_subset(
+    trace: Trace, calls: int = ROUTER_CALLS, sessions: int = ROUTER_SESSIONS
+) -> Trace:
     """The first `sessions` sessions, each cut to an equal share of `calls` (at least 1 call)."""
     chosen = trace.sessions[:sessions]
     per = max(calls // max(len(chosen), 1), 1)
@@ -32,15 +34,21 @@ def router_subset(trace: Trace, calls: int = ROUTER_CALLS, sessions: int = ROUTE
 
 def load_trace(args) -> Trace:
     if args.swebv:
-        return load_swebv(args.swebv, seed=args.seed, limit_sessions=args.limit_sessions,
-                          assign_models=list(PAPER_MODELS))
+        return load_swebv(
+            args.swebv,
+            seed=args.seed,
+            limit_sessions=args.limit_sessions,
+            assign_models=list(PAPER_MODELS),
+        )
     if args.trace == "fixed":
         return fixed_replay(args.seed)
     if args.trace == "characterization":
         return characterization(args.limit_sessions or 445, args.seed)
     path = Path(args.trace)
     if not path.is_file():
-        raise ValueError(f"--trace: no such file {args.trace!r} (or use 'fixed' / 'characterization')")
+        raise ValueError(
+            f"--trace: no such file {args.trace!r} (or use 'fixed' / 'characterization')"
+        )
     trace = read_jsonl(path)
     if args.limit_sessions:
         trace = Trace(trace.sessions[: args.limit_sessions])
@@ -63,8 +71,9 @@ def config_plan(trace: Trace, suites: list[str], path: str, console: Console):
     if any(a != b for a, b in mapping.items()):
         pairs = ", ".join(f"{a} -> {b}" for a, b in mapping.items())
         console.print(f"trace models on config models: {pairs}")
-        trace = Trace([dataclasses.replace(c, model=mapping[c.model]) for c in s]
-                      for s in trace.sessions)
+        trace = Trace(
+            [dataclasses.replace(c, model=mapping[c.model]) for c in s] for s in trace.sessions
+        )
     small = router_subset(trace)
     out, pset = [], None
     for name in suites:
@@ -95,7 +104,9 @@ def compare(args) -> int:
         picked = [r for (cfg, _), r in zip(runs, results) if _suite_of(cfg) == name]
         paper = name == "ablations" and not args.config  # the paper's numbers are for its box
         print_report(picked, console=console, title=f"{name}: {title}", paper=paper)
-    console.print("wall-clock per config: " + ", ".join(f"{r.config} {r.wall_clock_s:.1f}s" for r in results))
+    console.print(
+        "wall-clock per config: " + ", ".join(f"{r.config} {r.wall_clock_s:.1f}s" for r in results)
+    )
     if args.json:
         Path(args.json).write_text(to_json(results))
     if args.plots:
@@ -115,14 +126,22 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compare", help="run a trace under a suite of configurations")
     c.add_argument("--trace", default="fixed", help="fixed | characterization | PATH.jsonl[.gz]")
-    c.add_argument("--swebv", metavar="PATH", help="a real *_calls.jsonl.gz trace (spread over the paper's models)")
+    c.add_argument(
+        "--swebv",
+        metavar="PATH",
+        help="a real *_calls.jsonl.gz trace (spread over the paper's models)",
+    )
     c.add_argument("--limit-sessions", type=int, help="keep the first N sessions")
     c.add_argument("--suite", choices=(*SUITES, "all"), default="ablations")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--profiles", default="paper-tp8", help="bundled profile set name or a YAML path")
-    c.add_argument("--config", metavar="TALARIA_YAML",
-                   help="simulate this config's instances, models, pools and knobs "
-                        "(instead of --profiles)")
+    c.add_argument(
+        "--profiles", default="paper-tp8", help="bundled profile set name or a YAML path"
+    )
+    c.add_argument(
+        "--config",
+        metavar="TALARIA_YAML",
+        help="simulate this config's instances, models, pools and knobs (instead of --profiles)",
+    )
     c.add_argument("--json", metavar="FILE")
     c.add_argument("--plots", metavar="DIR")
     c.add_argument("--no-progress", action="store_true")

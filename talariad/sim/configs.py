@@ -22,16 +22,25 @@ from dataclasses import dataclass
 
 from talariad.cold_sched import SchedKnobs, ablation
 from talariad.config import AblationConfig, PolicyConfig, TalariaConfig
-from talariad.knobs import (config_router_knobs, config_sched_knobs, profile_set, router_knobs,
-                            sched_knobs)
+from talariad.knobs import (
+    config_router_knobs,
+    config_sched_knobs,
+    profile_set,
+    router_knobs,
+    sched_knobs,
+)
 from talariad.router import POLICIES, RouterKnobs
 from talariad.sim.memory import memory_spec
 from talariad.sim.profiles import ProfileSet
 from talariad.types import Pool
 
-ABLATION_NAMES = {"Talaria": "talaria", "no-SP": "no-sp", "no-HKVR": "no-hkvr",
-                  "H2D-only": "h2d-only",
-             "Round-only": "round-only"}
+ABLATION_NAMES = {
+    "Talaria": "talaria",
+    "no-SP": "no-sp",
+    "no-HKVR": "no-hkvr",
+    "H2D-only": "h2d-only",
+    "Round-only": "round-only",
+}
 LOADS = {"low": 30.0, "medium": 10.0, "high": 2.0}  # seconds between session starts
 TAUS = (0.0, 0.5, 1.0, 2.0, 5.0)
 FIRST_POLICIES = ("talaria", "least-pressure", "session-sticky")
@@ -71,7 +80,9 @@ class SimConfig:
         if not self.instances:
             raise ValueError(f"config {self.name!r}: instances must not be empty")
         if self.heartbeat_s <= 0:
-            raise ValueError(f"config {self.name!r}: heartbeat_s must be > 0, got {self.heartbeat_s}")
+            raise ValueError(
+                f"config {self.name!r}: heartbeat_s must be > 0, got {self.heartbeat_s}"
+            )
         if self.start_interval_s < 0:
             raise ValueError(f"config {self.name!r}: start_interval_s must be >= 0")
         POLICIES.get(self.policy)  # ValueError naming the valid policies
@@ -80,8 +91,11 @@ class SimConfig:
 def kv_capacity_tokens(pset: ProfileSet, models) -> int | None:
     """Device KV capacity in tokens for the tightest model (None: the profiles carry no KV size)."""
     spec = memory_spec(pset)
-    caps = [(spec.hbm_bytes - spec.weight_bytes[m]) // spec.kv_bytes_per_token[m]
-            for m in models if spec.kv_bytes_per_token.get(m)]
+    caps = [
+        (spec.hbm_bytes - spec.weight_bytes[m]) // spec.kv_bytes_per_token[m]
+        for m in models
+        if spec.kv_bytes_per_token.get(m)
+    ]
     return max(int(min(caps)), 1) if caps else None
 
 
@@ -98,8 +112,9 @@ def ablation_configs(pset: ProfileSet, models: tuple[str, ...]) -> list[SimConfi
     box = (InstanceSpec("tp8", models),)
     base = base_knobs(pset, models)
     router = router_knobs(PolicyConfig(), AblationConfig(), overload="spill")
-    rows = [SimConfig(name, box, ablation(key, base), router)
-            for name, key in ABLATION_NAMES.items()]
+    rows = [
+        SimConfig(name, box, ablation(key, base), router) for name, key in ABLATION_NAMES.items()
+    ]
     unlimited = dataclasses.replace(ablation("talaria", base), kv_capacity_tokens=1 << 40)
     return [*rows, SimConfig(FAIR_SHARE, box, unlimited, router, overhead_free=True)]
 
@@ -115,16 +130,36 @@ def policy_order() -> list[str]:
 def router_configs(pset: ProfileSet, models: tuple[str, ...]) -> list[SimConfig]:
     knobs = base_knobs(pset, models)
     router = router_knobs(PolicyConfig(), AblationConfig())
-    return [SimConfig(f"{policy}@{load}", router_box(models), knobs, router, policy,
-                      interval, prewarm=False, load=load)
-            for load, interval in LOADS.items() for policy in policy_order()]
+    return [
+        SimConfig(
+            f"{policy}@{load}",
+            router_box(models),
+            knobs,
+            router,
+            policy,
+            interval,
+            prewarm=False,
+            load=load,
+        )
+        for load, interval in LOADS.items()
+        for policy in policy_order()
+    ]
 
 
 def tau_configs(pset: ProfileSet, models: tuple[str, ...]) -> list[SimConfig]:
-    return [SimConfig(f"tau={tau:g}s", router_box(models), base_knobs(pset, models, tau),
-                      router_knobs(PolicyConfig(tau_s=tau), AblationConfig()), "talaria",
-                      LOADS["medium"], prewarm=False, tau_s=tau)
-            for tau in TAUS]
+    return [
+        SimConfig(
+            f"tau={tau:g}s",
+            router_box(models),
+            base_knobs(pset, models, tau),
+            router_knobs(PolicyConfig(tau_s=tau), AblationConfig()),
+            "talaria",
+            LOADS["medium"],
+            prewarm=False,
+            tau_s=tau,
+        )
+        for tau in TAUS
+    ]
 
 
 def suite(name: str, pset: ProfileSet, models: tuple[str, ...]) -> list[SimConfig]:
@@ -154,21 +189,52 @@ def from_config(cfg: TalariaConfig, suite_name: str) -> tuple[list[SimConfig], P
     base = config_sched_knobs(cfg, kv_capacity_tokens(pset, models))
     router, box, beat = config_router_knobs(cfg), config_box(cfg), cfg.policy.telemetry_interval_s
     if suite_name == "ablations":
-        rows = [SimConfig(name, box, ablation(key, base), router, cfg.policy.router,
-                          heartbeat_s=beat) for name, key in ABLATION_NAMES.items()]
+        rows = [
+            SimConfig(name, box, ablation(key, base), router, cfg.policy.router, heartbeat_s=beat)
+            for name, key in ABLATION_NAMES.items()
+        ]
         unlimited = dataclasses.replace(ablation("talaria", base), kv_capacity_tokens=1 << 40)
-        fair = SimConfig(FAIR_SHARE, box, unlimited, router, cfg.policy.router, heartbeat_s=beat,
-                         overhead_free=True)
+        fair = SimConfig(
+            FAIR_SHARE,
+            box,
+            unlimited,
+            router,
+            cfg.policy.router,
+            heartbeat_s=beat,
+            overhead_free=True,
+        )
         return [*rows, fair], pset
     if suite_name == "router":
-        return [SimConfig(f"{policy}@{load}", box, base, router, policy, interval, prewarm=False,
-                          heartbeat_s=beat, load=load)
-                for load, interval in LOADS.items() for policy in policy_order()], pset
+        return [
+            SimConfig(
+                f"{policy}@{load}",
+                box,
+                base,
+                router,
+                policy,
+                interval,
+                prewarm=False,
+                heartbeat_s=beat,
+                load=load,
+            )
+            for load, interval in LOADS.items()
+            for policy in policy_order()
+        ], pset
     if suite_name == "tau":
-        return [SimConfig(f"tau={tau:g}s", box, dataclasses.replace(base, sp_hold_s=tau),
-                          dataclasses.replace(router, tau_s=tau), cfg.policy.router,
-                          LOADS["medium"],
-                          prewarm=False, heartbeat_s=beat, tau_s=tau) for tau in TAUS], pset
+        return [
+            SimConfig(
+                f"tau={tau:g}s",
+                box,
+                dataclasses.replace(base, sp_hold_s=tau),
+                dataclasses.replace(router, tau_s=tau),
+                cfg.policy.router,
+                LOADS["medium"],
+                prewarm=False,
+                heartbeat_s=beat,
+                tau_s=tau,
+            )
+            for tau in TAUS
+        ], pset
     raise ValueError(f"unknown suite {suite_name!r}; choose from {SUITES} or 'all'")
 
 

@@ -6,8 +6,8 @@ tokens (`LatencyProfile.prefill_s` + `restore_s`). Decode: one iteration at the 
 Switch: the profile's table for the path; a partial D2D switch with a known uncovered share of
 the weights costs D2D + uncovered x (H2D - D2D) (App. D: "partial staging lands between the two
 according to the uncovered H2D fraction"); an H2D fallback with staging on costs the profile's
-`fallback_s` (§5.6 measures it apart from the H2D-only configuration's opens); a first open of a model the instance never held is a
-full open (`open_s`).
+`fallback_s` (§5.6 measures it apart from the H2D-only configuration's opens); a first open of a
+model the instance never held is a full open (`open_s`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,13 @@ def decode_seconds(action: Decode, prof: LatencyProfile) -> float:
     return prof.decode_s(len(action.call_ids))
 
 
-def switch_seconds(prof: LatencyProfile, path: SwitchPath, uncovered: float | None = None,
-                   first_open: bool = False, fallback: bool = False) -> float:
+def switch_seconds(
+    prof: LatencyProfile,
+    path: SwitchPath,
+    uncovered: float | None = None,
+    first_open: bool = False,
+    fallback: bool = False,
+) -> float:
     """`uncovered`: the share of target weights not staged (partial path only; None: table);
     `fallback`: an H2D open although D2D staging is on (nothing usable was staged)."""
     if first_open:
@@ -40,13 +45,19 @@ def switch_seconds(prof: LatencyProfile, path: SwitchPath, uncovered: float | No
     return prof.switch_cost_s(path)
 
 
-def action_seconds(action: Action, profiles: dict[str, LatencyProfile],
-                   path: SwitchPath | None = None, uncovered: float | None = None,
-                   first_open: bool = False, fallback: bool = False) -> float:
+def action_seconds(
+    action: Action,
+    profiles: dict[str, LatencyProfile],
+    path: SwitchPath | None = None,
+    uncovered: float | None = None,
+    first_open: bool = False,
+    fallback: bool = False,
+) -> float:
     """Seconds `action` takes; for a switch, `path` is how the weights were actually opened."""
     if isinstance(action, Switch):
-        return switch_seconds(profiles[action.to_model], path or action.path, uncovered, first_open,
-                              fallback)
+        return switch_seconds(
+            profiles[action.to_model], path or action.path, uncovered, first_open, fallback
+        )
     if isinstance(action, Prefill):
         return prefill_seconds(action, profiles[action.model])
     if isinstance(action, Decode):

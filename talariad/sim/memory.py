@@ -50,12 +50,16 @@ Key = tuple[str, str]  # (session, model)
 
 
 class MemoryModel(Protocol):
-    def plan_switch(self, active: str | None, target: str, device_kv_bytes: int, now: float) -> SwitchPlan: ...
+    def plan_switch(
+        self, active: str | None, target: str, device_kv_bytes: int, now: float
+    ) -> SwitchPlan: ...
     def switched(self, now: float, target: str | None) -> None: ...
     def save(self, entries: list[tuple[Key, int]]) -> list[Key]: ...
     def touch(self, key: Key) -> None: ...
     def kv_budget_bytes(self, active: str) -> int: ...
-    def footprint(self, active: str | None, target: str | None, device_kv_bytes: int, now: float) -> int: ...
+    def footprint(
+        self, active: str | None, target: str | None, device_kv_bytes: int, now: float
+    ) -> int: ...
 
 
 def memory_spec(pset) -> MemorySpec:
@@ -63,11 +67,19 @@ def memory_spec(pset) -> MemorySpec:
     from a `ProfileSet`."""
     box = pset.box
     weights = {m: s.weight_bytes_per_gpu or s.profile.weight_bytes for m, s in pset.models.items()}
-    kv = {m: s.kv_bytes_per_token_per_gpu or s.profile.kv_bytes_per_token
-          for m, s in pset.models.items()}
+    kv = {
+        m: s.kv_bytes_per_token_per_gpu or s.profile.kv_bytes_per_token
+        for m, s in pset.models.items()
+    }
     host_kv = box.host_memory_bytes - box.tp * sum(weights.values())
-    return MemorySpec(int(box.hbm_per_gpu_bytes * box.mem_fraction_bump), max(host_kv, 0), box.tp,
-                      box.h2d_bytes_per_s, weights, kv)
+    return MemorySpec(
+        int(box.hbm_per_gpu_bytes * box.mem_fraction_bump),
+        max(host_kv, 0),
+        box.tp,
+        box.h2d_bytes_per_s,
+        weights,
+        kv,
+    )
 
 
 class SimMemory:
@@ -85,22 +97,32 @@ class SimMemory:
 
     # ---- staging and switches -------------------------------------------------------------
 
-    def staged_bytes(self, active: str | None, target: str, device_kv_bytes: int, now: float) -> int:
+    def staged_bytes(
+        self, active: str | None, target: str, device_kv_bytes: int, now: float
+    ) -> int:
         """Clean staged bytes of `target`: 0 unless it is the model being staged."""
         if not self.d2d or active is None or target != self.stage_target:
             return 0
         s = self.spec
         slack = s.hbm_bytes - s.weight_bytes.get(active, 0) - max(self.kv_peak, device_kv_bytes)
-        copied = (float("inf") if s.h2d_bytes_per_s is None
-                  else s.h2d_bytes_per_s * max(now - self.stage_from - self.link_busy_s, 0.0))
+        copied = (
+            float("inf")
+            if s.h2d_bytes_per_s is None
+            else s.h2d_bytes_per_s * max(now - self.stage_from - self.link_busy_s, 0.0)
+        )
         return int(max(0.0, min(s.weight_bytes.get(target, 0), slack, copied)))
 
-    def plan_switch(self, active: str | None, target: str, device_kv_bytes: int, now: float) -> SwitchPlan:
+    def plan_switch(
+        self, active: str | None, target: str, device_kv_bytes: int, now: float
+    ) -> SwitchPlan:
         weight = self.spec.weight_bytes.get(target, 0)
         staged = self.staged_bytes(active, target, device_kv_bytes, now)
         if not self.d2d or staged <= 0 or weight <= 0:
-            return SwitchPlan(SwitchPath.D2D if self.d2d and weight <= 0 else SwitchPath.H2D,
-                              0.0 if self.d2d and weight <= 0 else 1.0, staged)
+            return SwitchPlan(
+                SwitchPath.D2D if self.d2d and weight <= 0 else SwitchPath.H2D,
+                0.0 if self.d2d and weight <= 0 else 1.0,
+                staged,
+            )
         if staged >= weight:
             return SwitchPlan(SwitchPath.D2D, 0.0, staged)
         return SwitchPlan(SwitchPath.PARTIAL, 1.0 - staged / weight, staged)
@@ -159,7 +181,9 @@ class SimMemory:
     def kv_bytes(self, model: str, tokens: int) -> int:
         return tokens * self.spec.kv_bytes_per_token.get(model, 0)
 
-    def footprint(self, active: str | None, target: str | None, device_kv_bytes: int, now: float) -> int:
+    def footprint(
+        self, active: str | None, target: str | None, device_kv_bytes: int, now: float
+    ) -> int:
         """Per-GPU HBM in use: active weights + staged next weights + the active model's KV."""
         if active is None:
             return 0

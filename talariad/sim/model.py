@@ -11,7 +11,7 @@ budget moves the least recently used idle prefixes off the device.
 
 from __future__ import annotations
 
-from talariad.cold_sched import Decode, Prefill, Switch
+from talariad.cold_sched import Decode, Switch
 from talariad.cold_sched.rounds import staging_target
 from talariad.instance.contract import KVUpdate, MemoryStats, StepPlan, StepResult
 from talariad.sim.costs import action_seconds, decode_seconds
@@ -139,8 +139,12 @@ class SimModel:
         lost = KVState.HOST if self.mem.host_kv else KVState.MISSING
         after = {k: lost for k, _ in demoted}  # the scheduler demotes them at the switch
         updates = self._forget(self.mem.save(demoted), plan, after)
-        return StepResult(kv_updates=updates, switch_path=path, seconds=seconds,
-                          staging=self.staging if self.mem.d2d else None)
+        return StepResult(
+            kv_updates=updates,
+            switch_path=path,
+            seconds=seconds,
+            staging=self.staging if self.mem.d2d else None,
+        )
 
     # ---- device KV pressure and host KV -----------------------------------------------------
 
@@ -166,10 +170,14 @@ class SimModel:
         over = used - self.mem.kv_budget_bytes(model)
         if over <= 0:
             return []
-        busy = {c.session_id for cid, c in plan.live.items() if cid not in ending and c.model == model}
+        busy = {
+            c.session_id for cid, c in plan.live.items() if cid not in ending and c.model == model
+        }
         state = KVState.HOST if self.mem.host_kv else KVState.MISSING
         updates, moved = [], []
-        for _, _, key, kv_len in sorted(x for x in device if not (x[2][1] == model and x[2][0] in busy)):
+        for _, _, key, kv_len in sorted(
+            x for x in device if not (x[2][1] == model and x[2][0] in busy)
+        ):
             if over <= 0:
                 break
             over -= self.mem.kv_bytes(key[1], kv_len)

@@ -50,8 +50,13 @@ class Pending:
 
 
 class Simulator:
-    def __init__(self, trace: Trace, config: SimConfig, pset: ProfileSet,
-                 on_session_done: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        config: SimConfig,
+        pset: ProfileSet,
+        on_session_done: Callable[[], None] | None = None,
+    ) -> None:
         missing = sorted(set(trace.models()) - set(pset.models))
         if missing:
             raise ValueError(f"trace models {missing} have no profile in set {pset.name!r}")
@@ -62,9 +67,17 @@ class Simulator:
             spec = dataclasses.replace(spec, hbm_bytes=1 << 60, host_kv_bytes=1 << 60)
         self.router = Router(config.router, self.profiles, policy=config.policy)
         self.instances = {
-            i.name: SimInstance(i.name, i.pool, list(i.models), config.sched, self.profiles,
-                                SimMemory(spec, config.sched.d2d, config.sched.host_kv), config.prewarm)
-            for i in config.instances}
+            i.name: SimInstance(
+                i.name,
+                i.pool,
+                list(i.models),
+                config.sched,
+                self.profiles,
+                SimMemory(spec, config.sched.d2d, config.sched.host_kv),
+                config.prewarm,
+            )
+            for i in config.instances
+        }
         self.on_session_done = on_session_done or (lambda: None)
         self._heap: list = []
         self._seq = 0
@@ -73,8 +86,12 @@ class Simulator:
         self._starts: dict[int, float] = {}
         self._left = len(trace.sessions)
         self._now = 0.0
-        self.result = RunResult(config.name, policy=config.policy if config.load or config.tau_s is not None
-                                else None, load=config.load, tau_s=config.tau_s)
+        self.result = RunResult(
+            config.name,
+            policy=config.policy if config.load or config.tau_s is not None else None,
+            load=config.load,
+            tau_s=config.tau_s,
+        )
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -89,10 +106,14 @@ class Simulator:
             now, _, kind, payload = heapq.heappop(self._heap)
             self._now = now
             if now > MAX_VIRTUAL_S:
-                raise RuntimeError(f"{self.cfg.name}: no progress by t={now:.0f}s ({self._left} sessions left)")
+                raise RuntimeError(
+                    f"{self.cfg.name}: no progress by t={now:.0f}s ({self._left} sessions left)"
+                )
             handlers[kind](now, payload)
         if self._left:
-            raise RuntimeError(f"{self.cfg.name}: event queue ran dry with {self._left} sessions left")
+            raise RuntimeError(
+                f"{self.cfg.name}: event queue ran dry with {self._left} sessions left"
+            )
         self._finish_result()
         self.result.wall_clock_s = time.perf_counter() - t0
         return self.result
@@ -117,8 +138,14 @@ class Simulator:
 
     def _place(self, p: Pending, now: float) -> None:
         c = p.call
-        req = CallRequest(p.call_id, c.session_id, c.model, c.prompt_tokens, c.prefix_tokens,
-                          max(c.output_tokens, 1))
+        req = CallRequest(
+            p.call_id,
+            c.session_id,
+            c.model,
+            c.prompt_tokens,
+            c.prefix_tokens,
+            max(c.output_tokens, 1),
+        )
         self._telemetry(now)
         decision = self.router.place(req, now)
         if not decision.kind.places:
@@ -130,8 +157,15 @@ class Simulator:
         p.opened = not p.resident
         others = (o for o in self.instances.values() if o is not inst)
         p.avoidable = p.opened and any(c.model in o.placed for o in others)
-        inst.submit(p.call_id, c.session_id, c.model, max(c.prompt_tokens, 1), c.prefix_tokens,
-                    req.max_tokens, now)
+        inst.submit(
+            p.call_id,
+            c.session_id,
+            c.model,
+            max(c.prompt_tokens, 1),
+            c.prefix_tokens,
+            req.max_tokens,
+            now,
+        )
         if not inst.busy:
             self._step(inst, now)
 
@@ -172,17 +206,32 @@ class Simulator:
         prev = self._last_inst.get(s)
         self._last_inst[s] = inst.name
         source = done.call.kv_source
-        self.result.calls.append(CallRecord(
-            p.call.session_id, k, p.call.model, inst.name, p.intended_s, c.first_token_at, now,
-            same_instance=None if k == 0 else prev == inst.name, model_resident=p.resident,
-            opened_model=p.opened, avoidable_open=p.avoidable, kv_source=source,
-            parked_times=c.parked_times, park_cost_s=c.park_cost_s))
+        self.result.calls.append(
+            CallRecord(
+                p.call.session_id,
+                k,
+                p.call.model,
+                inst.name,
+                p.intended_s,
+                c.first_token_at,
+                now,
+                same_instance=None if k == 0 else prev == inst.name,
+                model_resident=p.resident,
+                opened_model=p.opened,
+                avoidable_open=p.avoidable,
+                kv_source=source,
+                parked_times=c.parked_times,
+                park_cost_s=c.park_cost_s,
+            )
+        )
         session = self.trace.sessions[s]
         if k + 1 < len(session):
             self._push(now + session[k + 1].gap_s, RELEASE, (s, k + 1))
         else:
             self._left -= 1
-            self.result.sessions.append(SessionRecord(p.call.session_id, p.call.model, self._starts[s], now))
+            self.result.sessions.append(
+                SessionRecord(p.call.session_id, p.call.model, self._starts[s], now)
+            )
             self.on_session_done()
 
     # ---- telemetry ------------------------------------------------------------------------
@@ -204,17 +253,30 @@ class Simulator:
     def _finish_result(self) -> None:
         r = self.result
         alone = single_tenant_bounds(self.trace, self.profiles)
-        r.sessions = sorted((SessionRecord(x.session_id, x.model, x.start_s, x.end_s, alone[x.session_id])
-                             for x in r.sessions), key=lambda x: x.session_id)
+        r.sessions = sorted(
+            (
+                SessionRecord(x.session_id, x.model, x.start_s, x.end_s, alone[x.session_id])
+                for x in r.sessions
+            ),
+            key=lambda x: x.session_id,
+        )
         if self.cfg.start_interval_s == 0:  # the strict bound assumes sessions start together
             r.rank_bounds = rank_bounds(self.trace, self.profiles)
         r.calls.sort(key=lambda x: (x.session_id, x.call_idx))
         for inst in self.instances.values():
             r.switches += inst.core.switches
             s = inst.sched
-            r.rounds += [RoundRecord(x.index, inst.name, x.wall_s, x.active_s, x.switch_s,
-                                     inst.model.hbm_by_round.get(x.index, 0))
-                         for x in s.round_summaries]
+            r.rounds += [
+                RoundRecord(
+                    x.index,
+                    inst.name,
+                    x.wall_s,
+                    x.active_s,
+                    x.switch_s,
+                    inst.model.hbm_by_round.get(x.index, 0),
+                )
+                for x in s.round_summaries
+            ]
             if (last := open_round(inst, self._now)) is not None:
                 r.rounds.append(last)
             r.hbm_peak_bytes = max(r.hbm_peak_bytes, inst.model.hbm_peak)
@@ -226,8 +288,9 @@ class Simulator:
 def overhead_free(prof: LatencyProfile) -> LatencyProfile:
     """The profile with free switches, opens and restores (the fair-share reference)."""
     free = dict.fromkeys(SwitchPath, 0.0)
-    return dataclasses.replace(prof, switch_s=free, fallback_s=0.0, open_s=0.0,
-                               restore_s_per_token=0.0)
+    return dataclasses.replace(
+        prof, switch_s=free, fallback_s=0.0, open_s=0.0, restore_s_per_token=0.0
+    )
 
 
 def open_round(inst: SimInstance, end: float) -> RoundRecord | None:
@@ -237,11 +300,21 @@ def open_round(inst: SimInstance, end: float) -> RoundRecord | None:
     if cur is None:
         return None
     active = cur.active_s + (end - slot.opened_at if slot is not None else 0.0)
-    return RoundRecord(cur.index, inst.name, active + cur.switch_s, active, cur.switch_s,
-                       inst.model.hbm_by_round.get(cur.index, 0))
+    return RoundRecord(
+        cur.index,
+        inst.name,
+        active + cur.switch_s,
+        active,
+        cur.switch_s,
+        inst.model.hbm_by_round.get(cur.index, 0),
+    )
 
 
-def simulate(trace: Trace, config: SimConfig, pset: ProfileSet,
-             on_session_done: Callable[[], None] | None = None) -> RunResult:
+def simulate(
+    trace: Trace,
+    config: SimConfig,
+    pset: ProfileSet,
+    on_session_done: Callable[[], None] | None = None,
+) -> RunResult:
     """Run one configuration over one trace; same inputs give the same numbers."""
     return Simulator(trace, config, pset, on_session_done).run()

@@ -88,10 +88,17 @@ class VirtualDriver:
     def submit(self, call: SubmittedCall, now: float) -> None:
         """Queue a scripted call through the instance core, its prefix as the test states it."""
         self.submitted[call.call_id] = call
-        record = InstanceCall(call.call_id, call.session_id, call.model, call.prompt_tokens,
-                              call.max_tokens, call.arrived_at)
-        self.core.submit_resolved(record, call.prefix_tokens, call.prefix_state,
-                                  call.is_continuation, now)
+        record = InstanceCall(
+            call.call_id,
+            call.session_id,
+            call.model,
+            call.prompt_tokens,
+            call.max_tokens,
+            call.arrived_at,
+        )
+        self.core.submit_resolved(
+            record, call.prefix_tokens, call.prefix_state, call.is_continuation, now
+        )
 
     def _release(self, until: float) -> None:
         """Submit everything that arrives up to `until`, each at its own arrival time."""

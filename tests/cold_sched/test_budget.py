@@ -174,6 +174,8 @@ def test_an_over_budget_recompute_still_gets_its_protected_decode_steps():
     done = d.completions.get("long#0")
     assert done is not None and done.completion_tokens == 400
     step = PROFILE.decode_s(1)
-    plan = plan_slot(knobs.round_bound_s, 2, 2 * PROFILE.switch_cost_s(SwitchPath.H2D), knobs.tpot_target_s, step)
+    plan = plan_slot(
+        knobs.round_bound_s, 2, 2 * PROFILE.switch_cost_s(SwitchPath.H2D), knobs.tpot_target_s, step
+    )
     a_prefills = [s for s in d.actions(Prefill) if "long#0" in s.action.call_ids]
     assert len(a_prefills) <= 400 // plan.decode_iters + 1  # one recompute per slot it decoded in

@@ -13,8 +13,12 @@ def _sched() -> ColdScheduler:
 
 
 def _submit(s: ColdScheduler, cid: str, model: str, now: float) -> None:
-    s.submit(SubmittedCall(call_id=cid, session_id=cid, model=model, prompt_tokens=10, max_tokens=1,
-                           arrived_at=now), now)
+    s.submit(
+        SubmittedCall(
+            call_id=cid, session_id=cid, model=model, prompt_tokens=10, max_tokens=1, arrived_at=now
+        ),
+        now,
+    )
 
 
 def test_failed_switch_skips_the_slot_and_keeps_the_calls():
@@ -34,7 +38,10 @@ def test_failed_switch_skips_the_slot_and_keeps_the_calls():
     assert s.ledger.get("a1", "a").state is KVState.HOST  # a was released all the same
     assert list(s.table.waiting["b"]) == ["b1"]  # re-queued, not lost
     nxt = s.next_action(t + 1)
-    assert isinstance(nxt, Switch) and (nxt.from_model, nxt.to_model) == (None, "c")  # b's slot skipped
+    assert isinstance(nxt, Switch) and (nxt.from_model, nxt.to_model) == (
+        None,
+        "c",
+    )  # b's slot skipped
     s.finish(nxt, t + 2, 1.0)
     assert isinstance(s.next_action(t + 2), Prefill)
     s.check_integrity()

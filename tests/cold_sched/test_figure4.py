@@ -237,7 +237,9 @@ def test_dfin_drains_in_flight_decode_within_the_round_bound():
     round has budget left and Dfin spends it finishing A's in-flight call instead of parking it."""
     fast = dataclasses.replace(PROFILE, open_s=0.15)
     sessions = [Session("a", "A", [Turn(1000, 150)]), Session("b", "B", [Turn(1000, 5)])]
-    d = VirtualDriver(ColdScheduler(ablation("talaria"), {"A": fast, "B": fast}, ["A", "B"]), sessions)
+    d = VirtualDriver(
+        ColdScheduler(ablation("talaria"), {"A": fast, "B": fast}, ["A", "B"]), sessions
+    )
     d.run(until=1.0)
     share = d.sched.slot.plan.budget_s
     assert d.sched.slot.model == "A" and share < 4.5  # 150 tokens at 30 ms do not fit the share

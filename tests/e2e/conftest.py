@@ -51,8 +51,13 @@ def _pump(stream, sink: queue.Queue) -> None:
         sink.put(line)
 
 
-def start_daemon(tmp_path: pathlib.Path, overrides: dict | None = None, executor: str | None = None,
-                 base: dict | None = None, instance: dict | None = None) -> Daemon:
+def start_daemon(
+    tmp_path: pathlib.Path,
+    overrides: dict | None = None,
+    executor: str | None = None,
+    base: dict | None = None,
+    instance: dict | None = None,
+) -> Daemon:
     """The embedded default config (or `base`), with `overrides` merged into its sections, every
     instance's executor replaced by `executor` when given and `instance` merged into every instance."""
     cfg = base or yaml.safe_load((ROOT / "etc" / "talaria.yaml").read_text())
@@ -70,8 +75,14 @@ def start_daemon(tmp_path: pathlib.Path, overrides: dict | None = None, executor
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify.sock"))
     env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "talariad.cli", "run", "--config", str(config_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "talariad.cli", "run", "--config", str(config_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     deadline = time.monotonic() + 90

@@ -37,8 +37,10 @@ class ScriptedExecutor(SimExecutor):
 
     def _next_word(self, call) -> CallOutput:
         at = sum(len(p) for p in call.out)
-        text = self.script[at:at + self.piece]
-        return CallOutput(text=text, finish_reason="stop" if at + self.piece >= len(self.script) else None)
+        text = self.script[at : at + self.piece]
+        return CallOutput(
+            text=text, finish_reason="stop" if at + self.piece >= len(self.script) else None
+        )
 
 
 class LocalDirectory(InstanceDirectory):
@@ -88,10 +90,13 @@ async def local_gateway(script: str | None = None, overrides: dict | None = None
                 routing.observe(w.telemetry(), time.monotonic())
             await asyncio.sleep(0.05)
 
-    tasks = [asyncio.create_task(w.run()) for w in workers.values()] + [asyncio.create_task(telemetry())]
+    tasks = [asyncio.create_task(w.run()) for w in workers.values()] + [
+        asyncio.create_task(telemetry())
+    ]
     await asyncio.sleep(0.1)
-    client = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=build_app(gw)), base_url="http://talaria",
-                               timeout=30)
+    client = httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=build_app(gw)), base_url="http://talaria", timeout=30
+    )
     try:
         yield client
     finally:

@@ -25,7 +25,9 @@ def keyed(tmp_path_factory):
     d.notify.close()
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer sk-wrong"}, {"x-api-key": "sk-firs"}])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer sk-wrong"}, {"x-api-key": "sk-firs"}]
+)
 def test_openai_paths_need_a_key(keyed, headers):
     r = httpx.get(f"{keyed.endpoint}/v1/models", headers=headers, timeout=10)
     assert r.status_code == 401
@@ -34,14 +36,23 @@ def test_openai_paths_need_a_key(keyed, headers):
 
 
 def test_anthropic_path_answers_in_its_own_shape(keyed):
-    r = httpx.post(f"{keyed.endpoint}/v1/messages", json=MSG, headers={"x-api-key": "nope"}, timeout=10)
+    r = httpx.post(
+        f"{keyed.endpoint}/v1/messages", json=MSG, headers={"x-api-key": "nope"}, timeout=10
+    )
     assert r.status_code == 401
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "authentication_error"
 
 
-@pytest.mark.parametrize("headers", [{"Authorization": "Bearer sk-first"}, {"x-api-key": "sk-second"}])
+@pytest.mark.parametrize(
+    "headers", [{"Authorization": "Bearer sk-first"}, {"x-api-key": "sk-second"}]
+)
 def test_a_listed_key_is_accepted_either_way(keyed, headers):
-    assert httpx.post(f"{keyed.endpoint}/v1/messages", json=MSG, headers=headers, timeout=30).status_code == 200
+    assert (
+        httpx.post(
+            f"{keyed.endpoint}/v1/messages", json=MSG, headers=headers, timeout=30
+        ).status_code
+        == 200
+    )
 
 
 def test_probes_stay_open(keyed):
@@ -53,7 +64,17 @@ def test_keys_rotate_on_sighup(keyed):
     (keyed.config_path.parent / "keys.txt").write_text("sk-third\n")
     keyed.proc.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 20
-    while httpx.get(f"{keyed.endpoint}/v1/models", headers={"x-api-key": "sk-third"}, timeout=10).status_code != 200:
+    while (
+        httpx.get(
+            f"{keyed.endpoint}/v1/models", headers={"x-api-key": "sk-third"}, timeout=10
+        ).status_code
+        != 200
+    ):
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    assert httpx.get(f"{keyed.endpoint}/v1/models", headers={"x-api-key": "sk-first"}, timeout=10).status_code == 401
+    assert (
+        httpx.get(
+            f"{keyed.endpoint}/v1/models", headers={"x-api-key": "sk-first"}, timeout=10
+        ).status_code
+        == 401
+    )

@@ -19,7 +19,10 @@ from tests.e2e.conftest import stop_daemon
 
 pytestmark = pytest.mark.e2e
 
-CHAT = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the failing test."}]
+CHAT = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "Fix the failing test."},
+]
 
 
 def _client(d) -> openai.OpenAI:
@@ -31,10 +34,13 @@ def test_ready_is_notified(daemon):
 
 
 def test_chat_completion_and_usage(daemon):
-    r = _client(daemon).chat.completions.create(model="tiny-code", messages=CHAT, max_tokens=12,
-                                                extra_headers={"x-session-id": "s-plain"})
+    r = _client(daemon).chat.completions.create(
+        model="tiny-code", messages=CHAT, max_tokens=12, extra_headers={"x-session-id": "s-plain"}
+    )
     assert r.object == "chat.completion" and r.model == "tiny-code"
-    assert r.choices[0].message.role == "assistant" and len(r.choices[0].message.content.split()) == 12
+    assert (
+        r.choices[0].message.role == "assistant" and len(r.choices[0].message.content.split()) == 12
+    )
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 12 and r.usage.prompt_tokens > 0
     assert r.usage.total_tokens == r.usage.prompt_tokens + 12
@@ -43,28 +49,45 @@ def test_chat_completion_and_usage(daemon):
 
 def test_continuation_reuses_prefix(daemon):
     client = _client(daemon)
-    first = client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=6,
-                                           extra_headers={"x-session-id": "s-cont"})
-    turn2 = CHAT + [{"role": "assistant", "content": first.choices[0].message.content},
-                    {"role": "user", "content": "The test passes now."}]
-    second = client.chat.completions.create(model="tiny-chat", messages=turn2, max_tokens=6,
-                                            extra_headers={"x-session-id": "s-cont"})
+    first = client.chat.completions.create(
+        model="tiny-chat", messages=CHAT, max_tokens=6, extra_headers={"x-session-id": "s-cont"}
+    )
+    turn2 = CHAT + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "The test passes now."},
+    ]
+    second = client.chat.completions.create(
+        model="tiny-chat", messages=turn2, max_tokens=6, extra_headers={"x-session-id": "s-cont"}
+    )
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert first.usage.prompt_tokens <= cached < second.usage.prompt_tokens
     # the return came back within τ = 1 s: the router's soft reservation sent it to the same instance
-    talaria_first, talaria_second = first.usage.model_extra["talaria"], second.usage.model_extra["talaria"]
-    assert talaria_second["route"] == "lease_hit" and talaria_second["instance"] == talaria_first["instance"]
+    talaria_first, talaria_second = (
+        first.usage.model_extra["talaria"],
+        second.usage.model_extra["talaria"],
+    )
+    assert (
+        talaria_second["route"] == "lease_hit"
+        and talaria_second["instance"] == talaria_first["instance"]
+    )
     assert talaria_second["kv_source"] == "device"
 
 
 def test_streaming_chat(daemon):
     stream = _client(daemon).chat.completions.create(
-        model="tiny-chat", messages=CHAT, max_tokens=5, stream=True, stream_options={"include_usage": True})
+        model="tiny-chat",
+        messages=CHAT,
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(text.split()) == 5
-    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finish == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 0
@@ -82,14 +105,27 @@ def test_models_lists_every_configured_model(daemon):
     assert ids == {"tiny-chat", "tiny-code", "tiny-agent"}
 
 
-@pytest.mark.parametrize("body, status, param, code", [
-    ({"model": "nope", "messages": CHAT}, 404, "model", "model_not_found"),
-    ({"model": "tiny-chat"}, 400, "messages", "missing_parameter"),
-    ({"model": "tiny-chat", "messages": []}, 400, "messages", "invalid_value"),
-    ({"model": "tiny-chat", "messages": CHAT, "max_tokens": -3}, 400, "max_tokens", "invalid_value"),
-    ({"model": "tiny-chat", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role", "invalid_value"),
-    ({"model": "tiny-chat", "messages": CHAT, "n": 2}, 400, "n", "invalid_value"),
-])
+@pytest.mark.parametrize(
+    "body, status, param, code",
+    [
+        ({"model": "nope", "messages": CHAT}, 404, "model", "model_not_found"),
+        ({"model": "tiny-chat"}, 400, "messages", "missing_parameter"),
+        ({"model": "tiny-chat", "messages": []}, 400, "messages", "invalid_value"),
+        (
+            {"model": "tiny-chat", "messages": CHAT, "max_tokens": -3},
+            400,
+            "max_tokens",
+            "invalid_value",
+        ),
+        (
+            {"model": "tiny-chat", "messages": [{"role": "wizard", "content": "x"}]},
+            400,
+            "messages.0.role",
+            "invalid_value",
+        ),
+        ({"model": "tiny-chat", "messages": CHAT, "n": 2}, 400, "n", "invalid_value"),
+    ],
+)
 def test_client_errors_use_openai_shape(daemon, body, status, param, code):
     r = httpx.post(f"{daemon.endpoint}/v1/chat/completions", json=body, timeout=10)
     assert r.status_code == status
@@ -102,34 +138,59 @@ def test_client_controlled_session_ids_are_safe_everywhere(daemon):
     """Non-ASCII, control characters and Rich markup in a session id: a legal response header,
     and the ctl tables print it as text."""
     for user in ("日本", "x\ny", "[/]bad"):
-        r = httpx.post(f"{daemon.endpoint}/v1/chat/completions", timeout=30,
-                       json={"model": "tiny-chat", "messages": CHAT, "max_tokens": 2, "user": user})
+        r = httpx.post(
+            f"{daemon.endpoint}/v1/chat/completions",
+            timeout=30,
+            json={"model": "tiny-chat", "messages": CHAT, "max_tokens": 2, "user": user},
+        )
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["talaria"]["session_id"] == user
-        with httpx.stream("POST", f"{daemon.endpoint}/v1/chat/completions", timeout=30,
-                          json={"model": "tiny-chat", "messages": CHAT, "max_tokens": 2, "user": user,
-                                "stream": True}) as s:
+        with httpx.stream(
+            "POST",
+            f"{daemon.endpoint}/v1/chat/completions",
+            timeout=30,
+            json={
+                "model": "tiny-chat",
+                "messages": CHAT,
+                "max_tokens": 2,
+                "user": user,
+                "stream": True,
+            },
+        ) as s:
             assert s.status_code == 200 and "[DONE]" in s.read().decode()
     listed = _ctl(daemon, "session", "list")
     assert listed.returncode == 0 and "[/]bad" in listed.stdout, listed.stderr
 
 
-@pytest.mark.parametrize("body, param, code", [
-    ({"max_tokens": 10**9}, "max_tokens", "context_length_exceeded"),
-    ({"seed": 10**30}, "seed", "invalid_value"),
-])
+@pytest.mark.parametrize(
+    "body, param, code",
+    [
+        ({"max_tokens": 10**9}, "max_tokens", "context_length_exceeded"),
+        ({"seed": 10**30}, "seed", "invalid_value"),
+    ],
+)
 def test_calls_that_can_never_be_served_are_400(daemon, body, param, code):
-    r = httpx.post(f"{daemon.endpoint}/v1/chat/completions", timeout=30,
-                   json={"model": "tiny-chat", "messages": CHAT, **body})
+    r = httpx.post(
+        f"{daemon.endpoint}/v1/chat/completions",
+        timeout=30,
+        json={"model": "tiny-chat", "messages": CHAT, **body},
+    )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param and r.json()["error"]["code"] == code
 
 
 def test_malformed_json_is_400(daemon):
-    r = httpx.post(f"{daemon.endpoint}/v1/chat/completions", content=b'{"model": "tiny-chat", "messa',
-                   headers={"content-type": "application/json"}, timeout=10)
+    r = httpx.post(
+        f"{daemon.endpoint}/v1/chat/completions",
+        content=b'{"model": "tiny-chat", "messa',
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
     assert r.status_code == 400
-    assert r.json()["error"]["type"] == "invalid_request_error" and "JSON" in r.json()["error"]["message"]
+    assert (
+        r.json()["error"]["type"] == "invalid_request_error"
+        and "JSON" in r.json()["error"]["message"]
+    )
 
 
 def test_openai_client_raises_not_found(daemon):
@@ -138,8 +199,12 @@ def test_openai_client_raises_not_found(daemon):
 
 
 def _ctl(d, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "talaria_ctl.main", "--socket", d.socket_path, *args],
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "talaria_ctl.main", "--socket", d.socket_path, *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_ctl_status_json(daemon):
@@ -154,8 +219,9 @@ def test_ctl_status_json(daemon):
 
 
 def test_ctl_explains_calls_and_lists_sessions(daemon):
-    r = _client(daemon).chat.completions.create(model="tiny-code", messages=CHAT, max_tokens=2,
-                                                extra_headers={"x-session-id": "s-explain"})
+    r = _client(daemon).chat.completions.create(
+        model="tiny-code", messages=CHAT, max_tokens=2, extra_headers={"x-session-id": "s-explain"}
+    )
     served_by = r.usage.model_extra["talaria"]["instance"]
     explained = _ctl(daemon, "call", "explain", r.id, "--json")
     assert explained.returncode == 0, explained.stderr
@@ -189,8 +255,19 @@ def test_ctl_human_table(daemon):
 
 
 def test_ctl_unreachable_socket_is_one_line_exit_1(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "talaria_ctl.main", "--socket", str(tmp_path / "none.sock"), "status"],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "talaria_ctl.main",
+            "--socket",
+            str(tmp_path / "none.sock"),
+            "status",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 1 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
@@ -201,14 +278,27 @@ async def test_tui_shows_instances(daemon):
     from textual.widgets import DataTable
 
     _client(daemon).chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=1)
-    _client(daemon).chat.completions.create(model="tiny-code", messages=CHAT, max_tokens=1)  # a round on cold0
+    _client(daemon).chat.completions.create(
+        model="tiny-code", messages=CHAT, max_tokens=1
+    )  # a round on cold0
     app = Dashboard(AdminClient(daemon.socket_path), interval_s=0.2)
     async with app.run_test(size=(140, 30)) as pilot:
-        table, decisions = app.query_one("#instances", DataTable), app.query_one("#decisions", DataTable)
-        rounds, switches = app.query_one("#rounds", DataTable), app.query_one("#switches", DataTable)
+        table, decisions = (
+            app.query_one("#instances", DataTable),
+            app.query_one("#decisions", DataTable),
+        )
+        rounds, switches = (
+            app.query_one("#rounds", DataTable),
+            app.query_one("#switches", DataTable),
+        )
         for _ in range(200):
             await pilot.pause(0.1)
-            if table.row_count == 3 and decisions.row_count >= 1 and rounds.row_count and switches.row_count:
+            if (
+                table.row_count == 3
+                and decisions.row_count >= 1
+                and rounds.row_count
+                and switches.row_count
+            ):
                 break
         assert table.row_count == 3  # hot0, cold0 and the agents' agent0
         assert str(table.get_row("hot0")[1]) == "hot" and str(table.get_row("cold0")[1]) == "cold"
@@ -221,8 +311,14 @@ def test_supervisor_restarts_a_crashed_instance(daemon):
     victim.kill()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        inst = {i["name"]: i for i in json.loads(_ctl(daemon, "status", "--json").stdout)["instances"]}
-        if inst["cold0"]["restarts"] == 1 and inst["cold0"]["state"] == "ready" and inst["cold0"]["pid"] != victim.pid:
+        inst = {
+            i["name"]: i for i in json.loads(_ctl(daemon, "status", "--json").stdout)["instances"]
+        }
+        if (
+            inst["cold0"]["restarts"] == 1
+            and inst["cold0"]["state"] == "ready"
+            and inst["cold0"]["pid"] != victim.pid
+        ):
             break
         time.sleep(0.3)
     assert inst["cold0"]["restarts"] == 1 and inst["cold0"]["state"] == "ready"

@@ -27,8 +27,11 @@ CHAT = [{"role": "user", "content": "Fix the failing test in the parser module."
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     # τ = 2 s: a lease outlives the few ctl round trips between two turns of a session
-    d = start_daemon(tmp_path_factory.mktemp("talariad-ops"), executor="sim",
-                     overrides={"policy": {"tau_s": 2.0, "queue_timeout_s": 10.0}})
+    d = start_daemon(
+        tmp_path_factory.mktemp("talariad-ops"),
+        executor="sim",
+        overrides={"policy": {"tau_s": 2.0, "queue_timeout_s": 10.0}},
+    )
     yield d
     stop_daemon(d)
     d.notify.close()
@@ -45,8 +48,12 @@ def ctl(d, *args, ok: bool = True):
 
 
 def ctl_process(d, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "talaria_ctl.main", "--socket", d.socket_path, *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "talaria_ctl.main", "--socket", d.socket_path, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def ctl_json(d, *args):
@@ -55,8 +62,12 @@ def ctl_json(d, *args):
 
 def call(d, model: str, session: str | None = None, max_tokens: int = 4) -> httpx.Response:
     headers = {"x-session-id": session} if session else {}
-    return httpx.post(f"{d.endpoint}/v1/chat/completions", headers=headers, timeout=60,
-                      json={"model": model, "messages": CHAT, "max_tokens": max_tokens, "ignore_eos": True})
+    return httpx.post(
+        f"{d.endpoint}/v1/chat/completions",
+        headers=headers,
+        timeout=60,
+        json={"model": model, "messages": CHAT, "max_tokens": max_tokens, "ignore_eos": True},
+    )
 
 
 def served_by(r: httpx.Response) -> str:
@@ -71,17 +82,24 @@ def instance(d, name: str) -> dict:
 def test_drain_cold0_finishes_in_flight_and_places_nothing_new(daemon):
     # a long tiny-code call is in flight on cold0 (the only instance serving tiny-code) when it drains
     results: dict[str, httpx.Response] = {}
-    long = threading.Thread(target=lambda: results.setdefault("long", call(daemon, "tiny-code", "s-long", 120)))
+    long = threading.Thread(
+        target=lambda: results.setdefault("long", call(daemon, "tiny-code", "s-long", 120))
+    )
     long.start()
     deadline = time.monotonic() + 10
     while instance(daemon, "cold0")["running"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     drained = ctl_json(daemon, "instance", "drain", "cold0")
     assert drained["admission"] in ("draining", "drained")
-    assert ctl_json(daemon, "instance", "drain", "cold0")["admission"] in ("draining", "drained")  # idempotent
+    assert ctl_json(daemon, "instance", "drain", "cold0")["admission"] in (
+        "draining",
+        "drained",
+    )  # idempotent
     # a new tiny-chat call goes to hot0; a new tiny-code call queues at the gateway
     assert served_by(call(daemon, "tiny-chat")) == "hot0"
-    queued = threading.Thread(target=lambda: results.setdefault("queued", call(daemon, "tiny-code")))
+    queued = threading.Thread(
+        target=lambda: results.setdefault("queued", call(daemon, "tiny-code"))
+    )
     queued.start()
     long.join(60)
     assert results["long"].status_code == 200 and served_by(results["long"]) == "cold0"
@@ -108,7 +126,9 @@ def test_unload_and_load_a_model(daemon):
     assert instance(daemon, "cold0")["active_model"] == "tiny-code"
     status = ctl_json(daemon, "model", "unload", "tiny-code", "--on", "cold0")
     assert status["status"] == "unserved" and status["instances"] == []
-    assert ctl_json(daemon, "model", "unload", "tiny-code", "--on", "cold0")["instances"] == []  # idempotent
+    assert (
+        ctl_json(daemon, "model", "unload", "tiny-code", "--on", "cold0")["instances"] == []
+    )  # idempotent
     r = call(daemon, "tiny-code")
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded"
     assert instance(daemon, "cold0")["rotation"] == ["tiny-chat"]
@@ -148,14 +168,18 @@ def test_session_forget_frees_its_kv(daemon):
 
 def test_pool_move_and_back(daemon):
     moved = ctl_json(daemon, "pool", "move", "cold0", "--to", "hot", "--model", "tiny-code")
-    assert moved["pool"] == "hot" and moved["rotation"] == ["tiny-code"] and moved["state"] == "ready"
+    assert (
+        moved["pool"] == "hot" and moved["rotation"] == ["tiny-code"] and moved["state"] == "ready"
+    )
     assert moved["admission"] == "open"
     pools = {p["name"]: p for p in ctl_json(daemon, "pool", "list")}
     assert "cold0" in pools["hot"]["instances"] and pools["cold"]["instances"] == []
     assert served_by(call(daemon, "tiny-code")) == "cold0"
     back = ctl_json(daemon, "pool", "move", "cold0", "--to", "cold")
     assert back["pool"] == "cold" and back["rotation"] == ["tiny-chat", "tiny-code"]
-    assert ctl_json(daemon, "pool", "move", "cold0", "--to", "cold")["restarts"] == back["restarts"]  # idempotent
+    assert (
+        ctl_json(daemon, "pool", "move", "cold0", "--to", "cold")["restarts"] == back["restarts"]
+    )  # idempotent
     usage = ctl_process(daemon, "pool", "move", "cold0", "--to", "lukewarm")
     assert usage.returncode == 2 and len(usage.stderr.strip().splitlines()) == 1
 
@@ -164,7 +188,9 @@ def test_pin_and_unpin_on_the_hot_instance(daemon):
     pinned = ctl_json(daemon, "model", "pin", "tiny-code", "--on", "hot0")
     assert pinned["pinned_on"] == ["hot0"] and set(pinned["instances"]) == {"hot0", "cold0"}
     assert instance(daemon, "hot0")["rotation"] == ["tiny-code"]
-    assert ctl_json(daemon, "model", "pin", "tiny-code", "--on", "hot0")["pinned_on"] == ["hot0"]  # idempotent
+    assert ctl_json(daemon, "model", "pin", "tiny-code", "--on", "hot0")["pinned_on"] == [
+        "hot0"
+    ]  # idempotent
     back = ctl_json(daemon, "model", "unpin", "tiny-code", "--on", "hot0")
     assert back["pinned_on"] == [] and instance(daemon, "hot0")["rotation"] == ["tiny-chat"]
     assert ctl(daemon, "model", "unpin", "tiny-chat", "--on", "hot0", ok=False).returncode == 3
@@ -190,14 +216,22 @@ def test_config_reload_applies_tau(daemon):
 def test_restart_instance(daemon):
     before = instance(daemon, "hot0")
     after = ctl_json(daemon, "instance", "restart", "hot0")
-    assert after["restarts"] == before["restarts"] + 1 and after["pid"] != before["pid"] and after["state"] == "ready"
+    assert (
+        after["restarts"] == before["restarts"] + 1
+        and after["pid"] != before["pid"]
+        and after["state"] == "ready"
+    )
     assert served_by(call(daemon, "tiny-chat")) in ("hot0", "cold0")
 
 
 def test_refusals_are_one_line_exit_3(daemon):
     for args in (("instance", "drain", "ghost"), ("model", "pin", "tiny-code", "--on", "cold0")):
         r = ctl_process(daemon, *args)
-        assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, args
+        assert (
+            r.returncode == 3
+            and len(r.stderr.strip().splitlines()) == 1
+            and "Traceback" not in r.stderr
+        ), args
     for args in (("model", "load", "tiny-chat", "--on", "hot0"), ("instance", "rounds", "ghost")):
         r = ctl(daemon, *args, ok=False)
         assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1, args
@@ -212,25 +246,40 @@ def test_rounds_carry_slots_and_switches(daemon):
     assert all(abs(r["wall_s"] - r["active_s"] - r["switch_s"]) < 1e-6 for r in data["rounds"])
     sw = data["switches"]
     assert sw and {w["path"] for w in sw} <= {"d2d", "partial", "h2d"}
-    assert all(w["phases"] == [] and w["staged_bytes"] == -1 for w in sw)  # the sim measures no phases
+    assert all(
+        w["phases"] == [] and w["staged_bytes"] == -1 for w in sw
+    )  # the sim measures no phases
     assert "-" in ctl(daemon, "instance", "rounds", "cold0").stdout
 
 
 def test_version_and_reflection(daemon):
-    out = subprocess.run([sys.executable, "-m", "talaria_ctl.main", "--version"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "talaria_ctl.main", "--version"], capture_output=True, text=True
+    )
     assert out.returncode == 0 and out.stdout.startswith("talaria-ctl ")
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
     with grpc.insecure_channel(f"unix://{daemon.socket_path}") as ch:
         stub = reflection_pb2_grpc.ServerReflectionStub(ch)
-        replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        replies = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
         names = {s.name for s in next(replies).list_services_response.service}
     assert {"talaria.admin.v1.Admin", "grpc.health.v1.Health"} <= names
 
 
-FAMILIES = ("talaria_switch_duration_seconds", "talaria_round_duration_seconds", "talaria_round_switch_seconds",
-            "talaria_sp_admitted", "talaria_sp_parked", "talaria_num_requests_waiting", "talaria_num_requests_running",
-            "talaria_leases_live", "talaria_instance_restarts", "talaria_http_responses")
+FAMILIES = (
+    "talaria_switch_duration_seconds",
+    "talaria_round_duration_seconds",
+    "talaria_round_switch_seconds",
+    "talaria_sp_admitted",
+    "talaria_sp_parked",
+    "talaria_num_requests_waiting",
+    "talaria_num_requests_running",
+    "talaria_leases_live",
+    "talaria_instance_restarts",
+    "talaria_http_responses",
+)
 
 
 def test_metrics_parse_and_have_every_family(daemon):
@@ -242,8 +291,11 @@ def test_metrics_parse_and_have_every_family(daemon):
     assert not missing, missing
 
     def total(name: str, suffix: str = "", **labels) -> float:
-        return sum(s.value for s in families[name].samples if s.name == name + suffix
-                   and all(s.labels.get(k) == v for k, v in labels.items()))
+        return sum(
+            s.value
+            for s in families[name].samples
+            if s.name == name + suffix and all(s.labels.get(k) == v for k, v in labels.items())
+        )
 
     assert total("talaria_switch_duration_seconds", "_count", instance="cold0") > 0
     assert total("talaria_round_duration_seconds", "_count", instance="cold0") > 0

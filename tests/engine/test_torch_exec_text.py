@@ -54,7 +54,9 @@ def test_kv_book_reuses_any_device_prefix_but_whole_host_pages():
     prompt = list(range(7)) + [99, 100]
     assert book.reusable("s", "m", prompt, host_kv=True) == 7  # device: any common prefix
     assert book.off_device("s", "m", host_kv=True) == KVUpdate("s", "m", KVState.HOST, 8)
-    assert book.reusable("s", "m", prompt, host_kv=True) == 4  # host: whole pages of the common prefix
+    assert (
+        book.reusable("s", "m", prompt, host_kv=True) == 4
+    )  # host: whole pages of the common prefix
     assert book.reusable("s", "m", prompt, host_kv=False) == 0
     assert book.off_device("s", "m", host_kv=False) == KVUpdate("s", "m", KVState.MISSING, 0)
 

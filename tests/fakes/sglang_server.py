@@ -49,11 +49,35 @@ from tokenizers import Tokenizer
 VERSION = "0.5.23"
 ALL_TAGS = ("kv_cache", "weights", "cuda_graph")
 SAMPLING_KEYS = {
-    "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-    "repetition_penalty", "min_new_tokens", "n", "ignore_eos", "skip_special_tokens", "no_stop_trim",
-    "sampling_seed", "stop", "stop_token_ids", "stop_regex", "json_schema", "regex", "ebnf", "structural_tag",
-    "spaces_between_special_tokens", "stream_interval", "logit_bias", "custom_params", "beam_width", "watermark",
-    "choice"}
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "ignore_eos",
+    "skip_special_tokens",
+    "no_stop_trim",
+    "sampling_seed",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "spaces_between_special_tokens",
+    "stream_interval",
+    "logit_bias",
+    "custom_params",
+    "beam_width",
+    "watermark",
+    "choice",
+}
 GIB = 1 << 30
 
 
@@ -72,7 +96,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enable-memory-saver", action="store_true")
     p.add_argument("--enable-weights-cpu-backup", action="store_true")
     p.add_argument("--enable-hierarchical-cache", "--enable-hicache", action="store_true")
-    p.add_argument("--hicache-storage-backend", choices=["file", "sim", "mooncake", "hf3fs", "nixl"])
+    p.add_argument(
+        "--hicache-storage-backend", choices=["file", "sim", "mooncake", "hf3fs", "nixl"]
+    )
     p.add_argument("--fake-log")
     p.add_argument("--fake-gpu-state")
     p.add_argument("--fake-footprint-gib", type=float, default=1.0)
@@ -142,6 +168,7 @@ class FakeGpu:
                 return False
             state["used"][server] = nbytes
             return True
+
         return self._update(fn)
 
     def free_bytes(self) -> int:
@@ -163,7 +190,9 @@ class FakeSGLang:
         self.name = args.served_model_name or args.model_path
         self.tokenizer = Tokenizer.from_file(str(Path(args.model_path) / "tokenizer.json"))
         self.vocab = self.tokenizer.get_vocab_size()
-        self.specials = {self.tokenizer.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")}
+        self.specials = {
+            self.tokenizer.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+        }
         self.radix, self.storage = Radix(), Radix()
         self.use_storage = bool(args.hicache_storage_backend)
         self.waiting: list[Req] = []
@@ -184,9 +213,19 @@ class FakeSGLang:
 
     def log(self, event: str, **fields) -> None:
         if self.args.fake_log:
-            line = json.dumps({"t": time.time(), "port": self.args.port, "model": self.name, "event": event,
-                               "running": len(self.running), "waiting": len(self.waiting),
-                               "paused": self.is_pause, "offloaded": sorted(self.offloaded), **fields})
+            line = json.dumps(
+                {
+                    "t": time.time(),
+                    "port": self.args.port,
+                    "model": self.name,
+                    "event": event,
+                    "running": len(self.running),
+                    "waiting": len(self.waiting),
+                    "paused": self.is_pause,
+                    "offloaded": sorted(self.offloaded),
+                    **fields,
+                }
+            )
             with open(self.args.fake_log, "a") as f:
                 f.write(line + "\n")
 
@@ -204,7 +243,9 @@ class FakeSGLang:
                 await self.wake.wait()
                 continue
             if self.offloaded:
-                self.die("a batch ran over released memory (the server was not paused)")  # reference §0.4
+                self.die(
+                    "a batch ran over released memory (the server was not paused)"
+                )  # reference §0.4
             while self.waiting:
                 self._prefill(self.waiting.pop(0))
             await asyncio.sleep(self.args.fake_token_s)
@@ -213,12 +254,19 @@ class FakeSGLang:
     def _prefill(self, req: Req) -> None:
         if req.cached is None:  # frozen after a retraction
             device = min(self.radix.match(req.input_ids), len(req.input_ids) - 1)
-            storage = min(self.storage.match(req.input_ids), len(req.input_ids) - 1) if self.use_storage else 0
+            storage = (
+                min(self.storage.match(req.input_ids), len(req.input_ids) - 1)
+                if self.use_storage
+                else 0
+            )
             req.cached = max(device, storage)
             if req.cached:
                 req.details = {"device": device, "host": 0}
                 if self.use_storage:
-                    req.details |= {"storage": max(0, storage - device), "storage_backend": "HiCacheFile"}
+                    req.details |= {
+                        "storage": max(0, storage - device),
+                        "storage_backend": "HiCacheFile",
+                    }
         self.radix.insert(req.input_ids)
         if self.use_storage:
             self.storage.insert(req.input_ids)
@@ -226,7 +274,11 @@ class FakeSGLang:
 
     def _decode(self) -> None:
         for req in list(self.running):
-            if self.args.fake_crash_file and os.path.exists(self.args.fake_crash_file) and req.log_metrics:
+            if (
+                self.args.fake_crash_file
+                and os.path.exists(self.args.fake_crash_file)
+                and req.log_metrics
+            ):
                 os.unlink(self.args.fake_crash_file)
                 self.die("crash requested mid-stream (--fake-crash-file)")
             req.out.append(self._next_token(req))
@@ -238,7 +290,9 @@ class FakeSGLang:
     def _next_token(self, req: Req) -> int:
         seed = req.params.get("sampling_seed", 0)
         h = hashlib.blake2b(repr((req.input_ids[-16:], len(req.out), seed)).encode(), digest_size=8)
-        merged = range(259, self.vocab) if self.vocab > 300 else range(self.vocab)  # whole words, mostly
+        merged = (
+            range(259, self.vocab) if self.vocab > 300 else range(self.vocab)
+        )  # whole words, mostly
         tok = merged[int.from_bytes(h.digest(), "big") % len(merged)]
         while tok in self.specials:
             tok = (tok + 1) % self.vocab
@@ -260,9 +314,15 @@ class FakeSGLang:
         return text
 
     def _chunk(self, req: Req, reason: dict | None) -> dict:
-        meta = {"id": req.rid, "finish_reason": reason, "prompt_tokens": len(req.input_ids),
-                "completion_tokens": len(req.out), "cached_tokens": req.cached or 0, "weight_version": "default",
-                "num_retractions": req.retractions}
+        meta = {
+            "id": req.rid,
+            "finish_reason": reason,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(req.out),
+            "cached_tokens": req.cached or 0,
+            "weight_version": "default",
+            "num_retractions": req.retractions,
+        }
         if req.details:
             meta["cached_tokens_details"] = req.details
         return {"text": self._text(req, reason), "output_ids": list(req.out), "meta_info": meta}
@@ -276,7 +336,10 @@ class FakeSGLang:
         req.queue.put_nowait(None)
 
     def _abort(self, req: Req) -> None:
-        reason = {"type": "abort", "message": "Abort before prefill" if req.cached is None else "Abort"}
+        reason = {
+            "type": "abort",
+            "message": "Abort before prefill" if req.cached is None else "Abort",
+        }
         req.queue.put_nowait(self._chunk(req, reason))
         req.queue.put_nowait(None)
         self.rids.discard(req.rid)
@@ -336,26 +399,45 @@ class FakeSGLang:
         if any(t not in self.offloaded for t in tags):
             self.die("KeyError: resume of a tag that was not released")
         if self.gpu and not self.gpu.set_used(str(self.args.port), self.footprint, need_fit=True):
-            self.die("CUDA out of memory in cu_mem_create during resume (torch_memory_saver exit(1))")
+            self.die(
+                "CUDA out of memory in cu_mem_create during resume (torch_memory_saver exit(1))"
+            )
         self.offloaded -= set(tags)
 
     def loads(self) -> dict:
         used = sum(len(r.input_ids) + len(r.out) for r in self.running)
-        load = {"dp_rank": 0, "num_running_reqs": len(self.running), "num_waiting_reqs": len(self.waiting),
-                "num_used_tokens": used, "max_total_num_tokens": self.max_total,
-                "token_usage": used / self.max_total, "num_total_tokens": self.max_total,
-                "memory": {"weight_gb": self.footprint / 2 / GIB, "kv_cache_gb": self.footprint / 2 / GIB,
-                           "graph_gb": 0.0, "token_capacity": self.max_total},
-                "queues": {"waiting": len(self.waiting), "paused": 0, "retracted": 0}}
-        return {"timestamp": time.time(), "version": VERSION, "accelerator": "cuda",
-                "num_accelerators": self.args.tp_size, "loads": [load]}
+        load = {
+            "dp_rank": 0,
+            "num_running_reqs": len(self.running),
+            "num_waiting_reqs": len(self.waiting),
+            "num_used_tokens": used,
+            "max_total_num_tokens": self.max_total,
+            "token_usage": used / self.max_total,
+            "num_total_tokens": self.max_total,
+            "memory": {
+                "weight_gb": self.footprint / 2 / GIB,
+                "kv_cache_gb": self.footprint / 2 / GIB,
+                "graph_gb": 0.0,
+                "token_capacity": self.max_total,
+            },
+            "queues": {"waiting": len(self.waiting), "paused": 0, "retracted": 0},
+        }
+        return {
+            "timestamp": time.time(),
+            "version": VERSION,
+            "accelerator": "cuda",
+            "num_accelerators": self.args.tp_size,
+            "loads": [load],
+        }
 
 
 def build_app(fake: FakeSGLang) -> Starlette:
     """Starlette (FastAPI's base, quick to import: the fake starts many times per test run)."""
 
     async def body(request: Request) -> dict:
-        data = await request.json()  # control endpoints need a JSON body, at least {} (reference §0.11)
+        data = (
+            await request.json()
+        )  # control endpoints need a JSON body, at least {} (reference §0.11)
         return data if isinstance(data, dict) else {}
 
     def authorized(request: Request) -> bool:
@@ -366,10 +448,17 @@ def build_app(fake: FakeSGLang) -> Starlette:
     async def health(request: Request):
         if not fake.up:
             return Response(status_code=503)
-        req = Req("HEALTH_CHECK_" + os.urandom(4).hex(), [0], {"max_new_tokens": 1, "temperature": 0},
-                  asyncio.Queue(), log_metrics=False)
+        req = Req(
+            "HEALTH_CHECK_" + os.urandom(4).hex(),
+            [0],
+            {"max_new_tokens": 1, "temperature": 0},
+            asyncio.Queue(),
+            log_metrics=False,
+        )
         try:
-            await asyncio.wait_for(fake.submit(req), float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")))
+            await asyncio.wait_for(
+                fake.submit(req), float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+            )
             await asyncio.wait_for(req.queue.get(), 20)
         except TimeoutError:
             return Response(status_code=503)
@@ -380,11 +469,25 @@ def build_app(fake: FakeSGLang) -> Starlette:
 
     async def server_info(request: Request):
         gb = fake.footprint / GIB
-        return JSONResponse({
-            "model_path": fake.args.model_path, "served_model_name": fake.name, "tp_size": fake.args.tp_size,
-            "version": VERSION, "scheduler_info": {"max_total_num_tokens": fake.max_total},
-            "internal_states": [{"memory_usage": {"weight": gb / 2, "kvcache": gb / 2, "graph": {},
-                                                  "token_capacity": fake.max_total}}]})
+        return JSONResponse(
+            {
+                "model_path": fake.args.model_path,
+                "served_model_name": fake.name,
+                "tp_size": fake.args.tp_size,
+                "version": VERSION,
+                "scheduler_info": {"max_total_num_tokens": fake.max_total},
+                "internal_states": [
+                    {
+                        "memory_usage": {
+                            "weight": gb / 2,
+                            "kvcache": gb / 2,
+                            "graph": {},
+                            "token_capacity": fake.max_total,
+                        }
+                    }
+                ],
+            }
+        )
 
     async def loads(request: Request):
         return JSONResponse(fake.loads())
@@ -394,15 +497,21 @@ def build_app(fake: FakeSGLang) -> Starlette:
         params = data.get("sampling_params") or {}
         unknown = sorted(set(params) - SAMPLING_KEYS)
         if unknown:
-            return JSONResponse({"error": {"message": f"unknown sampling_params: {unknown}"}}, status_code=400)
+            return JSONResponse(
+                {"error": {"message": f"unknown sampling_params: {unknown}"}}, status_code=400
+            )
         ids = data.get("input_ids")
         if ids is None and isinstance(data.get("text"), str):
             ids = fake.tokenizer.encode(data["text"], add_special_tokens=False).ids
         if not ids:
-            return JSONResponse({"error": {"message": "input_ids or text required"}}, status_code=400)
+            return JSONResponse(
+                {"error": {"message": "input_ids or text required"}}, status_code=400
+            )
         rid = data.get("rid") or os.urandom(16).hex()
         if rid in fake.rids:
-            return JSONResponse({"error": {"message": f"Duplicate request ID: {rid}"}}, status_code=400)
+            return JSONResponse(
+                {"error": {"message": f"Duplicate request ID: {rid}"}}, status_code=400
+            )
         fake.rids.add(rid)
         req = Req(rid, list(ids), params, asyncio.Queue())
         fake.log("generate", rid=rid, prompt_tokens=len(ids))
@@ -457,19 +566,26 @@ def build_app(fake: FakeSGLang) -> Starlette:
 
     async def flush_cache(request: Request):
         if not fake.idle():
-            return PlainTextResponse("Cache not flushed: there are running requests", status_code=400)
+            return PlainTextResponse(
+                "Cache not flushed: there are running requests", status_code=400
+            )
         fake.radix.reset()
         return PlainTextResponse("Cache flushed.")
 
-    routes = [Route("/health", health), Route("/health_generate", health), Route("/ready", ready),
-              Route("/server_info", server_info), Route("/v1/loads", loads),
-              Route("/generate", generate, methods=["POST", "PUT"]),
-              Route("/pause_generation", pause_generation, methods=["POST"]),
-              Route("/continue_generation", continue_generation, methods=["POST"]),
-              Route("/release_memory_occupation", release, methods=["GET", "POST"]),
-              Route("/resume_memory_occupation", resume, methods=["GET", "POST"]),
-              Route("/abort_request", abort_request, methods=["POST"]),
-              Route("/flush_cache", flush_cache, methods=["GET", "POST"])]
+    routes = [
+        Route("/health", health),
+        Route("/health_generate", health),
+        Route("/ready", ready),
+        Route("/server_info", server_info),
+        Route("/v1/loads", loads),
+        Route("/generate", generate, methods=["POST", "PUT"]),
+        Route("/pause_generation", pause_generation, methods=["POST"]),
+        Route("/continue_generation", continue_generation, methods=["POST"]),
+        Route("/release_memory_occupation", release, methods=["GET", "POST"]),
+        Route("/resume_memory_occupation", resume, methods=["GET", "POST"]),
+        Route("/abort_request", abort_request, methods=["POST"]),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+    ]
 
     async def app(scope, receive, send):
         if scope["type"] == "http" and not authorized(Request(scope)):
@@ -486,8 +602,14 @@ async def main_async(args: argparse.Namespace) -> None:
     if fake.gpu and not fake.gpu.set_used(str(args.port), fake.footprint, need_fit=True):
         fake.die("CUDA out of memory at startup")
     fake.log("start", argv=sys.argv[1:])
-    config = uvicorn.Config(build_app(fake), host=args.host, port=args.port, log_level="warning", lifespan="off",
-                            timeout_graceful_shutdown=1)
+    config = uvicorn.Config(
+        build_app(fake),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=1,
+    )
     server = uvicorn.Server(config)
     loop_task = asyncio.create_task(fake.loop())
     serve = asyncio.create_task(server.serve())

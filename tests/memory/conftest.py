@@ -13,8 +13,14 @@ CUDA_REASON = "no CUDA device: torch.cuda.is_available() is False"
 
 DEVICES = [
     pytest.param("cpu", id="cpu"),
-    pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda,
-                                           pytest.mark.skipif(not torch.cuda.is_available(), reason=CUDA_REASON)]),
+    pytest.param(
+        "cuda",
+        id="cuda",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason=CUDA_REASON),
+        ],
+    ),
 ]
 
 
@@ -57,8 +63,14 @@ class DeferredDevice(TorchDevice):
 
 
 def small_config(**kw) -> SubstrateConfig:
-    base = dict(capacity_bytes=4 << 20, host_kv_bytes=1 << 20, runtime_bytes=64 << 10,
-                graph_pool_bytes=32 << 10, slab_bytes=8 << 10, chunk_bytes=32 << 10)
+    base = dict(
+        capacity_bytes=4 << 20,
+        host_kv_bytes=1 << 20,
+        runtime_bytes=64 << 10,
+        graph_pool_bytes=32 << 10,
+        slab_bytes=8 << 10,
+        chunk_bytes=32 << 10,
+    )
     base.update(kw)
     return SubstrateConfig(**base)
 
@@ -73,15 +85,21 @@ def model_shapes(n: int, dtype: str = "float32") -> dict:
 def fill_random(views: dict, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     for v in views.values():
-        v.copy_(torch.randint(0, 256, (v.numel() * v.element_size(),), generator=gen, dtype=torch.uint8)
-                .view(v.dtype).view(v.shape))
+        v.copy_(
+            torch.randint(0, 256, (v.numel() * v.element_size(),), generator=gen, dtype=torch.uint8)
+            .view(v.dtype)
+            .view(v.shape)
+        )
 
 
-def make_substrate(device=None, config: SubstrateConfig | None = None, models: dict | None = None,
-                   **kw) -> Substrate:
+def make_substrate(
+    device=None, config: SubstrateConfig | None = None, models: dict | None = None, **kw
+) -> Substrate:
     """A substrate with models registered and their host images filled with random bytes."""
     sub = Substrate(device or TorchDevice("cpu"), config or small_config(), **kw)
-    for i, (name, (shapes, layout)) in enumerate((models or {"a": (model_shapes(512), MHA)}).items()):
+    for i, (name, (shapes, layout)) in enumerate(
+        (models or {"a": (model_shapes(512), MHA)}).items()
+    ):
         fill_random(sub.register_model(name, shapes, layout), seed=i)
     return sub
 
@@ -100,11 +118,18 @@ def fill_pages(sub: Substrate, pages: list[int], seed: int) -> None:
 
 def page_bytes(sub: Substrate, pages: list[int]) -> list[bytes]:
     lay = sub.geometry.layout
-    return [b"".join(sub.kv_cache(c, layer)[p].contiguous().view(torch.uint8).cpu().numpy().tobytes()
-                     for c in range(len(lay.components)) for layer in range(lay.num_layers))
-            for p in pages]
+    return [
+        b"".join(
+            sub.kv_cache(c, layer)[p].contiguous().view(torch.uint8).cpu().numpy().tobytes()
+            for c in range(len(lay.components))
+            for layer in range(lay.num_layers)
+        )
+        for p in pages
+    ]
 
 
 def weights_match_host(sub: Substrate, name: str) -> bool:
     live, host = sub.weights_view(name), sub.host_weights(name)
-    return all(torch.equal(live[k].cpu().view(torch.uint8), host[k].view(torch.uint8)) for k in host)
+    return all(
+        torch.equal(live[k].cpu().view(torch.uint8), host[k].view(torch.uint8)) for k in host
+    )

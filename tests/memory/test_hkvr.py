@@ -3,7 +3,9 @@ import pytest
 from talariad.memory import BlockState, HostKVRegistry, KVLayout, PrefixAgreement, prefix_hashes
 from talariad.memory.slabs import SlabPool
 
-LAY = KVLayout(num_layers=4, num_kv_heads=1, head_dim=8, page_size=4, dtype="float16")  # 64 B fragments
+LAY = KVLayout(
+    num_layers=4, num_kv_heads=1, head_dim=8, page_size=4, dtype="float16"
+)  # 64 B fragments
 
 
 def make(num_slabs=16, tp_size=1, slab_bytes=128):
@@ -27,7 +29,7 @@ def test_blocks_are_hidden_until_copy_completes():
 
 def test_slab_count_follows_layout_and_slab_size():
     reg = make(slab_bytes=128)  # 2 layers per slab -> 2 slabs per component
-    (_, block), = reg.begin_save("m", "s", ["h"], LAY)
+    ((_, block),) = reg.begin_save("m", "s", ["h"], LAY)
     assert len(block.slabs) == 4 and block.desc.family == "mha" and block.desc.tokens == 4
     with pytest.raises(ValueError, match="slab_bytes"):
         make(slab_bytes=32).begin_save("m", "s", ["h"], LAY)

@@ -27,6 +27,7 @@ def test_weights_that_cannot_fit_answer_none_and_leave_layout_unchanged():
 
 def test_integrity_rejects_staged_region_outside_pool():
     from talariad.memory.layout import Region
+
     lay = BumpLayout(1 << 16)
     lay.resize_weights("a", 1024)
     with pytest.raises(AssertionError):
@@ -44,12 +45,21 @@ def test_invalid_config_raises_value_error_naming_field():
 
 @pytest.mark.parametrize("order", ["layer_first", "page_first"])
 def test_rows_specs_cover_exactly_the_rows_bytes(order):
-    lay = KVLayout(num_layers=3, num_kv_heads=2, head_dim=4, page_size=2, dtype="float16", order=order)
+    lay = KVLayout(
+        num_layers=3, num_kv_heads=2, head_dim=4, page_size=2, dtype="float16", order=order
+    )
     geo = KVGeometry(lay, 1000, lay.row_bytes * 10 + 7)
     assert geo.num_pages == 10
     specs = geo.rows_specs(6, 3)
-    covered = {s.offset + r * s.stride + i for s in specs for r in range(s.rows) for i in range(s.width)}
-    expected = {geo.fragment_offset(p, c, layer) + i for p in range(6, 9) for c in range(2)
-                for layer in range(3) for i in range(lay.fragment_bytes)}
+    covered = {
+        s.offset + r * s.stride + i for s in specs for r in range(s.rows) for i in range(s.width)
+    }
+    expected = {
+        geo.fragment_offset(p, c, layer) + i
+        for p in range(6, 9)
+        for c in range(2)
+        for layer in range(3)
+        for i in range(lay.fragment_bytes)
+    }
     assert covered == expected
     assert sum(s.nbytes for s in take_bytes(specs, 100)) == 100

@@ -3,7 +3,9 @@ import pytest
 from talariad.memory import ChunkState, KVGeometry, KVLayout, StagingBitmap
 from talariad.memory.pages import PageAllocator
 
-LAY = KVLayout(num_layers=2, num_kv_heads=1, head_dim=8, page_size=4, dtype="float16", order="page_first")
+LAY = KVLayout(
+    num_layers=2, num_kv_heads=1, head_dim=8, page_size=4, dtype="float16", order="page_first"
+)
 
 
 def make(num_pages=32, chunk_rows=4, offset=0):
@@ -32,7 +34,9 @@ def test_staging_fills_high_slots_and_dirty_on_overlap():
         st.complete_write(w.index)
     assert pages.allocate("s", 22) is not None  # takes rows 0..21 -> overlaps slot at 20
     dirtied = st.on_rows_allocated(list(range(22)))
-    assert dirtied == [2] and st.chunks[2].state is ChunkState.DIRTY and st.chunks[2].first_row is None
+    assert (
+        dirtied == [2] and st.chunks[2].state is ChunkState.DIRTY and st.chunks[2].first_row is None
+    )
     plan = st.gather_plan()
     assert [c.index for c in plan.d2d] == [0, 1] and [c.index for c in plan.h2d] == [2]
     assert plan.dirty_bytes == st.chunks[2].nbytes

@@ -1,7 +1,6 @@
 """Random sequences of allocations, saves, restores, staging writes, copy progress and switches
 against a deferred-copy device and a second (virtual) TP rank whose commits the test controls."""
 
-import torch
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -9,13 +8,23 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from talariad.memory import BlockState, KVLayout, PrefixAgreement
 from talariad.memory.transfer import block_copies
 
-from .conftest import DeferredDevice, fill_pages, make_substrate, model_shapes, page_bytes, small_config, weights_match_host
+from .conftest import (
+    DeferredDevice,
+    fill_pages,
+    make_substrate,
+    model_shapes,
+    page_bytes,
+    small_config,
+    weights_match_host,
+)
 
 SESSIONS = st.sampled_from(["s0", "s1", "s2"])
 MODELS = st.sampled_from(["a", "b"])
 LAYOUTS = {
     "a": KVLayout(num_layers=4, num_kv_heads=2, head_dim=8, page_size=4, dtype="float16"),
-    "b": KVLayout(num_layers=4, num_kv_heads=2, head_dim=8, page_size=4, dtype="float16", order="page_first"),
+    "b": KVLayout(
+        num_layers=4, num_kv_heads=2, head_dim=8, page_size=4, dtype="float16", order="page_first"
+    ),
 }
 
 
@@ -24,12 +33,16 @@ class SubstrateMachine(RuleBasedStateMachine):
         super().__init__()
         self.dev = DeferredDevice()
         self.agree = PrefixAgreement(tp_size=2)
-        config = small_config(capacity_bytes=360 << 10, host_kv_bytes=256 << 10, slab_bytes=4 << 10,
-                              chunk_bytes=8 << 10)
+        config = small_config(
+            capacity_bytes=360 << 10,
+            host_kv_bytes=256 << 10,
+            slab_bytes=4 << 10,
+            chunk_bytes=8 << 10,
+        )
         models = {"a": (model_shapes(512), LAYOUTS["a"]), "b": (model_shapes(256), LAYOUTS["b"])}
         self.sub = make_substrate(self.dev, config=config, models=models, agreement=self.agree)
         self.now, self.seed, self.serial = 0.0, 0, 0
-        self.device_hashes: dict[str, list[str]] = {}   # session -> hash per device page
+        self.device_hashes: dict[str, list[str]] = {}  # session -> hash per device page
         self.saved_hashes: dict[tuple[str, str], list[str]] = {}
         self.expected: dict[tuple[str, str], bytes] = {}  # (model, hash) -> page bytes when saved
         self.peer: dict[tuple[str, str], list[str]] = {}  # what the virtual rank 1 committed
@@ -108,7 +121,9 @@ class SubstrateMachine(RuleBasedStateMachine):
     @rule(session=SESSIONS)
     def restore(self, session):
         model = self.sub.active
-        saved = sorted(s for (m, s) in self.saved_hashes if m == model and not self.sub.sessions.get(s))
+        saved = sorted(
+            s for (m, s) in self.saved_hashes if m == model and not self.sub.sessions.get(s)
+        )
         session = session if session in saved or not saved else saved[0]
         hashes = self.saved_hashes.get((model, session), [])
         res = self.sub.restore(session, hashes, self.tick())
@@ -117,7 +132,7 @@ class SubstrateMachine(RuleBasedStateMachine):
         self.sub.wait_restore(session)
         event(f"restored {res.restored_pages} of {len(hashes)}")
         assert res.restored_pages <= self._peer_prefix(model, hashes)
-        restored = hashes[:res.restored_pages]
+        restored = hashes[: res.restored_pages]
         assert page_bytes(self.sub, res.pages) == [self.expected[(model, h)] for h in restored]
         self.device_hashes[session] = list(restored)
 
@@ -165,15 +180,22 @@ class SubstrateMachine(RuleBasedStateMachine):
                 continue
             geo_like = self.sub.shells[model]
             copies = block_copies(geo_like, 0, block.slabs, reg.pool.slab_bytes)
-            got = b"".join(host[c.host_offset:c.host_offset + c.device.nbytes].numpy().tobytes() for c in copies)
+            got = b"".join(
+                host[c.host_offset : c.host_offset + c.device.nbytes].numpy().tobytes()
+                for c in copies
+            )
             assert got == self.expected[(model, h)]
 
     @invariant()
     def nothing_beyond_agreement_is_exposed(self):
         for (model, session), hashes in self.saved_hashes.items():
             family = self.sub.models[model].kv_layout.family
-            assert self.sub.registry.restorable(model, hashes, family) <= self._peer_prefix(model, hashes)
+            assert self.sub.registry.restorable(model, hashes, family) <= self._peer_prefix(
+                model, hashes
+            )
 
 
-SubstrateMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
+SubstrateMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=50, deadline=None
+)
 TestSubstrateProperties = SubstrateMachine.TestCase

@@ -1,18 +1,38 @@
 import pytest
 import torch
 
-from talariad.memory import KVLayout, PrefixAgreement, Substrate, prefix_hashes, switch_all
+from talariad.memory import KVLayout, PrefixAgreement, prefix_hashes, switch_all
 from talariad.memory.torch_device import TorchDevice
 from talariad.types import KVState, SwitchPath
 
-from .conftest import (DEVICES, MHA, DeferredDevice, fill_pages, make_substrate, model_shapes, page_bytes,
-                       small_config, weights_match_host)
+from .conftest import (
+    DEVICES,
+    MHA,
+    DeferredDevice,
+    fill_pages,
+    make_substrate,
+    model_shapes,
+    page_bytes,
+    small_config,
+    weights_match_host,
+)
 
 LAYOUTS = [
     pytest.param(MHA, id="mha-layer-first"),
-    pytest.param(KVLayout(num_layers=3, num_kv_heads=2, head_dim=8, page_size=4, dtype="bfloat16",
-                          order="page_first"), id="mha-page-first"),
-    pytest.param(KVLayout(num_layers=5, head_dim=16, page_size=4, dtype="float16", family="mla"), id="mla"),
+    pytest.param(
+        KVLayout(
+            num_layers=3,
+            num_kv_heads=2,
+            head_dim=8,
+            page_size=4,
+            dtype="bfloat16",
+            order="page_first",
+        ),
+        id="mha-page-first",
+    ),
+    pytest.param(
+        KVLayout(num_layers=5, head_dim=16, page_size=4, dtype="float16", family="mla"), id="mla"
+    ),
 ]
 
 
@@ -50,14 +70,20 @@ def test_switch_paths_full_d2d_partial_and_h2d_open_exact_bytes(device):
     sub.stage_step(0.0, max_chunks=100)
     sub.poll()
     full = sub.switch_to("b", 1.0)
-    assert full.path is SwitchPath.D2D and full.h2d_bytes == 0 and full.staged_bytes == sub.models["b"].nbytes
+    assert (
+        full.path is SwitchPath.D2D
+        and full.h2d_bytes == 0
+        and full.staged_bytes == sub.models["b"].nbytes
+    )
     assert weights_match_host(sub, "b")
 
     sub.stage("a", 1.0)
     sub.stage_step(1.0, max_chunks=100)
     sub.poll()
     n = sub.geometry.num_pages
-    pages = sub.allocate_pages("s", n - sub.staging.chunk_rows)  # overlaps every slot but the top one
+    pages = sub.allocate_pages(
+        "s", n - sub.staging.chunk_rows
+    )  # overlaps every slot but the top one
     fill_pages(sub, pages, seed=5)
     part = sub.switch_to("a", 2.0)
     assert part.path is SwitchPath.PARTIAL and part.dirty_bytes > 0
@@ -80,7 +106,9 @@ def test_pointer_check_graphs_stay_valid_until_a_region_moves():
     rec = sub.switch_to("a", 2.0)
     check = sub.pointer_check()
     assert rec.graphs_valid and rec.kv_shell_hit and check.graphs_valid
-    assert "kv_pool" in check.moved  # b's smaller weights moved the pool; a's own graphs still match
+    assert (
+        "kv_pool" in check.moved
+    )  # b's smaller weights moved the pool; a's own graphs still match
     sub.switch_to("b", 3.0)
     sub.layout.resize_high("runtime", 128 << 10)
     assert sub.switch_to("a", 4.0).graphs_valid is False
@@ -147,8 +175,12 @@ def test_post_processed_weights_become_the_layout_that_is_reloaded():
     sub = make_substrate(models=two_models())
     sub.switch_to("a", 0.0)
     w = sub.weights_view("a")
-    processed = {"packed": torch.cat([w["embed"].flatten(), w["head"].flatten()]).to(torch.float16) * 2}
-    views = sub.finalize_weights("a", {"packed": (tuple(processed["packed"].shape), "float16")}, processed)
+    processed = {
+        "packed": torch.cat([w["embed"].flatten(), w["head"].flatten()]).to(torch.float16) * 2
+    }
+    views = sub.finalize_weights(
+        "a", {"packed": (tuple(processed["packed"].shape), "float16")}, processed
+    )
     raw = processed["packed"].view(torch.uint8)
     assert list(views) == ["packed"] and torch.equal(views["packed"].view(torch.uint8), raw)
     sub.switch_to("b", 1.0)

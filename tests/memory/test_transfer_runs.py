@@ -17,10 +17,16 @@ def _plan(lay: KVLayout, pages_n: int, slab_fit: int):
     return geo, slab_bytes
 
 
-layouts = st.builds(KVLayout, num_layers=st.integers(1, 6), num_kv_heads=st.integers(1, 2),
-                    head_dim=st.sampled_from([2, 4]), page_size=st.sampled_from([1, 2]),
-                    dtype=st.just("float16"), family=st.sampled_from(["mha", "mla"]),
-                    order=st.sampled_from(["layer_first", "page_first"]))
+layouts = st.builds(
+    KVLayout,
+    num_layers=st.integers(1, 6),
+    num_kv_heads=st.integers(1, 2),
+    head_dim=st.sampled_from([2, 4]),
+    page_size=st.sampled_from([1, 2]),
+    dtype=st.just("float16"),
+    family=st.sampled_from(["mha", "mla"]),
+    order=st.sampled_from(["layer_first", "page_first"]),
+)
 
 
 def _host_bytes(geo: KVGeometry, buf: torch.Tensor, copies, host_size: int, merged: bool) -> bytes:
@@ -31,7 +37,9 @@ def _host_bytes(geo: KVGeometry, buf: torch.Tensor, copies, host_size: int, merg
             shape, n = (cp.pages, spec.rows, spec.width), cp.pages
             src = buf.as_strided(shape, (cp.page_stride, spec.stride, 1), spec.offset)
             dst = host.as_strided(shape, (cp.host_stride, spec.width, 1), cp.host_offset)
-            assert n == 1 or cp.host_stride == spec.nbytes  # the host side stays one contiguous range
+            assert (
+                n == 1 or cp.host_stride == spec.nbytes
+            )  # the host side stays one contiguous range
         else:
             src = buf.as_strided((spec.rows, spec.width), (spec.stride, 1), spec.offset)
             dst = host.as_strided((spec.rows, spec.width), (spec.width, 1), cp.host_offset)
@@ -45,18 +53,24 @@ def test_merged_runs_move_the_same_bytes_as_page_by_page(lay, pages_n, slab_fit,
     geo, slab_bytes = _plan(lay, pages_n, slab_fit)
     per_block = slabs_per_block(lay, slab_bytes)
     n = data.draw(st.integers(1, pages_n))
-    pages = data.draw(st.one_of(st.just(list(range(n))),  # a run, the common case
-                                st.lists(st.integers(0, pages_n - 1), min_size=1, max_size=n, unique=True)))
+    pages = data.draw(
+        st.one_of(
+            st.just(list(range(n))),  # a run, the common case
+            st.lists(st.integers(0, pages_n - 1), min_size=1, max_size=n, unique=True),
+        )
+    )
     free = list(range(per_block * len(pages) + 4))
     if data.draw(st.booleans()):
         free = data.draw(st.permutations(free))
-    slabs = [free[i * per_block:(i + 1) * per_block] for i in range(len(pages))]
+    slabs = [free[i * per_block : (i + 1) * per_block] for i in range(len(pages))]
     buf = torch.arange(geo.offset + geo.nbytes, dtype=torch.int64).remainder(251).to(torch.uint8)
     size = len(free) * slab_bytes
     plain = [cp for p, s in zip(pages, slabs) for cp in block_copies(geo, p, s, slab_bytes)]
     merged = run_copies(geo, pages, slabs, slab_bytes)
     assert _host_bytes(geo, buf, merged, size, True) == _host_bytes(geo, buf, plain, size, False)
-    assert sum(cp.pages * cp.device.nbytes for cp in merged) == sum(cp.device.nbytes for cp in plain)
+    assert sum(cp.pages * cp.device.nbytes for cp in merged) == sum(
+        cp.device.nbytes for cp in plain
+    )
 
 
 def test_consecutive_pages_in_consecutive_slabs_become_one_copy_per_layout():

@@ -18,15 +18,33 @@ def one_call(endpoint: str, kind: str, i: int, max_tokens: int) -> dict:
     stream = kind.endswith("-stream")
     session = {"x-session-id": f"rel-{kind}-{i}"}
     if kind.startswith("messages"):
-        path, body = "/v1/messages", {"model": "tiny-chat", "max_tokens": max_tokens, "messages": CHAT}
+        path, body = (
+            "/v1/messages",
+            {"model": "tiny-chat", "max_tokens": max_tokens, "messages": CHAT},
+        )
     elif kind == "completions":
-        path, body = "/v1/completions", {"model": "tiny-code", "prompt": "def f(x):", "max_tokens": max_tokens}
+        path, body = (
+            "/v1/completions",
+            {"model": "tiny-code", "prompt": "def f(x):", "max_tokens": max_tokens},
+        )
     else:
-        path, body = "/v1/chat/completions", {"model": "tiny-code", "messages": CHAT, "max_tokens": max_tokens}
+        path, body = (
+            "/v1/chat/completions",
+            {"model": "tiny-code", "messages": CHAT, "max_tokens": max_tokens},
+        )
     body["ignore_eos"] = True  # exactly max_tokens, whatever the model's end of turn
     if stream:
-        body |= {"stream": True} | ({"stream_options": {"include_usage": True}} if kind == "chat-stream" else {})
-    out = {"kind": kind, "status": None, "tokens": None, "prompt": None, "stream_error": False, "error": None}
+        body |= {"stream": True} | (
+            {"stream_options": {"include_usage": True}} if kind == "chat-stream" else {}
+        )
+    out = {
+        "kind": kind,
+        "status": None,
+        "tokens": None,
+        "prompt": None,
+        "stream_error": False,
+        "error": None,
+    }
     with httpx.Client(timeout=120) as client:
         if not stream:
             r = client.post(f"{endpoint}{path}", json=body, headers=session)
@@ -59,13 +77,19 @@ def one_call(endpoint: str, kind: str, i: int, max_tokens: int) -> dict:
 def in_flight(endpoint: str, n: int, max_tokens: int) -> tuple[ThreadPoolExecutor, list]:
     """Start `n` calls cycling through every kind; returns the pool and the futures."""
     pool = ThreadPoolExecutor(n)
-    futures = [pool.submit(one_call, endpoint, KINDS[i % len(KINDS)], i, max_tokens) for i in range(n)]
+    futures = [
+        pool.submit(one_call, endpoint, KINDS[i % len(KINDS)], i, max_tokens) for i in range(n)
+    ]
     return pool, futures
 
 
 def running(endpoint: str) -> float:
     text = httpx.get(f"{endpoint}/metrics", timeout=10).text
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("talaria_requests_running{"))
+    return sum(
+        float(ln.rsplit(" ", 1)[1])
+        for ln in text.splitlines()
+        if ln.startswith("talaria_requests_running{")
+    )
 
 
 def wait_running(endpoint: str, n: int, timeout: float = 60) -> None:

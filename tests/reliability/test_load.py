@@ -20,11 +20,17 @@ async def _session(client: httpx.AsyncClient, i: int) -> list[int]:
     messages = [{"role": "user", "content": f"Session {i}: run the tests."}]
     statuses = []
     for turn in range(TURNS):
-        r = await client.post("/v1/chat/completions", headers={"x-session-id": f"load-{i}"},
-                              json={"model": model, "messages": messages, "max_tokens": 8})
+        r = await client.post(
+            "/v1/chat/completions",
+            headers={"x-session-id": f"load-{i}"},
+            json={"model": model, "messages": messages, "max_tokens": 8},
+        )
         statuses.append(r.status_code)
         if r.status_code == 200:
-            messages = messages + [r.json()["choices"][0]["message"], {"role": "user", "content": f"turn {turn}"}]
+            messages = messages + [
+                r.json()["choices"][0]["message"],
+                {"role": "user", "content": f"turn {turn}"},
+            ]
     return statuses
 
 
@@ -44,7 +50,9 @@ def test_ready_never_flips_under_200_sessions(tmp_path):
     try:
         calls, ready = asyncio.run(_load_and_watch(d.endpoint))
         assert calls == [200] * (TURNS * SESSIONS)
-        assert len(ready) >= 3 and set(ready) == {200}, f"{ready.count(503)} of {len(ready)} polls were not ready"
+        assert len(ready) >= 3 and set(ready) == {200}, (
+            f"{ready.count(503)} of {len(ready)} polls were not ready"
+        )
     finally:
         stop_daemon(d)
         d.notify.close()

@@ -79,7 +79,9 @@ def test_sigterm_lets_all_20_calls_in_flight_finish(daemons, tmp_path):
 
 
 def test_grace_that_runs_out_ends_calls_with_an_error_in_each_api_shape(daemons, tmp_path):
-    d = _start(daemons, tmp_path, {"supervisor": {"shutdown_grace_s": 1.0}}, executor="sim", instance=SLOW)
+    d = _start(
+        daemons, tmp_path, {"supervisor": {"shutdown_grace_s": 1.0}}, executor="sim", instance=SLOW
+    )
     children = d.children()
     pool, futures = in_flight(d.endpoint, 10, max_tokens=600)  # ~12 s each: longer than the grace
     try:
@@ -103,7 +105,11 @@ def test_grace_that_runs_out_ends_calls_with_an_error_in_each_api_shape(daemons,
 def test_sighup_reloads_live_knobs_and_a_killed_daemon_leaves_no_instance(daemons, tmp_path):
     d = _start(daemons, tmp_path, executor="sim")
     pids = sorted(p.pid for p in d.children())
-    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "x" * 5000}], "max_tokens": 2}
+    body = {
+        "model": "tiny-chat",
+        "messages": [{"role": "user", "content": "x" * 5000}],
+        "max_tokens": 2,
+    }
     assert httpx.post(f"{d.endpoint}/v1/chat/completions", json=body, timeout=30).status_code == 200
     cfg = yaml.safe_load(d.config_path.read_text())
     cfg["limits"] = {"max_body_bytes": 4096}
@@ -117,13 +123,19 @@ def test_sighup_reloads_live_knobs_and_a_killed_daemon_leaves_no_instance(daemon
     # tau_s is live in the router; the instance schedulers' matching slot hold needs a restart
     assert restart.strip() == "instances.0.time_scale, policy.tau_s (instance schedulers)"
     r = httpx.post(f"{d.endpoint}/v1/chat/completions", json=body, timeout=30)
-    assert r.status_code == 413 and "4096" in r.json()["error"]["message"]  # the new limit is in effect
+    assert (
+        r.status_code == 413 and "4096" in r.json()["error"]["message"]
+    )  # the new limit is in effect
     small = {**body, "messages": [{"role": "user", "content": "hi"}]}
-    assert httpx.post(f"{d.endpoint}/v1/chat/completions", json=small, timeout=30).status_code == 200
+    assert (
+        httpx.post(f"{d.endpoint}/v1/chat/completions", json=small, timeout=30).status_code == 200
+    )
     d.config_path.write_text("models: [\n")  # a broken file is refused, nothing changes
     d.proc.send_signal(signal.SIGHUP)
     _wait_line(d, "config not reloaded")
-    assert httpx.post(f"{d.endpoint}/v1/chat/completions", json=small, timeout=30).status_code == 200
+    assert (
+        httpx.post(f"{d.endpoint}/v1/chat/completions", json=small, timeout=30).status_code == 200
+    )
     assert sorted(p.pid for p in d.children()) == pids and d.proc.poll() is None
     # and however the daemon ends, no instance outlives it: SIGKILL leaves it no say (PDEATHSIG)
     children = d.children()

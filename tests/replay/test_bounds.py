@@ -15,8 +15,9 @@ from talariad.replay.bounds import (
 from talariad.replay.trace import Trace, TraceCall
 from talariad.types import LatencyProfile
 
-PROF = LatencyProfile(prefill_base_s=0.5, prefill_s_per_token=0.001, decode_step_s=0.02,
-                      decode_s_per_seq=0.01)
+PROF = LatencyProfile(
+    prefill_base_s=0.5, prefill_s_per_token=0.001, decode_step_s=0.02, decode_s_per_seq=0.01
+)
 FLAT = LatencyProfile(prefill_s_per_token=0.01, decode_step_s=1.0)
 
 
@@ -24,7 +25,9 @@ def test_single_tenant_time_by_hand():
     s = [
         TraceCall("s", 0, "m", 1000, 0, 10, 0.0),  # prefill 0.5 + 1.0 (1st token); 9 decodes x 0.03
         TraceCall("s", 1, "m", 1500, 1200, 20, 2.0),  # prefill 0.5 + 0.3; 19 decodes x 0.03
-        TraceCall("s", 2, "m", 1600, 1600, 5, 1.0),  # all cached: the last token recomputes; 4 x 0.03
+        TraceCall(
+            "s", 2, "m", 1600, 1600, 5, 1.0
+        ),  # all cached: the last token recomputes; 4 x 0.03
     ]
     expected = (1.5 + 0.27) + (0.8 + 0.57) + (0.501 + 0.12) + 2.0 + 1.0
     assert single_tenant_s(s, {"m": PROF}) == pytest.approx(expected)
@@ -57,6 +60,7 @@ def test_rank_bounds_overlap_decode_within_a_model_and_never_across_models():
 def test_least_model_work_is_the_minimum_over_every_subset(sessions):
     least = _least_model_work(sessions)
     for j in range(1, len(sessions) + 1):
-        brute = min(sum(p for p, _ in c) + max(d for _, d in c)
-                    for c in itertools.combinations(sessions, j))
+        brute = min(
+            sum(p for p, _ in c) + max(d for _, d in c) for c in itertools.combinations(sessions, j)
+        )
         assert least[j] == pytest.approx(brute)

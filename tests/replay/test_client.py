@@ -17,13 +17,19 @@ from talariad.replay.trace import Trace, TraceCall
 from tests.e2e.conftest import start_daemon, stop_daemon
 
 # Two sessions on two trace models; prompts of thousands of tokens, scaled down by 50.
-TRACE = Trace([
-    [TraceCall("issue-a", 0, "big-1", 6000, 0, 6, 0.0),
-     TraceCall("issue-a", 1, "big-1", 6600, 6006, 5, 0.2),
-     TraceCall("issue-a", 2, "big-1", 7000, 6605, 4, 0.1)],
-    [TraceCall("issue-b", 0, "big-2", 5000, 0, 5, 0.0),
-     TraceCall("issue-b", 1, "big-2", 5500, 5005, 6, 0.3)],
-])
+TRACE = Trace(
+    [
+        [
+            TraceCall("issue-a", 0, "big-1", 6000, 0, 6, 0.0),
+            TraceCall("issue-a", 1, "big-1", 6600, 6006, 5, 0.2),
+            TraceCall("issue-a", 2, "big-1", 7000, 6605, 4, 0.1),
+        ],
+        [
+            TraceCall("issue-b", 0, "big-2", 5000, 0, 5, 0.0),
+            TraceCall("issue-b", 1, "big-2", 5500, 5005, 6, 0.3),
+        ],
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +52,12 @@ def test_every_call_is_recorded(result):
     res, served = result
     assert res.errors == []
     assert sorted((c.session_id, c.call_idx) for c in res.run.calls) == [
-        ("issue-a", 0), ("issue-a", 1), ("issue-a", 2), ("issue-b", 0), ("issue-b", 1)]
+        ("issue-a", 0),
+        ("issue-a", 1),
+        ("issue-a", 2),
+        ("issue-b", 0),
+        ("issue-b", 1),
+    ]
     assert sorted(s.session_id for s in res.run.sessions) == ["issue-a", "issue-b"]
     assert {c.model for c in res.run.calls} <= set(served)
     assert all(c.instance for c in res.run.calls)
@@ -99,8 +110,22 @@ def test_cli_run_prints_table_and_json(daemon, tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(c.to_json() + "\n" for c in TRACE.calls()))
     out = tmp_path / "out.json"
-    rc = main(["run", "--endpoint", daemon.endpoint + "/v1", str(trace), "--scale", "100", "--sessions", "1",
-               "--timeout", "60", "--json", str(out)])
+    rc = main(
+        [
+            "run",
+            "--endpoint",
+            daemon.endpoint + "/v1",
+            str(trace),
+            "--scale",
+            "100",
+            "--sessions",
+            "1",
+            "--timeout",
+            "60",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     obj = json.loads(out.read_text())
     assert obj["rows"][0]["calls"] == 3 and obj["rows"][0]["sessions"] == 1 and obj["errors"] == []
@@ -108,23 +133,39 @@ def test_cli_run_prints_table_and_json(daemon, tmp_path):
 
 def test_cli_bad_input_exits_2(daemon, tmp_path, capsys):
     assert main(["run", "--endpoint", daemon.endpoint, str(tmp_path / "missing.jsonl")]) == 2
-    assert main(["run", "--endpoint", daemon.endpoint, "fixed", "--model-map", "qwen3-235b=nope"]) == 2
+    assert (
+        main(["run", "--endpoint", daemon.endpoint, "fixed", "--model-map", "qwen3-235b=nope"]) == 2
+    )
     err = capsys.readouterr().err
     assert "missing.jsonl" in err and "no model 'nope'" in err
 
 
 # --- HTTP behaviour against a scripted transport --------------------------------------------------
 
+
 def _sse(*texts: str) -> bytes:
     chunks = [{"choices": [{"delta": {"content": t}}]} for t in texts]
-    chunks.append({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": len(texts),
-                                            "prompt_tokens_details": {"cached_tokens": 0},
-                                            "talaria": {"instance": "i0", "kv_source": "none", "route": "cost"}}})
+    chunks.append(
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 9,
+                "completion_tokens": len(texts),
+                "prompt_tokens_details": {"cached_tokens": 0},
+                "talaria": {"instance": "i0", "kv_source": "none", "route": "cost"},
+            },
+        }
+    )
     return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
 
 
 def _one_call(max_tokens: int = 2) -> list[list[ScaledCall]]:
-    return [[ScaledCall("s", 0, "m", "m", 20, 1.0, max_tokens, 0.0), ScaledCall("s", 1, "m", "m", 5, 1.0, 2, 0.0)]]
+    return [
+        [
+            ScaledCall("s", 0, "m", "m", 20, 1.0, max_tokens, 0.0),
+            ScaledCall("s", 1, "m", "m", 5, 1.0, 2, 0.0),
+        ]
+    ]
 
 
 def test_429_is_retried_and_the_wait_counts_in_ttft():
@@ -133,10 +174,20 @@ def test_429_is_retried_and_the_wait_counts_in_ttft():
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request.headers["x-session-id"])
         if len(seen) == 1:
-            return httpx.Response(429, headers={"Retry-After": "0.2"}, json={"error": {"message": "busy"}})
-        return httpx.Response(200, content=_sse("a", " b"), headers={"content-type": "text/event-stream"})
+            return httpx.Response(
+                429, headers={"Retry-After": "0.2"}, json={"error": {"message": "busy"}}
+            )
+        return httpx.Response(
+            200, content=_sse("a", " b"), headers={"content-type": "text/event-stream"}
+        )
 
-    res = asyncio.run(replay(_one_call(), ReplayOptions("http://x/v1", session_tag="t:"), httpx.MockTransport(handler)))
+    res = asyncio.run(
+        replay(
+            _one_call(),
+            ReplayOptions("http://x/v1", session_tag="t:"),
+            httpx.MockTransport(handler),
+        )
+    )
     assert res.errors == [] and res.retries == 1 and seen == ["t:s"] * 3
     first = min(res.run.calls, key=lambda c: c.call_idx)
     assert first.intended_s == 0.0 and first.ttft_s >= 0.2  # the retry wait is part of the TTFT
@@ -146,10 +197,17 @@ def test_errors_are_recorded_and_retries_bounded():
     def handler(request: httpx.Request) -> httpx.Response:
         if json.loads(request.content)["max_tokens"] == 7:
             return httpx.Response(400, json={"error": {"message": "bad body"}})
-        return httpx.Response(429, headers={"Retry-After": "0"}, json={"error": {"message": "busy"}})
+        return httpx.Response(
+            429, headers={"Retry-After": "0"}, json={"error": {"message": "busy"}}
+        )
 
-    res = asyncio.run(replay(_one_call(7) + [[ScaledCall("u", 0, "m", "m", 3, 1.0, 2, 0.0)]],
-                             ReplayOptions("http://x", max_retries=2), httpx.MockTransport(handler)))
+    res = asyncio.run(
+        replay(
+            _one_call(7) + [[ScaledCall("u", 0, "m", "m", 3, 1.0, 2, 0.0)]],
+            ReplayOptions("http://x", max_retries=2),
+            httpx.MockTransport(handler),
+        )
+    )
     errors = {e.session_id: e for e in res.errors}
     assert errors["s"].status == 400 and "bad body" in errors["s"].message
     assert errors["u"].status == 429 and "3 tries" in errors["u"].message and res.retries == 2
@@ -161,12 +219,15 @@ def test_total_timeout_cancels_stuck_sessions():
         await asyncio.sleep(30)
         return httpx.Response(200, content=_sse("x"))
 
-    res = asyncio.run(replay(_one_call(), ReplayOptions("http://x", timeout_s=0.3), httpx.MockTransport(handler)))
+    res = asyncio.run(
+        replay(_one_call(), ReplayOptions("http://x", timeout_s=0.3), httpx.MockTransport(handler))
+    )
     assert [(e.session_id, e.call_idx, e.status) for e in res.errors] == [("s", 0, None)]
     assert "timeout" in res.errors[0].message
 
 
 # --- synthesized bodies --------------------------------------------------------------------------
+
 
 def test_each_prompt_extends_the_previous_prompt_and_answer():
     calls = scale_trace(TRACE, {"big-1": "m1", "big-2": "m2"}, factor=50)[0]

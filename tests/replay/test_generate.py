@@ -30,7 +30,9 @@ def test_characterization_matches_section_2_1(char):
 
 def test_prompts_grow_within_sessions(char):
     for s in char:
-        assert all(b.prompt_tokens > a.prompt_tokens + a.output_tokens - 1 for a, b in zip(s, s[1:]))
+        assert all(
+            b.prompt_tokens > a.prompt_tokens + a.output_tokens - 1 for a, b in zip(s, s[1:])
+        )
         assert all(c.prefix_tokens <= a.prompt_tokens + a.output_tokens for a, c in zip(s, s[1:]))
 
 

@@ -24,7 +24,9 @@ def test_row_metrics_of_hand_made_run(run):
     assert (r.sct_p50_s, r.sct_p95_s) == (20.0, 40.0)  # SCTs 10, 20, 30, 40
     # TTFTs: 0.5 1.0 1.5 2.0 (call 0) and 0.1 .. 0.4 (returning)
     assert r.ttft_p50_s == pytest.approx(0.4) and r.ttft_p95_s == pytest.approx(2.0)
-    assert r.returning_ttft_p50_s == pytest.approx(0.2) and r.returning_ttft_p95_s == pytest.approx(0.4)
+    assert r.returning_ttft_p50_s == pytest.approx(0.2) and r.returning_ttft_p95_s == pytest.approx(
+        0.4
+    )
     d2d = r.switch_by_path["d2d"]
     assert (d2d.count, d2d.p50_s, d2d.p95_s, d2d.share) == (2, 0.1, 0.3, 0.5)
     assert r.switch_by_path["h2d"].p50_s == 2.0 and r.switch_by_path["partial"].count == 1

@@ -32,10 +32,14 @@ def test_paper_set_values():
     assert total_w < ps.box.hbm_per_gpu_bytes  # the three models fit one GPU's share together
     # the pooled p50s of §5.6 are the weight-weighted means of the per-model switch tables
     mean = {p: sum(m.profile.switch_s[p] for m in ps.models.values()) / 3 for p in SwitchPath}
-    assert mean[SwitchPath.H2D] == pytest.approx(1.497) and mean[SwitchPath.PARTIAL] == pytest.approx(1.0)
+    assert mean[SwitchPath.H2D] == pytest.approx(1.497) and mean[
+        SwitchPath.PARTIAL
+    ] == pytest.approx(1.0)
     for m in ps.models.values():
         p = m.profile
-        assert p.switch_s[SwitchPath.D2D] < p.switch_s[SwitchPath.PARTIAL] < p.switch_s[SwitchPath.H2D]
+        assert (
+            p.switch_s[SwitchPath.D2D] < p.switch_s[SwitchPath.PARTIAL] < p.switch_s[SwitchPath.H2D]
+        )
         assert p.open_s == p.switch_s[SwitchPath.H2D] and p.decode_s_per_seq > 0
 
 
@@ -44,8 +48,10 @@ def test_bad_profile_files_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="unknown profile set"):
         load_set("nope")
     p = tmp_path / "x.yaml"
-    p.write_text("box: {gpus: 1, tp: 1, hbm_per_gpu_gib: 1, host_memory_gib: 1}\n"
-                 "models: {m: {profile: {prefil_s: 1}}}\n")
+    p.write_text(
+        "box: {gpus: 1, tp: 1, hbm_per_gpu_gib: 1, host_memory_gib: 1}\n"
+        "models: {m: {profile: {prefil_s: 1}}}\n"
+    )
     with pytest.raises(ValueError, match=r"models.m.profile: unknown field\(s\) \['prefil_s'\]"):
         load_set(str(p))
     p.write_text("box: {gpus: 1}\nmodels: {m: {}}\n")

@@ -21,8 +21,18 @@ def _render(results, **kw) -> str:
 def test_table_and_json_carry_the_numbers():
     runs = [make_run("Talaria"), make_run("Round-only", scale=4.0)]
     text = _render(runs, paper=True)
-    for cell in ("20.0 / 40.0", "80.0 / 160.0", "100 / 300 (n=2)", "12.5%", "177.0", "7/9",
-                 "3.33 / 5.00", "75.0%", "189 / 867", "1000 / 2296"):
+    for cell in (
+        "20.0 / 40.0",
+        "80.0 / 160.0",
+        "100 / 300 (n=2)",
+        "12.5%",
+        "177.0",
+        "7/9",
+        "3.33 / 5.00",
+        "75.0%",
+        "189 / 867",
+        "1000 / 2296",
+    ):
         assert cell in text, cell
     assert "Round-only / Talaria SCT: p50 4.00x, p95 4.00x (paper 5.3x, 2.6x)" in text
     obj = json.loads(json.dumps(to_json_obj(runs)))
@@ -40,7 +50,11 @@ def test_speedup_needs_both_configs():
 
 def _all_figures_runs():
     runs = [make_run(c) for c in ("Talaria", "no-SP", "H2D-only")]
-    runs += [make_run(f"{p}@{ld}", policy=p, load=ld) for p in ("full", "least-pressure") for ld in ("low", "high")]
+    runs += [
+        make_run(f"{p}@{ld}", policy=p, load=ld)
+        for p in ("full", "least-pressure")
+        for ld in ("low", "high")
+    ]
     runs += [make_run(f"tau={t}", tau_s=t) for t in (0.0, 1.0, 5.0)]
     return runs
 
@@ -48,8 +62,13 @@ def _all_figures_runs():
 def test_plots_write_valid_pngs(tmp_path):
     files = plots(_all_figures_runs(), tmp_path / "figs")
     names = sorted(p.name for p in files)
-    assert names == ["fig11_ttft_sp.png", "fig12_switch.png", "fig6_sct_cdf.png", "fig8_router.png",
-                     "fig9_tau_sweep.png"]
+    assert names == [
+        "fig11_ttft_sp.png",
+        "fig12_switch.png",
+        "fig6_sct_cdf.png",
+        "fig8_router.png",
+        "fig9_tau_sweep.png",
+    ]
     for p in files:
         assert p.read_bytes()[:8] == PNG and p.stat().st_size > 1000
 
@@ -61,7 +80,9 @@ def test_plots_skip_figures_without_inputs(tmp_path):
 
 def test_progress_bar_counts():
     buf = io.StringIO()
-    with progress_bar(3, "configs", console=Console(file=buf, width=100, force_terminal=True)) as advance:
+    with progress_bar(
+        3, "configs", console=Console(file=buf, width=100, force_terminal=True)
+    ) as advance:
         for _ in range(3):
             advance()
     assert "3/3" in buf.getvalue() and "configs" in buf.getvalue()

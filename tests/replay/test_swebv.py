@@ -8,11 +8,23 @@ from talariad.replay.trace import TraceError
 
 
 def _row(sid, idx, prompt, shared, out=50, interval=None, **kw):
-    row = {"session_id": sid, "thread": "main", "call_idx": idx, "model": "gemini-3-pro-preview",
-           "t_req_s": 0, "prompt_tokens": prompt, "output_tokens": out, "reasoning_tokens": 0,
-           "visible_output_tokens": out, "provider_cached_tokens": 0, "shared_prefix_tokens": shared,
-           "text_prefix_shared_frac_prev": None if idx == 0 else 1.0, "interval_s": interval,
-           "gap_s": None, "resolved": True}
+    row = {
+        "session_id": sid,
+        "thread": "main",
+        "call_idx": idx,
+        "model": "gemini-3-pro-preview",
+        "t_req_s": 0,
+        "prompt_tokens": prompt,
+        "output_tokens": out,
+        "reasoning_tokens": 0,
+        "visible_output_tokens": out,
+        "provider_cached_tokens": 0,
+        "shared_prefix_tokens": shared,
+        "text_prefix_shared_frac_prev": None if idx == 0 else 1.0,
+        "interval_s": interval,
+        "gap_s": None,
+        "resolved": True,
+    }
     return {**row, **kw}
 
 
@@ -55,20 +67,28 @@ def test_gap_model_is_capped(tmp_path):
 
 def test_model_map_assign_and_limit(tmp_path):
     p = _write(tmp_path, ROWS)
-    assert load_swebv(p, model_map={"gemini-3-pro-preview": "qwen3-235b"}).models() == ["qwen3-235b"]
+    assert load_swebv(p, model_map={"gemini-3-pro-preview": "qwen3-235b"}).models() == [
+        "qwen3-235b"
+    ]
     t = load_swebv(p, assign_models=["x", "y"])
     assert [s[0].model for s in t] == ["x", "y", "x"]
     assert all(c.model == s[0].model for s in t for c in s)
     assert [s[0].session_id for s in load_swebv(p, limit_sessions=2)] == ["a", "b"]
 
 
-@pytest.mark.parametrize("bad, field", [
-    ("{oops", None),
-    (json.dumps({k: v for k, v in _row("d", 0, 10, 0).items() if k != "prompt_tokens"}), "prompt_tokens"),
-    (json.dumps(_row("d", 0, 10, -3)), "shared_prefix_tokens"),
-    (json.dumps(_row("d", 0, -10, 0)), "prompt_tokens"),
-    (json.dumps(_row("a", 5, 10, 0)), "call_idx"),
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ("{oops", None),
+        (
+            json.dumps({k: v for k, v in _row("d", 0, 10, 0).items() if k != "prompt_tokens"}),
+            "prompt_tokens",
+        ),
+        (json.dumps(_row("d", 0, 10, -3)), "shared_prefix_tokens"),
+        (json.dumps(_row("d", 0, -10, 0)), "prompt_tokens"),
+        (json.dumps(_row("a", 5, 10, 0)), "call_idx"),
+    ],
+)
 def test_malformed_real_trace_lines(tmp_path, bad, field):
     p = _write(tmp_path, ROWS[:3] + [bad])
     with pytest.raises(TraceError) as err:

@@ -31,23 +31,37 @@ def test_interleaved_sessions_group_by_id(tmp_path):
     assert read_jsonl(p) == _trace()
 
 
-GOOD = {"session_id": "s", "call_idx": 0, "model": "m", "prompt_tokens": 10,
-        "prefix_tokens": 0, "output_tokens": 3, "gap_s": 0}
+GOOD = {
+    "session_id": "s",
+    "call_idx": 0,
+    "model": "m",
+    "prompt_tokens": 10,
+    "prefix_tokens": 0,
+    "output_tokens": 3,
+    "gap_s": 0,
+}
 
 
-@pytest.mark.parametrize("line2, field, words", [
-    ("{not json", None, "invalid JSON"),
-    ("[1, 2]", None, "JSON object"),
-    (json.dumps({k: v for k, v in GOOD.items() if k != "model"}), "model", "missing"),
-    (json.dumps({**GOOD, "session_id": "t", "prompt_tokens": "10"}), "prompt_tokens", "expected int"),
-    (json.dumps({**GOOD, "session_id": "t", "call_idx": True}), "call_idx", "expected int"),
-    (json.dumps({**GOOD, "session_id": "t", "output_tokens": -1}), "output_tokens", ">= 0"),
-    (json.dumps({**GOOD, "call_idx": 1, "gap_s": -0.5}), "gap_s", ">= 0"),
-    (json.dumps({**GOOD, "session_id": "t", "prefix_tokens": 11}), "prefix_tokens", "exceeds"),
-    (json.dumps({**GOOD, "call_idx": 2, "gap_s": 1}), "call_idx", "expects call_idx 1"),
-    (json.dumps({**GOOD, "session_id": "t", "gap_s": 1.5}), "gap_s", "call 0"),
-    (json.dumps({**GOOD, "session_id": ""}), "session_id", "empty"),
-])
+@pytest.mark.parametrize(
+    "line2, field, words",
+    [
+        ("{not json", None, "invalid JSON"),
+        ("[1, 2]", None, "JSON object"),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "model"}), "model", "missing"),
+        (
+            json.dumps({**GOOD, "session_id": "t", "prompt_tokens": "10"}),
+            "prompt_tokens",
+            "expected int",
+        ),
+        (json.dumps({**GOOD, "session_id": "t", "call_idx": True}), "call_idx", "expected int"),
+        (json.dumps({**GOOD, "session_id": "t", "output_tokens": -1}), "output_tokens", ">= 0"),
+        (json.dumps({**GOOD, "call_idx": 1, "gap_s": -0.5}), "gap_s", ">= 0"),
+        (json.dumps({**GOOD, "session_id": "t", "prefix_tokens": 11}), "prefix_tokens", "exceeds"),
+        (json.dumps({**GOOD, "call_idx": 2, "gap_s": 1}), "call_idx", "expects call_idx 1"),
+        (json.dumps({**GOOD, "session_id": "t", "gap_s": 1.5}), "gap_s", "call 0"),
+        (json.dumps({**GOOD, "session_id": ""}), "session_id", "empty"),
+    ],
+)
 def test_malformed_line_names_file_line_field(tmp_path, line2, field, words):
     p = tmp_path / "bad.jsonl"
     p.write_text(json.dumps(GOOD) + "\n" + line2 + "\n")

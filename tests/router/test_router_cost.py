@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from talariad.router import (DecisionKind, InstanceSnapshot, ModelResidency, ModelState,
-                             RoundMeasurement)
+from talariad.router import (
+    DecisionKind,
+    InstanceSnapshot,
+    ModelResidency,
+    ModelState,
+    RoundMeasurement,
+)
 from talariad.types import KVState, Pool, SwitchPath
 from tests.router.router_factories import MODEL, Snaps, call, cand, cluster, router
 
@@ -39,15 +44,18 @@ def test_partial_prefix_recomputes_only_the_missing_part():
     assert cand(d, "a").kv_recovery_s == pytest.approx(1e-4 * 2000)
 
 
-@pytest.mark.parametrize(("residency", "activation", "replica"), [
-    (ModelResidency(A), 0.0, False),
-    (ModelResidency(R, switch_cost_s=0.4), 0.4, False),  # advertised switch cost
-    (ModelResidency(R, staged_fraction=1.0), 0.1, False),  # resident, fully staged: D2D
-    (ModelResidency(R, staged_fraction=0.5), 0.1 + 0.5 * 1.9, False),  # partial staging
-    (ModelResidency(R, staged_fraction=0.0), 2.0, False),
-    (ModelResidency(X, open_cost_s=2.5), 2.5, True),  # measured full open
-    (ModelResidency(X), 3.0, True),  # profiled full open
-])
+@pytest.mark.parametrize(
+    ("residency", "activation", "replica"),
+    [
+        (ModelResidency(A), 0.0, False),
+        (ModelResidency(R, switch_cost_s=0.4), 0.4, False),  # advertised switch cost
+        (ModelResidency(R, staged_fraction=1.0), 0.1, False),  # resident, fully staged: D2D
+        (ModelResidency(R, staged_fraction=0.5), 0.1 + 0.5 * 1.9, False),  # partial staging
+        (ModelResidency(R, staged_fraction=0.0), 2.0, False),
+        (ModelResidency(X, open_cost_s=2.5), 2.5, True),  # measured full open
+        (ModelResidency(X), 3.0, True),  # profiled full open
+    ],
+)
 def test_activation_term(residency, activation, replica):
     r, snaps = router(), Snaps()
     r.observe(snaps("a", 0.0, models={MODEL: residency}), 0.0)
@@ -66,8 +74,16 @@ def test_less_staging_costs_more():
 def test_residency_beats_idle_instance_without_model_or_kv():
     """§2.2: the loaded instance with the session's KV wins over an idle empty one."""
     r, snaps = router(), Snaps()
-    r.observe(snaps("a", 0.0, models={MODEL: ModelResidency(A, queued_tokens=10_000)},
-                    sessions={"s1": (KVState.DEVICE, 40_000)}, round_load_s=1.0), 0.0)
+    r.observe(
+        snaps(
+            "a",
+            0.0,
+            models={MODEL: ModelResidency(A, queued_tokens=10_000)},
+            sessions={"s1": (KVState.DEVICE, 40_000)},
+            round_load_s=1.0,
+        ),
+        0.0,
+    )
     r.observe(snaps("b", 0.0, state=X), 0.0)
     d = r.place(call("c1", prompt=41_000, prefix=40_000), 0.1)
     assert d.instance == "a"
@@ -109,8 +125,15 @@ def test_device_resident_prefix_needs_no_new_hbm():
 
 def _eq2_cluster(queued_tokens: int):
     r, snaps = router(overload="reject"), Snaps()
-    r.observe(snaps("a", 0.0, models={MODEL: ModelResidency(A, queued_tokens=queued_tokens)},
-                    round_load_s=9.0), 0.0)  # has the model, but its round is full
+    r.observe(
+        snaps(
+            "a",
+            0.0,
+            models={MODEL: ModelResidency(A, queued_tokens=queued_tokens)},
+            round_load_s=9.0,
+        ),
+        0.0,
+    )  # has the model, but its round is full
     r.observe(snaps("b", 0.0, state=X), 0.0)  # idle, would need a fresh replica
     return r
 
@@ -128,8 +151,12 @@ def test_eq2_opens_replica_when_backlog_justifies_it():
 
 def test_replica_penalty_is_per_model_configurable():
     r, snaps = router(overload="reject", replica_penalty_by_model={MODEL: 1000.0}), Snaps()
-    r.observe(snaps("a", 0.0, models={MODEL: ModelResidency(A, queued_tokens=2_000_000)},
-                    round_load_s=9.0), 0.0)
+    r.observe(
+        snaps(
+            "a", 0.0, models={MODEL: ModelResidency(A, queued_tokens=2_000_000)}, round_load_s=9.0
+        ),
+        0.0,
+    )
     r.observe(snaps("b", 0.0, state=X), 0.0)
     assert cand(r.place(call("c1"), 0.1), "b").reason == "eq2"
 
@@ -170,8 +197,10 @@ def test_in_flight_open_is_not_charged_twice():
 
 def test_deadline_risk_inflates_queue():
     r, snaps = router(), Snaps()
-    r.observe(snaps("a", 0.0, models={MODEL: ModelResidency(A, queued_tokens=10_000)},
-                    deadline_risk=0.5), 0.0)
+    r.observe(
+        snaps("a", 0.0, models={MODEL: ModelResidency(A, queued_tokens=10_000)}, deadline_risk=0.5),
+        0.0,
+    )
     assert cand(r.place(call("c1"), 0.1), "a").queue_s == pytest.approx(1.5)
 
 
@@ -186,8 +215,9 @@ def test_hot_instance_has_no_slot_wait():
 def test_profile_ewma_refresh_changes_costs():
     r, snaps = router(ewma_alpha=0.2), Snaps()
     r.observe(snaps("a", 0.0), 0.0)
-    measured = RoundMeasurement(prefill_tokens=1000, prefill_s=0.3, switch_path=SwitchPath.H2D,
-                                switch_s=4.0)
+    measured = RoundMeasurement(
+        prefill_tokens=1000, prefill_s=0.3, switch_path=SwitchPath.H2D, switch_s=4.0
+    )
     prof = r.round_summary("a", MODEL, measured, 1.0)
     assert prof.prefill_s_per_token == pytest.approx(0.8 * 1e-4 + 0.2 * 3e-4)
     assert prof.open_s == pytest.approx(0.8 * 2.0 + 0.2 * 4.0)

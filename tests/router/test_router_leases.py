@@ -48,8 +48,9 @@ def test_successor_lease_installed_by_next_completion(setup):
     assert lease is not None and lease.t_exp == pytest.approx(2.2) and len(r.leases()) == 1
 
 
-@pytest.mark.parametrize(("at", "kind"),
-                         [(1.499, DecisionKind.LEASE_HIT), (1.5, DecisionKind.COST)])
+@pytest.mark.parametrize(
+    ("at", "kind"), [(1.499, DecisionKind.LEASE_HIT), (1.5, DecisionKind.COST)]
+)
 def test_lease_discarded_when_expired(setup, at, kind):
     r, _ = setup
     serve(r, call("c1"), 0.1, 0.5)  # t_exp = 1.5: live on [0.5, 1.5)

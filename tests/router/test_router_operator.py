@@ -35,7 +35,9 @@ def test_drain_drops_leases_and_installs_none():
     d, _ = serve(r, call("c1", session="s1"), 0.1, 0.2)
     dropped = r.close_instance(d.instance, drain=True)
     assert [le.session_id for le in dropped] == ["s1"] and r.leases() == ()
-    assert r.completed("c1", d.instance, d.candidates[0].kv_state, 10, 0.3) is None  # unknown call now
+    assert (
+        r.completed("c1", d.instance, d.candidates[0].kv_state, 10, 0.3) is None
+    )  # unknown call now
     placed = r.place(call("c2", session="s1"), 0.4)
     assert placed.instance != d.instance and placed.kind is not DecisionKind.LEASE_HIT
 

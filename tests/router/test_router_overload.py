@@ -84,13 +84,27 @@ def test_knob_defaults_follow_the_paper():
     assert k.round_budget_s == pytest.approx(8.0) and k.leases_enabled
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("tau_s", -1.0), ("gamma", 1.0), ("gamma", 0.0), ("ttft_target_s", 0.0),
-    ("admission_unit_s", -0.1), ("replica_penalty_s", float("nan")), ("control_window_s", 0),
-    ("staleness_s", -1), ("heartbeat_s", 0), ("overload", "drop"), ("queue_limit", -1),
-    ("queue_timeout_s", 0), ("ewma_alpha", 0.0), ("ewma_alpha", 1.5),
-    ("hbm_price_s_per_gib", -1), ("session_idle_s", 0),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("tau_s", -1.0),
+        ("gamma", 1.0),
+        ("gamma", 0.0),
+        ("ttft_target_s", 0.0),
+        ("admission_unit_s", -0.1),
+        ("replica_penalty_s", float("nan")),
+        ("control_window_s", 0),
+        ("staleness_s", -1),
+        ("heartbeat_s", 0),
+        ("overload", "drop"),
+        ("queue_limit", -1),
+        ("queue_timeout_s", 0),
+        ("ewma_alpha", 0.0),
+        ("ewma_alpha", 1.5),
+        ("hbm_price_s_per_gib", -1),
+        ("session_idle_s", 0),
+    ],
+)
 def test_invalid_knob_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         RouterKnobs(**{field: value})

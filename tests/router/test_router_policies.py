@@ -161,8 +161,10 @@ def test_llama_swap_serves_where_loaded_then_idle_then_waits():
     r2, snaps2 = router("llama-swap", overload="queue", profiles={}), Snaps()
     busy = {other: ModelResidency(ModelState.ACTIVE, running_calls=2)}
     r2.observe(snaps2("a", 0.0, models=busy, allowed=(MODEL, other)), 0.0)
-    r2.observe(snaps2("b", 0.0, models={other: ModelResidency(ModelState.ACTIVE)},
-                      allowed=(MODEL, other)), 0.0)
+    r2.observe(
+        snaps2("b", 0.0, models={other: ModelResidency(ModelState.ACTIVE)}, allowed=(MODEL, other)),
+        0.0,
+    )
     assert r2.place(call("c1"), 0.1).instance == "b"  # nothing loaded: swap on the idle one
     assert r2.place(call("c2", session="s2"), 0.1).instance == "b"  # joins that swap
     r3, snaps3 = router("llama-swap", overload="queue", profiles={}), Snaps()
@@ -178,9 +180,22 @@ def test_llama_swap_concurrency_limit_spills_to_other_loaded():
     assert picks.count("a") == 10 and picks.count("b") == 10
 
 
-@pytest.mark.parametrize("policy", ["least-pressure", "round-robin", "random", "power-of-two",
-                                    "sglang-cache-aware", "dynamo-kv", "llm-d", "consistent-hash",
-                                    "continuum-ttl", "llama-swap", "session-sticky"])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "least-pressure",
+        "round-robin",
+        "random",
+        "power-of-two",
+        "sglang-cache-aware",
+        "dynamo-kv",
+        "llm-d",
+        "consistent-hash",
+        "continuum-ttl",
+        "llama-swap",
+        "session-sticky",
+    ],
+)
 def test_baselines_install_no_lease_and_skip_unhealthy(policy):
     r, snaps = _cluster(policy)
     r.observe(snaps("a", 0.0, healthy=False), 0.0)
@@ -219,8 +234,10 @@ def test_a_burst_does_not_open_the_model_on_every_cold_instance():
     # sessions concentrates on as few of them as the load allows instead of rotating it everywhere
     r, snaps = router(), Snaps()
     _resident_everywhere(r, snaps, ("a", "b", "c"), 0.0)
-    used = [r.place(call(f"c{i}", session=f"s{i}", prompt=2000, max_tokens=5),
-                    0.1 + 0.01 * i) for i in range(40)]
+    used = [
+        r.place(call(f"c{i}", session=f"s{i}", prompt=2000, max_tokens=5), 0.1 + 0.01 * i)
+        for i in range(40)
+    ]
     assert {d.instance for d in used} == {"a", "b"}  # cost alone spreads it over all three
     assert cand(used[-1], "c").reason == "retired" and "keep" in used[-1].reason
     assert any("reopen retired replica" in d.reason for d in used)  # b, once a's backlog pays
@@ -236,8 +253,15 @@ def test_an_idle_replica_retires_and_reopening_it_passes_eq2():
     d = r.place(call("c2", session="s2", prompt=20), 0.6)
     assert d.instance == "c" and cand(d, "b").reason == "retired"  # b retired: gain too small
     # a burst large enough that one more replica pays for its switch, HBM and ν reopens b
-    r.observe(snaps("a", 0.7, hbm_free_bytes=0, models={MODEL: ModelResidency(
-        ModelState.ACTIVE, queued_tokens=400_000)}), 0.7)
+    r.observe(
+        snaps(
+            "a",
+            0.7,
+            hbm_free_bytes=0,
+            models={MODEL: ModelResidency(ModelState.ACTIVE, queued_tokens=400_000)},
+        ),
+        0.7,
+    )
     r.observe(snaps("c", 0.7, hbm_free_bytes=0), 0.7)
     d = r.place(call("c3", session="s3", prompt=20), 0.8)
     assert d.instance == "b" and d.kind is DecisionKind.REPLICA_OPEN

@@ -7,8 +7,17 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talariad.router import (POLICIES, CallRequest, DecisionKind, InstanceSnapshot,
-                             ModelResidency, ModelState, Router, RouterKnobs, SessionKV)
+from talariad.router import (
+    POLICIES,
+    CallRequest,
+    DecisionKind,
+    InstanceSnapshot,
+    ModelResidency,
+    ModelState,
+    Router,
+    RouterKnobs,
+    SessionKV,
+)
 from talariad.types import KVState, LatencyProfile, Pool
 
 NAMES = ("a", "b", "c", "d")
@@ -16,16 +25,27 @@ MODELS = ("m1", "m2")
 SESSIONS = ("s0", "s1", "s2", "s3", "s4")
 KNOBS = dict(staleness_s=1.0, heartbeat_s=1.5, overload="spill")
 
-snap_ev = st.tuples(st.just("snap"), st.sampled_from(NAMES), st.booleans(),
-                    st.floats(0.0, 1.5), st.sampled_from(list(ModelState)),
-                    st.floats(0.0, 9.0), st.frozensets(st.sampled_from(MODELS), min_size=1),
-                    st.sampled_from(list(KVState)))
+snap_ev = st.tuples(
+    st.just("snap"),
+    st.sampled_from(NAMES),
+    st.booleans(),
+    st.floats(0.0, 1.5),
+    st.sampled_from(list(ModelState)),
+    st.floats(0.0, 9.0),
+    st.frozensets(st.sampled_from(MODELS), min_size=1),
+    st.sampled_from(list(KVState)),
+)
 beat_ev = st.tuples(st.just("beat"), st.sampled_from(NAMES), st.booleans())
 
 
 def place_events(sessions: tuple, models: tuple) -> st.SearchStrategy:
-    return st.tuples(st.just("place"), st.sampled_from(sessions), st.sampled_from(models),
-                     st.integers(0, 50_000), st.floats(0.0, 1.0))
+    return st.tuples(
+        st.just("place"),
+        st.sampled_from(sessions),
+        st.sampled_from(models),
+        st.integers(0, 50_000),
+        st.floats(0.0, 1.0),
+    )
 
 
 place_ev = place_events(SESSIONS + (None,), MODELS)
@@ -34,12 +54,24 @@ done_ev = st.tuples(st.just("done"), st.integers(0, 50), st.sampled_from(list(KV
 fail_ev = st.tuples(st.just("fail"), st.integers(0, 50))
 tick_ev = st.tuples(st.just("tick"), st.floats(0.0, 0.6))
 misc_ev = st.tuples(st.sampled_from(["expire", "remove"]), st.sampled_from(NAMES))
-events = st.lists(st.one_of(snap_ev, beat_ev, place_ev, place_ev, place_ev, done_ev, done_ev,
-                            fail_ev, tick_ev, misc_ev), min_size=15, max_size=50)
-lease_events = st.lists(st.one_of(snap_ev, beat_ev, returns_ev, returns_ev, done_ev, done_ev,
-                                  fail_ev, tick_ev, misc_ev), min_size=15, max_size=50)
-PRELUDE = [("snap", name, True, 0.0, ModelState.ACTIVE, 0.0, frozenset(MODELS), KVState.DEVICE)
-           for name in NAMES]
+events = st.lists(
+    st.one_of(
+        snap_ev, beat_ev, place_ev, place_ev, place_ev, done_ev, done_ev, fail_ev, tick_ev, misc_ev
+    ),
+    min_size=15,
+    max_size=50,
+)
+lease_events = st.lists(
+    st.one_of(
+        snap_ev, beat_ev, returns_ev, returns_ev, done_ev, done_ev, fail_ev, tick_ev, misc_ev
+    ),
+    min_size=15,
+    max_size=50,
+)
+PRELUDE = [
+    ("snap", name, True, 0.0, ModelState.ACTIVE, 0.0, frozenset(MODELS), KVState.DEVICE)
+    for name in NAMES
+]
 
 
 @dataclass
@@ -55,8 +87,11 @@ class Oracle:
         return self.health.get(name, False)
 
     def fresh(self, name: str, now: float) -> bool:
-        return (name in self.taken and now - self.taken[name] <= KNOBS["staleness_s"]
-                and now - self.seen[name] <= KNOBS["heartbeat_s"])
+        return (
+            name in self.taken
+            and now - self.taken[name] <= KNOBS["staleness_s"]
+            and now - self.seen[name] <= KNOBS["heartbeat_s"]
+        )
 
 
 def replay(policy: str, evs: list) -> tuple[list, Router]:
@@ -72,9 +107,18 @@ def replay(policy: str, evs: list) -> tuple[list, Router]:
             _, name, healthy, lag, state, load, allowed, kv = ev
             version += 1
             sessions = {(s, m): SessionKV(kv, 4000) for s in SESSIONS[:3] for m in MODELS}
-            snap = InstanceSnapshot(name, version, now - lag, Pool.COLD, healthy, allowed,
-                                    {m: ModelResidency(state) for m in MODELS}, sessions,
-                                    round_load_s=load, hbm_free_bytes=1 << 34)
+            snap = InstanceSnapshot(
+                name,
+                version,
+                now - lag,
+                Pool.COLD,
+                healthy,
+                allowed,
+                {m: ModelResidency(state) for m in MODELS},
+                sessions,
+                round_load_s=load,
+                hbm_free_bytes=1 << 34,
+            )
             r.observe(snap, now)
             oracle.health[name], oracle.seen[name] = healthy, now
             oracle.taken[name], oracle.allowed[name] = now - lag, allowed

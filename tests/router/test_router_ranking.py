@@ -7,8 +7,15 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talariad.router import (CallRequest, InstanceSnapshot, ModelResidency, ModelState, Router,
-                             RouterKnobs, SessionKV)
+from talariad.router import (
+    CallRequest,
+    InstanceSnapshot,
+    ModelResidency,
+    ModelState,
+    Router,
+    RouterKnobs,
+    SessionKV,
+)
 from talariad.router.ranking import LazyCandidates, rank_all
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath
 
@@ -16,35 +23,85 @@ NAMES = tuple(f"i{n}" for n in range(8))
 MODELS = ("m1", "m2")
 SESSIONS = tuple(f"s{n}" for n in range(6))
 PROFILES = {
-    "m1": LatencyProfile(prefill_base_s=0.01, prefill_s_per_token=1e-4, decode_step_s=0.02,
-                         decode_s_per_seq=1e-3, restore_s_per_token=1e-5, open_s=3.0,
-                         switch_s={SwitchPath.D2D: 0.1, SwitchPath.H2D: 2.0},
-                         weight_bytes=8 << 30, kv_bytes_per_token=1 << 12),
-    "m2": LatencyProfile(prefill_s_per_token=3e-4, decode_step_s=0.05, open_s=6.0,
-                         weight_bytes=20 << 30, kv_bytes_per_token=1 << 14),
+    "m1": LatencyProfile(
+        prefill_base_s=0.01,
+        prefill_s_per_token=1e-4,
+        decode_step_s=0.02,
+        decode_s_per_seq=1e-3,
+        restore_s_per_token=1e-5,
+        open_s=3.0,
+        switch_s={SwitchPath.D2D: 0.1, SwitchPath.H2D: 2.0},
+        weight_bytes=8 << 30,
+        kv_bytes_per_token=1 << 12,
+    ),
+    "m2": LatencyProfile(
+        prefill_s_per_token=3e-4,
+        decode_step_s=0.05,
+        open_s=6.0,
+        weight_bytes=20 << 30,
+        kv_bytes_per_token=1 << 14,
+    ),
 }
 
-residency = st.builds(ModelResidency, st.sampled_from(list(ModelState)), st.floats(0.0, 1.0),
-                      st.integers(0, 40_000), st.integers(0, 8), st.integers(0, 16),
-                      st.one_of(st.none(), st.floats(0.0, 3.0)), st.one_of(st.none(), st.floats(0.5, 8.0)))
-session_kv = st.dictionaries(st.tuples(st.sampled_from(SESSIONS), st.sampled_from(MODELS)),
-                             st.builds(SessionKV, st.sampled_from(list(KVState)), st.integers(0, 30_000)),
-                             max_size=6)
-snap_ev = st.tuples(st.just("snap"), st.sampled_from(NAMES), st.booleans() | st.just(True),
-                    st.sampled_from([Pool.COLD, Pool.HOT]), st.fixed_dictionaries({m: residency for m in MODELS}),
-                    session_kv, st.floats(0.0, 12.0), st.floats(0.0, 0.5), st.floats(0.0, 0.9),
-                    st.sampled_from([1 << 30, 8 << 30, 64 << 30, 1 << 40]), st.floats(0.0, 0.4))
-place_ev = st.tuples(st.just("place"), st.sampled_from(SESSIONS + (None,)), st.sampled_from(MODELS),
-                     st.integers(1, 40_000), st.floats(0.0, 1.0), st.integers(1, 2_000))
-done_ev = st.tuples(st.just("done"), st.integers(0, 50), st.sampled_from(list(KVState)), st.integers(0, 40_000))
-other_ev = st.one_of(st.tuples(st.just("tick"), st.floats(0.0, 0.7)),
-                     st.tuples(st.just("beat"), st.sampled_from(NAMES), st.booleans()),
-                     st.tuples(st.just("fail"), st.integers(0, 50)),
-                     st.tuples(st.just("expire")), st.tuples(st.just("remove"), st.sampled_from(NAMES)))
-events = st.lists(st.one_of(snap_ev, snap_ev, place_ev, place_ev, place_ev, done_ev, other_ev),
-                  min_size=20, max_size=80)
-knobs = st.fixed_dictionaries({"residency_terms": st.booleans(), "overload": st.sampled_from(["spill", "queue"]),
-                               "ttft_target_s": st.sampled_from([2.0, 10.0]), "staleness_s": st.just(1.5)})
+residency = st.builds(
+    ModelResidency,
+    st.sampled_from(list(ModelState)),
+    st.floats(0.0, 1.0),
+    st.integers(0, 40_000),
+    st.integers(0, 8),
+    st.integers(0, 16),
+    st.one_of(st.none(), st.floats(0.0, 3.0)),
+    st.one_of(st.none(), st.floats(0.5, 8.0)),
+)
+session_kv = st.dictionaries(
+    st.tuples(st.sampled_from(SESSIONS), st.sampled_from(MODELS)),
+    st.builds(SessionKV, st.sampled_from(list(KVState)), st.integers(0, 30_000)),
+    max_size=6,
+)
+snap_ev = st.tuples(
+    st.just("snap"),
+    st.sampled_from(NAMES),
+    st.booleans() | st.just(True),
+    st.sampled_from([Pool.COLD, Pool.HOT]),
+    st.fixed_dictionaries({m: residency for m in MODELS}),
+    session_kv,
+    st.floats(0.0, 12.0),
+    st.floats(0.0, 0.5),
+    st.floats(0.0, 0.9),
+    st.sampled_from([1 << 30, 8 << 30, 64 << 30, 1 << 40]),
+    st.floats(0.0, 0.4),
+)
+place_ev = st.tuples(
+    st.just("place"),
+    st.sampled_from(SESSIONS + (None,)),
+    st.sampled_from(MODELS),
+    st.integers(1, 40_000),
+    st.floats(0.0, 1.0),
+    st.integers(1, 2_000),
+)
+done_ev = st.tuples(
+    st.just("done"), st.integers(0, 50), st.sampled_from(list(KVState)), st.integers(0, 40_000)
+)
+other_ev = st.one_of(
+    st.tuples(st.just("tick"), st.floats(0.0, 0.7)),
+    st.tuples(st.just("beat"), st.sampled_from(NAMES), st.booleans()),
+    st.tuples(st.just("fail"), st.integers(0, 50)),
+    st.tuples(st.just("expire")),
+    st.tuples(st.just("remove"), st.sampled_from(NAMES)),
+)
+events = st.lists(
+    st.one_of(snap_ev, snap_ev, place_ev, place_ev, place_ev, done_ev, other_ev),
+    min_size=20,
+    max_size=80,
+)
+knobs = st.fixed_dictionaries(
+    {
+        "residency_terms": st.booleans(),
+        "overload": st.sampled_from(["spill", "queue"]),
+        "ttft_target_s": st.sampled_from([2.0, 10.0]),
+        "staleness_s": st.just(1.5),
+    }
+)
 
 
 def _pair(kn: dict) -> tuple[Router, Router]:
@@ -57,14 +114,28 @@ def _apply(r: Router, ev: tuple, now: float, version: int, flying: list, n: int)
     kind = ev[0]
     if kind == "snap":
         _, name, healthy, pool, models, sessions, load, risk, occupancy, hbm, lag = ev
-        snap = InstanceSnapshot(name, version, now - lag, pool, healthy, frozenset(MODELS), models,
-                                sessions, round_remaining_s=load / 3, round_load_s=load,
-                                deadline_risk=risk, kv_occupancy=occupancy, hbm_free_bytes=hbm,
-                                staging_slack_bytes=hbm // 2)
+        snap = InstanceSnapshot(
+            name,
+            version,
+            now - lag,
+            pool,
+            healthy,
+            frozenset(MODELS),
+            models,
+            sessions,
+            round_remaining_s=load / 3,
+            round_load_s=load,
+            deadline_risk=risk,
+            kv_occupancy=occupancy,
+            hbm_free_bytes=hbm,
+            staging_slack_bytes=hbm // 2,
+        )
         return r.observe(snap, now)
     if kind == "place":
         _, session, model, prompt, reuse, max_tokens = ev
-        return r.place(CallRequest(f"c{n}", session, model, prompt, int(prompt * reuse), max_tokens), now)
+        return r.place(
+            CallRequest(f"c{n}", session, model, prompt, int(prompt * reuse), max_tokens), now
+        )
     if kind == "done" and flying:
         call_id, inst = flying[ev[1] % len(flying)]
         return r.completed(call_id, inst, ev[2], ev[3], now)
@@ -84,18 +155,37 @@ def _apply(r: Router, ev: tuple, now: float, version: int, flying: list, n: int)
 def test_pruned_ranking_decides_as_scoring_every_instance(kn, evs):
     fast, ref = _pair(kn)
     now, version, n, flying = 0.0, 0, 0, []
-    prelude = [("snap", name, True, Pool.COLD, {m: ModelResidency(ModelState.ACTIVE) for m in MODELS}, {},
-                0.0, 0.0, 0.0, 1 << 40, 0.0) for name in NAMES]
+    prelude = [
+        (
+            "snap",
+            name,
+            True,
+            Pool.COLD,
+            {m: ModelResidency(ModelState.ACTIVE) for m in MODELS},
+            {},
+            0.0,
+            0.0,
+            0.0,
+            1 << 40,
+            0.0,
+        )
+        for name in NAMES
+    ]
     for ev in prelude + evs:
         if ev[0] == "tick":
             now += ev[1]
             continue
         version += 1
         n += 1
-        got, want = _apply(fast, ev, now, version, flying, n), _apply(ref, ev, now, version, flying, n)
+        got, want = (
+            _apply(fast, ev, now, version, flying, n),
+            _apply(ref, ev, now, version, flying, n),
+        )
         assert got == want
         if ev[0] == "place":
-            assert tuple(got.candidates) == tuple(want.candidates)  # the lazily rendered explanation too
+            assert tuple(got.candidates) == tuple(
+                want.candidates
+            )  # the lazily rendered explanation too
             if got.kind.places:
                 flying.append((got.call_id, got.instance))
         elif ev[0] in ("done", "fail") and flying:
@@ -109,13 +199,24 @@ def test_the_pruned_ranking_skips_instances_that_cannot_win_and_explains_them_on
     idle = {m: ModelResidency(ModelState.ACTIVE) for m in MODELS}
     busy = {m: ModelResidency(ModelState.ACTIVE, queued_tokens=30_000) for m in MODELS}
     for v, name in enumerate(NAMES, 1):
-        snap = InstanceSnapshot(name, v, 0.0, Pool.COLD, True, frozenset(MODELS), idle if name == "i3" else busy,
-                                {}, hbm_free_bytes=1 << 40)
+        snap = InstanceSnapshot(
+            name,
+            v,
+            0.0,
+            Pool.COLD,
+            True,
+            frozenset(MODELS),
+            idle if name == "i3" else busy,
+            {},
+            hbm_free_bytes=1 << 40,
+        )
         fast.observe(snap, 0.0)
         ref.observe(snap, 0.0)
     call = CallRequest("c1", "s1", "m1", 2_000, 0, 16)
     got, want = fast.place(call, 0.0), ref.place(call, 0.0)
     assert got.instance == want.instance == "i3"
-    assert isinstance(got.candidates, LazyCandidates) and got.candidates._rendered is None  # not scored yet
+    assert (
+        isinstance(got.candidates, LazyCandidates) and got.candidates._rendered is None
+    )  # not scored yet
     assert list(got.candidates) == list(want.candidates)  # rendered on reading: the same breakdown
     assert [c.instance for c in got.candidates] == list(NAMES)

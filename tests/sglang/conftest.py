@@ -28,13 +28,34 @@ def fake_command(log: pathlib.Path, *extra: str) -> list[str]:
     return [sys.executable, str(FAKE), "--fake-log", str(log), *extra]
 
 
-def sglang_config(model_dir: pathlib.Path, log: pathlib.Path, *, pool: str = "hot", models=("m1",),
-                  extra: tuple[str, ...] = (), **sglang):
-    models_cfg = [{"name": m, "path": str(model_dir), "size_gib": 1.0, "max_context": 4096} for m in models]
-    inst = {"name": f"{pool}0", "pool": pool, "executor": "sglang", "devices": [0], "models": list(models),
-            "sglang": {"launch_command": fake_command(log, *extra), **sglang}}
-    return parse_config({"models": models_cfg, "instances": [inst],
-                         "supervisor": {"ready_timeout_s": 20, "stop_timeout_s": 3}}, "test.yaml")
+def sglang_config(
+    model_dir: pathlib.Path,
+    log: pathlib.Path,
+    *,
+    pool: str = "hot",
+    models=("m1",),
+    extra: tuple[str, ...] = (),
+    **sglang,
+):
+    models_cfg = [
+        {"name": m, "path": str(model_dir), "size_gib": 1.0, "max_context": 4096} for m in models
+    ]
+    inst = {
+        "name": f"{pool}0",
+        "pool": pool,
+        "executor": "sglang",
+        "devices": [0],
+        "models": list(models),
+        "sglang": {"launch_command": fake_command(log, *extra), **sglang},
+    }
+    return parse_config(
+        {
+            "models": models_cfg,
+            "instances": [inst],
+            "supervisor": {"ready_timeout_s": 20, "stop_timeout_s": 3},
+        },
+        "test.yaml",
+    )
 
 
 def read_log(log: pathlib.Path) -> list[dict]:
@@ -60,6 +81,8 @@ def check_safe_sequence(events: list[dict]) -> None:
             assert not s["released"], e
             s["paused_mode"] = None
         elif e["event"] == "generate":
-            assert not s["released"] and s["paused_mode"] is None, f"a call sent to a parked server: {e}"
+            assert not s["released"] and s["paused_mode"] is None, (
+                f"a call sent to a parked server: {e}"
+            )
         elif e["event"] == "start":
             state[e["port"]] = {"paused_mode": None, "released": False}

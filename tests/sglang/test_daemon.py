@@ -21,12 +21,31 @@ def daemon(tmp_path_factory, model_dir):
     tmp = tmp_path_factory.mktemp("sglang-daemon")
     logs = {"hot": tmp / "hot.jsonl", "cold": tmp / "cold.jsonl"}
     models = [{"name": n, "path": str(model_dir), "max_context": 4096} for n in ("mh", "m1", "m2")]
-    base = {"models": models, "instances": [
-        {"name": "hot0", "pool": "hot", "executor": "sglang", "devices": [0, 1, 2, 3], "models": ["mh"],
-         "sglang": {"launch_command": fake_command(logs["hot"]), "mem_fraction_static": 0.85}},
-        {"name": "cold0", "pool": "cold", "executor": "sglang", "devices": [4, 5, 6, 7], "models": ["m1", "m2"],
-         "sglang": {"launch_command": fake_command(logs["cold"]), "max_total_tokens": 65536}}],
-        "policy": {"tau_s": 0.2}}
+    base = {
+        "models": models,
+        "instances": [
+            {
+                "name": "hot0",
+                "pool": "hot",
+                "executor": "sglang",
+                "devices": [0, 1, 2, 3],
+                "models": ["mh"],
+                "sglang": {
+                    "launch_command": fake_command(logs["hot"]),
+                    "mem_fraction_static": 0.85,
+                },
+            },
+            {
+                "name": "cold0",
+                "pool": "cold",
+                "executor": "sglang",
+                "devices": [4, 5, 6, 7],
+                "models": ["m1", "m2"],
+                "sglang": {"launch_command": fake_command(logs["cold"]), "max_total_tokens": 65536},
+            },
+        ],
+        "policy": {"tau_s": 0.2},
+    }
     d = start_daemon(tmp, base=base)
     yield d, logs
     stop_daemon(d)
@@ -34,9 +53,15 @@ def daemon(tmp_path_factory, model_dir):
 
 
 def _chat(endpoint: str, model: str, stream: bool, session: str):
-    body = {"model": model, "max_tokens": 5, "stream": stream,
-            "messages": [{"role": "user", "content": f"fix the failing test in {model}"}]}
-    return httpx.post(f"{endpoint}/v1/chat/completions", json=body, headers={"x-session-id": session}, timeout=60)
+    body = {
+        "model": model,
+        "max_tokens": 5,
+        "stream": stream,
+        "messages": [{"role": "user", "content": f"fix the failing test in {model}"}],
+    }
+    return httpx.post(
+        f"{endpoint}/v1/chat/completions", json=body, headers={"x-session-id": session}, timeout=60
+    )
 
 
 @pytest.mark.parametrize("model", ["mh", "m1", "m2"])
@@ -56,9 +81,17 @@ def test_chat_streaming_and_not_on_hot_and_cold(daemon, model):
 def test_replay_across_two_models_on_the_cold_instance(daemon):
     d, logs = daemon
     trace = load_trace("fixed", seed=0, sessions=6)
-    sessions = scale_trace(trace, {m: ("m1", "m2")[i % 2] for i, m in enumerate(trace.models())},
-                           factor=400, output_scale=200, gap_cap_s=0.2, max_calls=3)
-    result = asyncio.run(replay(sessions, ReplayOptions(d.endpoint, timeout_s=120, session_tag="rp:")))
+    sessions = scale_trace(
+        trace,
+        {m: ("m1", "m2")[i % 2] for i, m in enumerate(trace.models())},
+        factor=400,
+        output_scale=200,
+        gap_cap_s=0.2,
+        max_calls=3,
+    )
+    result = asyncio.run(
+        replay(sessions, ReplayOptions(d.endpoint, timeout_s=120, session_tag="rp:"))
+    )
     assert result.errors == [] and len(result.run.calls) == sum(len(s) for s in sessions)
     assert {u.instance for u in result.usage} == {"cold0"}
     events = read_log(logs["cold"])
@@ -66,6 +99,12 @@ def test_replay_across_two_models_on_the_cold_instance(daemon):
     switches = [e for e in events if e["event"] == "resume_memory_occupation"]
     assert len(switches) >= 2
     starts = [e["argv"] for e in events if e["event"] == "start"]
-    assert all({"--enable-memory-saver", "--enable-weights-cpu-backup", "--enable-metrics"} <= set(a) for a in starts)
-    assert all(a[a.index("--tp-size") + 1] == "4" and a[a.index("--base-gpu-id") + 1] == "4" for a in starts)
+    assert all(
+        {"--enable-memory-saver", "--enable-weights-cpu-backup", "--enable-metrics"} <= set(a)
+        for a in starts
+    )
+    assert all(
+        a[a.index("--tp-size") + 1] == "4" and a[a.index("--base-gpu-id") + 1] == "4"
+        for a in starts
+    )
     check_safe_sequence(read_log(logs["hot"]))

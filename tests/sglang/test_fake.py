@@ -19,8 +19,16 @@ class Fake:
     def __init__(self, model_dir, log, *extra):
         self.port = free_port()
         self.log = log
-        argv = fake_command(log, "--model-path", str(model_dir), "--port", str(self.port),
-                            "--fake-token-s", "0.02", *extra)
+        argv = fake_command(
+            log,
+            "--model-path",
+            str(model_dir),
+            "--port",
+            str(self.port),
+            "--fake-token-s",
+            "0.02",
+            *extra,
+        )
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
 
@@ -44,7 +52,9 @@ class Fake:
 
     def generate_in_background(self, max_new_tokens: int = 500) -> threading.Thread:
         body = {"input_ids": [300, 301, 302], "sampling_params": {"max_new_tokens": max_new_tokens}}
-        t = threading.Thread(target=lambda: _swallow(lambda: self.post("/generate", body)), daemon=True)
+        t = threading.Thread(
+            target=lambda: _swallow(lambda: self.post("/generate", body)), daemon=True
+        )
         t.start()
         return t
 
@@ -125,11 +135,15 @@ def test_retract_pauses_queues_and_continues(fakes):
     assert f.post("/pause_generation", {"mode": "retract"}).json()["status"] == "ok"
     assert f.loads()["num_running_reqs"] == 0 and f.loads()["num_waiting_reqs"] == 1
     assert f.http.get("/ready").status_code == 503
-    assert f.post("/release_memory_occupation", {}).status_code == 200  # idle but for the paused queue
+    assert (
+        f.post("/release_memory_occupation", {}).status_code == 200
+    )  # idle but for the paused queue
     assert f.post("/resume_memory_occupation", {}).status_code == 200
     f.post("/continue_generation", {})
     f.wait_running(1)
-    r = f.post("/generate", {"input_ids": [300, 301, 302, 303], "sampling_params": {"max_new_tokens": 2}})
+    r = f.post(
+        "/generate", {"input_ids": [300, 301, 302, 303], "sampling_params": {"max_new_tokens": 2}}
+    )
     # the radix tree was flushed by the release, the retracted call re-entered it on re-prefill
     assert r.json()["meta_info"]["cached_tokens"] == 3
     assert f.proc.poll() is None
@@ -156,11 +170,22 @@ def test_the_fake_rejects_what_sglang_rejects(fakes, model_dir, tmp_path):
     f.http.headers["Authorization"] = "Bearer sekrit"
     bad = f.post("/generate", {"input_ids": [1, 2], "sampling_params": {"max_tokens": 3}})
     assert bad.status_code == 400 and "max_tokens" in bad.text
-    unknown_flag = subprocess.run(fake_command(tmp_path / "x.jsonl", "--model-path", str(model_dir), "--tp", "4"),
-                                  capture_output=True, text=True, timeout=30)
+    unknown_flag = subprocess.run(
+        fake_command(tmp_path / "x.jsonl", "--model-path", str(model_dir), "--tp", "4"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert unknown_flag.returncode == 2 and "--tp" in unknown_flag.stderr  # no abbreviations
-    stream = f.http.post("/generate", json={"rid": "r1", "input_ids": [300, 301], "stream": True,
-                                            "sampling_params": {"max_new_tokens": 3}})
+    stream = f.http.post(
+        "/generate",
+        json={
+            "rid": "r1",
+            "input_ids": [300, 301],
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 3},
+        },
+    )
     chunks = [json.loads(x[6:]) for x in stream.text.splitlines() if x.startswith("data: {")]
     assert len(chunks) == 3 and chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert stream.text.rstrip().endswith("data: [DONE]") and chunks[0]["meta_info"]["id"] == "r1"

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from talariad.engine.executors.sglang.swap import ALL_TAGS, Command, Servers, Step, SwapSequence, SwapViolation
+from talariad.engine.executors.sglang.swap import (
+    ALL_TAGS,
+    Command,
+    Servers,
+    Step,
+    SwapSequence,
+    SwapViolation,
+)
 
 MODELS = ["a", "b", "c"]
 
@@ -49,7 +56,9 @@ class SGLangModel:
             assert not x.offloaded, "pausing a paused tag: torch_memory_saver exit(1)"
             x.offloaded = set(ALL_TAGS)
         elif cmd.step is Step.RESUME:
-            assert x.offloaded == set(ALL_TAGS), "resuming a tag that is not released: KeyError, dies"
+            assert x.offloaded == set(ALL_TAGS), (
+                "resuming a tag that is not released: KeyError, dies"
+            )
             assert self.resident() == [], "resume while another model is resident: OOM exit(1)"
             x.offloaded = set()
         elif cmd.step is Step.CONTINUE:
@@ -62,8 +71,15 @@ class SGLangModel:
         x.running += 1
 
 
-events = st.lists(st.tuples(st.sampled_from(["send", "finish", "switch", "crash", "stale"]),
-                            st.sampled_from(MODELS), st.integers(0, 3), st.booleans()), max_size=60)
+events = st.lists(
+    st.tuples(
+        st.sampled_from(["send", "finish", "switch", "crash", "stale"]),
+        st.sampled_from(MODELS),
+        st.integers(0, 3),
+        st.booleans(),
+    ),
+    max_size=60,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -204,7 +220,13 @@ def test_a_crashed_parked_server_starts_fresh_and_a_dead_source_fails_the_switch
     servers.send("a", "c1")
     assert servers.died("b") == set()
     seq = SwapSequence(servers, "a", "b")
-    assert [c.step for c in _drive(seq)] == [Step.PAUSE, Step.DRAIN, Step.RELEASE, Step.MEMORY, Step.START]
+    assert [c.step for c in _drive(seq)] == [
+        Step.PAUSE,
+        Step.DRAIN,
+        Step.RELEASE,
+        Step.MEMORY,
+        Step.START,
+    ]
     assert servers["b"].serving
     seq = SwapSequence(servers, "b", "a")
     seq.done(seq.next_command())  # paused b

@@ -9,7 +9,9 @@ MODELS = ("qwen3-235b", "glm5-nvfp4", "qwen3.5-122b")
 
 def session(sid: str, model: str, shape: list[tuple[int, int, int, float]]) -> list[TraceCall]:
     """shape: (prompt, prefix, output, gap) per call."""
-    return [TraceCall(sid, k, model, p, x, o, g if k else 0.0) for k, (p, x, o, g) in enumerate(shape)]
+    return [
+        TraceCall(sid, k, model, p, x, o, g if k else 0.0) for k, (p, x, o, g) in enumerate(shape)
+    ]
 
 
 def growing(sid: str, model: str, calls: int, first: int = 20_000, out: int = 12, gap: float = 0.4):

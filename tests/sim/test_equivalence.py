@@ -53,7 +53,9 @@ def run_daemon_core(cfg, trace: Trace):
             at, s, k = heapq.heappop(heap)
             c = trace.sessions[s][k]
             req = GenerateRequest(  # the recorded output length, as the simulator replays it
-                call_id=f"{c.session_id}#{k}", model=c.model, max_tokens=max(c.output_tokens, 1),
+                call_id=f"{c.session_id}#{k}",
+                model=c.model,
+                max_tokens=max(c.output_tokens, 1),
                 ignore_eos=True,
             )
             call = InstanceCall(

@@ -12,9 +12,15 @@ from talariad.types import LatencyProfile, SwitchPath
 
 from .conftest import MODELS, growing
 
-PROF = LatencyProfile(prefill_base_s=0.01, prefill_s_per_token=1e-3, decode_step_s=0.02, decode_s_per_seq=0.001,
-                      restore_s_per_token=1e-4, switch_s={SwitchPath.D2D: 0.1, SwitchPath.PARTIAL: 1.0,
-                                                          SwitchPath.H2D: 2.1}, open_s=3.0)
+PROF = LatencyProfile(
+    prefill_base_s=0.01,
+    prefill_s_per_token=1e-3,
+    decode_step_s=0.02,
+    decode_s_per_seq=0.001,
+    restore_s_per_token=1e-4,
+    switch_s={SwitchPath.D2D: 0.1, SwitchPath.PARTIAL: 1.0, SwitchPath.H2D: 2.1},
+    open_s=3.0,
+)
 
 
 def test_action_costs_follow_the_profile():
@@ -30,8 +36,14 @@ def test_action_costs_follow_the_profile():
 
 
 def spec(**kw) -> MemorySpec:
-    base = dict(hbm_bytes=100, host_kv_bytes=50, tp=1, h2d_bytes_per_s=10.0,
-                weight_bytes={"a": 40, "b": 40}, kv_bytes_per_token={"a": 1, "b": 1})
+    base = dict(
+        hbm_bytes=100,
+        host_kv_bytes=50,
+        tp=1,
+        h2d_bytes_per_s=10.0,
+        weight_bytes={"a": 40, "b": 40},
+        kv_bytes_per_token={"a": 1, "b": 1},
+    )
     return MemorySpec(**{**base, **kw})
 
 
@@ -55,8 +67,9 @@ def test_the_sim_model_stages_what_the_rotation_switches_to_next():
     assert staging_target(["a", "b", "c"], "a", {"c"}.__contains__) == "c"  # b is idle: skipped
     assert staging_target(["a", "b", "c"], "a", set().__contains__) == "b"
     assert staging_target(["a"], "a", {"a"}.__contains__) is None
-    mem = SimMemory(spec(weight_bytes={"a": 40, "b": 40, "c": 40},
-                         kv_bytes_per_token={"a": 1, "b": 1, "c": 1}))
+    mem = SimMemory(
+        spec(weight_bytes={"a": 40, "b": 40, "c": 40}, kv_bytes_per_token={"a": 1, "b": 1, "c": 1})
+    )
     model = SimModel({m: PROF for m in "abc"}, mem, ["a", "b", "c"], prewarm=True)
     waiting = {"x": InstanceCall("x", "s", "c", 10, 5)}  # only c has work
     ledger = SessionLedger()
@@ -75,7 +88,9 @@ def test_the_sim_model_stages_what_the_rotation_switches_to_next():
 
 
 def test_staging_serves_only_its_target_and_kv_growth_dirties_it_for_good():
-    three = spec(weight_bytes={"a": 40, "b": 40, "c": 40}, kv_bytes_per_token={"a": 1, "b": 1, "c": 1})
+    three = spec(
+        weight_bytes={"a": 40, "b": 40, "c": 40}, kv_bytes_per_token={"a": 1, "b": 1, "c": 1}
+    )
     mem = SimMemory(three)
     mem.switched(0.0, "b")
     assert mem.plan_switch("a", "c", 0, 10.0).path is SwitchPath.H2D  # b was staged, not c
@@ -110,15 +125,31 @@ def test_cli_compare_writes_json(tmp_path, capsys):
     trace = Trace([growing("a:q", "qwen3-235b", 3), growing("b:g", "glm5-nvfp4", 3)])
     path = write_jsonl(trace, tmp_path / "t.jsonl")
     out = tmp_path / "r.json"
-    rc = main(["compare", "--trace", str(path), "--json", str(out), "--no-progress", "--width", "250"])
+    rc = main(
+        ["compare", "--trace", str(path), "--json", str(out), "--no-progress", "--width", "250"]
+    )
     assert rc == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["config"] for r in rows] == [
-        "Talaria", "no-SP", "no-HKVR", "H2D-only", "Round-only", "fair-share"
+        "Talaria",
+        "no-SP",
+        "no-HKVR",
+        "H2D-only",
+        "Round-only",
+        "fair-share",
     ]
     assert all(r["calls"] == 6 for r in rows)
-    for field in ("sct_p50_s", "sct_p95_s", "ttft_p50_s", "ttft_p95_s", "rounds", "switch_share",
-                  "slowdown_p50", "slowdown_p95", "switches"):
+    for field in (
+        "sct_p50_s",
+        "sct_p95_s",
+        "ttft_p50_s",
+        "ttft_p95_s",
+        "rounds",
+        "switch_share",
+        "slowdown_p50",
+        "slowdown_p95",
+        "switches",
+    ):
         assert all(field in r for r in rows), field
     assert all(r["slowdown_p50"] >= 1.0 - 1e-9 for r in rows)  # nothing beats its lower bound
     assert "Round-only / Talaria" in capsys.readouterr().out
@@ -136,12 +167,17 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     assert e.value.code == 2
 
 
-@pytest.mark.parametrize("text, words", [
-    ("- a\n- b\n", "expected a mapping"),
-    ("box: [\n", "invalid YAML"),
-    ("box: {gpus: 8, tp: 8, hbm_per_gpu_gib: 10, host_memory_gib: 10, switch_ms_pooled: 5}\nmodels: {m: {}}\n",
-     "malformed"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("- a\n- b\n", "expected a mapping"),
+        ("box: [\n", "invalid YAML"),
+        (
+            "box: {gpus: 8, tp: 8, hbm_per_gpu_gib: 10, host_memory_gib: 10, switch_ms_pooled: 5}\nmodels: {m: {}}\n",
+            "malformed",
+        ),
+    ],
+)
 def test_cli_bad_profile_file_is_one_line_exit_2(tmp_path, capsys, text, words):
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)

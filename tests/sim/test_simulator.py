@@ -5,7 +5,13 @@ from talariad.replay.metrics import row_metrics
 from talariad.replay.bounds import single_tenant_s
 from talariad.replay.trace import Trace
 from talariad.router import RouterKnobs
-from talariad.sim.configs import InstanceSpec, SimConfig, ablation_configs, router_configs, tau_configs
+from talariad.sim.configs import (
+    InstanceSpec,
+    SimConfig,
+    ablation_configs,
+    router_configs,
+    tau_configs,
+)
 from talariad.sim.simulator import simulate
 from talariad.types import LatencyProfile, Pool, SwitchPath
 
@@ -21,8 +27,12 @@ def by_name(configs, name):
 def engine_exact(sess, prof) -> float:
     """What an engine charges a lone session: the prefill emits the first token and computes at
     least one token; the rest are batch-1 decode steps; plus the gaps."""
-    return sum(prof.prefill_s(max(c.new_tokens, 1)) + (c.output_tokens - 1) * prof.decode_s(1)
-               + (c.gap_s if c.call_idx else 0.0) for c in sess)
+    return sum(
+        prof.prefill_s(max(c.new_tokens, 1))
+        + (c.output_tokens - 1) * prof.decode_s(1)
+        + (c.gap_s if c.call_idx else 0.0)
+        for c in sess
+    )
 
 
 def test_same_seed_same_numbers(paper, small_trace):
@@ -68,8 +78,13 @@ def test_lone_session_on_a_cold_instance_stays_near_its_single_tenant_time(paper
 
 
 def test_two_sessions_by_hand():
-    prof = LatencyProfile(prefill_base_s=0.0, prefill_s_per_token=0.01, decode_step_s=0.1,
-                          decode_s_per_seq=0.0, restore_s_per_token=0.0)
+    prof = LatencyProfile(
+        prefill_base_s=0.0,
+        prefill_s_per_token=0.01,
+        decode_step_s=0.1,
+        decode_s_per_seq=0.0,
+        restore_s_per_token=0.0,
+    )
     pset = toy_set(prof)
     a = session("a", "m", [(100, 0, 3, 0.0), (110, 103, 2, 1.0)])
     b = session("b", "m", [(100, 0, 5, 0.0)])
@@ -91,7 +106,9 @@ def test_every_call_of_every_config_completes(paper, small_trace):
         run = simulate(small_trace, cfg, paper)
         assert len(run.calls) == small_trace.n_calls, cfg.name
         assert {s.session_id for s in run.sessions} == {s[0].session_id for s in small_trace}
-        assert all(c.first_token_s >= c.intended_s and c.done_s >= c.first_token_s for c in run.calls)
+        assert all(
+            c.first_token_s >= c.intended_s and c.done_s >= c.first_token_s for c in run.calls
+        )
 
 
 def test_ablation_switches_reach_the_scheduler(paper, small_trace):
@@ -107,7 +124,9 @@ def test_ablation_switches_reach_the_scheduler(paper, small_trace):
 
 
 def test_router_suite_counts_opens_and_returns(paper, small_trace):
-    run = simulate(small_trace, by_name(router_configs(paper, MODELS), "least-pressure@high"), paper)
+    run = simulate(
+        small_trace, by_name(router_configs(paper, MODELS), "least-pressure@high"), paper
+    )
     row = row_metrics(run)
     assert row.model_opens >= len(MODELS)  # no prewarm: each model is opened at least once
     assert row.same_instance_rate is not None and 0.0 <= row.same_instance_rate <= 1.0

@@ -27,17 +27,25 @@ def fake(tmp_path):
 
 def dashboard(path: str) -> Dashboard:
     """Frozen clocks: TTLs and the unreachable time render the same on every run."""
-    return Dashboard(AdminClient(path), interval_s=0.2, clock=lambda: 100.0,
-                     wall=lambda: datetime.datetime(2026, 1, 1, 12, 0, 0))
+    return Dashboard(
+        AdminClient(path),
+        interval_s=0.2,
+        clock=lambda: 100.0,
+        wall=lambda: datetime.datetime(2026, 1, 1, 12, 0, 0),
+    )
 
 
 async def loaded(pilot, memory: bool = True) -> None:
     app = pilot.app
     for _ in range(300):
         await pilot.pause(0.05)
-        if (app.query_one("#instances", DataTable).row_count == 2 and app.query_one("#rounds", DataTable).row_count
-                and app.query_one("#leases", DataTable).row_count and app.query_one("#candidates", DataTable).row_count
-                and (not memory or "cold0" in str(app.query_one("#memory", Static).render()))):
+        if (
+            app.query_one("#instances", DataTable).row_count == 2
+            and app.query_one("#rounds", DataTable).row_count
+            and app.query_one("#leases", DataTable).row_count
+            and app.query_one("#candidates", DataTable).row_count
+            and (not memory or "cold0" in str(app.query_one("#memory", Static).render()))
+        ):
             return
     raise AssertionError("the dashboard never showed the fake daemon's data")
 
@@ -57,18 +65,29 @@ async def test_every_view_shows_live_data(fake):
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         assert "talariad 0.1.0" in str(app.query_one("#banner", Static).render())
-        assert app.query_one("#banner", Static).region.y == 0 and app.query_one("#banner", Static).region.height == 1
+        assert (
+            app.query_one("#banner", Static).region.y == 0
+            and app.query_one("#banner", Static).region.height == 1
+        )
         rounds = app.query_one("#rounds", DataTable)
         assert rounds.row_count == 3 and "(open)" in str(rounds.get_row_at(2)[1])
         assert str(rounds.get_row_at(2)[2]) == "-"  # an open round's wall is not measured yet
-        bar = rounds.get_row_at(1)[3]  # the longest closed round: the full bar, active green then switch red
+        bar = rounds.get_row_at(1)[
+            3
+        ]  # the longest closed round: the full bar, active green then switch red
         assert [s.style for s in bar.spans] == ["green", "red"] and len(bar.plain) == 30
         switch = app.query_one("#switches", DataTable).get_row_at(0)
         assert str(switch[3]) == "d2d" and str(switch[6]) == "3.0" and str(switch[7]) == "1.0"
         assert "save/teardown" in str(app.query_one("#legend", Static).render())
         mem = str(app.query_one("#memory", Static).render())
-        assert "weights tiny-code 50.0 MiB" in mem and "tiny-code 5.0 MiB" in mem and "no managed device memory" in mem
-        assert "kv_pool 100.0 MiB" in mem and "staged tiny-chat dirty 20.0 MiB" in mem  # chunks carved out of the pool
+        assert (
+            "weights tiny-code 50.0 MiB" in mem
+            and "tiny-code 5.0 MiB" in mem
+            and "no managed device memory" in mem
+        )
+        assert (
+            "kv_pool 100.0 MiB" in mem and "staged tiny-chat dirty 20.0 MiB" in mem
+        )  # chunks carved out of the pool
         bar = str(app.query_one("#memory", Static).render()).splitlines()[2]
         assert len(bar.strip()) <= 60  # the regions never add up past the capacity
         leases = app.query_one("#leases", DataTable)

@@ -25,7 +25,11 @@ async def test_accepted_connections_have_nodelay():
 
     class Probe(asyncio.Protocol):
         def connection_made(self, transport):
-            seen.append(transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            seen.append(
+                transport.get_extra_info("socket").getsockopt(
+                    socket.IPPROTO_TCP, socket.TCP_NODELAY
+                )
+            )
 
     server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
     try:
@@ -43,7 +47,9 @@ async def test_accepted_connections_have_nodelay():
 @pytest.fixture
 async def served():
     cfg = load_config(ROOT / "etc" / "talaria.yaml")
-    cfg = cfg.model_copy(update={"instances": [i.model_copy(update={"executor": "sim"}) for i in cfg.instances]})
+    cfg = cfg.model_copy(
+        update={"instances": [i.model_copy(update={"executor": "sim"}) for i in cfg.instances]}
+    )
     worker = build_worker(cfg, next(i for i in cfg.instances if i.pool == "cold"))
     loop = asyncio.create_task(worker.run())
     with tempfile.TemporaryDirectory(prefix="tl-") as d:  # short: unix socket paths are limited
@@ -59,8 +65,13 @@ async def served():
 
 
 def _req(call_id: str, max_tokens: int = 3) -> GenerateRequest:
-    return GenerateRequest(call_id=call_id, session_id="s", model="tiny-code", max_tokens=max_tokens,
-                           messages=[ChatMessage(role="user", content="hello there")])
+    return GenerateRequest(
+        call_id=call_id,
+        session_id="s",
+        model="tiny-code",
+        max_tokens=max_tokens,
+        messages=[ChatMessage(role="user", content="hello there")],
+    )
 
 
 async def _all(client, path, req):
@@ -74,7 +85,9 @@ async def test_a_call_streams_tokens_then_done_and_the_connection_is_reused(serv
     assert events[-1].usage.completion_tokens == 3
     (conn,) = client.idle[path]
     second = await _all(client, path, _req("c2"))
-    assert isinstance(second[-1], DoneEvent) and second[-1].usage.cached_tokens > 0  # same session's prefix
+    assert (
+        isinstance(second[-1], DoneEvent) and second[-1].usage.cached_tokens > 0
+    )  # same session's prefix
     assert client.idle[path] == [conn]  # one kept-alive connection served both calls
 
 

@@ -30,23 +30,62 @@ def test_default_config_loads_with_paper_defaults():
     assert all([cfg.ablations.sp, cfg.ablations.host_kv, cfg.ablations.d2d])
 
 
-@pytest.mark.parametrize("mutate, path, words", [
-    (lambda d: d["instances"][0].update(bogus=1), "instances[0].bogus", "unknown key"),
-    (lambda d: d["policy"].update(gamma="high"), "policy.gamma", "valid number"),
-    (lambda d: d["policy"].update(gamma=1.5), "policy.gamma", "less than 1"),
-    (lambda d: d["instances"][1]["models"].append("ghost"), "instances[1].models[2]", "'ghost' is not defined"),
-    (lambda d: d["models"].append({"name": "tiny-chat"}), "models[3].name", "duplicate name 'tiny-chat'"),
-    (lambda d: d["instances"].append(dict(d["instances"][0])), "instances[3].name", "duplicate name 'hot0'"),
-    (lambda d: d["instances"][0].pop("pool"), "instances[0].pool", "Field required"),
-    (lambda d: d.pop("models"), "models", "Field required"),
-    (lambda d: d["instances"][0].update(models=["tiny-chat", "tiny-code"]), "instances[0].models", "exactly one"),
-    (lambda d: d["listen"].update(http="nohost"), "listen.http", "host:port"),
-    (lambda d: d["instances"][0].update(executor="vllm"), "instances[0].executor", "'sim', 'torch' or 'sglang'"),
-    (lambda d: d["policy"].update(router="fastest"), "policy.router", "unknown policy 'fastest' (valid: consistent-hash"),
-    (lambda d: d["policy"].update(staleness_s=0.25), "policy.staleness_s", "not longer than policy.telemetry_interval_s"),
-    (lambda d: d["listen"].update(http="0.0.0.0:8000"), "listen.http", "not a loopback address"),
-    (lambda d: d["listen"].update(http="gpu-box.example:8000"), "listen.http", "set listen.api_keys_file"),
-])
+@pytest.mark.parametrize(
+    "mutate, path, words",
+    [
+        (lambda d: d["instances"][0].update(bogus=1), "instances[0].bogus", "unknown key"),
+        (lambda d: d["policy"].update(gamma="high"), "policy.gamma", "valid number"),
+        (lambda d: d["policy"].update(gamma=1.5), "policy.gamma", "less than 1"),
+        (
+            lambda d: d["instances"][1]["models"].append("ghost"),
+            "instances[1].models[2]",
+            "'ghost' is not defined",
+        ),
+        (
+            lambda d: d["models"].append({"name": "tiny-chat"}),
+            "models[3].name",
+            "duplicate name 'tiny-chat'",
+        ),
+        (
+            lambda d: d["instances"].append(dict(d["instances"][0])),
+            "instances[3].name",
+            "duplicate name 'hot0'",
+        ),
+        (lambda d: d["instances"][0].pop("pool"), "instances[0].pool", "Field required"),
+        (lambda d: d.pop("models"), "models", "Field required"),
+        (
+            lambda d: d["instances"][0].update(models=["tiny-chat", "tiny-code"]),
+            "instances[0].models",
+            "exactly one",
+        ),
+        (lambda d: d["listen"].update(http="nohost"), "listen.http", "host:port"),
+        (
+            lambda d: d["instances"][0].update(executor="vllm"),
+            "instances[0].executor",
+            "'sim', 'torch' or 'sglang'",
+        ),
+        (
+            lambda d: d["policy"].update(router="fastest"),
+            "policy.router",
+            "unknown policy 'fastest' (valid: consistent-hash",
+        ),
+        (
+            lambda d: d["policy"].update(staleness_s=0.25),
+            "policy.staleness_s",
+            "not longer than policy.telemetry_interval_s",
+        ),
+        (
+            lambda d: d["listen"].update(http="0.0.0.0:8000"),
+            "listen.http",
+            "not a loopback address",
+        ),
+        (
+            lambda d: d["listen"].update(http="gpu-box.example:8000"),
+            "listen.http",
+            "set listen.api_keys_file",
+        ),
+    ],
+)
 def test_bad_config_names_file_field_and_problem(tmp_path, mutate, path, words):
     data = _base()
     mutate(data)
@@ -61,7 +100,11 @@ def test_yaml_syntax_error_names_line(tmp_path):
     f = _write(tmp_path, "models: [\n  - name: a\n")
     with pytest.raises(ConfigError) as info:
         load_config(f)
-    assert str(f) in str(info.value) and "line" in str(info.value) and "invalid YAML" in str(info.value)
+    assert (
+        str(f) in str(info.value)
+        and "line" in str(info.value)
+        and "invalid YAML" in str(info.value)
+    )
 
 
 def test_top_level_must_be_mapping(tmp_path):
@@ -77,8 +120,10 @@ def test_cli_exits_2_with_one_message_per_problem(tmp_path, command):
     result = CliRunner().invoke(app, [*command, str(f)])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
-    assert lines == [f"talariad: {f}: instances[1].models[2]: model 'ghost' is not defined under models "
-                     "(defined: tiny-agent, tiny-chat, tiny-code)"]
+    assert lines == [
+        f"talariad: {f}: instances[1].models[2]: model 'ghost' is not defined under models "
+        "(defined: tiny-agent, tiny-chat, tiny-code)"
+    ]
     assert "Traceback" not in result.output
 
 
@@ -92,14 +137,27 @@ def test_check_config_accepts_default():
     assert result.exit_code == 0 and "ok (3 models, 3 instances)" in result.stdout
 
 
-@pytest.mark.parametrize("mutate, path, words", [
-    (lambda d: d["models"][0].update(profile="gpt-9"), "models[0].profile",
-     "no bundled latency profile 'gpt-9'"),
-    (lambda d: d["instances"][1].update(executor="sglang"), "instances[1].executor", "'sglang'"),
-    (lambda d: d["policy"].update(staleness_s=0.2), "policy.staleness_s", "not longer than"),
-    (lambda d: d["supervisor"].update(restart_backoff_s=60), "supervisor.restart_backoff_s",
-     "above"),
-])
+@pytest.mark.parametrize(
+    "mutate, path, words",
+    [
+        (
+            lambda d: d["models"][0].update(profile="gpt-9"),
+            "models[0].profile",
+            "no bundled latency profile 'gpt-9'",
+        ),
+        (
+            lambda d: d["instances"][1].update(executor="sglang"),
+            "instances[1].executor",
+            "'sglang'",
+        ),
+        (lambda d: d["policy"].update(staleness_s=0.2), "policy.staleness_s", "not longer than"),
+        (
+            lambda d: d["supervisor"].update(restart_backoff_s=60),
+            "supervisor.restart_backoff_s",
+            "above",
+        ),
+    ],
+)
 def test_check_config_runs_the_build_checks_of_run(tmp_path, mutate, path, words):
     data = _base()
     data.setdefault("supervisor", {})
@@ -154,12 +212,21 @@ def test_alias_naming_another_model_and_unknown_default_model_are_refused(tmp_pa
     with pytest.raises(ConfigError) as err:
         load_config(_write(tmp_path, data))
     text = "\n".join(err.value.lines)
-    assert "models[0].aliases[0]" in text and "anthropic.default_model: 'nope' is not a model name or alias" in text
-@pytest.mark.parametrize("listen", [
-    {"http": "0.0.0.0:8000", "api_keys_file": "keys.txt"},
-    {"http": "0.0.0.0:8000", "allow_unauthenticated": True},
-    {"http": "[::1]:8000"}, {"http": "localhost:8000"},
-])
+    assert (
+        "models[0].aliases[0]" in text
+        and "anthropic.default_model: 'nope' is not a model name or alias" in text
+    )
+
+
+@pytest.mark.parametrize(
+    "listen",
+    [
+        {"http": "0.0.0.0:8000", "api_keys_file": "keys.txt"},
+        {"http": "0.0.0.0:8000", "allow_unauthenticated": True},
+        {"http": "[::1]:8000"},
+        {"http": "localhost:8000"},
+    ],
+)
 def test_non_loopback_bind_is_allowed_with_keys_or_an_explicit_opt_out(tmp_path, listen):
     data = _base()
     data["listen"].update(listen)

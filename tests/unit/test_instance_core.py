@@ -28,8 +28,15 @@ class Recorder:
 
 
 def core(executor=None, pool="hot", **knobs) -> InstanceCore:
-    return InstanceCore("i0", pool, ["m"], SchedKnobs(**knobs), {"m": PROFILE}, executor=executor,
-                        max_context={"m": 100})
+    return InstanceCore(
+        "i0",
+        pool,
+        ["m"],
+        SchedKnobs(**knobs),
+        {"m": PROFILE},
+        executor=executor,
+        max_context={"m": 100},
+    )
 
 
 def call(cid: str, session: str = "s", prompt: int = 10, max_tokens: int = 2) -> InstanceCall:

@@ -21,35 +21,77 @@ LIMITS = LimitsConfig()
 
 
 def _chat(**extra) -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                                 **extra})
+    return ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    )
 
 
-@pytest.mark.parametrize("field, value", [
-    ("logprobs", True), ("top_logprobs", 3), ("echo", True), ("best_of", 2), ("suffix", "tail"),
-    ("response_format", {"type": "json_object"}), ("response_format", {"type": "json_schema", "json_schema": {}}),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("logprobs", True),
+        ("top_logprobs", 3),
+        ("echo", True),
+        ("best_of", 2),
+        ("suffix", "tail"),
+        ("response_format", {"type": "json_object"}),
+        ("response_format", {"type": "json_schema", "json_schema": {}}),
+    ],
+)
 def test_unsupported_fields_are_400_naming_the_field(field, value):
     with pytest.raises(APIError) as info:
         screen(_chat(**{field: value}), LIMITS)
     assert info.value.status == 400 and info.value.param == field and field in info.value.message
 
 
-@pytest.mark.parametrize("extra", [{"logprobs": False}, {"best_of": 1}, {"response_format": {"type": "text"}},
-                                   {"top_k": 40}, {"metadata": {"user_id": "u"}}, {"echo": False}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"logprobs": False},
+        {"best_of": 1},
+        {"response_format": {"type": "text"}},
+        {"top_k": 40},
+        {"metadata": {"user_id": "u"}},
+        {"echo": False},
+    ],
+)
 def test_harmless_or_default_values_pass(extra):
     screen(_chat(**extra), LIMITS)
 
 
-@pytest.mark.parametrize("body", [
-    _chat(messages=[{"role": "user", "content": "a\\ud800b".encode().decode("unicode_escape")}]),
-    _chat(messages=[{"role": "user", "content": [{"type": "text", "text": "\\udfff".encode().decode("unicode_escape")}]}]),
-    CompletionRequest.model_validate({"model": "m", "prompt": "x\\udc80".encode().decode("unicode_escape")}),
-    MessagesRequest.model_validate({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "ok"}],
-                                    "system": "s\\ud83d".encode().decode("unicode_escape")}),
-    _chat(metadata={"k\\ud800".encode().decode("unicode_escape"): "v"}),
-    _chat(thinking={"\\ud800".encode().decode("unicode_escape"): None}),  # found by the fuzz: a null-valued key
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        _chat(
+            messages=[{"role": "user", "content": "a\\ud800b".encode().decode("unicode_escape")}]
+        ),
+        _chat(
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "\\udfff".encode().decode("unicode_escape")}
+                    ],
+                }
+            ]
+        ),
+        CompletionRequest.model_validate(
+            {"model": "m", "prompt": "x\\udc80".encode().decode("unicode_escape")}
+        ),
+        MessagesRequest.model_validate(
+            {
+                "model": "m",
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "ok"}],
+                "system": "s\\ud83d".encode().decode("unicode_escape"),
+            }
+        ),
+        _chat(metadata={"k\\ud800".encode().decode("unicode_escape"): "v"}),
+        _chat(
+            thinking={"\\ud800".encode().decode("unicode_escape"): None}
+        ),  # found by the fuzz: a null-valued key
+    ],
+)
 def test_lone_surrogates_anywhere_are_400(body):
     with pytest.raises(APIError) as info:
         screen(body, LIMITS)
@@ -58,8 +100,17 @@ def test_lone_surrogates_anywhere_are_400(body):
 
 
 def test_valid_astral_text_passes():
-    screen(_chat(messages=[{"role": "user", "content": "emoji \\U0001F600 ok".encode().decode("unicode_escape")}]),
-           LIMITS)
+    screen(
+        _chat(
+            messages=[
+                {
+                    "role": "user",
+                    "content": "emoji \\U0001F600 ok".encode().decode("unicode_escape"),
+                }
+            ]
+        ),
+        LIMITS,
+    )
 
 
 def test_message_count_and_string_length_limits():
@@ -114,22 +165,38 @@ def test_readiness_needs_n_consecutive_misses_and_one_success_to_return():
 def test_second_lock_holder_is_refused_with_the_first_pid(tmp_path):
     sock = str(tmp_path / "admin.sock")
     fd = lockfile.acquire(sock)
-    code = ("import sys; from talariad import lockfile\n"
-            "try:\n lockfile.acquire(sys.argv[1])\nexcept lockfile.Busy as e:\n print(e); sys.exit(1)")
-    r = subprocess.run([sys.executable, "-c", code, sock], capture_output=True, text=True, timeout=30)
+    code = (
+        "import sys; from talariad import lockfile\n"
+        "try:\n lockfile.acquire(sys.argv[1])\nexcept lockfile.Busy as e:\n print(e); sys.exit(1)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, sock], capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 1 and f"pid {__import__('os').getpid()}" in r.stdout and sock in r.stdout
     import os
 
     os.close(fd)
-    r = subprocess.run([sys.executable, "-c", code, sock], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-c", code, sock], capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 0  # released with its holder
 
 
 def test_reload_diff_classifies_fields():
-    flat = _flatten({"policy": {"tau_s": 1.0, "gamma": 0.8}, "models": [{"name": "a", "aliases": ["x"]}],
-                     "instances": [{"devices": [0, 1]}]})
-    assert flat == {"policy.tau_s": 1.0, "policy.gamma": 0.8, "models.0.name": "a", "models.0.aliases": ["x"],
-                    "instances.0.devices": [0, 1]}
+    flat = _flatten(
+        {
+            "policy": {"tau_s": 1.0, "gamma": 0.8},
+            "models": [{"name": "a", "aliases": ["x"]}],
+            "instances": [{"devices": [0, 1]}],
+        }
+    )
+    assert flat == {
+        "policy.tau_s": 1.0,
+        "policy.gamma": 0.8,
+        "models.0.name": "a",
+        "models.0.aliases": ["x"],
+        "instances.0.devices": [0, 1],
+    }
     assert _live("policy.tau_s") and _live("limits.max_body_bytes") and _live("models.3.aliases")
     assert not _live("policy.gamma") and not _live("models.0.name") and not _live("listen.http")
 
@@ -143,7 +210,9 @@ async def test_a_held_call_is_rejected_when_shutdown_closes_the_shell():
     from tests.router.router_factories import MODEL, PROFILE, Snaps, call
 
     shell = RouterShell.__new__(RouterShell)
-    shell.router = Router(RouterKnobs(queue_timeout_s=60, staleness_s=1e9, heartbeat_s=1e9), {MODEL: PROFILE})
+    shell.router = Router(
+        RouterKnobs(queue_timeout_s=60, staleness_s=1e9, heartbeat_s=1e9), {MODEL: PROFILE}
+    )
     shell._changed, shell._expired_at = asyncio.Event(), float("-inf")
     shell.router.observe(Snaps()("a", 0.0, hbm_free_bytes=0), 0.0)  # no HBM: the call is held
     t0 = time.monotonic()

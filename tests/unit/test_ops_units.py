@@ -20,19 +20,31 @@ def test_socket_rule_is_absolute_and_shared():
     assert daemon_socket(None, {"RUNTIME_DIRECTORY": "/run/talaria"}) == "/run/talaria/admin.sock"
     env = {"TALARIA_SOCKET": "rel/admin.sock"}
     assert daemon_socket(None, env) == client_socket(env) and client_socket(env).startswith("/")
-    assert daemon_socket("x.sock", env).endswith("/x.sock") and daemon_socket("x.sock", env).startswith("/")
+    assert daemon_socket("x.sock", env).endswith("/x.sock") and daemon_socket(
+        "x.sock", env
+    ).startswith("/")
     fallback = client_socket({})
     assert fallback.startswith("/") and fallback.endswith("talaria/admin.sock")
 
 
 def test_json_numbers_are_numbers():
-    reply = pb.MemoryReply(instance="c", capacity_bytes=5, layout=[pb.Region(region="w", offset=7, size=3)],
-                           host_kv_by_model={"m": 9})
+    reply = pb.MemoryReply(
+        instance="c",
+        capacity_bytes=5,
+        layout=[pb.Region(region="w", offset=7, size=3)],
+        host_kv_by_model={"m": 9},
+    )
     d = as_dict(reply)
-    assert d["capacity_bytes"] == 5 and d["layout"][0]["offset"] == 7 and d["host_kv_by_model"] == {"m": 9}
+    assert (
+        d["capacity_bytes"] == 5
+        and d["layout"][0]["offset"] == 7
+        and d["host_kv_by_model"] == {"m": 9}
+    )
     assert d["hbm_free_bytes"] == 0 and d["switches"] == []  # every field printed
     rounds = as_dict(pb.RoundsReply(switches=[pb.SwitchRecord(round_index=-1, staged_bytes=-1)]))
-    assert rounds["switches"][0]["round_index"] == -1 and rounds["switches"][0]["staged_bytes"] == -1
+    assert (
+        rounds["switches"][0]["round_index"] == -1 and rounds["switches"][0]["staged_bytes"] == -1
+    )
 
 
 class _FakeAdmin:
@@ -44,25 +56,53 @@ class _FakeAdmin:
 
     def explain(self, call_id):
         resident_elsewhere = call_id == "chatcmpl-b"
-        return pb.Decision(call_id=call_id, kind="replica_open", instance="c", candidates=[
-            pb.Candidate(instance="c", needs_replica=True),
-            pb.Candidate(instance="d", needs_replica=not resident_elsewhere)])
+        return pb.Decision(
+            call_id=call_id,
+            kind="replica_open",
+            instance="c",
+            candidates=[
+                pb.Candidate(instance="c", needs_replica=True),
+                pb.Candidate(instance="d", needs_replica=not resident_elsewhere),
+            ],
+        )
 
 
 def test_replay_fill_takes_closed_rounds_and_switches_of_the_run():
     reply = pb.RoundsReply(
-        rounds=[pb.RoundRecord(instance="c", index=0, wall_s=2, active_s=1.5, switch_s=0.5, sp_admitted=2,
-                               sp_parked=1, age_s=9),
-                pb.RoundRecord(instance="c", index=1, wall_s=1, active_s=1, age_s=100)],  # before the run
-        switches=[pb.SwitchRecord(instance="c", to_model="m", path="d2d", total_ms=20, age_s=8),
-                  pb.SwitchRecord(instance="c", to_model="n", path="h2d", total_ms=90, age_s=200)])
-    opened = [CallRecord("s", 0, "m", "c", 0, 1, 2, opened_model=True, call_id=f"chatcmpl-{x}") for x in "ab"]
+        rounds=[
+            pb.RoundRecord(
+                instance="c",
+                index=0,
+                wall_s=2,
+                active_s=1.5,
+                switch_s=0.5,
+                sp_admitted=2,
+                sp_parked=1,
+                age_s=9,
+            ),
+            pb.RoundRecord(instance="c", index=1, wall_s=1, active_s=1, age_s=100),
+        ],  # before the run
+        switches=[
+            pb.SwitchRecord(instance="c", to_model="m", path="d2d", total_ms=20, age_s=8),
+            pb.SwitchRecord(instance="c", to_model="n", path="h2d", total_ms=90, age_s=200),
+        ],
+    )
+    opened = [
+        CallRecord("s", 0, "m", "c", 0, 1, 2, opened_model=True, call_id=f"chatcmpl-{x}")
+        for x in "ab"
+    ]
     run = RunResult("real", wall_clock_s=10.0, calls=opened)
     fill(run, _FakeAdmin(reply))
     row = row_metrics(run)
     assert row.avoidable_opens == 1 and row.model_opens == 2
-    assert row.rounds == 1 and row.switch_share == pytest.approx(0.25) and (row.sp_admitted, row.sp_parked) == (2, 1)
-    assert list(row.switch_by_path) == ["d2d"] and row.switch_by_path["d2d"].p50_s == pytest.approx(0.02)
+    assert (
+        row.rounds == 1
+        and row.switch_share == pytest.approx(0.25)
+        and (row.sp_admitted, row.sp_parked) == (2, 1)
+    )
+    assert list(row.switch_by_path) == ["d2d"] and row.switch_by_path["d2d"].p50_s == pytest.approx(
+        0.02
+    )
     assert row.hbm_peak_gib is None  # nothing sampled: not measured, not 0
 
 
@@ -75,7 +115,11 @@ def test_unmeasured_columns_print_a_dash():
     line = next(x for x in console.export_text().splitlines() if x.startswith("│ real"))
     cells = [c.strip() for c in line.strip("│").split("│")]
     # switch share, rounds, switches, HBM peak, avoidable opens; SP admitted/parked
-    assert cells[6:11] == ["-"] * 5 and cells[12:15] == ["-/-", "-/-", "-"]  # ... parked calls/times, cost
+    assert cells[6:11] == ["-"] * 5 and cells[12:15] == [
+        "-/-",
+        "-/-",
+        "-",
+    ]  # ... parked calls/times, cost
 
 
 def test_worker_rotation_unload_retires_the_active_model():
@@ -85,20 +129,35 @@ def test_worker_rotation_unload_retires_the_active_model():
     from talariad.engine.build import build_worker
     from talariad.engine.messages import GenerateRequest
 
-    cfg = parse_config({"models": [{"name": "a"}, {"name": "b"}],
-                        "instances": [{"name": "c", "pool": "cold", "models": ["a", "b"], "time_scale": 0.01}]}, "t")
+    cfg = parse_config(
+        {
+            "models": [{"name": "a"}, {"name": "b"}],
+            "instances": [{"name": "c", "pool": "cold", "models": ["a", "b"], "time_scale": 0.01}],
+        },
+        "t",
+    )
 
     async def scenario():
         worker = build_worker(cfg, cfg.instances[0])
         loop = asyncio.create_task(worker.run())
-        events = [e async for e in worker.generate(GenerateRequest(call_id="1", model="a", prompt="x y", max_tokens=2))]
+        events = [
+            e
+            async for e in worker.generate(
+                GenerateRequest(call_id="1", model="a", prompt="x y", max_tokens=2)
+            )
+        ]
         assert events[-1].type == "done" and worker.core.sched.active == "a"
         assert worker.set_rotation("a", False) is None and worker.rotation == ["b"]
         for _ in range(100):
             await asyncio.sleep(0.01)
             if worker.core.sched.active == "b":
                 break
-        refused = [e async for e in worker.generate(GenerateRequest(call_id="2", model="a", prompt="x", max_tokens=1))]
+        refused = [
+            e
+            async for e in worker.generate(
+                GenerateRequest(call_id="2", model="a", prompt="x", max_tokens=1)
+            )
+        ]
         assert refused[0].type == "error" and refused[0].code == "model_not_loaded"
         assert "last model" in worker.set_rotation("b", False)
         assert "not configured" in worker.set_rotation("z", True)

@@ -12,23 +12,41 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_snapshot_maps_model_states_and_sessions():
-    t = Telemetry(instance="cold0", version=7, pool="cold", models=["a", "b", "c"], active_model="a",
-                  loaded_models=["a"], opened_models=["a", "b"],
-                  model_load={"b": ModelLoad(queued_calls=2, queued_tokens=300, running=1, switch_cost_s=0.4)},
-                  sessions=[KVEntry(session_id="s1", model="b", state="host", kv_len=120)],
-                  round_load_s=1.5)
+    t = Telemetry(
+        instance="cold0",
+        version=7,
+        pool="cold",
+        models=["a", "b", "c"],
+        active_model="a",
+        loaded_models=["a"],
+        opened_models=["a", "b"],
+        model_load={
+            "b": ModelLoad(queued_calls=2, queued_tokens=300, running=1, switch_cost_s=0.4)
+        },
+        sessions=[KVEntry(session_id="s1", model="b", state="host", kv_len=120)],
+        round_load_s=1.5,
+    )
     snap = snapshot(t, ["a", "b", "c"], taken_at=10.0, healthy=True)
     assert snap.version == 7 and snap.taken_at == 10.0 and snap.round_load_s == 1.5
-    assert [snap.residency(m).state for m in "abc"] == [ModelState.ACTIVE, ModelState.RESIDENT, ModelState.ABSENT]
+    assert [snap.residency(m).state for m in "abc"] == [
+        ModelState.ACTIVE,
+        ModelState.RESIDENT,
+        ModelState.ABSENT,
+    ]
     assert snap.residency("b").queued_tokens == 300 and snap.residency("b").switch_cost_s == 0.4
-    assert snap.sessions[("s1", "b")].state is KVState.HOST and snap.sessions[("s1", "b")].kv_len == 120
+    assert (
+        snap.sessions[("s1", "b")].state is KVState.HOST
+        and snap.sessions[("s1", "b")].kv_len == 120
+    )
 
 
 def test_prefix_tracker_covers_previous_prompt_and_answer():
     t = PrefixTracker()
     assert t.covered_chars("s", "m", "hello") == 0
     t.remember("s", "m", "<|user|> hi\n", "hello there")
-    assert t.covered_chars("s", "m", "<|user|> hi\nhello there<|user|> more") == len("<|user|> hi\nhello there")
+    assert t.covered_chars("s", "m", "<|user|> hi\nhello there<|user|> more") == len(
+        "<|user|> hi\nhello there"
+    )
     assert t.covered_chars("s", "m", "<|user|> hi\nsomething else") == len("<|user|> hi\n")
     assert t.covered_chars("s", "m", "<|user|> bye\n") == 0
     assert t.covered_chars("s", "other-model", "<|user|> hi\nhello there") == 0
@@ -37,8 +55,12 @@ def test_prefix_tracker_covers_previous_prompt_and_answer():
 def test_router_knobs_follow_config_and_ablations():
     cfg = load_config(ROOT / "etc" / "talaria.yaml")
     knobs = router_knobs(cfg)
-    assert knobs.tau_s == cfg.policy.tau_s and knobs.gamma == cfg.policy.gamma and knobs.reservations
-    off = cfg.model_copy(update={"ablations": cfg.ablations.model_copy(update={"reservations": False})})
+    assert (
+        knobs.tau_s == cfg.policy.tau_s and knobs.gamma == cfg.policy.gamma and knobs.reservations
+    )
+    off = cfg.model_copy(
+        update={"ablations": cfg.ablations.model_copy(update={"reservations": False})}
+    )
     assert router_knobs(off).tau_s == 0.0 and not router_knobs(off).reservations
 
 
@@ -51,8 +73,15 @@ def test_round_measurements_in_telemetry_refine_the_router_profile_once():
     shell = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
     before = shell.router.profiles()["tiny-code"].decode_step_s
     rounds = [RoundReport(seq=1, model="tiny-code", decode_steps=10, decode_s=1.0)]
-    t = Telemetry(instance="cold0", version=1, pool="cold", models=["tiny-chat", "tiny-code"],
-                  active_model=None, loaded_models=[], rounds=rounds)
+    t = Telemetry(
+        instance="cold0",
+        version=1,
+        pool="cold",
+        models=["tiny-chat", "tiny-code"],
+        active_model=None,
+        loaded_models=[],
+        rounds=rounds,
+    )
     shell.observe(t, 0.0)
     after = shell.router.profiles()["tiny-code"].decode_step_s
     assert before < after < 0.1  # 0.1 s per step measured, folded in by the EWMA
@@ -74,7 +103,11 @@ def _shell(**knobs):
 
     shell = RouterShell.__new__(RouterShell)  # the shell's methods over a hand-built router
     shell.router = Router(RouterKnobs(**knobs), {MODEL: PROFILE})
-    shell.prefixes, shell._changed, shell._expired_at = PrefixTracker(), asyncio.Event(), float("-inf")
+    shell.prefixes, shell._changed, shell._expired_at = (
+        PrefixTracker(),
+        asyncio.Event(),
+        float("-inf"),
+    )
     shell._fed = {}
     return shell
 
@@ -137,4 +170,7 @@ def test_prefix_branches_forget_the_least_recently_used_sessions_past_the_bound(
     for s in ("a", "b", "c"):
         tracker.remember(branches.branch(s, "m", f"<|user|> {s}\n"), "m", f"<|user|> {s}\n", "ok")
     assert branches.names("a", "m") == [] and branches.names("c", "m") == ["c"]
-    assert tracker.covered_chars("a", "m", "<|user|> a\nok") == 0 and tracker.covered_chars("c", "m", "<|user|> c\n") > 0
+    assert (
+        tracker.covered_chars("a", "m", "<|user|> a\nok") == 0
+        and tracker.covered_chars("c", "m", "<|user|> c\n") > 0
+    )

@@ -18,7 +18,9 @@ def test_body_fields_in_order():
 def test_fallback_hash_is_stable_across_turns_and_distinct_across_tasks():
     later = MSGS + [("tool", "output"), ("assistant", "done")]
     assert session_id({}, {}, MSGS) == session_id({}, {}, later)
-    assert session_id({}, {}, MSGS) != session_id({}, {}, [("system", "you are an agent"), ("user", "fix bug 13")])
+    assert session_id({}, {}, MSGS) != session_id(
+        {}, {}, [("system", "you are an agent"), ("user", "fix bug 13")]
+    )
 
 
 def test_calls_with_nothing_to_hash_do_not_share_a_session():
@@ -27,7 +29,13 @@ def test_calls_with_nothing_to_hash_do_not_share_a_session():
 
 
 def test_agent_session_headers_in_the_documented_order():
-    order = ["x-session-id", "x-claude-code-session-id", "x-session-affinity", "session-id", "session_id"]
+    order = [
+        "x-session-id",
+        "x-claude-code-session-id",
+        "x-session-affinity",
+        "session-id",
+        "session_id",
+    ]
     for i, name in enumerate(order):
         headers = {h: h for h in order[i:]}
         assert session_id(headers, {"prompt_cache_key": "k"}, MSGS) == name

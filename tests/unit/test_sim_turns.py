@@ -20,8 +20,12 @@ def _worker():
 
 
 async def _run(worker, **kw) -> tuple[str, object]:
-    req = GenerateRequest(call_id=kw.pop("call_id"), model="tiny-code",
-                          messages=[ChatMessage(role="user", content=kw.pop("text", "fix the parser"))], **kw)
+    req = GenerateRequest(
+        call_id=kw.pop("call_id"),
+        model="tiny-code",
+        messages=[ChatMessage(role="user", content=kw.pop("text", "fix the parser"))],
+        **kw,
+    )
     text = ""
     async for ev in worker.generate(req):
         if isinstance(ev, TokenEvent):
@@ -36,15 +40,31 @@ async def test_answers_end_their_turn_and_stop_strings_are_named():
     loop = asyncio.create_task(worker.run())
     try:
         text, done = await _run(worker, call_id="a", max_tokens=5000)
-        n = answer_length(worker.executor.encode(GenerateRequest(
-            call_id="x", model="tiny-code", messages=[ChatMessage(role="user", content="fix the parser")])), None)
-        assert isinstance(done, DoneEvent) and done.finish_reason == "stop" and done.stop_sequence is None
+        n = answer_length(
+            worker.executor.encode(
+                GenerateRequest(
+                    call_id="x",
+                    model="tiny-code",
+                    messages=[ChatMessage(role="user", content="fix the parser")],
+                )
+            ),
+            None,
+        )
+        assert (
+            isinstance(done, DoneEvent)
+            and done.finish_reason == "stop"
+            and done.stop_sequence is None
+        )
         assert done.usage.completion_tokens == n < 5000
         _, capped = await _run(worker, call_id="b", max_tokens=2)
         assert capped.finish_reason == "length" and capped.usage.completion_tokens == 2
         word = text.split()[1]
         cut, stopped = await _run(worker, call_id="c", max_tokens=5000, stop=[f" {word}"])
-        assert stopped.finish_reason == "stop" and stopped.stop_sequence == f" {word}" and f" {word}" not in cut
+        assert (
+            stopped.finish_reason == "stop"
+            and stopped.stop_sequence == f" {word}"
+            and f" {word}" not in cut
+        )
         _, clamped = await _run(worker, call_id="d", max_tokens=10**6, clamp_max_tokens=True)
         assert isinstance(clamped, DoneEvent)
         _, refused = await _run(worker, call_id="e", max_tokens=10**6)
@@ -59,7 +79,9 @@ async def test_ignore_eos_generates_max_tokens_as_a_replay_needs():
     loop = asyncio.create_task(worker.run())
     try:
         _, natural = await _run(worker, call_id="n", max_tokens=5000)
-        _, forced = await _run(worker, call_id="f", max_tokens=natural.usage.completion_tokens + 7, ignore_eos=True)
+        _, forced = await _run(
+            worker, call_id="f", max_tokens=natural.usage.completion_tokens + 7, ignore_eos=True
+        )
         assert forced.finish_reason == "length"
         assert forced.usage.completion_tokens == natural.usage.completion_tokens + 7
     finally:

@@ -12,8 +12,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(shutil.which("systemd-analyze") is None or shutil.which("make") is None,
-                                reason="systemd-analyze (Debian package systemd) or make is not installed")
+pytestmark = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None or shutil.which("make") is None,
+    reason="systemd-analyze (Debian package systemd) or make is not installed",
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +24,15 @@ def unit(tmp_path_factory) -> pathlib.Path:
     prefix, unitdir = tmp / "prefix", tmp / "units"
     (prefix / "bin").mkdir(parents=True)
     exe = prefix / "bin" / "talariad"  # what `make install` puts there: the venv's console script
-    exe.write_text("#!/bin/sh\nexec python3 -m talariad.cli \"$@\"\n")
+    exe.write_text('#!/bin/sh\nexec python3 -m talariad.cli "$@"\n')
     exe.chmod(0o755)
-    subprocess.run(["make", "-s", "unit", f"PREFIX={prefix}", f"UNITDIR={unitdir}"], cwd=ROOT, check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        ["make", "-s", "unit", f"PREFIX={prefix}", f"UNITDIR={unitdir}"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     return unitdir / "talariad.service"
 
 
@@ -40,13 +47,19 @@ def test_exec_start_points_into_prefix(unit):
 
 
 def test_systemd_analyze_verify_is_clean(unit):
-    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and r.stderr.strip() == "", r.stderr
 
 
 def test_security_exposure_is_in_the_ok_band(unit):
-    r = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(unit)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", "--no-pager", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     m = re.search(r"Overall exposure level for talariad\.service: ([\d.]+)", r.stdout + r.stderr)
     assert m, r.stdout + r.stderr
     assert float(m.group(1)) <= 4.0

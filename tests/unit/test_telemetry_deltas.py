@@ -22,22 +22,36 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def _setup():
     cfg = load_config(ROOT / "etc" / "talaria.yaml")
-    cfg = cfg.model_copy(update={"instances": [i.model_copy(update={"executor": "sim", "time_scale": 0.01})
-                                               for i in cfg.instances]})
+    cfg = cfg.model_copy(
+        update={
+            "instances": [
+                i.model_copy(update={"executor": "sim", "time_scale": 0.01}) for i in cfg.instances
+            ]
+        }
+    )
     inst = next(i for i in cfg.instances if i.pool == "hot")
     worker = build_worker(cfg, inst)
     shell = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
     seen: list[int] = []  # payload bytes per poll
-    directory = InstanceDirectory(lambda: {inst.name: "http://instance"}, 0.25, on_telemetry=shell.observe,
-                                  on_payload=lambda name, n: seen.append(n))
+    directory = InstanceDirectory(
+        lambda: {inst.name: "http://instance"},
+        0.25,
+        on_telemetry=shell.observe,
+        on_payload=lambda name, n: seen.append(n),
+    )
     directory.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(worker)))
     return cfg, inst, worker, shell, directory, seen
 
 
 async def _serve(worker, model: str, sessions: range) -> None:
     for n in sessions:
-        req = GenerateRequest(call_id=f"c{n}", session_id=f"s{n}", model=model, max_tokens=1,
-                              messages=[ChatMessage(role="user", content=f"hello {n}")])
+        req = GenerateRequest(
+            call_id=f"c{n}",
+            session_id=f"s{n}",
+            model=model,
+            max_tokens=1,
+            messages=[ChatMessage(role="user", content=f"hello {n}")],
+        )
         async for _ in worker.generate(req):
             pass
 
@@ -48,7 +62,9 @@ def _router_view(shell, name):
 
 
 def _instance_view(worker):
-    return {(s.session_id, s.model): (KVState(s.state), s.kv_len) for s in worker.telemetry().sessions}
+    return {
+        (s.session_id, s.model): (KVState(s.state), s.kv_len) for s in worker.telemetry().sessions
+    }
 
 
 async def test_polls_carry_only_changes_and_the_merged_view_matches_the_instance():
@@ -80,8 +96,12 @@ async def test_a_consumer_whose_view_is_not_the_latest_gets_the_whole_list():
     try:
         await _serve(worker, inst.models[0], range(20))
         await directory.poll_once()
-        other = httpx.AsyncClient(transport=httpx.ASGITransport(app=directory.client._transport.app))
-        await other.get("http://instance/internal/telemetry")  # another poller moves the instance's view on
+        other = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=directory.client._transport.app)
+        )
+        await other.get(
+            "http://instance/internal/telemetry"
+        )  # another poller moves the instance's view on
         await directory.poll_once()
         again = directory.snapshot(inst.name)
         assert again.sessions_base is None and len(again.sessions) == 20
@@ -105,13 +125,17 @@ def test_the_session_table_forgets_the_least_recently_used_past_its_bound():
 def test_session_bounds_come_from_the_config():
     cfg = load_config(ROOT / "etc" / "talaria.yaml")
     assert cfg.policy.session_idle_s == 3600 and cfg.policy.max_sessions == 100_000
-    cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"session_idle_s": 60.0, "max_sessions": 5})})
+    cfg = cfg.model_copy(
+        update={"policy": cfg.policy.model_copy(update={"session_idle_s": 60.0, "max_sessions": 5})}
+    )
     knobs = router_knobs(cfg)
     assert knobs.session_idle_s == 60.0 and knobs.max_sessions == 5
     tracker = PrefixTracker(max_entries=2)
     for n in range(3):
         tracker.remember(f"s{n}", "m", "p", "a")
-    assert tracker.covered_chars("s0", "m", "pa") == 0 and tracker.covered_chars("s2", "m", "pa") == 2
+    assert (
+        tracker.covered_chars("s0", "m", "pa") == 0 and tracker.covered_chars("s2", "m", "pa") == 2
+    )
 
 
 def test_session_deltas_report_changes_and_removals_against_the_consumers_view():
@@ -119,16 +143,31 @@ def test_session_deltas_report_changes_and_removals_against_the_consumers_view()
     from talariad.engine.messages import KVEntry as Msg, Telemetry
 
     def tel(*rows):
-        return Telemetry(instance="i", version=1, pool="cold", models=["m"], active_model=None, loaded_models=[],
-                         sessions=[Msg(session_id=s, model="m", state=st, kv_len=n) for s, st, n in rows])
+        return Telemetry(
+            instance="i",
+            version=1,
+            pool="cold",
+            models=["m"],
+            active_model=None,
+            loaded_models=[],
+            sessions=[Msg(session_id=s, model="m", state=st, kv_len=n) for s, st, n in rows],
+        )
 
     d = SessionDeltas()
     full = d.apply(tel(("a", "device", 10), ("b", "host", 20)), None)
     assert full.sessions_base is None and len(full.sessions) == 2
-    delta = d.apply(tel(("a", "device", 10), ("b", "device", 25), ("c", "device", 5)), full.sessions_epoch)
+    delta = d.apply(
+        tel(("a", "device", 10), ("b", "device", 25), ("c", "device", 5)), full.sessions_epoch
+    )
     assert delta.sessions_base == full.sessions_epoch and delta.sessions_removed == []
-    assert [(s.session_id, s.state, s.kv_len) for s in delta.sessions] == [("b", "device", 25), ("c", "device", 5)]
+    assert [(s.session_id, s.state, s.kv_len) for s in delta.sessions] == [
+        ("b", "device", 25),
+        ("c", "device", 5),
+    ]
     gone = d.apply(tel(("b", "device", 25)), delta.sessions_epoch)
-    assert gone.sessions == [] and sorted(map(tuple, gone.sessions_removed)) == [("a", "m"), ("c", "m")]
+    assert gone.sessions == [] and sorted(map(tuple, gone.sessions_removed)) == [
+        ("a", "m"),
+        ("c", "m"),
+    ]
     stale = d.apply(tel(("b", "device", 25)), full.sessions_epoch)  # an older view: the whole list
     assert stale.sessions_base is None and [s.session_id for s in stale.sessions] == ["b"]

@@ -21,8 +21,13 @@ async def test_a_call_abandoned_mid_decode_stops_at_its_next_step():
     worker = _worker()
     loop = asyncio.create_task(worker.run())
     try:
-        req = GenerateRequest(call_id="c1", session_id="s", model="tiny-code", max_tokens=2000,
-                              messages=[ChatMessage(role="user", content="hello")])
+        req = GenerateRequest(
+            call_id="c1",
+            session_id="s",
+            model="tiny-code",
+            max_tokens=2000,
+            messages=[ChatMessage(role="user", content="hello")],
+        )
         stream = worker.generate(req)
         first = await anext(stream)
         assert isinstance(first, TokenEvent)

@@ -50,8 +50,10 @@ def render_request(req: GenerateRequest) -> str:
 
 
 def _calls_text(m: ChatMessage) -> str:
-    return "".join(f"<tool_call>{json.dumps({'name': c.name, 'arguments': c.arguments})}</tool_call>"
-                   for c in m.tool_calls)
+    return "".join(
+        f"<tool_call>{json.dumps({'name': c.name, 'arguments': c.arguments})}</tool_call>"
+        for c in m.tool_calls
+    )
 
 
 def _prompt_state(prompt_tokens: list[str], seed: int | None) -> int:
@@ -142,8 +144,13 @@ class SimExecutor:
         for stop in call.request.stop:
             at = (done + piece).find(stop, max(0, len(done) - len(stop) + 1)) if stop else -1
             if at >= 0:  # the stop string ends the answer; it is not part of it
-                return CallOutput(text=(done + piece)[len(done):max(at, len(done))], finish_reason="stop",
-                                  stop_sequence=stop)
+                return CallOutput(
+                    text=(done + piece)[len(done) : max(at, len(done))],
+                    finish_reason="stop",
+                    stop_sequence=stop,
+                )
         if call.generated + 1 >= len(words) and len(words) < call.max_tokens:
-            return CallOutput(text=piece, finish_reason="stop")  # the answer is complete: end the turn
+            return CallOutput(
+                text=piece, finish_reason="stop"
+            )  # the answer is complete: end the turn
         return CallOutput(text=piece)

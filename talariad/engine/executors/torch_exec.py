@@ -36,8 +36,17 @@ HEADROOM_SEQS = 64
 
 
 class TorchExecutor:
-    def __init__(self, substrate: Substrate, models: dict[str, HostedModel], *, page_size: int = 16,
-                 host_kv: bool = True, d2d: bool = True, pinned: bool = False, threads: int = 1) -> None:
+    def __init__(
+        self,
+        substrate: Substrate,
+        models: dict[str, HostedModel],
+        *,
+        page_size: int = 16,
+        host_kv: bool = True,
+        d2d: bool = True,
+        pinned: bool = False,
+        threads: int = 1,
+    ) -> None:
         self.sub, self.models, self.page_size = substrate, models, page_size
         self.order = list(models)
         self.host_kv, self.d2d, self.pinned = host_kv, d2d, pinned
@@ -52,7 +61,9 @@ class TorchExecutor:
         self.kv_capacity_tokens = self._capacity_tokens()
         self.stats: MemoryStats | None = None
         torch.set_num_threads(threads)
-        self._thread = ThreadPoolExecutor(1, "torch-exec", initializer=torch.set_num_threads, initargs=(threads,))
+        self._thread = ThreadPoolExecutor(
+            1, "torch-exec", initializer=torch.set_num_threads, initargs=(threads,)
+        )
         if pinned:
             self._open(self.order[0])
 
@@ -68,11 +79,15 @@ class TorchExecutor:
         """Prompt + output tokens the smallest model's KV pool holds (the scheduler's admission cap)."""
         cfg = self.sub.config
         free = cfg.capacity_bytes - cfg.runtime_bytes - cfg.graph_pool_bytes
-        pages = min((free - align_up(e.nbytes, cfg.alignment)) // e.kv_layout.row_bytes
-                    for e in self.sub.models.values())
+        pages = min(
+            (free - align_up(e.nbytes, cfg.alignment)) // e.kv_layout.row_bytes
+            for e in self.sub.models.values()
+        )
         if pages < 2 * HEADROOM_SEQS:
-            raise ValueError(f"memory_gib: the device buffer leaves {max(pages, 0)} KV pages for the largest model; "
-                             f"need at least {2 * HEADROOM_SEQS}")
+            raise ValueError(
+                f"memory_gib: the device buffer leaves {max(pages, 0)} KV pages for the largest model; "
+                f"need at least {2 * HEADROOM_SEQS}"
+            )
         return (pages - HEADROOM_SEQS) * self.page_size
 
     def _now(self) -> float:
@@ -203,7 +218,7 @@ class TorchExecutor:
     # ---- KV pages --------------------------------------------------------------------------------
 
     def _checkpoint(self, owner: str, model: str, rec: TokenContext) -> None:
-        hashes = prefix_hashes(rec.tokens[:rec.valid], self.page_size, model)
+        hashes = prefix_hashes(rec.tokens[: rec.valid], self.page_size, model)
         if not hashes:
             return
         self.sub.checkpoint(owner, hashes, self._now())
@@ -223,13 +238,17 @@ class TorchExecutor:
         while need > 0 and self.sub.allocate_pages(st.owner, need) is None:
             victim = self._victim(st.model, protect)
             if victim is None:
-                raise RuntimeError(f"KV pool exhausted: {need} pages for {st.owner!r} and nothing to evict")
+                raise RuntimeError(
+                    f"KV pool exhausted: {need} pages for {st.owner!r} and nothing to evict"
+                )
             self._evict(victim, st.model, updates)
         return self.sub.session_pages(st.owner)
 
     def _victim(self, model: str, protect: set[str]) -> str | None:
         idle = self.book.idle_on_device(model, keep=set())
-        parked = [o for o in self.book.on_device_owners(model) if o not in protect and o not in idle]
+        parked = [
+            o for o in self.book.on_device_owners(model) if o not in protect and o not in idle
+        ]
         return next(iter(idle + parked), None)
 
     def _evict(self, owner: str, model: str, updates: list) -> None:
@@ -258,18 +277,28 @@ class TorchExecutor:
             owner = f"{session}#{req.call_id}"  # the session runs two calls at once: no sharing
             self.private.add(owner)
         rec = self.book.open(owner, model, req.call_id)
-        sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_tokens,
-                                  seed=req.seed)
+        sampling = SamplingParams(
+            temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_tokens, seed=req.seed
+        )
         hosted = self.models[model]
-        call.state = CallState(req.call_id, owner, model, list(call.prompt), len(call.prompt), sampling,
-                               make_generator(sampling), TextStream(hosted.tokenizer, req.stop), rec,
-                               ignore_eos=req.ignore_eos)
+        call.state = CallState(
+            req.call_id,
+            owner,
+            model,
+            list(call.prompt),
+            len(call.prompt),
+            sampling,
+            make_generator(sampling),
+            TextStream(hosted.tokenizer, req.stop),
+            rec,
+            ignore_eos=req.ignore_eos,
+        )
         return call.state
 
     def _reuse(self, st: CallState, want: int) -> tuple[int, str]:
         """Tokens of the context whose KV is in the owner's pages before the tail is computed."""
         rec = st.rec
-        device = common_prefix(rec.tokens[:rec.valid], st.ids)
+        device = common_prefix(rec.tokens[: rec.valid], st.ids)
         if want <= 0:
             return 0, "none"
         if device > 0:
@@ -308,8 +337,10 @@ class TorchExecutor:
 
     def _decode(self, action: Decode, calls: dict[str, InstanceCall]) -> StepResult:
         states = [calls[cid].state for cid in action.call_ids]
-        items = [DecodeSeq(st.owner, st.ids[-1], len(st.ids) - 1, self.sub.session_pages(st.owner))
-                 for st in states]
+        items = [
+            DecodeSeq(st.owner, st.ids[-1], len(st.ids) - 1, self.sub.session_pages(st.owner))
+            for st in states
+        ]
         return self._emit(states, self.runners[action.model].decode(items))
 
     def _emit(self, states: list[CallState], logits: torch.Tensor) -> StepResult:
@@ -322,8 +353,9 @@ class TorchExecutor:
             last = eos or len(st.ids) - st.prompt_len >= st.sampling.max_tokens
             piece, hit = st.text.push(tok, final=last)
             reason = "stop" if hit or eos else None
-            result.calls[st.call_id] = CallOutput(text=piece, finish_reason=reason,
-                                                  stop_sequence=st.text.fired if hit else None)
+            result.calls[st.call_id] = CallOutput(
+                text=piece, finish_reason=reason, stop_sequence=st.text.fired if hit else None
+            )
         return result
 
     # ---- reports -----------------------------------------------------------------------------------
@@ -360,7 +392,11 @@ class TorchExecutor:
         with self._lock:
             if model not in self.order:
                 self.order = [m for m in self.models if m in self.order or m == model]
-            if self.sub.active is not None and self.sub.staging is not None and self.sub.staging.model is None:
+            if (
+                self.sub.active is not None
+                and self.sub.staging is not None
+                and self.sub.staging.model is None
+            ):
                 self._start_staging(self.sub.active, set())
             self._refresh_stats()
 
@@ -389,4 +425,3 @@ class TorchExecutor:
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
-

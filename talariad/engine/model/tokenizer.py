@@ -25,7 +25,7 @@ TOOLS_PREAMBLE = (
     "# Tools\n\nYou may call one or more of the functions described below (JSON Schema).\n<tools>\n"
 )
 TOOLS_INSTRUCTIONS = (
-    "</tools>\n\nTo call a function, answer with a JSON object holding \"name\" and \"arguments\" "
+    '</tools>\n\nTo call a function, answer with a JSON object holding "name" and "arguments" '
     "between <tool_call> and </tool_call> tags, one pair per call."
 )
 FALLBACK_CHAT_TEMPLATE = (
@@ -35,8 +35,10 @@ FALLBACK_CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n"
     "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n"
     "{% set ns.first = 1 %}{% endif %}"
-    + TOOLS_PREAMBLE + "{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
-    + TOOLS_INSTRUCTIONS + "<|im_end|>\n{% endif %}"
+    + TOOLS_PREAMBLE
+    + "{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    + TOOLS_INSTRUCTIONS
+    + "<|im_end|>\n{% endif %}"
     "{% for m in messages[ns.first:] %}"
     "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
     "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
@@ -88,7 +90,9 @@ class TextTokenizer:
         return None if token is None else self.tokenizer.token_to_id(token)
 
     def render_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The prompt text; `tools` (chat-template form) go wherever the template puts them."""
@@ -99,14 +103,24 @@ class TextTokenizer:
             return (
                 _jinja_env()
                 .from_string(template)
-                .render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools or None,
-                        **self.special)
+                .render(
+                    messages=messages,
+                    add_generation_prompt=add_generation_prompt,
+                    tools=tools or None,
+                    **self.special,
+                )
             )
-        except jinja2.TemplateError as e:  # a conversation the template refuses is the client's mistake
+        except (
+            jinja2.TemplateError
+        ) as e:  # a conversation the template refuses is the client's mistake
             raise ValueError(f"chat template error: {e}") from None
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None):
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ):
         return self.encode(self.render_chat(messages, add_generation_prompt, tools))
 
 
@@ -154,8 +168,11 @@ def _jinja_env():
     return env
 
 
-def _render_fallback(messages: list[dict[str, Any]], add_generation_prompt: bool,
-                     tools: list[dict[str, Any]] | None = None) -> str:
+def _render_fallback(
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
     """FALLBACK_CHAT_TEMPLATE in plain Python (the same text, for a build without jinja2)."""
     text, first = "", 0
     if tools:
@@ -166,12 +183,19 @@ def _render_fallback(messages: list[dict[str, Any]], add_generation_prompt: bool
         text = f"<|im_start|>system\n{head}{TOOLS_PREAMBLE}{defs}{TOOLS_INSTRUCTIONS}<|im_end|>\n"
     for m in messages[first:]:
         if m["role"] == "tool":
-            text += f"<|im_start|>user\n<tool_response>\n{m['content']}\n</tool_response><|im_end|>\n"
+            text += (
+                f"<|im_start|>user\n<tool_response>\n{m['content']}\n</tool_response><|im_end|>\n"
+            )
             continue
         calls = "".join(
-            "\n<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-                                            ensure_ascii=False) + "\n</tool_call>"
-            for c in m.get("tool_calls") or [])
+            "\n<tool_call>\n"
+            + json.dumps(
+                {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                ensure_ascii=False,
+            )
+            + "\n</tool_call>"
+            for c in m.get("tool_calls") or []
+        )
         text += f"<|im_start|>{m['role']}\n{m['content']}{calls}<|im_end|>\n"
     return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 

@@ -37,8 +37,15 @@ class Choice(NamedTuple):
 class ClusterView:
     """What a policy may read: instances with their overlay, sessions, leases, the cost model."""
 
-    def __init__(self, knobs: RouterKnobs, instances: InstanceBook, sessions: SessionTable,
-                 leases: LeaseBook, cost: CostModel, demand: DemandTracker) -> None:
+    def __init__(
+        self,
+        knobs: RouterKnobs,
+        instances: InstanceBook,
+        sessions: SessionTable,
+        leases: LeaseBook,
+        cost: CostModel,
+        demand: DemandTracker,
+    ) -> None:
         self.knobs, self.instances, self.sessions = knobs, instances, sessions
         self.leases, self.cost, self.demand = leases, cost, demand
 
@@ -46,8 +53,11 @@ class ClusterView:
         """Healthy, fresh, heartbeat-current instances allowed to serve `model`, by name
         (`InstanceState.placeable`, inlined: this runs once per call over every instance)."""
         stale, silent = now - self.knobs.staleness_s, now - self.knobs.heartbeat_s
-        return [i for i in self.instances.all() if i.health_ok and i.taken_at >= stale
-                and i.last_seen >= silent and model in i.allowed]
+        return [
+            i
+            for i in self.instances.all()
+            if i.health_ok and i.taken_at >= stale and i.last_seen >= silent and model in i.allowed
+        ]
 
     @staticmethod
     def load(inst: InstanceState) -> int:
@@ -63,8 +73,9 @@ class ClusterView:
     def kv(self, inst: InstanceState, call: CallRequest) -> tuple[KVState, int]:
         return self.cost.kv_on(inst, call)
 
-    def breakdown(self, plan: CallPlan, insts: list[InstanceState],
-                  scores: dict[str, float] | None = None) -> tuple[CandidateCost, ...]:
+    def breakdown(
+        self, plan: CallPlan, insts: list[InstanceState], scores: dict[str, float] | None = None
+    ) -> tuple[CandidateCost, ...]:
         """Eq. (1) per instance for explanations; a baseline's own score goes in `score`."""
         out = []
         for inst in insts:
@@ -102,17 +113,23 @@ class Policy(ABC):
     def on_placed(self, call: CallRequest, instance: str, now: float) -> None:
         """The router forwarded `call` to `instance` (whatever decided it)."""
 
-    def on_completed(self, call: CallRequest, instance: str, kv_state: KVState, kv_len: int,
-                     now: float) -> None:
+    def on_completed(
+        self, call: CallRequest, instance: str, kv_state: KVState, kv_len: int, now: float
+    ) -> None:
         """`call` finished on `instance`, leaving its prefix in `kv_state`."""
 
 
 POLICIES: Registry[Policy] = Registry("router policy")
 
 
-def placed(view: ClusterView, call: CallRequest, inst: InstanceState | None,
-           insts: list[InstanceState], reason: str,
-           scores: dict[str, float] | None = None) -> Choice:
+def placed(
+    view: ClusterView,
+    call: CallRequest,
+    inst: InstanceState | None,
+    insts: list[InstanceState],
+    reason: str,
+    scores: dict[str, float] | None = None,
+) -> Choice:
     """A baseline's choice with the Eq. (1) breakdown of every candidate it looked at."""
     cands = view.breakdown(view.cost.plan(call), insts, scores)
     if inst is None:

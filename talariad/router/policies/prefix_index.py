@@ -25,8 +25,9 @@ class RoutedPrefixIndex:
         self._where: defaultdict[Key, dict[str, tuple[int, int]]] = defaultdict(dict)
         self._stamp = 0
 
-    def matches(self, model: str, session_id: str | None,
-                prefix_tokens: int) -> dict[str, tuple[int, int]]:
+    def matches(
+        self, model: str, session_id: str | None, prefix_tokens: int
+    ) -> dict[str, tuple[int, int]]:
         """Per instance: (matched tokens, recency stamp) for a call with this reusable prefix."""
         if session_id is None:
             return {}

@@ -59,8 +59,9 @@ class ContinuumTTLPolicy(Policy):
         insts = view.eligible(call.model, now)
         return placed(view, call, least_pressure(insts), insts, "unpinned: least pressure")
 
-    def on_completed(self, call: CallRequest, instance: str, kv_state: KVState, kv_len: int,
-                     now: float) -> None:
+    def on_completed(
+        self, call: CallRequest, instance: str, kv_state: KVState, kv_len: int, now: float
+    ) -> None:
         while self._pins and next(iter(self._pins.values()))[1] <= now:
             self._pins.popitem(last=False)
         if call.session_id is not None and self.mean_gap_s() <= PIN_S:
@@ -86,8 +87,11 @@ class LlamaSwapPolicy(Policy):
     def choose(self, call: CallRequest, view: ClusterView, now: float) -> Choice:
         insts = view.eligible(call.model, now)
         state = view.cost.model_state
-        ready = [i for i in insts if state(i, call.model) in _LOADED
-                 and _inflight_of(i, call.model) < CONCURRENCY_LIMIT]
+        ready = [
+            i
+            for i in insts
+            if state(i, call.model) in _LOADED and _inflight_of(i, call.model) < CONCURRENCY_LIMIT
+        ]
         if ready:
             inst = min(ready, key=lambda i: (_inflight_of(i, call.model), i.name))
             return placed(view, call, inst, insts, "model loaded")
@@ -97,8 +101,13 @@ class LlamaSwapPolicy(Policy):
             return placed(view, call, inst, insts, "swap on idle instance")
         choice = placed(view, call, None, insts, "waiting for a loaded instance to drain")
         drain = min(insts, key=lambda i: (ClusterView.load(i), i.name), default=None)
-        return Choice(None, DecisionKind.COST, choice.candidates, choice.reason,
-                      drain.name if drain is not None else None)
+        return Choice(
+            None,
+            DecisionKind.COST,
+            choice.candidates,
+            choice.reason,
+            drain.name if drain is not None else None,
+        )
 
 
 def _inflight_of(inst: InstanceState, model: str) -> int:

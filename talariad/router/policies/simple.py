@@ -35,8 +35,11 @@ MAX_LOAD_SKEW = 1.5
 
 
 def least_pressure(insts: list[InstanceState]) -> InstanceState | None:
-    return min(insts, key=lambda i: (ClusterView.pressure(i), i.snapshot.kv_occupancy, i.name),
-               default=None)
+    return min(
+        insts,
+        key=lambda i: (ClusterView.pressure(i), i.snapshot.kv_occupancy, i.name),
+        default=None,
+    )
 
 
 @POLICIES.register("least-pressure")
@@ -129,8 +132,9 @@ class ConsistentHashPolicy(Policy):
         scores = {i.name: float(ClusterView.load(i)) for i in insts}
         return placed(view, call, inst, insts, "bounded consistent hash", scores)
 
-    def _clockwise(self, key: str, eligible: dict[str, InstanceState],
-                   view: ClusterView) -> list[InstanceState]:
+    def _clockwise(
+        self, key: str, eligible: dict[str, InstanceState], view: ClusterView
+    ) -> list[InstanceState]:
         """Distinct eligible instances in ring order starting at the key's point."""
         self._sync(tuple(i.name for i in view.instances.all()))
         start = bisect.bisect_left(self._points, ring_point(key))

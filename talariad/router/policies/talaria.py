@@ -34,8 +34,9 @@ class TalariaPolicy(Policy):
             return hit
         return self._cost_placement(plan, view, now, note)
 
-    def _consume_lease(self, plan: CallPlan, view: ClusterView,
-                       now: float) -> tuple[Choice | None, str]:
+    def _consume_lease(
+        self, plan: CallPlan, view: ClusterView, now: float
+    ) -> tuple[Choice | None, str]:
         call = plan.call
         if call.session_id is None:
             return None, ""
@@ -52,8 +53,7 @@ class TalariaPolicy(Policy):
         cand = view.cost.evaluate(plan, inst)
         return Choice(inst.name, DecisionKind.LEASE_HIT, (cand,), "lease", best=cand), ""
 
-    def _cost_placement(self, plan: CallPlan, view: ClusterView, now: float,
-                        note: str) -> Choice:
+    def _cost_placement(self, plan: CallPlan, view: ClusterView, now: float, note: str) -> Choice:
         insts = view.eligible(plan.call.model, now)
         best, cands, spill = self.ranker(view.cost, plan, insts, view.instances, view.demand, now)
         prefix = f"{note}; " if note else ""
@@ -70,8 +70,9 @@ class TalariaPolicy(Policy):
             if hot_best is not None:
                 best, why = hot_best, "hot pool pins the model"
         kind = DecisionKind.REPLICA_OPEN if best.needs_replica else DecisionKind.COST
-        return Choice(best.instance, kind, cands, f"{prefix}{why}; {_lifecycle(best, view, plan)}",
-                      best=best)
+        return Choice(
+            best.instance, kind, cands, f"{prefix}{why}; {_lifecycle(best, view, plan)}", best=best
+        )
 
     def _hot_best(self, plan: CallPlan, view: ClusterView, insts: list, now: float):
         """The cheapest feasible hot instance allowed the model, or None."""
@@ -93,4 +94,3 @@ def _lifecycle(best, view: ClusterView, plan: CallPlan) -> str:
     inst = view.instances.get(best.instance)
     absent = view.cost.model_state(inst, plan.call.model) is ModelState.ABSENT
     return "open replica" if absent else "reopen retired replica"
-

@@ -21,10 +21,32 @@ from talariad.types import LatencyProfile, SwitchPath
 HERE = Path(__file__).parent
 GIB = 1 << 30
 _PROFILE_FIELDS = {f.name for f in dataclasses.fields(LatencyProfile)}
-_BOX_FIELDS = {"gpus", "tp", "hbm_per_gpu_gib", "host_memory_gib", "h2d_gb_per_s", "restore_efficiency",
-               "hbm_gb_per_s", "decode_context_tokens", "switch_ms_pooled", "fallback_ms_pooled", "mem_fraction_bump"}
-_ARCH_FIELDS = {"hf_id", "params_total_b", "params_active_b", "weight_bytes_per_param", "attention",
-                "kv_layers", "kv_heads", "head_dim", "latent_dim", "kv_dtype_bytes", "profile"}
+_BOX_FIELDS = {
+    "gpus",
+    "tp",
+    "hbm_per_gpu_gib",
+    "host_memory_gib",
+    "h2d_gb_per_s",
+    "restore_efficiency",
+    "hbm_gb_per_s",
+    "decode_context_tokens",
+    "switch_ms_pooled",
+    "fallback_ms_pooled",
+    "mem_fraction_bump",
+}
+_ARCH_FIELDS = {
+    "hf_id",
+    "params_total_b",
+    "params_active_b",
+    "weight_bytes_per_param",
+    "attention",
+    "kv_layers",
+    "kv_heads",
+    "head_dim",
+    "latent_dim",
+    "kv_dtype_bytes",
+    "profile",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +119,9 @@ def load_set(name: str = "paper-tp8") -> ProfileSet:
     try:
         return _parse_set(path, yaml.safe_load(path.read_text()) or {})
     except yaml.YAMLError as err:
-        raise ValueError(f"profile set {path}: invalid YAML: {getattr(err, 'problem', None) or err}") from None
+        raise ValueError(
+            f"profile set {path}: invalid YAML: {getattr(err, 'problem', None) or err}"
+        ) from None
     except (TypeError, AttributeError, KeyError) as err:  # a field of the wrong shape deeper down
         raise ValueError(f"profile set {path}: malformed: {type(err).__name__}: {err}") from None
 
@@ -109,7 +133,9 @@ def _parse_set(path: Path, doc) -> ProfileSet:
     models = _section(doc, "models", path.stem)
     weights = {m: _weight_bytes(spec, box) for m, spec in models.items()}
     mean_w = sum(weights.values()) / len(weights) if weights else 0
-    return ProfileSet(path.stem, box, {m: _model(m, spec, box, weights[m], mean_w) for m, spec in models.items()})
+    return ProfileSet(
+        path.stem, box, {m: _model(m, spec, box, weights[m], mean_w) for m, spec in models.items()}
+    )
 
 
 def _section(doc: dict, key: str, where: str) -> dict:
@@ -132,7 +158,9 @@ def _box(b: dict) -> Box:
         raise ValueError(f"box: missing field(s) {missing}")
     pooled = b.get("switch_ms_pooled")
     return Box(
-        gpus=int(b["gpus"]), tp=int(b["tp"]), hbm_per_gpu_bytes=int(b["hbm_per_gpu_gib"] * GIB),
+        gpus=int(b["gpus"]),
+        tp=int(b["tp"]),
+        hbm_per_gpu_bytes=int(b["hbm_per_gpu_gib"] * GIB),
         host_memory_bytes=int(b["host_memory_gib"] * GIB),
         h2d_bytes_per_s=b["h2d_gb_per_s"] * 1e9 if "h2d_gb_per_s" in b else None,
         restore_efficiency=float(b.get("restore_efficiency", 1.0)),
@@ -178,8 +206,15 @@ def _model(name: str, spec: dict, box: Box, weight: int, mean_weight: float) -> 
     if "switch_s" in given:
         given["switch_s"] = {SwitchPath(k): float(v) for k, v in given["switch_s"].items()}
     prof = LatencyProfile(**{**derived, **given})
-    return ModelSpec(name, prof, spec.get("hf_id"), _params(spec, "params_total_b"),
-                     _params(spec, "params_active_b"), weight, kv)
+    return ModelSpec(
+        name,
+        prof,
+        spec.get("hf_id"),
+        _params(spec, "params_total_b"),
+        _params(spec, "params_active_b"),
+        weight,
+        kv,
+    )
 
 
 def _params(spec: dict, key: str) -> int | None:
@@ -193,7 +228,10 @@ def _derived(box: Box, weight: int, kv: int, weight_scale: float) -> dict:
     if kv and box.hbm_bytes_per_s and box.decode_context_tokens:
         out["decode_s_per_seq"] = kv * box.decode_context_tokens / box.hbm_bytes_per_s
     if box.switch_s_pooled:
-        table = {p: s if p is SwitchPath.D2D else s * weight_scale for p, s in box.switch_s_pooled.items()}
+        table = {
+            p: s if p is SwitchPath.D2D else s * weight_scale
+            for p, s in box.switch_s_pooled.items()
+        }
         out["switch_s"] = table
         out["open_s"] = table.get(SwitchPath.H2D, LatencyProfile().open_s)
     if box.fallback_s_pooled is not None:

@@ -17,7 +17,11 @@ class SGLangError(RuntimeError):
 def sampling_params(req: GenerateRequest, max_tokens: int | None = None) -> dict:
     """`sampling_params` of /generate for a call (only keys SGLang 0.5.23 accepts; unknown ones 400).
     max_tokens: the instance's (possibly clamped) budget, else the request's."""
-    out = {"max_new_tokens": max_tokens or req.max_tokens, "temperature": req.temperature, "top_p": req.top_p}
+    out = {
+        "max_new_tokens": max_tokens or req.max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+    }
     if req.stop:
         out["stop"] = list(req.stop)
     if req.ignore_eos:
@@ -32,8 +36,12 @@ class SGLangClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         # no pool limit: one streaming connection per call in flight
-        self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout_s,
-                                      limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout_s,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+        )
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -78,9 +86,13 @@ class SGLangClient:
         """Stream /generate chunks (cumulative `text`, `output_ids`, `meta_info`) until [DONE]."""
         body = {"rid": rid, "input_ids": input_ids, "sampling_params": params, "stream": True}
         try:
-            async with self.http.stream("POST", "/generate", json=body, timeout=httpx.Timeout(30.0, read=None)) as r:
+            async with self.http.stream(
+                "POST", "/generate", json=body, timeout=httpx.Timeout(30.0, read=None)
+            ) as r:
                 if r.status_code != 200:
-                    raise SGLangError(f"/generate: HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+                    raise SGLangError(
+                        f"/generate: HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                    )
                 async for line in r.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -89,5 +101,7 @@ class SGLangClient:
                         return
                     yield json.loads(data)
         except httpx.HTTPError as err:
-            raise SGLangError(f"/generate: {type(err).__name__}: {err or 'connection lost'}") from None
+            raise SGLangError(
+                f"/generate: {type(err).__name__}: {err or 'connection lost'}"
+            ) from None
         raise SGLangError("/generate: the stream ended without [DONE]")

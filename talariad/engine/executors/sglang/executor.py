@@ -20,7 +20,13 @@ from talariad.engine.executors.base import common_prefix
 from talariad.engine.executors.sglang.client import SGLangClient, SGLangError, sampling_params
 from talariad.engine.executors.sglang.launcher import LaunchError, ServerProcess
 from talariad.engine.executors.sglang.records import SwitchTimer
-from talariad.engine.executors.sglang.swap import Command, Servers, Step, SwapSequence, SwapViolation
+from talariad.engine.executors.sglang.swap import (
+    Command,
+    Servers,
+    Step,
+    SwapSequence,
+    SwapViolation,
+)
 from talariad.engine.messages import GenerateRequest
 from talariad.engine.model.tokenizer import TextTokenizer
 from talariad.instance import CallOutput, InstanceCall, KVUpdate, MemoryStats, StepPlan, StepResult
@@ -68,13 +74,25 @@ def footprint_bytes(info: dict) -> int | None:
     total = 0.0
     for key in ("weight", "kvcache", "graph"):
         value = usage.get(key, 0)
-        total += sum(v for v in value.values() if isinstance(v, int | float)) if isinstance(value, dict) else value
+        total += (
+            sum(v for v in value.values() if isinstance(v, int | float))
+            if isinstance(value, dict)
+            else value
+        )
     return int(total * GIB) or None
 
 
 class SGLangExecutor:
-    def __init__(self, inst: InstanceConfig, hosted: dict[str, Hosted], *, ready_timeout_s: float,
-                 stop_timeout_s: float, probe: Callable[[], int | None], host_kv: bool):
+    def __init__(
+        self,
+        inst: InstanceConfig,
+        hosted: dict[str, Hosted],
+        *,
+        ready_timeout_s: float,
+        stop_timeout_s: float,
+        probe: Callable[[], int | None],
+        host_kv: bool,
+    ):
         """probe: free bytes on the fullest GPU of the group now, or None when it cannot be read."""
         self.inst, self.hosted, self.probe, self.host_kv = inst, hosted, probe, host_kv
         self.ready_timeout_s, self.stop_timeout_s = ready_timeout_s, stop_timeout_s
@@ -121,7 +139,9 @@ class SGLangExecutor:
         self._closing = True
         for task in list(self._tasks) + [s.task for s in self.streams.values() if s.task]:
             task.cancel()
-        await asyncio.gather(*(p.stop(self.stop_timeout_s) for p in self.procs.values()), return_exceptions=True)
+        await asyncio.gather(
+            *(p.stop(self.stop_timeout_s) for p in self.procs.values()), return_exceptions=True
+        )
         for client in self.clients.values():
             await client.aclose()
 
@@ -153,10 +173,17 @@ class SGLangExecutor:
         lost = self.servers.died(model)
         if was_serving:
             self._restarting[model] = self._spawn(self._restart(model))
-        log.error("SGLang server for %s exited with status %s; %d calls in flight fail", model, code, len(lost))
+        log.error(
+            "SGLang server for %s exited with status %s; %d calls in flight fail",
+            model,
+            code,
+            len(lost),
+        )
         for cid in lost:
             if (stream := self.streams.get(cid)) is not None:
-                stream.chunks.put_nowait(SGLangError(f"the SGLang server for {model} exited with status {code}"))
+                stream.chunks.put_nowait(
+                    SGLangError(f"the SGLang server for {model} exited with status {code}")
+                )
         await server.client.aclose()
 
     async def _restart(self, model: str) -> None:
@@ -203,7 +230,9 @@ class SGLangExecutor:
 
     # -- tokens ----------------------------------------------------------------------------
 
-    async def _tokens(self, model: str, call_ids: list[str], calls: dict[str, InstanceCall]) -> StepResult:
+    async def _tokens(
+        self, model: str, call_ids: list[str], calls: dict[str, InstanceCall]
+    ) -> StepResult:
         result = StepResult()
         if (restart := self._restarting.get(model)) is not None:
             try:  # the next call waits for the restarted server, as long as a start may take
@@ -215,7 +244,9 @@ class SGLangExecutor:
                 try:
                     self._send(model, calls[cid])
                 except SwapViolation as err:
-                    result.calls[cid] = CallOutput(tokens=0, error=f"instance {self.inst.name}: {err}")
+                    result.calls[cid] = CallOutput(
+                        tokens=0, error=f"instance {self.inst.name}: {err}"
+                    )
         live = [cid for cid in call_ids if cid in self.streams and cid not in result.calls]
         items = await asyncio.gather(*(self._next_chunk(cid) for cid in live))
         for cid, item in zip(live, items):
@@ -231,7 +262,9 @@ class SGLangExecutor:
     async def _pump(self, call: InstanceCall, stream: CallStream) -> None:
         cid, client = call.call_id, self.clients[stream.model]
         try:
-            async for chunk in client.generate(cid, list(call.prompt), sampling_params(call.request, call.max_tokens)):
+            async for chunk in client.generate(
+                cid, list(call.prompt), sampling_params(call.request, call.max_tokens)
+            ):
                 stream.chunks.put_nowait(chunk)
         except SGLangError as err:
             await self._settle(stream.model)
@@ -265,7 +298,9 @@ class SGLangExecutor:
         stream = self.streams[cid]
         if not isinstance(item, dict):
             why = item if item is not None else "the stream ended before the call finished"
-            message = f"instance {self.inst.name}: the SGLang server for {stream.model} failed: {why}"
+            message = (
+                f"instance {self.inst.name}: the SGLang server for {stream.model} failed: {why}"
+            )
             result.calls[cid] = CallOutput(tokens=0, error=message)
             stream.done = True
             return
@@ -275,18 +310,23 @@ class SGLangExecutor:
             stream.seen = True
             self._note_cache(out, meta, stream.expected)
         text = item.get("text", "")
-        out.text = text[len(stream.text):] if text.startswith(stream.text) else ""
+        out.text = text[len(stream.text) :] if text.startswith(stream.text) else ""
         stream.text, stream.ids = text, list(item.get("output_ids") or stream.ids)
         reason = meta.get("finish_reason")
         if reason is None:
             return
         stream.done = True
         if reason.get("type") == "abort":
-            out.tokens, out.error = 0, f"instance {self.inst.name}: SGLang aborted the call: {reason.get('message', '')}"
+            out.tokens, out.error = (
+                0,
+                f"instance {self.inst.name}: SGLang aborted the call: {reason.get('message', '')}",
+            )
         else:
             out.finish_reason = "stop" if reason.get("type") == "stop" else "length"
             matched = reason.get("matched")
-            if isinstance(matched, str) and matched in (call.request.stop if call is not None else ()):
+            if isinstance(matched, str) and matched in (
+                call.request.stop if call is not None else ()
+            ):
                 out.stop_sequence = matched  # the client's stop string (not an end-of-turn token)
 
     @staticmethod
@@ -311,9 +351,17 @@ class SGLangExecutor:
             seq = SwapSequence(self.servers, action.from_model, action.to_model)
             await self._drive(seq, timer)
             self.records = (self.records + [timer.record(seq.error)])[-100:]
-        released = {m for m in self.hosted if self.servers[m].released or not self.servers[m].up} - released_before
-        state = KVState.HOST if self.host_kv else KVState.MISSING  # what stock SGLang keeps (docs/sglang.md)
-        updates = [KVUpdate(s, m, state, len(ctx)) for (s, m), ctx in self.contexts.items() if m in released]
+        released = {
+            m for m in self.hosted if self.servers[m].released or not self.servers[m].up
+        } - released_before
+        state = (
+            KVState.HOST if self.host_kv else KVState.MISSING
+        )  # what stock SGLang keeps (docs/sglang.md)
+        updates = [
+            KVUpdate(s, m, state, len(ctx))
+            for (s, m), ctx in self.contexts.items()
+            if m in released
+        ]
         return StepResult(kv_updates=updates, switch_path=SwitchPath.H2D, switch_failed=seq.error)
 
     async def _drive(self, seq: SwapSequence, timer: SwitchTimer) -> None:
@@ -354,7 +402,9 @@ class SGLangExecutor:
             running = int((await client.loads()).get("num_running_reqs", 0))
             if running == 0 or time.monotonic() > deadline:
                 if running:
-                    raise SGLangError(f"still {running} running requests after {DRAIN_TIMEOUT_S:.0f} s")
+                    raise SGLangError(
+                        f"still {running} running requests after {DRAIN_TIMEOUT_S:.0f} s"
+                    )
                 return 0
             await asyncio.sleep(0.02)
 
@@ -371,8 +421,10 @@ class SGLangExecutor:
             if free >= need:
                 return None
             if time.monotonic() >= deadline:
-                raise MemoryShort(f"{model} needs {need / GIB:.2f} GiB free per GPU, {free / GIB:.2f} GiB free "
-                                  f"after {sg.resume_wait_s:g} s")
+                raise MemoryShort(
+                    f"{model} needs {need / GIB:.2f} GiB free per GPU, {free / GIB:.2f} GiB free "
+                    f"after {sg.resume_wait_s:g} s"
+                )
             await asyncio.sleep(0.05)
 
     # -- telemetry -------------------------------------------------------------------------
@@ -395,8 +447,11 @@ class SGLangExecutor:
             return None
         active = next((m for m in self.hosted if self.servers[m].serving), None)
         usage = self.loads.get(active, {}).get("token_usage") if active else None
-        return MemoryStats(hbm_free_bytes=free, staging_slack_bytes=0,
-                           kv_occupancy=float(usage) if usage is not None else None)
+        return MemoryStats(
+            hbm_free_bytes=free,
+            staging_slack_bytes=0,
+            kv_occupancy=float(usage) if usage is not None else None,
+        )
 
     def memory_report(self, last: int = 50) -> dict:
         """Server states, their last /v1/loads, and the switch records (no bump layout: SGLang owns HBM)."""
@@ -404,14 +459,29 @@ class SGLangExecutor:
         servers = {}
         for m, s in self.servers.state.items():
             load = self.loads.get(m, {})
-            servers[m] = {"state": "down" if not s.up else "released" if s.released else
-                          "paused" if s.paused else "active",
-                          "port": self.procs[m].port if m in self.procs else None,
-                          "running": load.get("num_running_reqs"), "queued": load.get("num_waiting_reqs"),
-                          "token_usage": load.get("token_usage")}
-        return {"active_model": active, "executor": "sglang", "switch_path": SwitchPath.H2D.value,
-                "kv_host": self.inst.sglang.kv_host if self.inst.pool == "cold" else None,
-                "restarts": self.restarts, "servers": servers, "layout": [], "switches": self.records[-last:]}
+            servers[m] = {
+                "state": "down"
+                if not s.up
+                else "released"
+                if s.released
+                else "paused"
+                if s.paused
+                else "active",
+                "port": self.procs[m].port if m in self.procs else None,
+                "running": load.get("num_running_reqs"),
+                "queued": load.get("num_waiting_reqs"),
+                "token_usage": load.get("token_usage"),
+            }
+        return {
+            "active_model": active,
+            "executor": "sglang",
+            "switch_path": SwitchPath.H2D.value,
+            "kv_host": self.inst.sglang.kv_host if self.inst.pool == "cold" else None,
+            "restarts": self.restarts,
+            "servers": servers,
+            "layout": [],
+            "switches": self.records[-last:],
+        }
 
 
 class MemoryShort(RuntimeError):

@@ -28,17 +28,27 @@ def nvml_probe(devices: list[int]):
     return free
 
 
-def build_sglang_executor(cfg: TalariaConfig, inst: InstanceConfig, config_dir: Path | None,
-                          probe=None) -> SGLangExecutor:
+def build_sglang_executor(
+    cfg: TalariaConfig, inst: InstanceConfig, config_dir: Path | None, probe=None
+) -> SGLangExecutor:
     hosted = {}
     for name in inst.models:
         spec = cfg.model(name)
         if spec.path is None:
-            raise ValueError(f"model {name!r}: the sglang executor needs `path:` (the checkpoint directory)")
+            raise ValueError(
+                f"model {name!r}: the sglang executor needs `path:` (the checkpoint directory)"
+            )
         path = (config_dir or Path.cwd()) / spec.path
-        hosted[name] = Hosted(name, str(path), TextTokenizer.from_dir(path), int(spec.size_gib * GIB))
+        hosted[name] = Hosted(
+            name, str(path), TextTokenizer.from_dir(path), int(spec.size_gib * GIB)
+        )
     devices = [] if inst.devices == "cpu" else list(inst.devices)
     storage = inst.pool == "cold" and inst.sglang.kv_host == "storage" and cfg.ablations.host_kv
-    return SGLangExecutor(inst, hosted, ready_timeout_s=cfg.supervisor.ready_timeout_s,
-                          stop_timeout_s=cfg.supervisor.stop_timeout_s, probe=probe or nvml_probe(devices),
-                          host_kv=storage)
+    return SGLangExecutor(
+        inst,
+        hosted,
+        ready_timeout_s=cfg.supervisor.ready_timeout_s,
+        stop_timeout_s=cfg.supervisor.stop_timeout_s,
+        probe=probe or nvml_probe(devices),
+        host_kv=storage,
+    )

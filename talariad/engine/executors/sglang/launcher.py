@@ -33,12 +33,28 @@ def hicache_dir(inst: InstanceConfig) -> Path:
     return Path(inst.sglang.hicache_dir) / inst.name
 
 
-def server_args(inst: InstanceConfig, model: str, model_path: str, port: int, api_key: str) -> list[str]:
+def server_args(
+    inst: InstanceConfig, model: str, model_path: str, port: int, api_key: str
+) -> list[str]:
     """The flags of `sglang.launch_server` for `model` on this instance (exact 0.5.23 names)."""
     sg = inst.sglang
-    args = ["--model-path", model_path, "--served-model-name", model, "--host", "127.0.0.1",
-            "--port", str(port), "--tp-size", str(len(inst.devices)), "--base-gpu-id", str(inst.devices[0]),
-            "--enable-metrics", "--api-key", api_key]
+    args = [
+        "--model-path",
+        model_path,
+        "--served-model-name",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tp-size",
+        str(len(inst.devices)),
+        "--base-gpu-id",
+        str(inst.devices[0]),
+        "--enable-metrics",
+        "--api-key",
+        api_key,
+    ]
     if sg.mem_fraction_static is not None:
         args += ["--mem-fraction-static", str(sg.mem_fraction_static)]
     if sg.max_total_tokens is not None:
@@ -80,15 +96,24 @@ class ServerProcess:
     client: SGLangClient
 
     @classmethod
-    async def launch(cls, inst: InstanceConfig, model: str, model_path: str, ready_timeout_s: float) -> ServerProcess:
-        port, key = free_port(), secrets.token_hex(24)  # fresh per start; hex: never starts with "-" (argparse)
+    async def launch(
+        cls, inst: InstanceConfig, model: str, model_path: str, ready_timeout_s: float
+    ) -> ServerProcess:
+        port, key = (
+            free_port(),
+            secrets.token_hex(24),
+        )  # fresh per start; hex: never starts with "-" (argparse)
         argv = launch_command(inst) + server_args(inst, model, model_path, port, key)
         if inst.sglang.kv_host == "storage" and inst.pool == "cold":
             hicache_dir(inst).mkdir(parents=True, exist_ok=True)
         log.info("starting SGLang server for %s on port %d", model, port)
         try:
-            proc = await asyncio.create_subprocess_exec(*argv, env=server_env(inst), stdin=asyncio.subprocess.DEVNULL,
-                                                        preexec_fn=_child_setup)
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                env=server_env(inst),
+                stdin=asyncio.subprocess.DEVNULL,
+                preexec_fn=_child_setup,
+            )
         except OSError as err:
             raise LaunchError(f"cannot start {argv[0]!r}: {err.strerror or err}") from None
         server = cls(model, port, proc, SGLangClient(f"http://127.0.0.1:{port}", key))
@@ -101,13 +126,17 @@ class ServerProcess:
         while asyncio.get_running_loop().time() < deadline:
             if self.proc.returncode is not None:
                 await self.client.aclose()
-                raise LaunchError(f"SGLang server for {self.model} exited with status {self.proc.returncode} "
-                                  f"during startup")
+                raise LaunchError(
+                    f"SGLang server for {self.model} exited with status {self.proc.returncode} "
+                    f"during startup"
+                )
             if await self.client.health():
                 return
             await asyncio.sleep(0.1)
         await self.stop(5.0)
-        raise LaunchError(f"SGLang server for {self.model} was not healthy within {timeout_s:.0f} s")
+        raise LaunchError(
+            f"SGLang server for {self.model} was not healthy within {timeout_s:.0f} s"
+        )
 
     async def stop(self, grace_s: float) -> int | None:
         """SIGTERM to the server's process group, SIGKILL after `grace_s`."""

@@ -37,6 +37,13 @@ class SwitchTimer:
             times = [self.steps[s.value] for s in group if self.steps.get(s.value) is not None]
             phases.append(sum(times) if times else None)
         total = sum(v for v in self.steps.values() if v is not None)
-        return {"from_model": self.from_model, "to_model": self.to_model, "path": SwitchPath.H2D.value,
-                "ok": error is None, "error": error, "steps_s": dict(self.steps), "phase_s": phases,
-                "total_s": total}
+        return {
+            "from_model": self.from_model,
+            "to_model": self.to_model,
+            "path": SwitchPath.H2D.value,
+            "ok": error is None,
+            "error": error,
+            "steps_s": dict(self.steps),
+            "phase_s": phases,
+            "total_s": total,
+        }

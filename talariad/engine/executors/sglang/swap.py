@@ -74,8 +74,10 @@ class Servers:
     def send(self, model: str, call_id: str) -> None:
         s = self.state[model]
         if not s.serving:
-            raise SwapViolation(f"call {call_id} to {model}'s server while it is "
-                                f"{'down' if not s.up else 'released' if s.released else 'paused'}")
+            raise SwapViolation(
+                f"call {call_id} to {model}'s server while it is "
+                f"{'down' if not s.up else 'released' if s.released else 'paused'}"
+            )
         if call_id in s.sent:
             raise SwapViolation(f"call {call_id} sent twice to {model}'s server (duplicate rid)")
         s.sent.add(call_id)
@@ -106,10 +108,14 @@ class Servers:
         if not s.up or not s.paused:
             raise SwapViolation(f"release of {model}'s server while it is not paused")
         if s.running is None or s.running > 0:
-            raise SwapViolation(f"release of {model}'s server while it may be running requests "
-                                f"(last seen {s.running})")
+            raise SwapViolation(
+                f"release of {model}'s server while it may be running requests "
+                f"(last seen {s.running})"
+            )
         if s.released:
-            raise SwapViolation(f"release of {model}'s server twice ({', '.join(sorted(s.released))})")
+            raise SwapViolation(
+                f"release of {model}'s server twice ({', '.join(sorted(s.released))})"
+            )
 
     def resume(self, model: str) -> None:
         self.check_resume(model)
@@ -203,13 +209,19 @@ class SwapSequence:
         if cmd.step not in (Step.START, Step.MEMORY) and not self.servers[cmd.model].up:
             self.error = f"{cmd.model}'s server exited during the switch"
             return None
-        guard = {Step.RELEASE: self.servers.check_release, Step.RESUME: self.servers.check_resume,
-                 Step.START: self.servers.check_start, Step.CONTINUE: self.servers.check_cont}.get(cmd.step)
+        guard = {
+            Step.RELEASE: self.servers.check_release,
+            Step.RESUME: self.servers.check_resume,
+            Step.START: self.servers.check_start,
+            Step.CONTINUE: self.servers.check_cont,
+        }.get(cmd.step)
         if guard is not None:
             guard(cmd.model)
         return cmd
 
-    def done(self, cmd: Command, ok: bool = True, running: int | None = None, error: str | None = None) -> None:
+    def done(
+        self, cmd: Command, ok: bool = True, running: int | None = None, error: str | None = None
+    ) -> None:
         """The shell ran `cmd`. DRAIN reports num_running_reqs in `running` (the step repeats until
         it is 0); a step that did not succeed fails the switch with `error`."""
         if self.finished or cmd != self._plan[self._i]:

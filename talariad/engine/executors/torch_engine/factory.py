@@ -21,54 +21,86 @@ def instance_device(inst: InstanceConfig) -> str:
     if inst.devices == "cpu":
         return "cpu"
     if len(inst.devices) != 1:
-        raise ValueError(f"instance {inst.name!r}: devices: the torch executor runs on one device "
-                         f"(no tensor parallelism), got {inst.devices}")
+        raise ValueError(
+            f"instance {inst.name!r}: devices: the torch executor runs on one device "
+            f"(no tensor parallelism), got {inst.devices}"
+        )
     if not torch.cuda.is_available() or inst.devices[0] >= torch.cuda.device_count():
-        raise ValueError(f"instance {inst.name!r}: devices: CUDA device {inst.devices[0]} is not available")
+        raise ValueError(
+            f"instance {inst.name!r}: devices: CUDA device {inst.devices[0]} is not available"
+        )
     return f"cuda:{inst.devices[0]}"
 
 
-def load_models(cfg: TalariaConfig, inst: InstanceConfig, device: str, config_dir: Path | None,
-                dtype: torch.dtype | None = None) -> dict[str, HostedModel]:
+def load_models(
+    cfg: TalariaConfig,
+    inst: InstanceConfig,
+    device: str,
+    config_dir: Path | None,
+    dtype: torch.dtype | None = None,
+) -> dict[str, HostedModel]:
     out = {}
     for name in inst.models:
         spec = cfg.model(name)
         path = None if spec.path is None else (config_dir or Path.cwd()) / spec.path
-        out[name] = load_hosted(name, path=path, profile=spec.profile, seed=spec.seed, device=device, dtype=dtype)
+        out[name] = load_hosted(
+            name, path=path, profile=spec.profile, seed=spec.seed, device=device, dtype=dtype
+        )
     return out
 
 
-def substrate_config(cfg: TalariaConfig, inst: InstanceConfig, device: str,
-                     models: dict[str, HostedModel]) -> SubstrateConfig:
+def substrate_config(
+    cfg: TalariaConfig, inst: InstanceConfig, device: str, models: dict[str, HostedModel]
+) -> SubstrateConfig:
     weights = max(_nbytes(m) for m in models.values())
     if inst.memory_gib is not None:
         capacity = int(inst.memory_gib * (1 << 30))
     elif device == "cpu":
         capacity = 2 * weights + 128 * MIB
     else:
-        capacity = int(cfg.policy.mem_fraction_bump * torch.cuda.mem_get_info(torch.device(device))[0])
+        capacity = int(
+            cfg.policy.mem_fraction_bump * torch.cuda.mem_get_info(torch.device(device))[0]
+        )
     component = max(m.kv_layout(PAGE_SIZE).component_bytes for m in models.values())
-    return SubstrateConfig(capacity_bytes=align_up(capacity, 256), host_kv_bytes=int(inst.host_kv_gib * (1 << 30)),
-                           slab_bytes=align_up(component, 256), chunk_bytes=(1 if device == "cpu" else 64) * MIB)
+    return SubstrateConfig(
+        capacity_bytes=align_up(capacity, 256),
+        host_kv_bytes=int(inst.host_kv_gib * (1 << 30)),
+        slab_bytes=align_up(component, 256),
+        chunk_bytes=(1 if device == "cpu" else 64) * MIB,
+    )
 
 
 def _nbytes(model: HostedModel) -> int:
     return sum(align_up(t.numel() * t.element_size(), 256) for t in model.params.values())
 
 
-def build_substrate(cfg: TalariaConfig, inst: InstanceConfig, device: str,
-                    models: dict[str, HostedModel]) -> Substrate:
+def build_substrate(
+    cfg: TalariaConfig, inst: InstanceConfig, device: str, models: dict[str, HostedModel]
+) -> Substrate:
     config = substrate_config(cfg, inst, device, models)
     if config.capacity_bytes < 2 * max(_nbytes(m) for m in models.values()):
-        raise ValueError(f"instance {inst.name!r}: memory_gib is too small for its largest model's weights")
+        raise ValueError(
+            f"instance {inst.name!r}: memory_gib is too small for its largest model's weights"
+        )
     return Substrate(TorchDevice(device), config)
 
 
-def build_torch_executor(cfg: TalariaConfig, inst: InstanceConfig, config_dir: Path | None = None,
-                         dtype: torch.dtype | None = None) -> TorchExecutor:
+def build_torch_executor(
+    cfg: TalariaConfig,
+    inst: InstanceConfig,
+    config_dir: Path | None = None,
+    dtype: torch.dtype | None = None,
+) -> TorchExecutor:
     """The executor of a `torch` instance of the config (weights loaded, hot model opened)."""
     device = instance_device(inst)
     models = load_models(cfg, inst, device, config_dir, dtype)
     substrate = build_substrate(cfg, inst, device, models)
-    return TorchExecutor(substrate, models, page_size=PAGE_SIZE, host_kv=cfg.ablations.host_kv,
-                         d2d=cfg.ablations.d2d, pinned=inst.pool == "hot", threads=inst.torch_threads)
+    return TorchExecutor(
+        substrate,
+        models,
+        page_size=PAGE_SIZE,
+        host_kv=cfg.ablations.host_kv,
+        d2d=cfg.ablations.d2d,
+        pinned=inst.pool == "hot",
+        threads=inst.torch_threads,
+    )

@@ -11,8 +11,14 @@ from pathlib import Path
 
 import torch
 
-from talariad.engine.model import (ArchConfig, TextTokenizer, load_checkpoint, param_shapes,
-                                   random_weights, tiny_config)
+from talariad.engine.model import (
+    ArchConfig,
+    TextTokenizer,
+    load_checkpoint,
+    param_shapes,
+    random_weights,
+    tiny_config,
+)
 from talariad.engine.model.loader import default_dtype
 from talariad.engine.model.tokenizer import FALLBACK_CHAT_TEMPLATE, build_tiny_tokenizer
 from talariad.memory import KVLayout
@@ -42,8 +48,13 @@ class HostedModel:
 
     def kv_layout(self, page_size: int) -> KVLayout:
         c = self.config
-        return KVLayout(num_layers=c.num_hidden_layers, num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
-                        page_size=page_size, dtype=str(self.dtype).removeprefix("torch."))
+        return KVLayout(
+            num_layers=c.num_hidden_layers,
+            num_kv_heads=c.num_key_value_heads,
+            head_dim=c.head_dim,
+            page_size=page_size,
+            dtype=str(self.dtype).removeprefix("torch."),
+        )
 
     @functools.cached_property
     def _end_ids(self) -> frozenset[int]:
@@ -68,8 +79,15 @@ def tiny_tokenizer(vocab_size: int) -> TextTokenizer:
     return TextTokenizer(tok, FALLBACK_CHAT_TEMPLATE, {"eos_token": "<|im_end|>"})
 
 
-def load_hosted(name: str, *, path: str | Path | None, profile: str | None, seed: int | None,
-                device: str, dtype: torch.dtype | None = None) -> HostedModel:
+def load_hosted(
+    name: str,
+    *,
+    path: str | Path | None,
+    profile: str | None,
+    seed: int | None,
+    device: str,
+    dtype: torch.dtype | None = None,
+) -> HostedModel:
     """Load `path` (an HF-format directory) or build `profile`'s architecture with seeded weights."""
     dtype = dtype or default_dtype(device)
     if path is not None:
@@ -77,8 +95,10 @@ def load_hosted(name: str, *, path: str | Path | None, profile: str | None, seed
         return HostedModel(name, ckpt.config, ckpt.tokenizer, ckpt.params, dtype)
     arch = profile or "tiny"
     if arch not in ARCHITECTURES:
-        raise ValueError(f"model {name!r}: profile {arch!r} is not a built-in architecture "
-                         f"(known: {', '.join(sorted(ARCHITECTURES))}); set `path` to a checkpoint directory")
+        raise ValueError(
+            f"model {name!r}: profile {arch!r} is not a built-in architecture "
+            f"(known: {', '.join(sorted(ARCHITECTURES))}); set `path` to a checkpoint directory"
+        )
     config = ARCHITECTURES[arch]()
     params = random_weights(config, model_seed(name, seed), "cpu", dtype)
     return HostedModel(name, config, tiny_tokenizer(config.vocab_size), params, dtype)

@@ -61,13 +61,17 @@ class KVBook:
         rec = self.records.get((owner, model))
         if rec is None:
             return 0
-        device = common_prefix(rec.tokens[:rec.valid], prompt)
-        host = common_prefix(rec.tokens[:rec.host_tokens], prompt) if host_kv else 0
+        device = common_prefix(rec.tokens[: rec.valid], prompt)
+        host = common_prefix(rec.tokens[: rec.host_tokens], prompt) if host_kv else 0
         return max(device, host // self.page_size * self.page_size)
 
     def idle_on_device(self, model: str, keep: set[str]) -> list[str]:
         """Owners whose device pages no call is using, least recently used first (`keep` last)."""
-        idle = [(o, r) for (o, m), r in self.records.items() if m == model and r.on_device and r.busy is None]
+        idle = [
+            (o, r)
+            for (o, m), r in self.records.items()
+            if m == model and r.on_device and r.busy is None
+        ]
         idle.sort(key=lambda item: (item[0] in keep, item[1].last_use))
         return [o for o, _ in idle]
 

@@ -29,12 +29,14 @@ class TextStream:
         return self._take(text, end), False
 
     def _take(self, text: str, end: int) -> str:
-        piece = text[self.emitted:max(end, self.emitted)]
+        piece = text[self.emitted : max(end, self.emitted)]
         self.emitted = max(end, self.emitted)
         return piece
 
     def _stop_at(self, text: str) -> int | None:
-        hits = [(i, s) for s in self.stop if (i := text.find(s, max(0, self.emitted - len(s) + 1))) >= 0]
+        hits = [
+            (i, s) for s in self.stop if (i := text.find(s, max(0, self.emitted - len(s) + 1))) >= 0
+        ]
         if not hits:
             return None
         at, self.fired = min(hits)
@@ -44,4 +46,6 @@ class TextStream:
         """Trailing characters to keep back: an incomplete UTF-8 sequence or a stop string's start."""
         if text.endswith("\ufffd"):
             return len(text) - len(text.rstrip("\ufffd"))
-        return max((n for s in self.stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+        return max(
+            (n for s in self.stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0
+        )
