@@ -1,6 +1,6 @@
 """The operator's actions on a running daemon: drain, cordon, restart, pool moves, model rotation,
 leases, sessions, config reload and round records. Each is idempotent and answers with the
-resulting state; one that cannot apply raises `Refusal` (the admin server maps it to a gRPC code).
+resulting state; one that cannot apply raises `ActionRefused` (the admin server maps it to a gRPC code).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ RefusalKind = Literal["not_found", "failed_precondition", "invalid_argument"]
 POOLS = ("hot", "cold")
 
 
-class Refusal(Exception):
+class ActionRefused(Exception):
     def __init__(self, kind: RefusalKind, message: str):
         super().__init__(message)
         self.kind = kind
@@ -37,7 +37,7 @@ class Operator:
     def _inst(self, name: str):
         m = self.d.supervisor.procs.get(name)
         if m is None:
-            raise Refusal(
+            raise ActionRefused(
                 "not_found",
                 f"no instance named {name!r} (instances: {', '.join(self.d.supervisor.procs)})",
             )
@@ -45,7 +45,7 @@ class Operator:
 
     def _model(self, name: str) -> None:
         if self.d.cfg.model(name) is None:
-            raise Refusal(
+            raise ActionRefused(
                 "not_found",
                 f"no model named {name!r} (models: {', '.join(m.name for m in self.d.cfg.models)})",
             )
@@ -53,7 +53,7 @@ class Operator:
     def _url(self, name: str) -> str:
         url = self.d.supervisor.procs[name].base_url
         if url is None:
-            raise Refusal(
+            raise ActionRefused(
                 "failed_precondition",
                 f"instance {name} is not ready (state {self.d.supervisor.procs[name].state.value})",
             )
@@ -65,7 +65,9 @@ class Operator:
                 f"{self._url(name)}{path}", json=body, timeout=10.0
             )
         except httpx.HTTPError as err:
-            raise Refusal("failed_precondition", f"instance {name} did not answer: {err}") from None
+            raise ActionRefused(
+                "failed_precondition", f"instance {name} did not answer: {err}"
+            ) from None
 
     def status(self, name: str) -> admin_pb2.InstanceStatus:
         return self.d.instance_status(name)
@@ -85,7 +87,7 @@ class Operator:
     def undrain(self, name: str) -> admin_pb2.InstanceStatus:
         self._inst(name)
         if name in self._moving:
-            raise Refusal("failed_precondition", f"instance {name} is moving between pools")
+            raise ActionRefused("failed_precondition", f"instance {name} is moving between pools")
         self.d.routing.router.reopen_instance(name)
         return self.status(name)
 
@@ -94,7 +96,7 @@ class Operator:
     ) -> admin_pb2.InstanceStatus:
         m = self._inst(name)
         if not self.d.supervisor.restart(name, m.role if keep_role else role):
-            raise Refusal(
+            raise ActionRefused(
                 "failed_precondition", f"instance {name} is not running (state {m.state.value})"
             )
         await self._ready(name)
@@ -105,7 +107,7 @@ class Operator:
         try:
             await asyncio.wait_for(m.ready.wait(), self.d.cfg.supervisor.ready_timeout_s)
         except TimeoutError:
-            raise Refusal(
+            raise ActionRefused(
                 "failed_precondition",
                 f"instance {name} did not come back within "
                 f"{self.d.cfg.supervisor.ready_timeout_s}s",
@@ -126,7 +128,7 @@ class Operator:
             ):
                 return
             if time.monotonic() > deadline:
-                raise Refusal(
+                raise ActionRefused(
                     "failed_precondition",
                     f"instance {name} still has calls after "
                     f"{self.drain_timeout_s:.0f}s of draining",
@@ -138,12 +140,12 @@ class Operator:
         dynamic pool reallocation, done by hand)."""
         m = self._inst(name)
         if to not in POOLS:
-            raise Refusal("invalid_argument", f"pool must be hot or cold, not {to!r}")
+            raise ActionRefused("invalid_argument", f"pool must be hot or cold, not {to!r}")
         pool = (m.role or {}).get("pool", m.inst.pool)
         if pool == to and (not model or to == "cold" or self._models_of(name) == [model]):
             return self.status(name)
         if name in self._moving:
-            raise Refusal("failed_precondition", f"instance {name} is already moving")
+            raise ActionRefused("failed_precondition", f"instance {name} is already moving")
         role = self._role(name, to, model)
         was_closed = name in self.d.routing.router.closed_instances()
         self._moving.add(name)
@@ -165,7 +167,7 @@ class Operator:
         inst = self.d.supervisor.procs[name].inst
         if to == "cold":
             if model:
-                raise Refusal("invalid_argument", "--model applies to a move to the hot pool")
+                raise ActionRefused("invalid_argument", "--model applies to a move to the hot pool")
             return None if inst.pool == "cold" else {"pool": "cold"}
         snap = self.d.directory.snapshot(name)
         model = model or (
@@ -200,7 +202,7 @@ class Operator:
 
     def _hot(self, name: str) -> None:
         if self.d.pool_of(name) != "hot":
-            raise Refusal(
+            raise ActionRefused(
                 "failed_precondition",
                 f"instance {name} is in the cold pool; "
                 f"use `model load` for a cold instance's rotation",
@@ -219,17 +221,17 @@ class Operator:
         m = self._inst(name)
         self._hot(name)
         if self._models_of(name) != [model]:
-            raise Refusal(
+            raise ActionRefused(
                 "failed_precondition",
                 f"instance {name} pins {self._models_of(name)[0]!r}, not {model!r}",
             )
         if m.role is None:
-            raise Refusal(
+            raise ActionRefused(
                 "failed_precondition",
                 f"{model!r} is the model the config pins on {name}; pin another one instead",
             )
         if m.inst.pool == "cold":
-            raise Refusal(
+            raise ActionRefused(
                 "failed_precondition",
                 f"{name} is a cold instance moved to the hot pool; "
                 f"move it back with `pool move {name} --to cold`",
@@ -241,12 +243,12 @@ class Operator:
         self._model(model)
         self._inst(name)
         if self.d.pool_of(name) != "cold":
-            raise Refusal(
+            raise ActionRefused(
                 "failed_precondition", f"instance {name} is a hot instance; use `model pin`"
             )
         r = await self._post(name, "/internal/rotation", {"model": model, "serve": serve})
         if r.status_code == 409:
-            raise Refusal("failed_precondition", r.json()["error"])
+            raise ActionRefused("failed_precondition", r.json()["error"])
         r.raise_for_status()
         await self.d.directory.poll_once()  # the router sees the new rotation before we answer
         return self.model_status(model)
@@ -272,7 +274,7 @@ class Operator:
 
     def revoke(self, session_id: str, model: str) -> admin_pb2.LeasesReply:
         if not session_id:
-            raise Refusal("invalid_argument", "session_id is empty")
+            raise ActionRefused("invalid_argument", "session_id is empty")
         if model:
             self._model(model)
         self.d.routing.router.revoke(session_id, model or None)
@@ -283,7 +285,7 @@ class Operator:
 
     async def forget(self, session_id: str) -> admin_pb2.ForgetReply:
         if not session_id:
-            raise Refusal("invalid_argument", "session_id is empty")
+            raise ActionRefused("invalid_argument", "session_id is empty")
         known, dropped = self.d.routing.router.forget_session(session_id)
         self.d.routing.prefixes.forget(session_id)
         freed = []

@@ -15,7 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from talariad.admin import admin_pb2, admin_pb2_grpc, views
-from talariad.admin.operator import Operator, Refusal
+from talariad.admin.operator import Operator, ActionRefused
 from talariad.config import ConfigError
 from talariad.router import Router
 
@@ -32,7 +32,7 @@ async def _act(context, action):
     try:
         result = action()
         return await result if asyncio.iscoroutine(result) else result
-    except Refusal as r:
+    except ActionRefused as r:
         await context.abort(_CODES[r.kind], str(r))
 
 

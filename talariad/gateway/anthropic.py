@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from talariad.engine.messages import ChatMessage, DoneEvent, ToolCall
+from talariad.gateway.schemas import OpenBody
 from talariad.tools import arguments_json, function_tool
 
 ERROR_TYPES = {
@@ -29,11 +30,7 @@ ERROR_TYPES = {
 }
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class Block(_Open):
+class ContentBlock(OpenBody):
     type: str
     text: str | None = None
     id: str | None = None
@@ -53,9 +50,9 @@ class Block(_Open):
         return ""
 
 
-class AnthropicMessage(_Open):
+class AnthropicMessage(OpenBody):
     role: Literal["user", "assistant", "system"]
-    content: str | list[Block]
+    content: str | list[ContentBlock]
 
     def chat(self, tool_names: dict[str, str]) -> list[ChatMessage]:
         """One or more internal messages: tool results become `tool` messages before the user's text."""
@@ -89,18 +86,18 @@ class AnthropicMessage(_Open):
         return out
 
 
-class Tool(_Open):
+class Tool(OpenBody):
     name: str = Field(min_length=1)
     description: str | None = None
     input_schema: dict[str, Any] | None = None
     type: str | None = None
 
 
-class MessagesRequest(_Open):
+class MessagesRequest(OpenBody):
     model: str = Field(min_length=1)
     max_tokens: int = Field(ge=1)
     messages: list[AnthropicMessage] = Field(min_length=1)
-    system: str | list[Block] | None = None
+    system: str | list[ContentBlock] | None = None
     temperature: float = Field(default=1.0, ge=0, le=1)
     top_p: float = Field(default=1.0, gt=0, le=1)
     stop_sequences: list[str] | None = None

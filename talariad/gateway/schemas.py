@@ -11,27 +11,29 @@ from talariad.engine.messages import ChatMessage, ToolCall
 from talariad.tools import function_tool
 
 
-class _Open(BaseModel):
+class OpenBody(BaseModel):
+    """A request body part that keeps fields we do not model (clients send many we ignore)."""
+
     model_config = ConfigDict(extra="allow")
 
 
-class ContentPart(_Open):
+class ContentPart(OpenBody):
     type: str
     text: str | None = None
 
 
-class FunctionCall(_Open):
+class FunctionCall(OpenBody):
     name: str = Field(min_length=1)
     arguments: str | dict[str, Any] = ""
 
 
-class MessageToolCall(_Open):
+class MessageToolCall(OpenBody):
     id: str = ""
     type: str = "function"
     function: FunctionCall
 
 
-class Message(_Open):
+class Message(OpenBody):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     tool_calls: list[MessageToolCall] | None = None
@@ -69,22 +71,22 @@ def parse_arguments(arguments: str | dict[str, Any]) -> dict[str, Any] | str:
     return value if isinstance(value, dict) else arguments
 
 
-class FunctionDef(_Open):
+class FunctionDef(OpenBody):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
-class ChatTool(_Open):
+class ChatTool(OpenBody):
     type: str = "function"
     function: FunctionDef | None = None
 
 
-class StreamOptions(_Open):
+class StreamOptions(OpenBody):
     include_usage: bool = False
 
 
-class _Sampling(_Open):
+class _Sampling(OpenBody):
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0, le=2)

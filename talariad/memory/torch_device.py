@@ -22,7 +22,7 @@ TORCH_DTYPES = {
 }
 
 
-class DoneEvent:
+class CompletedCopy:
     """A copy that completed when it was issued (the CPU path)."""
 
     def query(self) -> bool:
@@ -32,7 +32,7 @@ class DoneEvent:
         return None
 
 
-DONE = DoneEvent()
+DONE = CompletedCopy()
 
 
 def torch_dtype(dtype: str) -> torch.dtype:
