@@ -27,6 +27,20 @@ def default_socket() -> str:
     return client_socket()
 
 
+CANDIDATE_COLUMNS = (
+    "instance",
+    "queue",
+    "prefill",
+    "decode",
+    "kv",
+    "activation",
+    "total",
+    "kv_state",
+    "feasible",
+)
+"""The per-candidate Eq. (1) breakdown, as ctl and the dashboard print it."""
+
+
 class Unreachable(Exception):
     """The daemon's admin socket does not answer."""
 
@@ -120,12 +134,8 @@ class AdminClient:
     def reload(self) -> admin_pb2.ReloadReply:
         return self._call("ReloadConfig", admin_pb2.ReloadRequest(), action=True)
 
-    def watch_rounds(
-        self, instance: str = "", interval_s: float = 0.5
-    ) -> Iterator[admin_pb2.RoundsReply]:
-        call = self.stub.WatchRounds(
-            admin_pb2.RoundsRequest(instance=instance, interval_s=interval_s)
-        )
+    def _follow(self, call) -> Iterator:
+        """Yield a server stream's messages; a cancelled stream just ends (close() cancels them)."""
         self._streams.append(call)
         try:
             yield from call
@@ -138,6 +148,14 @@ class AdminClient:
         finally:
             if call in self._streams:
                 self._streams.remove(call)
+
+    def watch_rounds(
+        self, instance: str = "", interval_s: float = 0.5
+    ) -> Iterator[admin_pb2.RoundsReply]:
+        call = self.stub.WatchRounds(
+            admin_pb2.RoundsRequest(instance=instance, interval_s=interval_s)
+        )
+        yield from self._follow(call)
 
     def watch_router(
         self, interval_s: float, sessions: int = 200, decisions: int = 50
@@ -147,33 +165,11 @@ class AdminClient:
                 interval_s=interval_s, sessions=sessions, decisions=decisions
             )
         )
-        self._streams.append(call)
-        try:
-            yield from call
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.CANCELLED:
-                return
-            raise Unreachable(
-                f"talariad admin socket {self.socket_path}: {err.code().name.lower()}"
-            ) from None
-        finally:
-            if call in self._streams:
-                self._streams.remove(call)
+        yield from self._follow(call)
 
     def watch(self, interval_s: float) -> Iterator[admin_pb2.StatusReply]:
         call = self.stub.WatchStatus(admin_pb2.WatchRequest(interval_s=interval_s))
-        self._streams.append(call)
-        try:
-            yield from call
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.CANCELLED:
-                return
-            raise Unreachable(
-                f"talariad admin socket {self.socket_path}: {err.code().name.lower()}"
-            ) from None
-        finally:
-            if call in self._streams:
-                self._streams.remove(call)
+        yield from self._follow(call)
 
     def cancel_streams(self) -> None:
         """End every open watch (their iterators return)."""

@@ -19,7 +19,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from talaria_ctl.client import AdminClient, Refused, Unreachable, as_dict, default_socket
+from talaria_ctl.client import (
+    CANDIDATE_COLUMNS,
+    AdminClient,
+    Refused,
+    Unreachable,
+    as_dict,
+    default_socket,
+)
 from talariad import __version__
 from talariad.types import SWITCH_PHASES
 
@@ -168,17 +175,7 @@ def lease_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 def _candidates(d: dict) -> None:
     _table(
         f"{d['call_id']}: {d['kind']} → {d['instance'] or '(not placed)'} [{d['policy']}] {d['reason']}",
-        (
-            "instance",
-            "queue",
-            "prefill",
-            "decode",
-            "kv",
-            "activation",
-            "total",
-            "kv_state",
-            "feasible",
-        ),
+        CANDIDATE_COLUMNS,
         [
             (
                 c["instance"],

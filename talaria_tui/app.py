@@ -26,7 +26,14 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Static, TabbedContent, TabPane
 
-from talaria_ctl.client import AdminClient, Refused, Unreachable, as_dict, default_socket
+from talaria_ctl.client import (
+    CANDIDATE_COLUMNS,
+    AdminClient,
+    Refused,
+    Unreachable,
+    as_dict,
+    default_socket,
+)
 from talariad.types import SWITCH_PHASES
 
 INSTANCE_COLUMNS = (
@@ -55,17 +62,6 @@ SWITCH_COLUMNS = (
     "phases",
     "staged MiB",
     "dirty MiB",
-)
-CANDIDATE_COLUMNS = (
-    "instance",
-    "queue",
-    "prefill",
-    "decode",
-    "kv",
-    "activation",
-    "total",
-    "kv_state",
-    "feasible",
 )
 
 BAR = 30
