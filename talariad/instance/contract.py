@@ -80,6 +80,9 @@ class StepResult:
     staging: str | None = None
     """For a switch: the model whose weights the executor now stages for the next switch (§3.4:
     the switch estimate follows staging); None: the executor does not stage."""
+    evicted: tuple[str, ...] = ()
+    """For a switch: models whose weights the open pushed out of device memory; a later call
+    for one of them opens it again (a full open, not a switch)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -282,6 +282,7 @@ class InstanceCore:
         self.sched.finish(action, now, seconds, switch_path=path)
         self.sched.set_staging(result.staging)
         self.opened.add(action.to_model)
+        self.opened.difference_update(result.evicted)
         self.switch_count += 1
         if action.from_model is not None or seconds > 0:
             self.switches.append(

@@ -45,6 +45,8 @@ class CallRecord:
     kv_source: str = "none"  # device | host | recompute | none
     parked_times: int = 0  # slot ends it was still decoding at (parked, resumed in a later slot)
     park_cost_s: float = 0.0  # predicted restore + recompute time its resumptions cost
+    reserved: bool | None = None  # returning calls: a lease was installed for this return
+    lease_hit: bool = False  # ... and the router placed it through the lease (§5.4)
     call_id: str = ""  # real mode: the response id, for the daemon's routing explanation
 
     @property
@@ -157,6 +159,7 @@ class RowMetrics:
     model_opens: int
     same_instance_rate: float | None
     residency_hit_rate: float | None
+    unused_lease_rate: float | None  # §5.4's proxy: leased returns not placed through the lease
     sp_admitted: int | None
     sp_parked: int | None
     switches: int | None
@@ -202,6 +205,7 @@ def row_metrics(run: RunResult) -> RowMetrics:
         model_opens=run.model_opens,
         same_instance_rate=_rate([c.same_instance for c in returning]),
         residency_hit_rate=_rate([c.model_resident for c in run.calls]),
+        unused_lease_rate=_rate([not c.lease_hit for c in returning if c.reserved]),
         sp_admitted=measured("sp", run.sp_admitted),
         sp_parked=measured("sp", run.sp_parked),
         switches=measured("switches", len(run.switches)),

@@ -50,35 +50,73 @@ def _path_cell(row: RowMetrics, path: SwitchPath) -> str:
     return f"{_pair(st.p50_s, st.p95_s, 1000, '{:.0f}')} (n={st.count})"
 
 
-COLUMNS = (
-    ("config", lambda r: r.config),
-    ("SCT p50/p95 s", lambda r: _pair(r.sct_p50_s, r.sct_p95_s, fmt="{:.1f}")),
-    ("TTFT p50/p95 s", lambda r: _pair(r.ttft_p50_s, r.ttft_p95_s)),
-    ("D2D p50/p95 ms", lambda r: _path_cell(r, SwitchPath.D2D)),
-    ("partial p50/p95 ms", lambda r: _path_cell(r, SwitchPath.PARTIAL)),
-    ("H2D p50/p95 ms", lambda r: _path_cell(r, SwitchPath.H2D)),
-    ("switch share", lambda r: _pct(r.switch_share)),
-    ("rounds", lambda r: _n(r.rounds)),
-    ("switches", lambda r: _n(r.switches)),
-    ("HBM peak GiB", lambda r: "-" if r.hbm_peak_gib is None else f"{r.hbm_peak_gib:.1f}"),
-    ("avoidable opens", lambda r: _n(r.avoidable_opens)),
-    ("same-inst return", lambda r: _pct(r.same_instance_rate)),
-    ("SP adm/parked", lambda r: f"{_n(r.sp_admitted)}/{_n(r.sp_parked)}"),
-    ("parked calls/times", lambda r: f"{_n(r.parked_calls)}/{_n(r.parks)}"),
-    ("park cost s", lambda r: "-" if r.park_cost_s is None else f"{r.park_cost_s:.0f}"),
-    ("slowdown p50/p95", lambda r: _pair(r.slowdown_p50, r.slowdown_p95)),
+BOTH, INSTANCE, PLACEMENT, TAU = "both", "instance", "placement", "tau"
+COLUMNS = (  # (header, cell, the views that print it)
+    ("config", lambda r: r.config, (BOTH,)),
+    ("SCT p50/p95 s", lambda r: _pair(r.sct_p50_s, r.sct_p95_s, fmt="{:.1f}"), (BOTH,)),
+    ("TTFT p50/p95 s", lambda r: _pair(r.ttft_p50_s, r.ttft_p95_s), (BOTH,)),
+    (
+        "return TTFT p50/p95 s",
+        lambda r: _pair(r.returning_ttft_p50_s, r.returning_ttft_p95_s),
+        (PLACEMENT, TAU),
+    ),
+    ("D2D p50/p95 ms", lambda r: _path_cell(r, SwitchPath.D2D), (INSTANCE,)),
+    ("partial p50/p95 ms", lambda r: _path_cell(r, SwitchPath.PARTIAL), (INSTANCE,)),
+    ("H2D p50/p95 ms", lambda r: _path_cell(r, SwitchPath.H2D), (INSTANCE,)),
+    ("switch share", lambda r: _pct(r.switch_share), (BOTH,)),
+    ("rounds", lambda r: _n(r.rounds), (INSTANCE,)),
+    ("switches", lambda r: _n(r.switches), (BOTH,)),
+    (
+        "HBM peak GiB",
+        lambda r: "-" if r.hbm_peak_gib is None else f"{r.hbm_peak_gib:.1f}",
+        (INSTANCE,),
+    ),
+    ("opens", lambda r: _n(r.model_opens), (PLACEMENT, TAU)),
+    ("avoidable opens", lambda r: _n(r.avoidable_opens), (PLACEMENT,)),
+    ("same-inst return", lambda r: _pct(r.same_instance_rate), (PLACEMENT, TAU)),
+    ("residency hit", lambda r: _pct(r.residency_hit_rate), (PLACEMENT, TAU)),
+    ("unused lease", lambda r: _pct(r.unused_lease_rate), (TAU,)),
+    ("SP adm/parked", lambda r: f"{_n(r.sp_admitted)}/{_n(r.sp_parked)}", (INSTANCE,)),
+    (
+        "parked calls/times",
+        lambda r: f"{_n(r.parked_calls)}/{_n(r.parks)}",
+        (INSTANCE,),
+    ),
+    (
+        "park cost s",
+        lambda r: "-" if r.park_cost_s is None else f"{r.park_cost_s:.0f}",
+        (INSTANCE,),
+    ),
+    ("slowdown p50/p95", lambda r: _pair(r.slowdown_p50, r.slowdown_p95), (BOTH,)),
 )
+VIEWS = {  # suite -> the views whose columns can vary in it
+    "ablations": (BOTH, INSTANCE),  # one instance: nowhere to route, placement cannot vary
+    "router": (BOTH, PLACEMENT),  # fixed per-path switch costs: the instance columns do not
+    "tau": (BOTH, TAU),  # Fig. 9's five measures, with SCT and TTFT
+}
 
 
-def table(results: Sequence[RunResult], title: str = "Replay", paper: bool = False) -> Table:
+def columns(suite: str | None) -> list[tuple]:
+    """The columns of a suite's table (`VIEWS`); None: every column (a real-mode replay)."""
+    views = VIEWS.get(suite) if suite is not None else None
+    return [c for c in COLUMNS if views is None or any(v in views for v in c[2])]
+
+
+def table(
+    results: Sequence[RunResult],
+    title: str = "Replay",
+    paper: bool = False,
+    suite: str | None = None,
+) -> Table:
     """One row per run; with `paper`, a column of the paper's SCT p50/p95 where it has one."""
+    cols = columns(suite)
     t = Table(title=title, show_lines=False)
-    for name, _ in COLUMNS:
+    for name, _, _ in cols:
         t.add_column(name, justify="left" if name == "config" else "right", overflow="fold")
     if paper:
         t.add_column("paper SCT p50/p95 s", justify="right")
     for row in rows(results):
-        cells = [fn(row) for _, fn in COLUMNS]
+        cells = [fn(row) for _, fn, _ in cols]
         if paper:
             ref = PAPER_SCT_S.get(row.config)
             cells.append(_pair(*ref, fmt="{:.0f}") if ref else "-")
@@ -111,9 +149,10 @@ def print_report(
     console: Console | None = None,
     title: str = "Replay",
     paper: bool = False,
+    suite: str | None = None,
 ) -> None:
     console = console or Console()
-    console.print(table(results, title=title, paper=paper))
+    console.print(table(results, title=title, paper=paper, suite=suite))
     line = speedup_line(results)
     if line:
         console.print(line)

@@ -16,7 +16,7 @@ from talariad.replay.report import print_report, to_json
 from talariad.replay.swebv import load_swebv
 from talariad.replay.trace import Trace, TraceError, read_jsonl
 from talariad.config import ConfigError, load_config
-from talariad.sim.configs import SUITES, SimConfig, from_config, map_models, suite
+from talariad.sim.configs import SUITES, SimConfig, config_models, from_config, map_models, suite
 from talariad.sim.profiles import ProfileSet, load_set
 from talariad.sim.simulator import simulate
 
@@ -55,31 +55,50 @@ def load_trace(args) -> Trace:
     return trace
 
 
-def plan(trace: Trace, suites: list[str], pset: ProfileSet) -> list[tuple[SimConfig, Trace]]:
-    models = tuple(trace.models())
-    small = router_subset(trace)
-    out = []
+ROUTER_BOX = "router-tp4"  # §5.1: the router experiments' two TP=4 workers
+SUITE_BOX = {"ablations": "paper-tp8", "router": ROUTER_BOX, "tau": ROUTER_BOX}
+
+Run = tuple[SimConfig, Trace, ProfileSet]
+
+
+def on_models(trace: Trace, served: list[str], console: Console) -> Trace:
+    """The trace with its models renamed onto `served` (`map_models`), saying so when it moves."""
+    mapping = map_models(trace.models(), served)
+    if all(a == b for a, b in mapping.items()):
+        return trace
+    console.print("trace models: " + ", ".join(f"{a} -> {b}" for a, b in mapping.items()))
+    return Trace(
+        [dataclasses.replace(c, model=mapping[c.model]) for c in s] for s in trace.sessions
+    )
+
+
+def plan(
+    trace: Trace, suites: list[str], profiles: str | None, full: bool, console: Console
+) -> list[Run]:
+    """Each suite on its own box (`SUITE_BOX`) unless `profiles` names one box for all; the router
+    and τ suites replay the §5.3 subset (`router_subset`) unless `full`."""
+    out: list[Run] = []
     for name in suites:
-        out += [(cfg, trace if name == "ablations" else small) for cfg in suite(name, pset, models)]
+        pset = load_set(profiles or SUITE_BOX[name])
+        models = list(pset.models)
+        mapped = on_models(trace, models, console)
+        replay = mapped if name == "ablations" or full else router_subset(mapped)
+        out += [(cfg, replay, pset) for cfg in suite(name, pset, tuple(mapped.models()))]
     return out
 
 
-def config_plan(trace: Trace, suites: list[str], path: str, console: Console):
+def config_plan(
+    trace: Trace, suites: list[str], path: str, full: bool, console: Console
+) -> list[Run]:
     """Runs over an operator's config: its instances, models, pools, knobs and named profiles."""
     cfg = load_config(path)
-    mapping = map_models(trace.models(), cfg)
-    if any(a != b for a, b in mapping.items()):
-        pairs = ", ".join(f"{a} -> {b}" for a, b in mapping.items())
-        console.print(f"trace models on config models: {pairs}")
-        trace = Trace(
-            [dataclasses.replace(c, model=mapping[c.model]) for c in s] for s in trace.sessions
-        )
-    small = router_subset(trace)
-    out, pset = [], None
+    trace = on_models(trace, config_models(cfg), console)
+    small = trace if full else router_subset(trace)
+    out: list[Run] = []
     for name in suites:
         configs, pset = from_config(cfg, name)
-        out += [(c, trace if name == "ablations" else small) for c in configs]
-    return out, pset, trace
+        out += [(c, trace if name == "ablations" else small, pset) for c in configs]
+    return out
 
 
 def compare(args) -> int:
@@ -89,21 +108,24 @@ def compare(args) -> int:
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     console = Console(width=args.width) if args.width else Console()
     if args.config:
-        runs, pset, trace = config_plan(trace, suites, args.config, console)
+        runs = config_plan(trace, suites, args.config, args.full_sessions, console)
     else:
-        pset = load_set(args.profiles)
-        runs = plan(trace, suites, pset)
-    total = sum(len(t.sessions) for _, t in runs)
+        runs = plan(trace, suites, args.profiles, args.full_sessions, console)
+    total = sum(len(t.sessions) for _, t, _ in runs)
     results = []
     with progress_bar(total, "simulating", enabled=not args.no_progress) as advance:
-        for cfg, t in runs:
+        for cfg, t, pset in runs:
             advance(0, description=cfg.name)
             results.append(simulate(t, cfg, pset, on_session_done=advance))
-    title = f"{args.swebv or args.trace} ({trace.n_calls} calls, {len(trace)} sessions, seed {args.seed})"
-    for name in dict.fromkeys(_suite_of(cfg) for cfg, _ in runs):
-        picked = [r for (cfg, _), r in zip(runs, results) if _suite_of(cfg) == name]
+    source = args.swebv or args.trace
+    for name in dict.fromkeys(_suite_of(cfg) for cfg, _, _ in runs):
+        picked = [(r, t, p) for (cfg, t, p), r in zip(runs, results) if _suite_of(cfg) == name]
+        t, pset = picked[0][1], picked[0][2]
+        title = f"{name}: {source} ({t.n_calls} calls, {len(t)} sessions, seed {args.seed}, box {pset.name})"
         paper = name == "ablations" and not args.config  # the paper's numbers are for its box
-        print_report(picked, console=console, title=f"{name}: {title}", paper=paper)
+        print_report(
+            [r for r, _, _ in picked], console=console, title=title, paper=paper, suite=name
+        )
     console.print(
         "wall-clock per config: " + ", ".join(f"{r.config} {r.wall_clock_s:.1f}s" for r in results)
     )
@@ -135,7 +157,14 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--suite", choices=(*SUITES, "all"), default="ablations")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument(
-        "--profiles", default="paper-tp8", help="bundled profile set name or a YAML path"
+        "--profiles",
+        help="bundled profile set name or a YAML path for every suite (default: the paper's "
+        "boxes, paper-tp8 for the ablations and router-tp4 for the router and tau suites)",
+    )
+    c.add_argument(
+        "--full-sessions",
+        action="store_true",
+        help="router and tau suites: replay whole sessions, not the 120-call subset (§5.3)",
     )
     c.add_argument(
         "--config",

@@ -8,9 +8,9 @@ Suites:
   (the instance's own rounds do admission) rather than holding calls at the gateway.
 - `router`: §5.3, two cold workers that may each host every model, every registered router
   policy, at low/medium/high offered load (sessions start every 30 / 10 / 2 s), models opened on
-  demand (no prewarm: opens are the metric). The bundled profiles are the TP=8 ones; the paper's
-  TP=4 testbed ran 32B-class models that have no profile here, so this suite reuses the TP=8
-  profiles on two instances (an assumption, stated in the report).
+  demand (no prewarm: opens are the metric). `python -m talariad.sim` runs it on the paper's
+  router testbed (`profiles/router-tp4.yaml`: TP=4 workers whose memory holds about two of the
+  three 32B-class models, so opening the third evicts one).
 - `tau`: §5.4, the Talaria router on the router box at medium load with τ in 0, 0.5, 1, 2, 5 s
   (the lease lifetime and the scheduler's matching slot hold `sp_hold_s`, as the daemon sets).
 """
@@ -238,10 +238,15 @@ def from_config(cfg: TalariaConfig, suite_name: str) -> tuple[list[SimConfig], P
     raise ValueError(f"unknown suite {suite_name!r}; choose from {SUITES} or 'all'")
 
 
-def map_models(trace_models: list[str], cfg: TalariaConfig) -> dict[str, str]:
-    """Trace model -> config model: a model the config serves keeps its name; the others take the
-    config's remaining served models in order (cycling), as the paper maps its subset (§5.1)."""
-    served = list(dict.fromkeys(m for i in cfg.instances for m in i.models))
+def config_models(cfg: TalariaConfig) -> list[str]:
+    """Models the config's instances serve, in order of first appearance."""
+    return list(dict.fromkeys(m for i in cfg.instances for m in i.models))
+
+
+def map_models(trace_models: list[str], served: list[str]) -> dict[str, str]:
+    """Trace model -> served model: a served model keeps its name; the others take the remaining
+    served models in order (cycling), as the paper maps its large models onto the router
+    testbed's (§5.1)."""
     spare = [m for m in served if m not in trace_models] or served
     out, k = {}, 0
     for m in trace_models:

@@ -36,9 +36,8 @@ class SimInstance:
         self.core = InstanceCore(
             name, pool, self.models, knobs, profiles, executor=self.model, prewarm=prewarm
         )
+        self.core.opened &= self.model.loaded  # prewarm opens only what the memory holds
         self.sched = self.core.sched
-        self.placed: set[str] = set(self.models) if prewarm or pool is Pool.HOT else set()
-        """Models a call was placed on here (prewarmed: all): a call for another one opens it."""
         self.plan: StepPlan | None = None
         self.end_s = 0.0
         self._seconds = 0.0
@@ -60,7 +59,11 @@ class SimInstance:
         self.core.submit(
             InstanceCall(call_id, session, model, prompt, max_tokens, now), prefix, now
         )
-        self.placed.add(model)
+
+    def resident(self, model: str) -> bool:
+        """A call for `model` placed here now would not open it: its weights are resident (a
+        switch away) or a queued call is already opening it."""
+        return model in self.core.opened or self.sched.table.has_work(model)
 
     @property
     def busy(self) -> bool:

@@ -17,6 +17,11 @@ three facts at session/byte granularity:
   the staged range dirties it: the slack is measured against the peak of A's device KV since
   staging began, retained prefixes included (the paper's dirty chunks, reloaded from host).
   Staging and HKVR restores share each GPU's H2D link, so restore time delays staging.
+- resident weights (a box with `kv_reserve_gib_per_gpu`): models' weights stay in HBM while they
+  fit in the managed HBM minus that KV reserve. Switching to a resident model is the D2D path (its
+  weights are already on device, App. D phases other than the weight copy); opening another one
+  loads it over H2D and evicts the least recently active resident models until it fits, so a
+  later call for an evicted model opens it again (§5.3 counts such re-opens). No staging then.
 `MemoryModel` is the interface a finer substrate-backed implementation can replace.
 """
 
@@ -37,6 +42,9 @@ class MemorySpec:
     h2d_bytes_per_s: float | None  # staging rate per GPU; None: staging is instantaneous
     weight_bytes: dict[str, int] = field(default_factory=dict)
     kv_bytes_per_token: dict[str, int] = field(default_factory=dict)
+    resident_bytes: int | None = None
+    """Managed HBM per GPU that resident weights may fill (None: one model's weights at a time,
+    the others staged or opened from host)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +80,16 @@ def memory_spec(pset) -> MemorySpec:
         for m, s in pset.models.items()
     }
     host_kv = box.host_memory_bytes - box.tp * sum(weights.values())
+    managed = int(box.hbm_per_gpu_bytes * box.mem_fraction_bump)
+    reserve = box.kv_reserve_bytes_per_gpu
     return MemorySpec(
-        int(box.hbm_per_gpu_bytes * box.mem_fraction_bump),
+        managed,
         max(host_kv, 0),
         box.tp,
         box.h2d_bytes_per_s,
         weights,
         kv,
+        None if reserve is None else max(managed - reserve, 0),
     )
 
 
@@ -94,6 +105,35 @@ class SimMemory:
         self.kv_peak = 0  # the active model's device KV high-water mark since staging began
         self.link_busy_s = 0.0  # H2D link time taken by KV restores since staging began
         self.host_evictions = 0
+        self.resident: OrderedDict[str, None] = OrderedDict()  # least recently active first
+
+    # ---- resident weights (`MemorySpec.resident_bytes`) -----------------------------------
+
+    @property
+    def keeps_weights(self) -> bool:
+        return self.spec.resident_bytes is not None
+
+    def make_resident(self, target: str) -> list[str]:
+        """`target` is now the active model: it becomes the most recent resident; returns the
+        models evicted (least recently active first) so that the resident weights fit."""
+        self.resident.pop(target, None)
+        self.resident[target] = None
+        weights, budget = self.spec.weight_bytes, self.spec.resident_bytes or 0
+        used = sum(weights.get(m, 0) for m in self.resident)
+        evicted = []
+        for model in list(self.resident):
+            if used <= budget or model == target:
+                break
+            del self.resident[model]
+            used -= weights.get(model, 0)
+            evicted.append(model)
+        return evicted
+
+    def resident_weight_bytes(self, active: str | None) -> int:
+        """Weights on device: every resident model's, or (staging mode) the active one's."""
+        if self.keeps_weights:
+            return sum(self.spec.weight_bytes.get(m, 0) for m in self.resident)
+        return self.spec.weight_bytes.get(active, 0) if active else 0
 
     # ---- staging and switches -------------------------------------------------------------
 
@@ -101,7 +141,7 @@ class SimMemory:
         self, active: str | None, target: str, device_kv_bytes: int, now: float
     ) -> int:
         """Clean staged bytes of `target`: 0 unless it is the model being staged."""
-        if not self.d2d or active is None or target != self.stage_target:
+        if self.keeps_weights or not self.d2d or active is None or target != self.stage_target:
             return 0
         s = self.spec
         slack = s.hbm_bytes - s.weight_bytes.get(active, 0) - max(self.kv_peak, device_kv_bytes)
@@ -116,6 +156,9 @@ class SimMemory:
         self, active: str | None, target: str, device_kv_bytes: int, now: float
     ) -> SwitchPlan:
         weight = self.spec.weight_bytes.get(target, 0)
+        if self.keeps_weights:  # resident: no weight copy; else a full open (the caller's)
+            resident = target in self.resident
+            return SwitchPlan(SwitchPath.D2D if resident else SwitchPath.H2D, 0.0, weight)
         staged = self.staged_bytes(active, target, device_kv_bytes, now)
         if not self.d2d or staged <= 0 or weight <= 0:
             return SwitchPlan(
@@ -176,7 +219,15 @@ class SimMemory:
     # ---- device KV and footprint ----------------------------------------------------------
 
     def kv_budget_bytes(self, active: str) -> int:
-        return max(self.spec.hbm_bytes - self.spec.weight_bytes.get(active, 0), 0)
+        return max(self.spec.hbm_bytes - self.resident_weight_bytes(active), 0)
+
+    def reclaimable_bytes(self, active: str | None, device_kv_bytes: int) -> int:
+        """HBM a new call or an open may take: free KV room plus idle resident weights, which
+        an open evicts (what an instance advertises as free)."""
+        if active is None:
+            return self.spec.hbm_bytes
+        weights = self.spec.weight_bytes.get(active, 0)
+        return max(self.spec.hbm_bytes - weights - device_kv_bytes, 0)
 
     def kv_bytes(self, model: str, tokens: int) -> int:
         return tokens * self.spec.kv_bytes_per_token.get(model, 0)
@@ -188,7 +239,7 @@ class SimMemory:
         if active is None:
             return 0
         staged = self.staged_bytes(active, target, device_kv_bytes, now) if target else 0
-        return self.spec.weight_bytes.get(active, 0) + staged + device_kv_bytes
+        return self.resident_weight_bytes(active) + staged + device_kv_bytes
 
     def check_integrity(self) -> None:
         if self.host_used != sum(self.host.values()) or self.host_used < 0:

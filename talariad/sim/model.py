@@ -33,7 +33,10 @@ class SimModel:
         prewarm: bool = False,
     ) -> None:
         self.profiles, self.mem, self.prewarm = profiles, memory, prewarm
-        self.loaded: set[str] = set(models) if prewarm or pinned else set()
+        self.loaded: set[str] = set()
+        """Models whose weights a switch reaches without a full open (the resident set)."""
+        for model in models if prewarm or pinned else ():
+            self._open(model)
         self.active: str | None = models[0] if pinned else None
         self.models = list(models)
         self.hbm_by_round: dict[int, int] = {}
@@ -132,10 +135,14 @@ class SimModel:
             if old
             else []
         )
-        self.loaded.add(action.to_model)
+        evicted = self._open(action.to_model)
         self.active = action.to_model
         waiting = {c.model for c in plan.live.values()}
-        self.mem.switched(now, staging_target(self.models, action.to_model, waiting.__contains__))
+        keeps = self.mem.keeps_weights  # every resident model's weights stay: nothing to stage
+        target = (
+            None if keeps else staging_target(self.models, action.to_model, waiting.__contains__)
+        )
+        self.mem.switched(now, target)
         lost = KVState.HOST if self.mem.host_kv else KVState.MISSING
         after = {k: lost for k, _ in demoted}  # the scheduler demotes them at the switch
         updates = self._forget(self.mem.save(demoted), plan, after)
@@ -143,8 +150,19 @@ class SimModel:
             kv_updates=updates,
             switch_path=path,
             seconds=seconds,
-            staging=self.staging if self.mem.d2d else None,
+            staging=self.staging if self.mem.d2d and not keeps else None,
+            evicted=evicted,
         )
+
+    def _open(self, model: str) -> tuple[str, ...]:
+        """`model` joins the resident set; the models its weights pushed out (resident weights
+        only: otherwise every model once opened stays reachable by a switch)."""
+        self.loaded.add(model)
+        if not self.mem.keeps_weights:
+            return ()
+        evicted = self.mem.make_resident(model)
+        self.loaded.difference_update(evicted)
+        return tuple(evicted)
 
     # ---- device KV pressure and host KV -----------------------------------------------------
 
@@ -217,8 +235,9 @@ class SimModel:
     def memory(self) -> MemoryStats:
         kv = self.device_kv_bytes()
         budget = self.mem.kv_budget_bytes(self.active) if self.active else self.mem.spec.hbm_bytes
-        free = max(budget - kv, 0)
-        return MemoryStats(free, free, min(kv / budget, 1.0) if budget else 0.0)
+        free = self.mem.reclaimable_bytes(self.active, kv)
+        slack = 0 if self.mem.keeps_weights else max(budget - kv, 0)
+        return MemoryStats(free, slack, min(kv / budget, 1.0) if budget else 0.0)
 
     def remember(self, call) -> None:
         """The model keeps no token context: the KV ledger is the whole story."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from talariad.replay.metrics import CallRecord, RoundRecord, RunResult, SessionRecord
 from talariad.replay.bounds import rank_bounds, single_tenant_bounds
 from talariad.replay.trace import Trace, TraceCall
-from talariad.router import CallRequest, Router
+from talariad.router import CallRequest, DecisionKind, Router
 from talariad.sim.configs import SimConfig
 from talariad.instance.core import Done
 from talariad.sim.instance import SimInstance
@@ -47,6 +47,8 @@ class Pending:
     resident: bool | None = None
     opened: bool = False
     avoidable: bool = False
+    reserved: bool | None = None  # a returning call: a lease was installed for it
+    lease_hit: bool = False  # ... and the router placed it through that lease
 
 
 class Simulator:
@@ -83,6 +85,7 @@ class Simulator:
         self._seq = 0
         self._pending: dict[str, Pending] = {}
         self._last_inst: dict[int, str] = {}
+        self._leased: dict[int, bool] = {}  # session -> its last completion installed a lease
         self._starts: dict[int, float] = {}
         self._left = len(trace.sessions)
         self._now = 0.0
@@ -148,15 +151,18 @@ class Simulator:
         )
         self._telemetry(now)
         decision = self.router.place(req, now)
+        if p.reserved is None and c.call_idx > 0:  # the first attempt decides whether it hit
+            p.reserved = self._leased.pop(p.session, False)
+            p.lease_hit = decision.kind is DecisionKind.LEASE_HIT
         if not decision.kind.places:
             self._push(now + (decision.retry_after_s or self.cfg.heartbeat_s), RETRY, p.call_id)
             return
         inst = self.instances[decision.instance]
         p.instance = inst.name
-        p.resident = c.model in inst.placed
+        p.resident = inst.resident(c.model)
         p.opened = not p.resident
         others = (o for o in self.instances.values() if o is not inst)
-        p.avoidable = p.opened and any(c.model in o.placed for o in others)
+        p.avoidable = p.opened and any(o.resident(c.model) for o in others)
         inst.submit(
             p.call_id,
             c.session_id,
@@ -201,7 +207,8 @@ class Simulator:
     def _complete(self, inst: SimInstance, done: Done, now: float) -> None:
         c = done.completion
         p = self._pending.pop(c.call_id)
-        self.router.completed(c.call_id, inst.name, done.kv_state, done.kv_len, now)
+        lease = self.router.completed(c.call_id, inst.name, done.kv_state, done.kv_len, now)
+        self._leased[p.session] = lease is not None
         s, k = p.session, p.call.call_idx
         prev = self._last_inst.get(s)
         self._last_inst[s] = inst.name
@@ -222,6 +229,8 @@ class Simulator:
                 kv_source=source,
                 parked_times=c.parked_times,
                 park_cost_s=c.park_cost_s,
+                reserved=p.reserved,
+                lease_hit=p.lease_hit,
             )
         )
         session = self.trace.sessions[s]

@@ -98,7 +98,7 @@ def test_ttft_is_schedule_aware(result):
 
 def test_report_renders(result):
     res, _ = result
-    console = Console(record=True, width=220)
+    console = Console(record=True, width=400)  # a real-mode replay prints every column
     print_report([res.run], console, title="real")
     text = console.export_text()
     assert "SCT p50/p95" in text

@@ -88,3 +88,16 @@ def test_progress_bar_counts():
     assert "3/3" in buf.getvalue() and "configs" in buf.getvalue()
     with progress_bar(3, "quiet", enabled=False) as advance:
         advance(2)
+
+
+def test_a_suite_prints_only_the_columns_that_can_vary_in_it():
+    from talariad.replay.report import columns
+
+    def names(suite):
+        return {c[0] for c in columns(suite)}
+
+    assert "avoidable opens" not in names("ablations")  # one instance: nowhere else to route
+    assert "D2D p50/p95 ms" not in names("router") and "avoidable opens" in names("router")
+    assert {"same-inst return", "residency hit", "opens", "unused lease"} <= names("tau")
+    assert "return TTFT p50/p95 s" in names("tau")
+    assert names(None) == {c[0] for c in columns(None)} >= names("router") | names("ablations")

@@ -8,7 +8,7 @@ import pathlib
 from talariad.config import load_config
 from talariad.knobs import config_router_knobs, config_sched_knobs
 from talariad.sim.__main__ import main
-from talariad.sim.configs import ablation_configs, from_config, map_models
+from talariad.sim.configs import ablation_configs, config_models, from_config, map_models
 from talariad.sim.profiles import load_set
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def test_daemon_and_simulator_knobs_agree_on_the_default_config():
 
 def test_trace_models_the_config_does_not_serve_are_mapped_onto_it():
     cfg = load_config(ROOT / "etc" / "talaria.yaml")
-    assert map_models(["a", "tiny-code", "b"], cfg) == {
+    assert map_models(["a", "tiny-code", "b"], config_models(cfg)) == {
         "a": "tiny-chat",
         "tiny-code": "tiny-code",
         "b": "tiny-agent",  # the spare served models in config order

@@ -147,3 +147,12 @@ def test_config_validation():
     with pytest.raises(ValueError, match="hot instance"):
         InstanceSpec("i", ("a", "b"), Pool.HOT)
     assert SchedKnobs().sp  # the default config is Talaria's
+
+
+def test_tau_suite_measures_unused_leases_only_where_leases_exist(paper, small_trace):
+    runs = {
+        c.tau_s: row_metrics(simulate(small_trace, c, paper)) for c in tau_configs(paper, MODELS)
+    }
+    assert runs[0.0].unused_lease_rate is None  # τ = 0 holds no lease
+    assert 0.0 <= runs[1.0].unused_lease_rate <= 1.0
+    assert runs[1.0].same_instance_rate is not None and runs[1.0].residency_hit_rate is not None

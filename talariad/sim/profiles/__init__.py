@@ -33,6 +33,7 @@ _BOX_FIELDS = {
     "switch_ms_pooled",
     "fallback_ms_pooled",
     "mem_fraction_bump",
+    "kv_reserve_gib_per_gpu",
 }
 _ARCH_FIELDS = {
     "hf_id",
@@ -63,6 +64,9 @@ class Box:
     fallback_s_pooled: float | None = None
     mem_fraction_bump: float = 0.8
     """Share of each GPU's HBM that the managed (bump) layout owns: weights, staged chunks, KV."""
+    kv_reserve_bytes_per_gpu: int | None = None
+    """Set: models' weights stay resident in the managed HBM minus this KV reserve, evicted least
+    recently active first (`talariad.sim.memory`); unset: one model's weights at a time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +173,16 @@ def _box(b: dict) -> Box:
         switch_s_pooled={SwitchPath(k): v / 1000 for k, v in pooled.items()} if pooled else None,
         fallback_s_pooled=b["fallback_ms_pooled"] / 1000 if "fallback_ms_pooled" in b else None,
         mem_fraction_bump=_fraction(b.get("mem_fraction_bump", 0.8)),
+        kv_reserve_bytes_per_gpu=_reserve(b.get("kv_reserve_gib_per_gpu")),
     )
+
+
+def _reserve(value) -> int | None:
+    if value is None:
+        return None
+    if not float(value) >= 0:
+        raise ValueError(f"box: kv_reserve_gib_per_gpu must be >= 0, got {value!r}")
+    return int(float(value) * GIB)
 
 
 def _fraction(value) -> float:
