@@ -61,16 +61,12 @@ async def _serve(
     except ValueError as err:  # a config the engine cannot serve (no CUDA, memory too small ...)
         print(f"instance {inst.name}: {err}", file=sys.stderr)
         return 2
-    start, close = getattr(worker.executor, "start", None), getattr(worker.executor, "aclose", None)
-    try:
-        if (
-            start is not None
-        ):  # an executor with servers to bring up (sglang) is ready only after them
-            await start()
+    executor = worker.executor
+    try:  # an executor with servers to bring up (sglang) is ready only after them
+        await executor.start()
     except Exception as err:
         print(f"instance {inst.name}: {err}", file=sys.stderr)
-        if close is not None:
-            await close()
+        await executor.aclose()
         return 1
     loop = asyncio.create_task(worker.run())
     sock = httpserver.bind(host, 0)
@@ -97,8 +93,7 @@ async def _serve(
         server.should_exit = True
         calls.close()
         await task
-        if close is not None:
-            await close()
+        await executor.aclose()
     finally:
         if own_dir is not None:
             shutil.rmtree(own_dir, ignore_errors=True)

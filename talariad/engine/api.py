@@ -111,19 +111,19 @@ def build_app(worker: Worker, token: str | None = None) -> FastAPI:
     @app.get("/internal/rounds")
     async def rounds(limit: int = Query(50, ge=1, le=4096)) -> dict:
         """The latest round records (with per-slot phases) and switch records."""
-        return worker.rounds(limit)
+        return worker.core.rounds(worker.now(), limit)
 
     @app.post("/internal/rotation")
     async def rotation(change: RotationChange) -> JSONResponse:
         """Load or unload a configured model at run time; 409 with the reason when it cannot."""
         why = worker.set_rotation(change.model, change.serve)
         return JSONResponse(
-            {"rotation": worker.rotation, "error": why}, status_code=409 if why else 200
+            {"rotation": worker.core.models, "error": why}, status_code=409 if why else 200
         )
 
     @app.post("/internal/forget")
     async def forget(body: Forget) -> dict:
-        return {"freed": worker.forget(body.session_id)}
+        return {"freed": worker.core.forget(body.session_id)}
 
     @app.post("/internal/generate")
     async def generate(req: GenerateRequest) -> StreamingResponse:

@@ -47,10 +47,14 @@ class InstanceCall:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A call that can never be served here (the client's mistake: HTTP 400)."""
+    """A call that is not served here, as the client's error (HTTP 400: it never can be)."""
 
     code: str
     param: str | None
     message: str
     limit: int | None = None
     """context_length_exceeded: the most tokens (prompt + max_tokens) the call may take."""
+    prompt_tokens: int | None = None
+    """context_length_exceeded: the prompt's length in tokens."""
+    status: int = 400
+    """503: not now (the model left this instance's rotation), another instance may serve it."""

@@ -1,6 +1,7 @@
 """The contract between the instance core and an executor (`sim`, `torch`, later `sglang`), modelled
-on vLLM v1: a step plan goes in, a result object comes back. Nothing outside this Protocol is
-called.
+on vLLM v1: a step plan goes in, a result object comes back. Nothing outside these Protocols is
+called: `ExecutorState` is what the core calls between steps (synchronously), `Executor` adds what
+the instance process calls.
 
 The core owns the scheduler, the calls and the session KV ledger; an executor owns tokens, bytes and
 time: it encodes prompts, says how much of a prompt a session's stored context covers, runs one
@@ -83,6 +84,9 @@ class StepResult:
     evicted: tuple[str, ...] = ()
     """For a switch: models whose weights the open pushed out of device memory; a later call
     for one of them opens it again (a full open, not a switch)."""
+    switch_report: dict | None = None
+    """For a switch: the executor's measured record (path, phase_s, staged_bytes, dirty_bytes) for
+    the admin API's switch records; None: it does not measure phases."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,25 +97,50 @@ class MemoryStats:
     """Device KV in use over its budget, when the executor measures it (else the scheduler's)."""
 
 
-class Executor(Protocol):
-    kv_capacity_tokens: int | None
-    """Prompt + output tokens its KV pool holds (None: no real pool, the scheduler's default)."""
-
-    def encode(self, request) -> list: ...
-
-    def reusable(self, session: str, model: str, prompt: list) -> int:
-        """Tokens of `prompt` this session's stored context on this instance covers."""
+class ExecutorState(Protocol):
+    """What the core calls on an executor between steps, synchronously: the per-session context
+    and memory it keeps. The simulator's `SimModel` is one too (it keeps bytes, not tokens)."""
 
     def remember(self, call: InstanceCall) -> KVUpdate | None:
-        """Keep a finished call's prompt + output as its session's context; where its KV lives."""
+        """Keep a finished call's prompt + output as its session's context; where its KV lives
+        (None: where the scheduler's ledger says)."""
 
     def release(self, call: InstanceCall) -> None:
         """A call dropped before it finished: free what the executor holds for it."""
 
+    def forget(self, session: str) -> bool | None:
+        """Drop the session's stored context and KV (device pages, host copies): True if it held
+        any, False if none or a call of the session is running (nothing dropped); None: it keeps
+        nothing per session (the core's ledger answers)."""
+
+    def load(self, model: str) -> None:
+        """`model` is back in the instance's rotation (admin API): it may be staged again."""
+
+    def unload(self, model: str) -> None:
+        """`model` left the rotation (it is not active): stop staging it, free its staged bytes."""
+
     def memory(self) -> MemoryStats | None:
         """HBM free and staging slack as of the last step; None: the executor does not know."""
+
+
+class Executor(ExecutorState, Protocol):
+    kv_capacity_tokens: int | None
+    """Prompt + output tokens its KV pool holds (None: no real pool, the scheduler's default)."""
+
+    def encode(self, request) -> list:
+        """The prompt's tokens (ValueError: the model's chat template refuses the conversation)."""
+
+    def reusable(self, session: str, model: str, prompt: list) -> int:
+        """Tokens of `prompt` this session's stored context on this instance covers."""
 
     def memory_report(self, last: int = 50) -> dict:
         """The managed HBM layout and latest switch records ({} when the executor has none)."""
 
-    async def run(self, plan: StepPlan) -> StepResult: ...
+    async def start(self) -> None:
+        """Bring up what must run before the first call (servers); the process is ready after."""
+
+    async def aclose(self) -> None:
+        """Stop what `start` brought up; the instance process awaits it after it stops serving."""
+
+    async def run(self, plan: StepPlan) -> StepResult:
+        """Run one planned action; a switch's failure is `switch_failed`, a call's is its error."""

@@ -1,8 +1,9 @@
 """InstanceCore: one instance, sans-IO. It wraps the cold-pool scheduler (time-shared cold or pinned
-hot) with everything both shells used to do on their own: the submit clamp, the refusal of calls
-that can never fit, per-call records, step result -> `finish`, KV updates, completions with a
-truthful KV state, round measurements for the router's profile EWMA, switch records and the
-telemetry snapshot. It never reads a clock: every entry point takes `now` from its shell.
+hot) with everything both shells used to do on their own: admission (the output clamp, the refusal
+of calls that can never fit, the submit clamp), per-call records, step result -> `finish`, KV
+updates, completions with a truthful KV state, round measurements for the router's profile EWMA,
+switch and round records, the telemetry snapshot, and the admin API's rotation changes and session
+forgetting. It never reads a clock: every entry point takes `now` from its shell.
 """
 
 from __future__ import annotations
@@ -26,11 +27,20 @@ from talariad.cold_sched.snapshot import (
     round_load_s,
     round_remaining_s,
 )
-from talariad.engine.messages import KVEntry, ModelLoad, RoundReport, Telemetry
+from talariad.engine.messages import GenerateRequest, KVEntry, ModelLoad, RoundReport, Telemetry
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath, SwitchRecord
 
 from .calls import InstanceCall, Refusal
-from .contract import CallOutput, KVUpdate, MemoryStats, StepPlan, StepResult
+from .contract import (
+    CallOutput,
+    Executor,
+    ExecutorState,
+    KVUpdate,
+    MemoryStats,
+    StepPlan,
+    StepResult,
+)
+from .rounds import RoundRecorder
 
 ROUND_REPORTS = 32
 """Round measurements kept between two reads (a reader that polls less often than rounds close
@@ -88,15 +98,21 @@ class InstanceCore:
         knobs: SchedKnobs,
         profiles: dict[str, LatencyProfile],
         *,
-        executor=None,
+        executor: ExecutorState | None = None,
         max_context: dict[str, int] | None = None,
         prewarm: bool = False,
         scheduler: ColdScheduler | None = None,
+        recorder: RoundRecorder | None = None,
     ) -> None:
-        """executor: remember/release/memory are called on it (sync); None in pure tests.
+        """executor: its `ExecutorState` members are called (sync; `admit` also encodes with it);
+        None in pure tests.
         prewarm: every model counts as switched in once (the paper's runs exclude warm-up).
-        scheduler: one already built for these models and knobs (scripted scheduler tests)."""
+        scheduler: one already built for these models and knobs (scripted scheduler tests).
+        recorder: keeps per-slot and per-switch records of every finished action (admin API)."""
         self.name, self.pool, self.models = name, Pool(pool), list(models)
+        self.configured = list(models)
+        """The models the config gives this instance; `models` is the rotation served now."""
+        self.recorder = recorder
         self.profiles, self.executor = profiles, executor
         mode = "pinned" if self.pool is Pool.HOT else "time_shared"
         self.sched = scheduler or ColdScheduler(knobs, profiles, self.models, mode=mode)
@@ -120,6 +136,41 @@ class InstanceCore:
 
     # ---- calls ------------------------------------------------------------------------------
 
+    def admit(self, request: GenerateRequest, now: float) -> InstanceCall | Refusal:
+        """A call from the internal API: encode it, lower its output limit to what fits when it asks
+        to (`clamp_max_tokens`), and queue it; the client's error when it is not served here.
+        Needs an `Executor` (it encodes)."""
+        executor: Executor = self.executor
+        model = request.model
+        if model not in self.models:
+            message = f"instance {self.name} does not serve model {model!r} now"
+            return Refusal("model_not_loaded", None, message, status=503)
+        try:
+            prompt = executor.encode(request)
+        except ValueError as err:  # a conversation the model's chat template refuses
+            return Refusal("invalid_value", "messages", str(err))
+        if request.clamp_max_tokens and prompt:  # at least one token
+            request.max_tokens = max(1, min(request.max_tokens, self.room(model, len(prompt))))
+        refusal = self.refusal(model, len(prompt), request.max_tokens)
+        if refusal is not None:
+            return refusal
+        session = request.session_id or f"call-{request.call_id}"
+        call = InstanceCall(
+            request.call_id,
+            session,
+            model,
+            len(prompt),
+            request.max_tokens,
+            now,
+            request=request,
+            prompt=prompt,
+        )
+        try:
+            self.submit(call, executor.reusable(session, model, prompt), now)
+        except ValueError as err:  # anything else the scheduler finds it can never fit
+            return Refusal("invalid_value", None, str(err))
+        return call
+
     def refusal(self, model: str, prompt_tokens: int, max_tokens: int) -> Refusal | None:
         """A call that can never be served here, as the client's error."""
         if prompt_tokens <= 0:
@@ -132,6 +183,7 @@ class InstanceCore:
                 f"this model's maximum context is {limit} tokens; the call needs {need} "
                 f"({prompt_tokens} prompt + {max_tokens} max_tokens)",
                 limit,
+                prompt_tokens,
             )
         cap = self.sched.knobs.kv_capacity_tokens
         if need > cap:
@@ -141,6 +193,7 @@ class InstanceCore:
                 f"the call needs {need} tokens of KV cache ({prompt_tokens} prompt + "
                 f"{max_tokens} max_tokens); this instance holds at most {cap}",
                 cap,
+                prompt_tokens,
             )
         return None
 
@@ -223,6 +276,8 @@ class InstanceCore:
         self.version += 1
         if kind is Switch:
             self._finish_switch(action, result, now, measured_s)
+            if self.recorder is not None:
+                self.recorder.on_action(action, measured_s, self.sched, now, result.switch_report)
             return []
         outs = result.calls
         if kind is Prefill:
@@ -238,6 +293,8 @@ class InstanceCore:
         self._measure(action, measured_s)
         if result.kv_updates:
             self._apply(result.kv_updates, now)
+        if self.recorder is not None:
+            self.recorder.on_action(action, measured_s, self.sched, now)
         return [self._complete(c, now) for c in done] if done else done
 
     def _outputs(self, plan: StepPlan, outs: dict[str, CallOutput]) -> tuple[set, dict]:
@@ -348,6 +405,55 @@ class InstanceCore:
         self._meas = {}
         self.round_reports.extend(out)
         return out
+
+    def rounds(self, now: float, limit: int) -> dict:
+        """The latest `limit` round records (with per-slot phases) and switch records (admin API;
+        empty without a recorder)."""
+        if self.recorder is None:
+            return {"instance": self.name, "rounds": [], "switches": []}
+        return {"instance": self.name, **self.recorder.report(self.sched, now, limit)}
+
+    # ---- admin actions ----------------------------------------------------------------------
+
+    def set_rotation(self, model: str, serve: bool) -> str | None:
+        """Load (serve=True) or unload a configured model at run time; the reason it cannot, or
+        None. Unloading the active model of an idle instance switches it away at its next step,
+        so its weights leave the device."""
+        s = self.sched
+        if model not in self.configured:
+            return f"model {model!r} is not configured on instance {self.name}"
+        if (model in self.models) == serve:
+            return None
+        if s.mode == "pinned":
+            return f"{self.name} is a hot instance; pin another model instead"
+        if not serve:
+            busy = len(s.table.waiting[model]) + sum(
+                s.table.records[c].call.model == model for c in s.table.running
+            )
+            if busy:
+                return f"{busy} calls of {model!r} are queued or running on {self.name}; drain it first"
+            if len(self.models) == 1:
+                return f"{model!r} is the last model of {self.name}"
+            if s.active == model:
+                s.retire(model, next(m for m in self.models if m != model))
+        if self.executor is not None:
+            (self.executor.load if serve else self.executor.unload)(model)
+        keep = set(self.models) | {model} if serve else set(self.models) - {model}
+        self.models = [m for m in self.configured if m in keep]
+        if not serve:
+            self.opened.discard(model)
+        self.version += 1
+        return None
+
+    def forget(self, session: str) -> bool:
+        """Drop a session's context and KV here (the ledger, the executor's pages and host
+        copies); True if there was any."""
+        ledger = self.sched.ledger
+        keys = [k for k in ledger.entries if k[0] == session]
+        for key in keys:
+            del ledger.entries[key]
+        freed = self.executor.forget(session) if self.executor is not None else None
+        return bool(keys) if freed is None else freed
 
     # ---- telemetry --------------------------------------------------------------------------
 

@@ -39,6 +39,8 @@ class SimModel:
             self._open(model)
         self.active: str | None = models[0] if pinned else None
         self.models = list(models)
+        """The rotation its staging rule follows (the admin API may unload some)."""
+        self.configured = list(models)
         self.hbm_by_round: dict[int, int] = {}
         self.hbm_peak = 0
         self._ledger = None
@@ -244,6 +246,19 @@ class SimModel:
 
     def release(self, call) -> None:
         """Nothing to free: a dropped call never reached the device model."""
+
+    def forget(self, session: str) -> None:
+        """Nothing kept per session beyond the KV ledger, which the core clears."""
+        return None
+
+    def load(self, model: str) -> None:
+        """Stage `model` again when the rotation comes to it."""
+        keep = set(self.models) | {model}
+        self.models = [m for m in self.configured if m in keep]
+
+    def unload(self, model: str) -> None:
+        """Stage `model` no more; bytes staged for it now are replaced at the next switch."""
+        self.models = [m for m in self.models if m != model]
 
     def check_integrity(self) -> None:
         self.mem.check_integrity()

@@ -4,7 +4,16 @@ cancellation, and the executor contract's per-call outputs."""
 from __future__ import annotations
 
 from talariad.cold_sched import Idle, Prefill, SchedKnobs, Switch
-from talariad.instance import CallOutput, InstanceCall, InstanceCore, KVUpdate, StepResult
+from talariad.engine.messages import GenerateRequest
+from talariad.instance import (
+    CallOutput,
+    InstanceCall,
+    InstanceCore,
+    KVUpdate,
+    Refusal,
+    StepResult,
+)
+from talariad.instance.rounds import RoundRecorder
 from talariad.types import KVState, LatencyProfile
 
 PROFILE = LatencyProfile()
@@ -13,8 +22,11 @@ PROFILE = LatencyProfile()
 class Recorder:
     """An executor stand-in: it remembers what the core asked of it."""
 
-    def __init__(self, remember: KVUpdate | None = None) -> None:
+    def __init__(self, remember: KVUpdate | None = None, forgets: bool | None = None) -> None:
         self.released, self.remembered, self._update = [], [], remember
+        self.rotation_changes: list[tuple[str, str]] = []
+        self.forgotten: list[str] = []
+        self._forgets = forgets
 
     def remember(self, call):
         self.remembered.append(call.call_id)
@@ -23,19 +35,41 @@ class Recorder:
     def release(self, call):
         self.released.append(call.call_id)
 
+    def forget(self, session):
+        self.forgotten.append(session)
+        return self._forgets  # None: keeps nothing per session, the core's ledger answers
+
+    def load(self, model):
+        self.rotation_changes.append(("load", model))
+
+    def unload(self, model):
+        self.rotation_changes.append(("unload", model))
+
     def memory(self):
         return None
 
 
-def core(executor=None, pool="hot", **knobs) -> InstanceCore:
+class Words(Recorder):
+    """An encoding stand-in too: one token per word; a prompt with "refuse" fails the template."""
+
+    def encode(self, request):
+        if "refuse" in request.prompt:
+            raise ValueError("the template refuses it")
+        return request.prompt.split()
+
+    def reusable(self, session, model, prompt):
+        return 0
+
+
+def core(executor=None, pool="hot", models=("m",), **knobs) -> InstanceCore:
     return InstanceCore(
         "i0",
         pool,
-        ["m"],
+        list(models),
         SchedKnobs(**knobs),
-        {"m": PROFILE},
+        {m: PROFILE for m in models},
         executor=executor,
-        max_context={"m": 100},
+        max_context={m: 100 for m in models},
     )
 
 
@@ -108,3 +142,68 @@ def test_cancel_drops_a_queued_call_and_ends_a_running_one_at_its_next_step():
     (done,) = c.finish(plan, StepResult(calls=None), 1.2, 0.1)
     assert done.call.call_id == "b" and done.finish_reason == "stop" and not c.calls
     c.check_integrity()
+
+
+def request(cid: str, prompt: str, max_tokens: int, model: str = "m", **kw) -> GenerateRequest:
+    return GenerateRequest(call_id=cid, model=model, prompt=prompt, max_tokens=max_tokens, **kw)
+
+
+def test_admission_refuses_clamps_and_queues():
+    c = core(Words(), kv_capacity_tokens=50)
+    gone = c.admit(request("a", "x y", 5, model="n"), 0.0)
+    assert isinstance(gone, Refusal) and (gone.code, gone.status) == ("model_not_loaded", 503)
+    bad = c.admit(request("b", "refuse this", 5), 0.0)
+    assert (bad.code, bad.param, bad.status) == ("invalid_value", "messages", 400)
+    big = c.admit(request("c", "w " * 40, 20), 0.0)
+    assert (big.code, big.limit, big.prompt_tokens) == ("context_length_exceeded", 50, 40)
+    req = request("d", "w " * 40, 20, clamp_max_tokens=True, session_id="s")
+    ok = c.admit(req, 1.0)
+    assert isinstance(ok, InstanceCall) and req.max_tokens == ok.max_tokens == 10  # 50 - 40
+    assert (ok.session_id, ok.arrived_at, ok.prompt_tokens) == ("s", 1.0, 40)
+    assert c.calls == {"d": ok} and not c.calls["d"].generated
+    alone = c.admit(request("e", "x", 1), 1.0)
+    assert alone.session_id == "call-e"  # no session: the call is its own
+
+
+def test_rotation_changes_are_decided_by_the_core_and_told_to_the_executor():
+    rec = Recorder()
+    c = core(rec, pool="cold", models=("a", "b"))
+    assert "not configured" in c.set_rotation("z", True)
+    c.submit(InstanceCall("1", "s", "a", 10, 2), 0, 0.0)
+    assert "drain it first" in c.set_rotation("a", False)
+    while c.calls:
+        run_step(c, c.version)  # any increasing clock
+    assert c.sched.active == "a"
+    version = c.version
+    assert c.set_rotation("a", False) is None and c.models == ["b"]
+    assert rec.rotation_changes == [("unload", "a")] and "a" not in c.opened
+    assert c.version > version
+    plan = c.next_plan(100.0)  # the retired active model switches away at once
+    assert isinstance(plan.action, Switch) and plan.action.to_model == "b"
+    assert "last model" in c.set_rotation("b", False)
+    assert c.set_rotation("a", True) is None and c.models == ["a", "b"]  # config order
+    assert c.set_rotation("a", True) is None and rec.rotation_changes[-1] == ("load", "a")
+    assert len(rec.rotation_changes) == 2  # no change, nothing told
+    assert "hot instance" in core(Recorder(), pool="hot").set_rotation("m", False)
+
+
+def test_forget_clears_the_ledger_and_takes_the_executors_word():
+    for answer, expect in ((None, True), (False, False), (True, True)):
+        c = core(Recorder(forgets=answer))
+        c.submit(call("a", max_tokens=1), 0, 0.0)
+        run_step(c, 0.0)
+        assert c.sched.ledger.entries
+        assert c.forget("s") is expect and not c.sched.ledger.entries
+        assert c.executor.forgotten == ["s"]
+    assert core(Recorder()).forget("nobody") is False
+
+
+def test_round_records_are_kept_only_when_asked():
+    assert core().rounds(0.0, 5) == {"instance": "i0", "rounds": [], "switches": []}
+    c = InstanceCore("i0", "cold", ["m"], SchedKnobs(), {"m": PROFILE}, recorder=RoundRecorder())
+    c.submit(call("a", max_tokens=1), 0, 0.0)
+    run_step(c, 0.0)  # the switch in
+    run_step(c, 0.1)  # the prefill
+    report = c.rounds(1.0, 5)
+    assert [w["to_model"] for w in report["switches"]] == ["m"]
+    assert report["rounds"][0]["slots"][0]["model"] == "m"

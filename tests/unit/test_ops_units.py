@@ -148,7 +148,7 @@ def test_worker_rotation_unload_retires_the_active_model():
             )
         ]
         assert events[-1].type == "done" and worker.core.sched.active == "a"
-        assert worker.set_rotation("a", False) is None and worker.rotation == ["b"]
+        assert worker.set_rotation("a", False) is None and worker.core.models == ["b"]
         for _ in range(100):
             await asyncio.sleep(0.01)
             if worker.core.sched.active == "b":
@@ -162,8 +162,8 @@ def test_worker_rotation_unload_retires_the_active_model():
         assert refused[0].type == "error" and refused[0].code == "model_not_loaded"
         assert "last model" in worker.set_rotation("b", False)
         assert "not configured" in worker.set_rotation("z", True)
-        assert worker.set_rotation("a", True) is None and worker.rotation == ["a", "b"]
-        report = worker.rounds(10)
+        assert worker.set_rotation("a", True) is None and worker.core.models == ["a", "b"]
+        report = worker.core.rounds(worker.now(), 10)
         assert [w["to_model"] for w in report["switches"]] == ["a", "b"]
         assert report["rounds"][0]["slots"][0]["model"] == "a"
         loop.cancel()

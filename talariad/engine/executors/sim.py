@@ -116,12 +116,24 @@ class SimExecutor:
             del self.contexts[key]
         return bool(keys)
 
+    def load(self, model: str) -> None:
+        self.model.load(model)
+
+    def unload(self, model: str) -> None:
+        self.model.unload(model)
+
     def memory(self) -> MemoryStats:
         return self.model.memory()
 
     def memory_report(self, last: int = 50) -> dict:
         """No managed layout to show: the sim model keeps bytes, not regions."""
         return {}
+
+    async def start(self) -> None:
+        """Nothing to bring up: the model is bytes and seconds in this process."""
+
+    async def aclose(self) -> None:
+        """Nothing to stop (see `start`)."""
 
     async def run(self, plan: StepPlan) -> StepResult:
         seconds = self.model.begin(plan, self._now())

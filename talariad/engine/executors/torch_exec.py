@@ -151,6 +151,8 @@ class TorchExecutor:
             else:
                 result = self._decode(action, calls)
             self._stage_some()
+            if isinstance(action, Switch):  # the substrate's record, after this step's staging
+                result.switch_report = record_dict(self.sub.records[-1])
             stats = memory_stats(self.sub)
             self.stats = MemoryStats(stats["hbm_free_bytes"], stats["staging_slack_bytes"])
             return result
@@ -369,11 +371,6 @@ class TorchExecutor:
         with self._lock:
             return memory_report(self.sub, last)
 
-    def last_switch(self) -> dict | None:
-        """The substrate's record of the latest switch (phase times, staged/dirty bytes)."""
-        with self._lock:
-            return record_dict(self.sub.records[-1]) if self.sub.records else None
-
     def unload(self, model: str) -> None:
         """Take `model` out of the staging rotation and free its staged chunks (it is not active)."""
         with self._lock:
@@ -423,5 +420,8 @@ class TorchExecutor:
         stats = memory_stats(self.sub)
         self.stats = MemoryStats(stats["hbm_free_bytes"], stats["staging_slack_bytes"])
 
-    def close(self) -> None:
-        self._thread.shutdown(wait=True)
+    async def start(self) -> None:
+        """Nothing to bring up: the models were registered (a hot one opened) when it was built."""
+
+    async def aclose(self) -> None:
+        """Nothing to stop: the step thread ends with the process, after a step in flight."""

@@ -222,6 +222,21 @@ class SGLangExecutor:
         if stream is not None and not stream.done and stream.task is not None:
             stream.task.cancel()  # abandoned by its client: closing the stream aborts it in SGLang
 
+    def forget(self, session: str) -> bool:
+        """Drop the session's stored contexts, so its next call claims no prefix; True if any.
+        The KV stays in SGLang's radix cache, which evicts it by LRU (no per-session release)."""
+        keys = [k for k in self.contexts if k[0] == session]
+        for key in keys:
+            del self.contexts[key]
+        return bool(keys)
+
+    def load(self, model: str) -> None:
+        """Nothing to do: its server stayed up, parked, while the model was out of rotation."""
+
+    def unload(self, model: str) -> None:
+        """Nothing to do: a model that is not active has its server parked (memory released), and
+        SGLang stages nothing."""
+
     async def run(self, plan: StepPlan) -> StepResult:
         action = plan.action
         if isinstance(action, Switch):

@@ -1,7 +1,8 @@
 """Per-round, per-slot and per-switch records of one instance, for the admin API's Rounds.
 
-The worker feeds every action it ran to `RoundRecorder.on_action`; the round totals come from the
-scheduler's `RoundSummary` list. Everything scheduler-shaped is read here, through two small
+The instance core feeds every action it finished to `RoundRecorder.on_action` (the instance process
+asks it to keep one; the simulator does not); the round totals come from the scheduler's
+`RoundSummary` list. Everything scheduler-shaped is read here, through two small
 adapters (`_slot_of`, `_round_dict`), so a telemetry schema change is a local fix.
 """
 
@@ -17,7 +18,7 @@ SLOT_PHASES = ("P", "D1", "SP", "D", "Dfin")
 
 def _slot_of(sched) -> tuple[int, str, float, str] | None:
     """(round index, model, opened at, current phase) of the open slot; None outside slots."""
-    slot = getattr(sched, "slot", None)
+    slot = sched.slot
     if slot is None:
         return None
     return slot.round_index, slot.model, slot.opened_at, slot.phase.value
