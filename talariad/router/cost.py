@@ -189,6 +189,8 @@ class CostModel:
             restore_rate,
             _,
             hbm_free,
+            _,
+            _,
         ) = x.row
         if x.ov is not None:
             queued, batch = queued + x.ov[0], batch + x.ov[1]
@@ -221,6 +223,11 @@ class CostModel:
         else:
             reason = "ok"
         total = queue + prefill + decode + recovery + activation
+        replica = 0.0
+        if needs_replica and k.residency_terms:  # a retired replica keeps its whole weights
+            replica = self._memory_s(added or prof.weight_bytes, x.row[13], x.row[14])
+            if base > 0.0:  # it would time-share a busy instance, not fill an idle one
+                replica += k.replica_penalty(call.model)
         return CandidateCost(
             x.instance,
             queue,
@@ -234,6 +241,8 @@ class CostModel:
             kv_state,
             needs_replica,
             round_load,
+            None,
+            replica,
         )
 
     def _row(self, inst: InstanceState, model: str, prof: LatencyProfile) -> tuple:
@@ -259,6 +268,8 @@ class CostModel:
             rate,
             snap.taken_at,
             snap.hbm_free_bytes,
+            snap.kv_occupancy,
+            snap.staging_slack_bytes,
         )
         inst.rows[model] = row
         return row
@@ -341,10 +352,16 @@ class CostModel:
     def _price(self, model: str, facts: tuple, added: int, activation: float) -> float:
         """T_swap + μ_j·ΔW + ν_m for `added` bytes of weights."""
         _, kv_occupancy, staging_slack = facts
+        memory = self._memory_s(added, kv_occupancy, staging_slack)
+        return activation + memory + self.knobs.replica_penalty(model)
+
+    def _memory_s(self, added: int, kv_occupancy: float, staging_slack: int) -> float:
+        """μ_j·ΔW: μ_j rises with KV occupancy and with the share of ΔW that the instance's free
+        HBM (its staging slack) cannot take without displacing KV or other weights."""
         u = min(max(kv_occupancy, 0.0), 0.95)
         uncovered = max(added - staging_slack, 0) / added if added > 0 else 0.0
         mu = self.knobs.hbm_price_s_per_gib * (1.0 + u / (1.0 - u)) * (1.0 + uncovered)
-        return activation + mu * added / GIB + self.knobs.replica_penalty(model)
+        return mu * added / GIB
 
 
 def replica_facts(snap, model: str) -> tuple:

@@ -153,6 +153,14 @@ class CandidateCost(NamedTuple):
     needs_replica: bool = False
     round_load_s: float = 0.0
     score: float | None = None
+    replica_s: float = 0.0
+    """A candidate that opens (or reopens) a replica: the price of keeping it, μ_j·ΔW_m + ν_m of
+    Eq. (2), charged to the call that opens it when candidates are ranked (`rank_s`)."""
+
+    @property
+    def rank_s(self) -> float:
+        """What Talaria ranks by: Eq. (1), plus the replica price of an open."""
+        return self.total_s + self.replica_s
 
 
 class Decision(NamedTuple):

@@ -282,18 +282,20 @@ def _gate(cost: CostModel, inst: InstanceState, plan: CallPlan) -> str:
 
 
 def _rank(c: CandidateCost) -> tuple[float, str]:
-    return (c.total_s, c.instance)
+    return (c.rank_s, c.instance)
 
 
 def _before(cand: CandidateCost, other: CandidateCost | None) -> bool:
-    """`cand` ranks before `other` (lower total, ties by name); anything ranks before None."""
-    return (
-        other is None
-        or cand.total_s < other.total_s
-        or (cand.total_s == other.total_s and cand.instance < other.instance)
-    )
+    """`cand` ranks before `other` (lower rank, ties by name); anything ranks before None."""
+    if other is None:
+        return True
+    a, b = cand.rank_s, other.rank_s
+    return a < b or (a == b and cand.instance < other.instance)
 
 
 def _above(bound: float, cand: CandidateCost | None) -> bool:
-    """`bound` (summed in another order than a total) is surely above `cand`'s total."""
-    return cand is not None and bound > cand.total_s + _RELATIVE_SLACK * abs(cand.total_s) + 1e-12
+    """`bound` (a lower bound of Eq. (1), summed in another order) is surely above `cand`'s rank."""
+    if cand is None:
+        return False
+    key = cand.rank_s
+    return bound > key + _RELATIVE_SLACK * abs(key) + 1e-12

@@ -221,13 +221,16 @@ class SimMemory:
     def kv_budget_bytes(self, active: str) -> int:
         return max(self.spec.hbm_bytes - self.resident_weight_bytes(active), 0)
 
-    def reclaimable_bytes(self, active: str | None, device_kv_bytes: int) -> int:
-        """HBM a new call or an open may take: free KV room plus idle resident weights, which
-        an open evicts (what an instance advertises as free)."""
-        if active is None:
-            return self.spec.hbm_bytes
-        weights = self.spec.weight_bytes.get(active, 0)
-        return max(self.spec.hbm_bytes - weights - device_kv_bytes, 0)
+    def reclaimable_bytes(self, active: str | None, in_use: set[str], device_kv_bytes: int) -> int:
+        """HBM a new call or an open may take without evicting a model in use (active, or with
+        calls on the instance): free KV room plus the weights of idle resident models, which an
+        open evicts. Staging mode: only the active model's weights are on device."""
+        weights = self.spec.weight_bytes
+        if self.keeps_weights:
+            held = sum(weights.get(m, 0) for m in self.resident if m in in_use or m == active)
+        else:
+            held = weights.get(active, 0) if active else 0
+        return max(self.spec.hbm_bytes - held - device_kv_bytes, 0)
 
     def kv_bytes(self, model: str, tokens: int) -> int:
         return tokens * self.spec.kv_bytes_per_token.get(model, 0)

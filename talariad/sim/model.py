@@ -11,8 +11,11 @@ budget moves the least recently used idle prefixes off the device.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from talariad.cold_sched import Decode, Switch
 from talariad.cold_sched.rounds import staging_target
+from talariad.instance.calls import InstanceCall
 from talariad.instance.contract import KVUpdate, MemoryStats, StepPlan, StepResult
 from talariad.sim.costs import action_seconds, decode_seconds
 from talariad.sim.memory import SimMemory
@@ -44,6 +47,7 @@ class SimModel:
         self.hbm_by_round: dict[int, int] = {}
         self.hbm_peak = 0
         self._ledger = None
+        self._live: Mapping[str, InstanceCall] | None = None  # the calls as of the last step
         self._switch: tuple[SwitchPath, float, bool] | None = None
 
     @property
@@ -71,6 +75,7 @@ class SimModel:
     def begin(self, plan: StepPlan, now: float) -> float:
         """Seconds the action takes, started at `now`."""
         self._ledger = plan.ledger
+        self._live = plan.live
         action = plan.action
         if isinstance(action, Decode):  # the common step first
             return decode_seconds(action, self.profiles[action.model])
@@ -237,8 +242,9 @@ class SimModel:
     def memory(self) -> MemoryStats:
         kv = self.device_kv_bytes()
         budget = self.mem.kv_budget_bytes(self.active) if self.active else self.mem.spec.hbm_bytes
-        free = self.mem.reclaimable_bytes(self.active, kv)
-        slack = 0 if self.mem.keeps_weights else max(budget - kv, 0)
+        in_use = {c.model for c in self._live.values()} if self._live else set()
+        free = self.mem.reclaimable_bytes(self.active, in_use, kv)
+        slack = max(budget - kv, 0)  # HBM that new weights take without displacing anything
         return MemoryStats(free, slack, min(kv / budget, 1.0) if budget else 0.0)
 
     def remember(self, call) -> None:

@@ -300,3 +300,27 @@ def test_two_peers_diverge_where_their_rules_differ():
         picks[policy] = r.place(call("c1", prompt=1200, prefix=1000), 0.1).instance
     # Dynamo follows the KV overlap (a), llm-d's default profile the shorter queue (b)
     assert picks == {"dynamo-kv": "a", "llm-d": "b"}
+
+
+def test_a_first_replica_opens_where_its_weights_fit_beside_the_models_in_use():
+    # both instances lack the model, so Eq. (1) ties; one has room for its weights, the other
+    # would have to displace weights or KV it is using: the replica's memory price decides
+    r, snaps = router(), Snaps()
+    r.observe(snaps("a", 0.0, state=ModelState.ABSENT, staging_slack_bytes=0), 0.0)
+    r.observe(snaps("b", 0.0, state=ModelState.ABSENT), 0.0)
+    d = r.place(call("c1"), 0.1)
+    assert cand(d, "a").total_s == cand(d, "b").total_s
+    assert cand(d, "a").replica_s > cand(d, "b").replica_s > 0.0
+    assert d.instance == "b" and d.kind is DecisionKind.REPLICA_OPEN
+
+
+def test_a_first_replica_fills_an_idle_instance_rather_than_time_share_a_busy_one():
+    # Eq. (1) ties (the model is absent on both; "a" serves other models' work, which Eq. (1)
+    # does not see for this model): the open on busy "a" pays ν, the one on idle "b" does not
+    r, snaps = router(replica_penalty_s=2.0), Snaps()
+    r.observe(snaps("a", 0.0, state=ModelState.ABSENT, round_load_s=0.5), 0.0)
+    r.observe(snaps("b", 0.0, state=ModelState.ABSENT), 0.0)
+    d = r.place(call("c1", prompt=2000), 0.1)
+    assert cand(d, "a").total_s == cand(d, "b").total_s
+    assert cand(d, "a").replica_s == pytest.approx(cand(d, "b").replica_s + 2.0)
+    assert d.instance == "b"

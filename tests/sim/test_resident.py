@@ -30,7 +30,8 @@ def test_resident_weights_evict_the_least_recently_active_model():
     assert mem.make_resident("c") == ["b"]
     assert list(mem.resident) == ["a", "c"]
     assert mem.kv_budget_bytes("c") == 100 - 80  # both resident models' weights stay
-    assert mem.reclaimable_bytes("c", 5) == 100 - 40 - 5  # an open may evict the idle one
+    assert mem.reclaimable_bytes("c", set(), 5) == 100 - 40 - 5  # an open may evict the idle one
+    assert mem.reclaimable_bytes("c", {"a"}, 5) == 100 - 80 - 5  # ... but not one with calls
 
 
 def test_the_router_box_holds_two_of_its_three_models():

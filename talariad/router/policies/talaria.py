@@ -83,7 +83,7 @@ class TalariaPolicy(Policy):
 
 
 def _total(c) -> tuple[float, str]:
-    return (c.total_s, c.instance)
+    return (c.rank_s, c.instance)
 
 
 def _lifecycle(best, view: ClusterView, plan: CallPlan) -> str:

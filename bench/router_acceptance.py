@@ -1,0 +1,157 @@
+"""Issue 15's acceptance grid for the router suite: on each trace (the fixed replay and the bundled
+real trace, the §5.3 120-call subset and whole sessions) and each seed, at each load, the full
+Talaria router against the best peer: SCT p95 and avoidable opens.
+
+A peer is every registered policy but `talaria`; "best" is the lowest SCT p95 (for the SCT check)
+and the fewest avoidable opens (for the opens check), each taken over all peers separately.
+
+Run: .venv/bin/python bench/router_acceptance.py [--seeds 0-4] [--traces fixed,swebv]
+     [--full | --both] [--swebv PATH] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from talariad.replay.generate import PAPER_MODELS, fixed_replay  # noqa: E402
+from talariad.replay.metrics import row_metrics  # noqa: E402
+from talariad.replay.swebv import load_swebv  # noqa: E402
+from talariad.sim.__main__ import ROUTER_BOX, on_models, router_subset  # noqa: E402
+from talariad.sim.configs import LOADS, router_configs  # noqa: E402
+from talariad.sim.profiles import load_set  # noqa: E402
+from talariad.sim.simulator import simulate  # noqa: E402
+
+SWEBV = "../shared/traces/swebv_gemini3pro_minisweagent_calls.jsonl.gz"  # from the repo root
+QUIET = Console(quiet=True)
+
+
+def trace_for(name: str, seed: int, full: bool, swebv: str):
+    pset = load_set(ROUTER_BOX)
+    if name == "fixed":
+        trace = fixed_replay(seed)
+    else:
+        trace = load_swebv(swebv, seed=seed, limit_sessions=30, assign_models=list(PAPER_MODELS))
+    trace = on_models(trace, list(pset.models), QUIET)
+    return (trace if full else router_subset(trace)), pset
+
+
+def one(job: tuple[str, int, bool, str]) -> list[dict]:
+    name, seed, full, swebv = job
+    trace, pset = trace_for(name, seed, full, swebv)
+    out = []
+    for cfg in router_configs(pset, tuple(trace.models())):
+        r = row_metrics(simulate(trace, cfg, pset))
+        out.append(
+            {
+                "trace": name,
+                "seed": seed,
+                "full": full,
+                "load": r.load,
+                "policy": r.policy,
+                "sct_p95_s": r.sct_p95_s,
+                "sct_p50_s": r.sct_p50_s,
+                "avoidable_opens": r.avoidable_opens,
+            }
+        )
+    return out
+
+
+def verdicts(rows: list[dict]) -> list[dict]:
+    out = []
+    keys = sorted({(r["trace"], r["full"], r["seed"], r["load"]) for r in rows})
+    for trace, full, seed, load in keys:
+        group = [
+            r
+            for r in rows
+            if (r["trace"], r["full"], r["seed"], r["load"]) == (trace, full, seed, load)
+        ]
+        ours = next(r for r in group if r["policy"] == "talaria")
+        peers = [r for r in group if r["policy"] != "talaria"]
+        best_sct = min(peers, key=lambda r: r["sct_p95_s"])
+        best_open = min(peers, key=lambda r: r["avoidable_opens"])
+        out.append(
+            {
+                "trace": trace + (" full" if full else ""),
+                "seed": seed,
+                "load": load,
+                "talaria_sct_p95_s": ours["sct_p95_s"],
+                "best_peer_sct_p95_s": best_sct["sct_p95_s"],
+                "best_peer_sct": best_sct["policy"],
+                "talaria_avoidable_opens": ours["avoidable_opens"],
+                "best_peer_avoidable_opens": best_open["avoidable_opens"],
+                "sct_ok": ours["sct_p95_s"] <= best_sct["sct_p95_s"] + 1e-9,
+                "opens_ok": ours["avoidable_opens"] <= best_open["avoidable_opens"],
+            }
+        )
+    return out
+
+
+def seeds(text: str) -> list[int]:
+    if "-" in text:
+        a, b = text.split("-")
+        return list(range(int(a), int(b) + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--seeds", default="0-4")
+    p.add_argument("--traces", default="fixed,swebv")
+    p.add_argument("--full", action="store_true", help="whole sessions instead of the subset")
+    p.add_argument("--both", action="store_true", help="the subset and whole sessions")
+    p.add_argument("--swebv", default=SWEBV, help="the real trace (*_calls.jsonl.gz)")
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args()
+    fulls = [False, True] if args.both else [args.full]
+    jobs = [
+        (t, s, f, args.swebv)
+        for f in fulls
+        for t in args.traces.split(",")
+        for s in seeds(args.seeds)
+    ]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = [r for part in pool.map(one, jobs) for r in part]
+    table = Table(title=f"router suite: talaria vs best peer (loads {', '.join(LOADS)})")
+    for col in (
+        "trace",
+        "seed",
+        "load",
+        "SCT p95 talaria",
+        "best peer",
+        "opens talaria/best",
+        "ok",
+    ):
+        table.add_column(col)
+    result = verdicts(rows)
+    for v in result:
+        table.add_row(
+            v["trace"],
+            str(v["seed"]),
+            v["load"],
+            f"{v['talaria_sct_p95_s']:.1f}",
+            f"{v['best_peer_sct_p95_s']:.1f} ({v['best_peer_sct']})",
+            f"{v['talaria_avoidable_opens']}/{v['best_peer_avoidable_opens']}",
+            ("sct " if v["sct_ok"] else "SCT-LOSS ") + ("opens" if v["opens_ok"] else "OPENS-LOSS"),
+        )
+    Console(width=140).print(table)
+    met = sum(v["sct_ok"] and v["opens_ok"] for v in result)
+    print(f"met {met}/{len(result)}; load average {os.getloadavg()[0]:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "verdicts": result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
