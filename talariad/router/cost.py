@@ -93,7 +93,16 @@ class CostModel:
         """A forward of `plan` to `instance`: its service work counts as the model's demand there."""
         work = plan.prefill_s + plan.decode_s
         self.placed.record((instance, plan.call.model), now, work)  # type: ignore[arg-type]
+        self.placed.record((instance, None), now, work)  # type: ignore[arg-type]
         self.placed.record(plan.call.model, now, work)
+
+    def spare_s(self, instance: str, now: float | None) -> float:
+        """What `instance` can still absorb over the next control window: the window minus the
+        work forwarded to it over the last one (every model), the forecast of its own load."""
+        if now is None:
+            return math.inf
+        busy = self.placed.work_s((instance, None), now)  # type: ignore[arg-type]
+        return max(self.knobs.control_window_s - busy, 0.0)
 
     def retired(self, plan: CallPlan, inst: InstanceState, row: tuple) -> bool:
         """The retirement rule: a model resident (not active, not being opened) on a cold
@@ -284,13 +293,15 @@ class CostModel:
             replica_facts(snap, plan.call.model),
             self.model_state(inst, plan.call.model),
             cand,
-            gain,
+            min(gain, self.spare_s(inst.name, plan.now)),
         )
 
     def passes_eq2_on(
         self, plan: CallPlan, facts: tuple, state: ModelState, cand: CandidateCost, gain: float
     ) -> bool:
-        """Eq. (2) from `replica_facts` and the model's state there (pure: lazy explanations)."""
+        """Eq. (2) from `replica_facts` and the model's state there (pure: lazy explanations).
+        `gain` is already capped by what the instance can absorb (`spare_s`): a replica on an
+        instance that its other work keeps busy reduces no queued demand of the model."""
         model, prof = plan.call.model, plan.profile
         if state is not ModelState.ABSENT:  # a retired replica: keeping it is what it costs
             return gain > self.keep_cost_s(model, prof, facts, cand.activation_s)

@@ -201,13 +201,14 @@ class _Search:
             flat.append(snap.staging_slack_bytes)
             retired = cost.retired(self.plan, inst, row)
             flat.append(retired)
+            flat.append(cost.spare_s(inst.name, self.plan.now))
             replica = replica or row[5] or retired
         # Eq. (2) may mark a skipped candidate: keep the gain of this moment for the rendering
         gain = self.gain() if replica and cost.knobs.residency_terms else None
         return Ranking(self.best, LazyCandidates(cost, self.plan, scored, flat, gain), cheapest)
 
 
-_CAPTURED = 10
+_CAPTURED = 11
 
 
 class LazyCandidates(Sequence):
@@ -238,9 +239,19 @@ class LazyCandidates(Sequence):
 
     def _render(self, at: int) -> CandidateCost:
         cost, plan, gain = self._cost, self._plan, self._gain
-        (name, row, leased, leased_all, ov_work_s, ov_hbm, res, occupancy, slack, retired) = (
-            self._flat[at : at + _CAPTURED]
-        )
+        (
+            name,
+            row,
+            leased,
+            leased_all,
+            ov_work_s,
+            ov_hbm,
+            res,
+            occupancy,
+            slack,
+            retired,
+            spare,
+        ) = self._flat[at : at + _CAPTURED]
         cand = cost.score(
             plan,
             Inputs(
@@ -252,7 +263,9 @@ class LazyCandidates(Sequence):
             and cand.feasible
             and gain is not None
             and not math.isinf(gain)
-            and not cost.passes_eq2_on(plan, (res, occupancy, slack), res.state, cand, gain)
+            and not cost.passes_eq2_on(
+                plan, (res, occupancy, slack), res.state, cand, min(gain, spare)
+            )
         ):
             cand = cand._replace(feasible=False, reason="retired" if retired else "eq2")
         return cand
