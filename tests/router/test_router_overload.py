@@ -119,3 +119,13 @@ def test_unknown_policy_lists_valid_names():
     with pytest.raises(ValueError, match="valid names: .*talaria") as err:
         Router(RouterKnobs(), {}, "fastest")
     assert all(name in str(err.value) for name in POLICIES.names())
+
+
+def test_talaria_holds_a_call_at_most_one_round_bound_then_queues_it_where_the_model_is_served():
+    r, snaps = _full(overload="queue")  # both rounds over γ·TTFT = 8 s, the model active on both
+    assert r.place(call("c1"), 0.1).kind is DecisionKind.OVERLOAD_QUEUE
+    assert r.place(call("c1"), 7.0).kind is DecisionKind.OVERLOAD_QUEUE  # within a round bound
+    cluster(r, snaps, ("a", "b"), now=8.0, round_load_s=9.0, round_remaining_s=0.7)
+    d = r.place(call("c1"), 8.2)
+    assert d.kind is DecisionKind.COST and d.instance == "a" and "held a round bound" in d.reason
+    assert r.held() == () and r.in_flight() == {"c1": "a"}

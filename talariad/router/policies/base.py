@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import ClassVar, NamedTuple
 
 from talariad.router.cost import CallPlan, CostModel
@@ -48,6 +49,8 @@ class ClusterView:
     ) -> None:
         self.knobs, self.instances, self.sessions = knobs, instances, sessions
         self.leases, self.cost, self.demand = leases, cost, demand
+        self.held: Mapping[str, float] = {}
+        """Calls the overload policy holds at the gateway: call id -> when it was first held."""
 
     def eligible(self, model: str, now: float) -> list[InstanceState]:
         """Healthy, fresh, heartbeat-current instances allowed to serve `model`, by name

@@ -5,6 +5,8 @@
 2. Otherwise every placeable instance is scored by Eq. (1); the round-admission (Eq. 5) and HBM
    checks filter them, and a candidate that needs a fresh replica must also pass Eq. (2).
 3. The cheapest survivor wins; with none, the router applies the configured overload policy.
+   A call held for a whole round bound while every instance serving its model is only over its
+   round budget joins the cheapest such instance's queue (see `_held_a_round`).
    The hot pool is for its models: when a cold instance would win, a feasible hot instance
    allowed the model wins instead (a tie in Eq. (1) is not a reason to time-share a cold slot
    while the instance pinning the model idles); the cold pool takes a hot model's calls only
@@ -63,6 +65,13 @@ class TalariaPolicy(Policy):
             # allows concentrating the model, so the cheapest retired replica reopens
             best = min((c for c in cands if c.reason == "retired"), key=_total, default=None)
             why = "in-rotation replicas infeasible"
+        if best is None and self._held_a_round(plan, view, now):
+            best = min(
+                (c for c in cands if c.reason == "round" and not c.needs_replica),
+                key=_total,
+                default=None,
+            )
+            why = "held a round bound; queued where the model is served"
         if best is None:
             return Choice(None, DecisionKind.COST, cands, prefix + "no feasible instance", spill)
         if view.instances.get(best.instance).snapshot.pool is not Pool.HOT:
@@ -73,6 +82,14 @@ class TalariaPolicy(Policy):
         return Choice(
             best.instance, kind, cands, f"{prefix}{why}; {_lifecycle(best, view, plan)}", best=best
         )
+
+    def _held_a_round(self, plan: CallPlan, view: ClusterView, now: float) -> bool:
+        """The call has waited at the gateway for a whole round bound (γ·TTFT). A hold is for
+        an instance that frees within a round; past that, holding longer only starves new
+        sessions behind the leased returns (which skip the round check), so the call joins the
+        queue of an instance serving its model, whose scheduler admits it at the next slot."""
+        since = view.held.get(plan.call.call_id)
+        return since is not None and now - since >= self.knobs.round_budget_s
 
     def _hot_best(self, plan: CallPlan, view: ClusterView, insts: list, now: float):
         """The cheapest feasible hot instance allowed the model, or None."""
