@@ -35,6 +35,7 @@ CANDIDATE_COLUMNS = (
     "kv",
     "activation",
     "total",
+    "replica",
     "kv_state",
     "feasible",
 )

@@ -113,6 +113,7 @@ def _candidate_row(c: dict) -> tuple:
                 "kv_recovery_s",
                 "activation_s",
                 "total_s",
+                "replica_s",
             )
         ),
         c["kv_state"],

@@ -50,6 +50,7 @@ def decision(d: Decision, now: float) -> admin_pb2.Decision:
             reason=c.reason,
             kv_state=c.kv_state.value,
             needs_replica=c.needs_replica,
+            replica_s=c.replica_s,
         )
         for c in d.candidates
     ]
