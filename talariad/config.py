@@ -180,7 +180,8 @@ class PolicyConfig(_Strict):
     """Average time-per-output-token target T_TPOT of Eq. (4); the paper gives no number. At 0.1 s
     three large models' protected decode would fill almost the whole round, so 0.2 s."""
     admission_unit_s: float = Field(default=0.5, ge=0)
-    """Slot budget (seconds) one live lease charges to its instance's next model slot (§4.1)."""
+    """The most slot budget (seconds) one live lease charges to its instance's next model slot
+    (§4.1); a lease charges its session's predicted return up to this."""
     replica_penalty_s: float = Field(default=2.0, ge=0)
     """Per-replica penalty ν_m of Eq. (2) against opening replicas for transient bursts."""
     retire_window_s: float = Field(default=30.0, gt=0)

@@ -54,8 +54,8 @@ class Inputs(NamedTuple):
     ov: tuple[int, int, int] | None  # overlay for the model: new tokens, calls, opening calls
     kv_state: KVState
     kv_len: int
-    leased: int  # live leases on the instance for this model
-    leased_all: int  # for all models
+    leased_s: float  # admission budget the live leases on the instance hold for this model
+    leased_all_s: float  # for all models
     ov_work_s: float
     ov_hbm: int
     retired: bool  # the model is resident there but retired from its rotation (`CostModel.retired`)
@@ -153,7 +153,7 @@ class CostModel:
             if entry is not None:
                 kv_state, kv_len = entry.state, entry.kv_len
         per_model = self.leases.by_instance.get(inst.name)
-        leased = (per_model.get(model, 0), per_model.get(None, 0)) if per_model else (0, 0)
+        leased = (per_model.get(model, 0.0), per_model.get(None, 0.0)) if per_model else (0.0, 0.0)
         return Inputs(
             inst.name,
             row,
@@ -219,10 +219,9 @@ class CostModel:
             slot_wait = 0.0  # SP admits a continuation with reusable KV mid-slot (§3.4)
         if not k.residency_terms:
             recovery, activation, needs_replica = 0.0, 0.0, False
-        unit = k.admission_unit_s
-        queue = risk * (slot_wait + prof.prefill_s_per_token * queued + unit * x.leased)
+        queue = risk * (slot_wait + prof.prefill_s_per_token * queued + x.leased_s)
         decode = plan.decode_s + call.max_tokens * prof.decode_s_per_seq * (batch + 1)
-        base = risk * (base_load + x.ov_work_s + unit * x.leased_all)
+        base = risk * (base_load + x.ov_work_s + x.leased_all_s)
         prefill = plan.prefill_s
         round_load = base + prefill + recovery + activation
         if base > 0.0 and round_load > k.round_budget_s:
@@ -341,10 +340,7 @@ class CostModel:
                 1, min(open_replicas, self._in_rotation(model, instances, plan.now))
             )
         backlog = plan.profile.prefill_s_per_token * queued
-        backlog += (
-            demand.work_s(model, now)
-            + self.leases.by_model.get(model, 0) * self.knobs.admission_unit_s
-        )
+        backlog += demand.work_s(model, now) + self.leases.by_model.get(model, 0.0)
         return backlog / (open_replicas * (open_replicas + 1))
 
     def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> int:

@@ -26,8 +26,11 @@ class RouterKnobs:
     """TTFT budget the round bound protects (the paper's §2.4 uses 10 s)."""
 
     admission_unit_s: float = 0.5
-    """Slot budget one live lease charges to its instance. 0.5 s is about the session-prefill of a
-    typical continuation suffix (a few thousand new tokens on a 100B+ model) plus its restore."""
+    """The most slot budget one live lease charges to its instance. A lease charges its session's
+    predicted return: the prefill of a suffix as long as the call it follows, plus the restore of
+    a host-resident prefix (`Router.completed`), capped here: 0.5 s is about the session-prefill
+    of a typical continuation suffix (a few thousand new tokens on a 100B+ model) plus its
+    restore, so a small model's lease no longer fills a hot instance's budget."""
 
     replica_penalty_s: float = 2.0
     """ν_m of Eq. (2): latency-equivalent penalty against opening a replica for a short burst."""

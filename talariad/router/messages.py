@@ -189,6 +189,9 @@ class Lease:
     kv_len: int
     t_done: float
     t_exp: float
+    charge_s: float
+    """Admission budget the lease holds on its instance: the predicted work of the session's
+    return (`Router.completed`)."""
 
     def live(self, now: float) -> bool:
         return self.t_done <= now < self.t_exp

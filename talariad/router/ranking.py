@@ -167,10 +167,10 @@ class _Search:
         k, model = cost.knobs, plan.call.model
         row = inst.rows[model]
         per_model = cost.leases.by_instance.get(inst.name)
-        leased_all = per_model.get(None, 0) if per_model else 0
+        leased_all = per_model.get(None, 0.0) if per_model else 0.0
         recovery = _recompute_s(plan, plan.call.prefix_tokens) if k.residency_terms else 0.0
         activation = row[4] if k.residency_terms else 0.0
-        base = row[7] * (row[9] + inst.ov_work_s + k.admission_unit_s * leased_all)
+        base = row[7] * (row[9] + inst.ov_work_s + leased_all)
         if base > 0.0 and base + plan.prefill_s + recovery + activation > k.round_budget_s:
             return True
         hbm_free = row[12]  # None: the instance does not measure its memory, no HBM check
@@ -192,8 +192,8 @@ class _Search:
             scored[i] = len(flat)  # type: ignore[call-overload]  # where its values start
             flat.append(inst.name)
             flat.append(row)
-            flat.append(per_model.get(model, 0) if per_model else 0)
-            flat.append(per_model.get(None, 0) if per_model else 0)
+            flat.append(per_model.get(model, 0.0) if per_model else 0.0)
+            flat.append(per_model.get(None, 0.0) if per_model else 0.0)
             flat.append(inst.ov_work_s)
             flat.append(inst.ov_hbm)
             flat.append(snap.models.get(model) or snap.residency(model))  # not the snapshot: small

@@ -174,10 +174,27 @@ class Router:
             return None
         handle = prefix_handle or f"{call.session_id}/{call.model}@{instance}:{kv_len}"
         lease = Lease(
-            call.session_id, call.model, instance, handle, kv_len, now, now + self.knobs.tau_s
+            call.session_id,
+            call.model,
+            instance,
+            handle,
+            kv_len,
+            now,
+            now + self.knobs.tau_s,
+            self._return_work_s(call, kv_state, kv_len),
         )
         self._leases.install(lease)
         return lease
+
+    def _return_work_s(self, call: CallRequest, kv_state: KVState, kv_len: int) -> float:
+        """What a lease holds for the session's return: the prefill of a suffix as long as this
+        call's, plus the restore of its prefix if it lives on the host, at most
+        `admission_unit_s`."""
+        prof = self._profiles.get(call.model)
+        work = prof.prefill_s(max(call.prompt_tokens - call.prefix_tokens, 0))
+        if kv_state is KVState.HOST:
+            work += prof.restore_s(kv_len)
+        return min(work, self.knobs.admission_unit_s)
 
     def failed(self, call_id: str, now: float) -> bool:
         """The call failed or was abandoned: release its overlay and queue place, no lease."""
@@ -229,7 +246,7 @@ class Router:
                 i.healthy(),
                 i.fresh(now, self.knobs),
                 len(i.inflight),
-                self._leases.charge(i.name),
+                self._leases.count(i.name),
                 i.ov_work_s,
             )
             for i in self._instances.all()

@@ -18,15 +18,17 @@ LeaseKey = tuple[str, str]  # (session_id, model)
 
 
 class LeaseBook:
-    """At most one lease per (session, model); each live lease charges one unit to its instance."""
+    """At most one lease per (session, model); each live lease charges its `charge_s` to its
+    instance."""
 
     def __init__(self) -> None:
         self._by_key: dict[LeaseKey, Lease] = {}
         self._heap: list[tuple[float, int, Lease]] = []
         self._seq = itertools.count()
-        # instance -> {model: live leases, None: all of them}; read directly by the cost model
-        self.by_instance: dict[str, defaultdict[str | None, int]] = {}
-        self.by_model: defaultdict[str, int] = defaultdict(int)  # live leases per model
+        # instance -> {model: seconds its live leases hold, None: all models}; read directly by
+        # the cost model
+        self.by_instance: dict[str, defaultdict[str | None, float]] = {}
+        self.by_model: defaultdict[str, float] = defaultdict(float)  # seconds held per model
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -35,10 +37,10 @@ class LeaseBook:
         self.take((lease.session_id, lease.model))
         self._by_key[(lease.session_id, lease.model)] = lease
         heapq.heappush(self._heap, (lease.t_exp, next(self._seq), lease))
-        per_model = self.by_instance.setdefault(lease.instance, defaultdict(int))
-        per_model[lease.model] += 1
-        per_model[None] += 1
-        self.by_model[lease.model] += 1
+        per_model = self.by_instance.setdefault(lease.instance, defaultdict(float))
+        per_model[lease.model] += lease.charge_s
+        per_model[None] += lease.charge_s
+        self.by_model[lease.model] += lease.charge_s
 
     def get(self, key: LeaseKey) -> Lease | None:
         return self._by_key.get(key)
@@ -65,40 +67,56 @@ class LeaseBook:
         doomed = [k for k, lease in self._by_key.items() if lease.instance == instance]
         return [lease for k in doomed if (lease := self.take(k)) is not None]
 
-    def charge(self, instance: str, model: str | None = None) -> int:
-        """Live leases on `instance` (for one model, or, with None, for all models)."""
+    def charge(self, instance: str, model: str | None = None) -> float:
+        """Seconds the live leases on `instance` hold (for one model, or, with None, all)."""
         per_model = self.by_instance.get(instance)
-        return per_model.get(model, 0) if per_model else 0
+        return per_model.get(model, 0.0) if per_model else 0.0
+
+    def count(self, instance: str) -> int:
+        """Live leases on `instance`."""
+        return sum(1 for lease in self._by_key.values() if lease.instance == instance)
 
     def all(self) -> tuple[Lease, ...]:
         return tuple(self._by_key.values())
 
     def check_integrity(self) -> None:
-        counts: defaultdict[tuple[str, str], int] = defaultdict(int)
+        held: defaultdict[tuple[str, str], float] = defaultdict(float)
         for (session, model), lease in self._by_key.items():
             if (lease.session_id, lease.model) != (session, model):
                 raise AssertionError(f"lease filed under the wrong key: {lease}")
-            counts[(lease.instance, lease.model)] += 1
+            held[(lease.instance, lease.model)] += lease.charge_s
         for inst, per_model in self.by_instance.items():
             for model, n in per_model.items():
-                if model is not None and n != counts.get((inst, model), 0):
+                if model is not None and not _close(n, held.get((inst, model), 0.0)):
                     raise AssertionError(f"charge {inst}/{model}={n} disagrees with the leases")
-            if per_model.get(None, 0) != sum(n for m, n in per_model.items() if m is not None):
+            total = sum(n for m, n in per_model.items() if m is not None)
+            if not _close(per_model.get(None, 0.0), total):
                 raise AssertionError(f"total charge of {inst} out of step")
-        per_model_total: defaultdict[str, int] = defaultdict(int)
-        for (_, model), n in counts.items():
+        per_model_total: defaultdict[str, float] = defaultdict(float)
+        for (_, model), n in held.items():
             per_model_total[model] += n
-        if {m: n for m, n in self.by_model.items() if n} != dict(per_model_total):
-            raise AssertionError("per-model lease totals out of step")
+        for model in self.by_model.keys() | per_model_total.keys():
+            if not _close(self.by_model.get(model, 0.0), per_model_total.get(model, 0.0)):
+                raise AssertionError("per-model lease totals out of step")
         live = {id(entry[2]) for entry in self._heap}
         if any(id(lease) not in live for lease in self._by_key.values()):
             raise AssertionError("a lease is missing from the expiry heap")
 
     def _release(self, lease: Lease) -> None:
         per_model = self.by_instance[lease.instance]
-        per_model[lease.model] -= 1
-        per_model[None] -= 1
-        self.by_model[lease.model] -= 1
+        per_model[lease.model] = _drop(per_model[lease.model], lease.charge_s)
+        per_model[None] = _drop(per_model[None], lease.charge_s)
+        self.by_model[lease.model] = _drop(self.by_model[lease.model], lease.charge_s)
+
+
+def _drop(held: float, charge: float) -> float:
+    """`held - charge`, snapped to 0 when float rounding leaves a residue of released leases."""
+    left = held - charge
+    return left if left > 1e-9 else 0.0
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
 
 
 @dataclass(slots=True)

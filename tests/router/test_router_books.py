@@ -12,7 +12,7 @@ from tests.router.router_factories import Snaps, call, cluster, router
 
 
 def _lease(session="s", model="m", instance="a", t_done=0.0, tau=1.0) -> Lease:
-    return Lease(session, model, instance, "h", 10, t_done, t_done + tau)
+    return Lease(session, model, instance, "h", 10, t_done, t_done + tau, 1.0)
 
 
 def test_lease_book_replacement_keeps_one_charge_and_skips_stale_heap_entries():

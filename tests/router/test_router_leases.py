@@ -107,11 +107,23 @@ def test_admission_unit_charged_while_live_and_released(setup):
     d1, _ = serve(r, call("c1"), 0.1, 0.5)
     charged = cand(r.place(call("x1", session="s2"), 0.6), d1.instance)
     r.failed("x1", 0.6)
-    assert charged.round_load_s == pytest.approx(0.5 + 0.1)  # one admission unit + own prefill
-    assert charged.queue_s == pytest.approx(0.5)  # same-model lease ahead in the slot
+    # the lease holds its session's predicted return: the prefill of a 1000-token suffix (0.1 s)
+    assert charged.round_load_s == pytest.approx(0.1 + 0.1)  # the lease + its own prefill
+    assert charged.queue_s == pytest.approx(0.1)  # same-model lease ahead in the slot
     r.expire(1.6)
     released = cand(r.place(call("x2", session="s3"), 1.6), d1.instance)
     assert released.round_load_s == pytest.approx(0.1) and released.queue_s == 0.0
+
+
+def test_a_lease_charges_its_predicted_return_up_to_the_admission_unit(setup):
+    r, _ = setup
+    d1, _ = serve(r, call("c1", prompt=20_000), 0.1, 0.5)  # a 2 s suffix: capped at 0.5 s
+    assert r.leases()[0].charge_s == pytest.approx(0.5)
+    d2, _ = serve(r, call("c2", session="s2", prompt=1200, prefix=1000), 0.6, 0.7)
+    host, _ = serve(r, call("c3", session="s3"), 0.8, 0.9, kv=KVState.HOST, kv_len=2000)
+    charges = {le.session_id: le.charge_s for le in r.leases()}
+    assert charges["s2"] == pytest.approx(200 * 1e-4)  # its 200-token suffix
+    assert charges["s3"] == pytest.approx(0.1 + 2000 * 1e-5)  # suffix + host restore
 
 
 def test_consuming_a_lease_releases_its_charge(setup):
