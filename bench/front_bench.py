@@ -3,8 +3,9 @@ OpenAI-shaped server, driven by the same load generator in one run.
 
 Run: .venv/bin/python bench/front_bench.py [--seconds 3] [--conns 1,32] [--stream-calls 200]
 
-(a) `direct`: a minimal asyncio HTTP/1.1 server that answers every chat completion at once
-    (a one-token JSON body, or a one-chunk SSE stream), in its own process;
+(a) `direct`: a minimal aiohttp OpenAI-shaped server (the issue's baseline) that parses each chat
+    completion and answers at once (a one-token JSON body, or a one-chunk SSE stream), in its own
+    process;
 (b) `talariad`: the daemon with one hot `sim` instance whose model uses the bundled zero-cost
     latency profile (`profile: instant`), so a call costs only the gateway, router and hop.
 Load: `wrk` with a Lua body when it is installed (Debian package `wrk`), else a built-in asyncio
@@ -49,12 +50,13 @@ instances:
 
 # ---- (a) the instant server ---------------------------------------------------------------------
 
-_COMPLETION = json.dumps(
-    {
+
+def _completion(model: str) -> dict:
+    return {
         "id": "chatcmpl-0",
         "object": "chat.completion",
-        "created": 0,
-        "model": MODEL,
+        "created": int(time.time()),
+        "model": model,
         "choices": [
             {
                 "index": 0,
@@ -64,62 +66,49 @@ _COMPLETION = json.dumps(
         ],
         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
     }
-).encode()
-_CHUNK = json.dumps(
-    {
-        "id": "chatcmpl-0",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": MODEL,
-        "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "length"}],
-    }
-)
 
 
-def _chunked(*parts: bytes) -> bytes:
-    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
-
-
-_JSON_REPLY = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-    % len(_COMPLETION)
-) + _COMPLETION
-_SSE_REPLY = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    + _chunked(f"data: {_CHUNK}\n\n".encode(), b"data: [DONE]\n\n")
-)
-
-
-class _Instant(asyncio.Protocol):
-    """HTTP/1.1 keep-alive, one request at a time per connection; answers as soon as a body is in."""
-
-    def connection_made(self, transport) -> None:
-        self.transport, self.buf = transport, b""
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while True:
-            head_end = self.buf.find(b"\r\n\r\n")
-            if head_end < 0:
-                return
-            m = re.search(rb"(?i)content-length:\s*(\d+)", self.buf[:head_end])
-            end = head_end + 4 + (int(m.group(1)) if m else 0)
-            if len(self.buf) < end:
-                return
-            body, self.buf = self.buf[head_end + 4 : end], self.buf[end:]
-            self.transport.write(
-                _SSE_REPLY if b'"stream":true' in body.replace(b" ", b"") else _JSON_REPLY
-            )
+def _chunk(model: str) -> str:
+    delta = {"index": 0, "delta": {"content": "ok"}, "finish_reason": "length"}
+    return json.dumps(
+        {
+            "id": "chatcmpl-0",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [delta],
+        }
+    )
 
 
 def serve_instant(port_file: str) -> None:
+    """A minimal aiohttp OpenAI-shaped server that answers every chat completion at once: it
+    parses the JSON body and answers a one-token completion (JSON, or a one-chunk SSE stream)."""
+    from aiohttp import web
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return web.json_response(_completion(body["model"]))
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(f"data: {_chunk(body['model'])}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
     async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
-        server = await asyncio.get_running_loop().create_server(_Instant, sock=sock, backlog=512)
+        site = web.SockSite(runner, sock, backlog=512)
+        await site.start()
         Path(port_file).write_text(str(sock.getsockname()[1]))
-        await server.serve_forever()
+        await asyncio.Event().wait()
 
     asyncio.run(main())
 
@@ -299,6 +288,25 @@ def start_talariad(tmp: Path, extra: str = "") -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
+def _tree(proc: subprocess.Popen) -> list:
+    """The process and its children (talariad: the gateway, then its instance processes)."""
+    import psutil
+
+    root = psutil.Process(proc.pid)
+    return [root] + root.children(recursive=True)
+
+
+def _cpu_s(procs: list) -> list[float]:
+    """User + system CPU seconds of each process so far."""
+    import psutil
+
+    out = []
+    for p in procs:
+        t = (p if isinstance(p, psutil.Process) else psutil.Process(p.pid)).cpu_times()
+        out.append(t.user + t.system)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0)
@@ -330,11 +338,15 @@ def main() -> None:
             procs.append(direct)
             daemon, tport = start_talariad(tmp)
             procs.append(daemon)
-            rows = {}
+            rows, cpu = {}, {}
+            servers = {"direct": [direct], "talariad": _tree(daemon)}
             for c in (int(x) for x in args.conns.split(",")):
                 for name, port in (("direct", dport), ("talariad", tport)):
                     load(port, c, min(1.0, args.seconds), script)  # warm-up
+                    before = _cpu_s(servers[name])
                     rows[(name, c)] = load(port, c, args.seconds, script)
+                    spent = [b - a for a, b in zip(before, _cpu_s(servers[name]))]
+                    cpu[(name, c)] = [s / (rows[(name, c)]["rps"] * args.seconds) for s in spent]
             ttfc = {
                 name: asyncio.run(_first_chunk(port, args.stream_calls))
                 for name, port in (("direct", dport), ("talariad", tport))
@@ -344,9 +356,13 @@ def main() -> None:
                 p.terminate()
             for p in procs:
                 p.wait(timeout=30)
-    print(f"{'conns':>5} {'server':<9} {'p50 ms':>8} {'p99 ms':>8} {'rps':>9}")
+    print(
+        f"{'conns':>5} {'server':<9} {'p50 ms':>8} {'p99 ms':>8} {'rps':>9}  "
+        "CPU ms per call (talariad: gateway + instance)"
+    )
     for (name, c), r in rows.items():
-        print(f"{c:>5} {name:<9} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['rps']:9.0f}")
+        per = " + ".join(f"{x * 1e3:.3f}" for x in cpu[(name, c)])
+        print(f"{c:>5} {name:<9} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['rps']:9.0f}  {per}")
     for c in sorted({c for _, c in rows}):
         d, t = rows[("direct", c)], rows[("talariad", c)]
         print(

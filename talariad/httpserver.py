@@ -6,9 +6,8 @@ import asyncio
 import contextlib
 import socket
 
-import h11
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 class Server(uvicorn.Server):
@@ -18,19 +17,26 @@ class Server(uvicorn.Server):
         yield
 
 
-class _HeadTimeout(H11Protocol):
-    """h11 with a request-head timeout: once the first byte of a request head arrives, the whole
-    head must follow within `head_timeout_s`, however slowly the client trickles it (uvicorn's
-    keep-alive timer stops at the first byte, so a partial head was held forever). The timer is
-    armed by the first byte rather than at connect: a connection with no byte yet is idle and is
-    the keep-alive timer's, which is longer than clients' pool expiry, so it is not closed just as
-    a client reuses it."""
+class _HeadTimeout(HttpToolsProtocol):
+    """httptools with a request-head timeout and size bound: once the first byte of a request head
+    arrives, the whole head must follow within `head_timeout_s`, however slowly the client trickles
+    it (uvicorn's keep-alive timer stops at the first byte, so a partial head was held forever),
+    and an unfinished head may not grow past `max_head_bytes` (httptools, unlike h11, buffers a
+    head without bound). The timer is armed by the first byte rather than at connect: a connection
+    with no byte yet is idle and is the keep-alive timer's, which is longer than clients' pool
+    expiry, so it is not closed just as a client reuses it.
+
+    httptools rather than h11: it parses and writes HTTP/1.1 in C, which halves the per-call cost
+    of the HTTP layer (bench/front_bench.py)."""
 
     head_timeout_s = 15.0
+    max_head_bytes = 16 * 1024  # h11's bound, which uvicorn's h11 server applied
     _head_timer: asyncio.TimerHandle | None = None
+    _head_bytes: int | None = 0
+    """Bytes received since the current request head began; None while no head is unfinished."""
 
     def connection_made(self, transport) -> None:
-        super().connection_made(transport)
+        super().connection_made(_Corked(transport, self.loop))
         # a connection that never sends a byte is idle: uvicorn arms its keep-alive timer only
         # after a first response, so arm it now (the first byte disarms it, as after a response)
         self.timeout_keep_alive_task = self.loop.call_later(
@@ -38,17 +44,35 @@ class _HeadTimeout(H11Protocol):
         )
 
     def data_received(self, data: bytes) -> None:
-        if self._head_timer is None and self.conn.their_state is h11.IDLE:
-            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timeout)
+        if self._head_bytes is not None:
+            if self._head_timer is None and self._idle():
+                self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timeout)
+            self._head_bytes += len(data)
         super().data_received(data)
+        if self._head_bytes is not None and self._head_bytes > self.max_head_bytes:
+            if not self.transport.is_closing():
+                self.send_400_response("Invalid HTTP request received.")
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        self._head_bytes = None
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_bytes = 0  # the next byte begins the next head
 
     def on_response_complete(self) -> None:
         self._disarm()
-        super().on_response_complete()  # may start the next pipelined head: re-armed on its bytes
+        super().on_response_complete()  # may start the next pipelined call: re-armed on its bytes
 
     def connection_lost(self, exc) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def _idle(self) -> bool:
+        """No call is running on the connection (a pipelined head waits for it, untimed)."""
+        return self.cycle is None or self.cycle.response_complete
 
     def _disarm(self) -> None:
         if self._head_timer is not None:
@@ -57,8 +81,39 @@ class _HeadTimeout(H11Protocol):
 
     def _head_timeout(self) -> None:
         self._head_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if self._head_bytes is not None and self._idle() and not self.transport.is_closing():
             self.transport.close()
+
+
+class _Corked:
+    """A transport whose writes within one event-loop step leave as one send: uvicorn writes a
+    response's head and its body separately, and on a kept-alive loopback connection each send is
+    a syscall and a wake-up of the client, which cost more than the join."""
+
+    __slots__ = ("_transport", "_loop", "_pending")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(data)
+
+    def flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
 
 
 def bind(host: str, port: int) -> socket.socket:

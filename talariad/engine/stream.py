@@ -91,24 +91,40 @@ async def _connection(worker, reader: asyncio.StreamReader, writer: asyncio.Stre
 async def _one_call(
     worker, req: GenerateRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> bool:
-    """Stream one call's events; False when the gateway went away (the call is then cancelled)."""
-    gone = asyncio.ensure_future(
-        reader.read(1)
-    )  # the gateway sends nothing mid-call: any read is EOF
+    """Stream one call's events; False when the gateway went away (the call is then cancelled).
+    The gateway sends nothing mid-call, so its side at EOF means it left."""
     events = worker.generate(req)
+    out = _Frames(writer)
     try:
         async for ev in events:
-            writer.write(frame(ev.model_dump_json().encode()))
-            if gone.done():
+            out.add(ev.model_dump_json().encode())
+            if reader.at_eof():
                 return False
             await writer.drain()
-        return not gone.done()
+        return not reader.at_eof()
     finally:
-        gone.cancel()
-        await asyncio.gather(
-            gone, return_exceptions=True
-        )  # the reader is free for the next request
+        out.flush()
         await events.aclose()  # on a disconnect this cancels the call in the worker
+
+
+class _Frames:
+    """Event frames written within one event-loop step leave as one send: a call's last token and
+    its done event usually come together, and each send wakes the gateway once."""
+
+    __slots__ = ("writer", "pending")
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer, self.pending = writer, []
+
+    def add(self, payload: bytes) -> None:
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.pending.append(frame(payload))
+
+    def flush(self) -> None:
+        if self.pending:
+            self.writer.write(b"".join(self.pending))
+            self.pending.clear()
 
 
 # ---- gateway side -------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ class _Call:
         api: str = "openai",
         tools: list[dict] | None = None,
     ):
-        limits.screen(body, gw.cfg.limits)
+        data = limits.screen(body, gw.cfg.limits)
         spec = gw.resolve(body.model, api)
         if not gw.served(spec.name):
             raise APIError(
@@ -169,9 +169,7 @@ class _Call:
         # tokenizes it; whether max_tokens fits is the instance's to say (it knows the exact count)
         limits.check_context(self.text, 1, spec.max_context, gw.cfg.limits)
         self.id = uuid.uuid4().hex[:24]
-        self.session = session_id(
-            headers, body.model_dump(), [(m.role, m.content) for m in messages]
-        )
+        self.session = session_id(headers, data, [(m.role, m.content) for m in messages])
         self.started = gw.clock()
         self.branch = gw.routing.branches.branch(self.session, self.model, self.text)
         max_tokens = asked or spec.default_max_tokens

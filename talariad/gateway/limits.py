@@ -100,9 +100,10 @@ UNSUPPORTED = {
 an answer that silently ignores it. Harmless fields (top_k, metadata, user ...) are ignored."""
 
 
-def screen(body, limits: LimitsConfig) -> None:
+def screen(body, limits: LimitsConfig) -> dict:
     """Raise APIError(400) for an unsupported field, too many messages, or a string that is too long
-    or not valid Unicode (a lone surrogate cannot be encoded, so it would fail inside an instance)."""
+    or not valid Unicode (a lone surrogate cannot be encoded, so it would fail inside an instance).
+    Returns the body's dump, for callers that read fields of it too."""
     data = body.model_dump()  # None values too: a key of a null-valued entry is still a string
     for field, (used, why) in UNSUPPORTED.items():
         if field in data and used(data[field]):
@@ -115,7 +116,9 @@ def screen(body, limits: LimitsConfig) -> None:
             param="messages",
             code="invalid_value",
         )
-    for path, text in _strings(data):
+    if _all_fit(data, limits.max_string_chars):
+        return data
+    for path, text in _strings(data):  # the slow walk names the first offending string
         if len(text) > limits.max_string_chars:
             raise APIError(
                 400,
@@ -131,6 +134,24 @@ def screen(body, limits: LimitsConfig) -> None:
                 param=path,
                 code="invalid_value",
             )
+    return data
+
+
+def _all_fit(data, max_chars: int) -> bool:
+    """Every string in `data` (keys included) is at most `max_chars` long and valid Unicode: the
+    check of `_strings` without building a path per string, which every call pays."""
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if len(value) > max_chars or (not value.isascii() and _SURROGATE.search(value)):
+                return False
+        elif isinstance(value, dict):
+            stack.extend(value)
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+    return True
 
 
 def _strings(data) -> Iterator[tuple[str, str]]:

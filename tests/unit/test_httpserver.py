@@ -54,3 +54,23 @@ async def test_connection_timeouts():
     finally:
         server.should_exit = True
         await task
+
+
+async def test_an_unfinished_head_may_not_grow_past_the_bound_but_a_large_body_may():
+    server, task, port = await _serve()
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (20 * 1024))
+        assert (await asyncio.wait_for(r.read(1024), 5)).startswith(b"HTTP/1.1 400")
+        assert await _closed_within(r, 5)
+
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        body = b"b" * (256 * 1024)
+        w.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        assert (await asyncio.wait_for(r.read(1024), 5)).startswith(b"HTTP/1.1 200")
+        w.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # kept alive: the next head is served too
+        assert (await asyncio.wait_for(r.read(1024), 5)).startswith(b"HTTP/1.1 200")
+        w.close()
+    finally:
+        server.should_exit = True
+        await task

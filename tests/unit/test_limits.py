@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from talariad import lockfile
 from talariad.config import LimitsConfig
@@ -14,7 +16,7 @@ from talariad.daemon import _flatten, _live
 from talariad.gateway.anthropic import MessagesRequest
 from talariad.gateway.errors import APIError
 from talariad.gateway.health import Readiness
-from talariad.gateway.limits import check_context, min_prompt_tokens, screen
+from talariad.gateway.limits import _all_fit, _strings, check_context, min_prompt_tokens, screen
 from talariad.gateway.schemas import ChatCompletionRequest, CompletionRequest
 
 LIMITS = LimitsConfig()
@@ -121,6 +123,25 @@ def test_message_count_and_string_length_limits():
         screen(_chat(messages=[{"role": "user", "content": "x" * 31}]), small)
     assert info.value.param == "messages.0.content"
     screen(_chat(messages=[{"role": "user", "content": "x" * 30}] * 2), small)
+
+
+_TEXT = st.text(st.sampled_from("ab\u00e9\ud800\U0001f600"), max_size=6)
+_JSON = st.recursive(
+    st.none() | st.integers() | _TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@given(_JSON, st.integers(0, 5))
+def test_the_fast_check_agrees_with_the_named_walk(data, max_chars):
+    """`screen` runs the path-free check on every call and the named walk only to name a
+    failure: both must judge every string (keys included) alike."""
+    expected = all(
+        len(t) <= max_chars and not any("\ud800" <= ch <= "\udfff" for ch in t)
+        for _, t in _strings(data)
+    )
+    assert _all_fit(data, max_chars) == expected
 
 
 def test_deeply_nested_input_does_not_recurse():
