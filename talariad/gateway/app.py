@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -337,12 +338,14 @@ async def _collect(
     call: _Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]
 ) -> tuple[str, Answer]:
     parts = []
-    async for item in _answer(call, first, rest):
-        if isinstance(item, Answer):
-            return "".join(parts), item
-        if isinstance(item, ErrorEvent):
-            raise _upstream_error(call, item)
-        parts.append(item)
+    # closed here, not by the loop's finalizer (a task per generator left suspended)
+    async with contextlib.aclosing(_answer(call, first, rest)) as items:
+        async for item in items:
+            if isinstance(item, Answer):
+                return "".join(parts), item
+            if isinstance(item, ErrorEvent):
+                raise _upstream_error(call, item)
+            parts.append(item)
     raise _upstream_error(call, ErrorEvent(message="instance closed the stream without an answer"))
 
 
@@ -463,6 +466,7 @@ async def _respond(call: _Call, stream: Callable, full: Callable) -> Response:
                 headers=call.headers(),
             )
         text, answer = await _collect(call, first, rest)
+        await rest.aclose()  # over: closed now rather than by the loop's finalizer
     except BaseException:  # cancelled or failed before a stream took over: release the placement
         call.finish(ErrorEvent(message="call aborted"))
         await rest.aclose()

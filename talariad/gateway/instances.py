@@ -143,12 +143,11 @@ class InstanceDirectory:
             return str(data.get("error", "the prompt cannot be rendered"))
         return data.get("input_tokens") if r.status_code == 200 else None
 
-    async def generate(self, instance: str, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
+    def generate(self, instance: str, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
+        """The call's events from the instance; a caller that stops early must `aclose()` it
+        (that closes the hop, which tells the instance to cancel the call)."""
         path = self.sockets().get(instance) if self.sockets else None
-        hop = self._stream(instance, path, req) if path else self._http(instance, req)
-        async with contextlib.aclosing(hop) as events:  # a caller that stops early closes the hop
-            async for ev in events:
-                yield ev
+        return self._stream(instance, path, req) if path else self._http(instance, req)
 
     async def _stream(
         self, instance: str, path: str, req: GenerateRequest
