@@ -33,6 +33,10 @@ class Ranking(NamedTuple):
     best: CandidateCost | None  # the cheapest feasible candidate
     candidates: Sequence[CandidateCost]  # every eligible instance, in name order
     cheapest: str | None  # the cheapest candidate ignoring feasibility (where a spill goes)
+    retired: CandidateCost | None = None
+    """With no feasible candidate: the cheapest one refused only as a retired replica (the one
+    that reopens when the replicas in rotation are infeasible); read from this field, the
+    candidates are not rendered to find it."""
 
 
 def rank_all(
@@ -54,11 +58,9 @@ def rank_all(
                 else c
                 for c, inst in zip(cands, insts)
             ]
-    return Ranking(
-        min((c for c in cands if c.feasible), key=_rank, default=None),
-        tuple(cands),
-        min(cands, key=_rank).instance if cands else None,
-    )
+    best = min((c for c in cands if c.feasible), key=_rank, default=None)
+    retired = None if best is not None else min(_retired(cands), key=_rank, default=None)
+    return Ranking(best, tuple(cands), min(cands, key=_rank).instance if cands else None, retired)
 
 
 def rank(
@@ -95,7 +97,18 @@ def rank(
 class _Search:
     # NOTE: few container allocations per call: each one brings the next GC pass nearer, and a
     # pass that lands inside place() is its tail latency
-    __slots__ = ("cost", "plan", "every", "demand", "now", "scored", "best", "cheapest", "_gain")
+    __slots__ = (
+        "cost",
+        "plan",
+        "every",
+        "demand",
+        "now",
+        "scored",
+        "best",
+        "cheapest",
+        "retired",
+        "_gain",
+    )
 
     def __init__(
         self,
@@ -110,6 +123,7 @@ class _Search:
         self.scored: list[CandidateCost | None] = [None] * n
         self.best: CandidateCost | None = None
         self.cheapest: CandidateCost | None = None  # feasible or not
+        self.retired: CandidateCost | None = None  # the cheapest refused as a retired replica
         self._gain: float | None = None
 
     def gain(self) -> float:
@@ -152,6 +166,10 @@ class _Search:
             self.best = cand
         if _before(cand, self.cheapest):
             self.cheapest = cand
+        # NOTE: a skipped instance is never a retired one while nothing feasible is found (it
+        # was skipped as infeasible by the round or HBM check), so the scored ones suffice
+        if cand.reason == "retired" and _before(cand, self.retired):
+            self.retired = cand
 
     def beaten(self, bound: float) -> bool:
         """The bound exceeds the best feasible total: such an instance cannot win."""
@@ -182,30 +200,43 @@ class _Search:
             self.cheapest.instance if self.cheapest is not None else None,
         )
         if not skipped:
-            return Ranking(self.best, tuple(scored), cheapest)
-        cost, model = self.cost, self.plan.call.model
+            return Ranking(self.best, tuple(scored), cheapest, self._retired())
+        cost, plan, model = self.cost, self.plan, self.plan.call.model
         leases, replica = cost.leases.by_instance, False
         flat: list = []  # what `CostModel.inputs` would read, _CAPTURED values per skipped instance
+        add = flat.extend  # one temporary tuple per instance, not kept: flat stays one list
         for i in skipped:  # no session KV and no overlay for the model there (not special)
             inst = insts[i]
             per_model, row, snap = leases.get(inst.name), inst.rows[model], inst.snapshot
+            retired = cost.retired(plan, inst, row)
             scored[i] = len(flat)  # type: ignore[call-overload]  # where its values start
-            flat.append(inst.name)
-            flat.append(row)
-            flat.append(per_model.get(model, 0.0) if per_model else 0.0)
-            flat.append(per_model.get(None, 0.0) if per_model else 0.0)
-            flat.append(inst.ov_work_s)
-            flat.append(inst.ov_hbm)
-            flat.append(snap.models.get(model) or snap.residency(model))  # not the snapshot: small
-            flat.append(snap.kv_occupancy)
-            flat.append(snap.staging_slack_bytes)
-            retired = cost.retired(self.plan, inst, row)
-            flat.append(retired)
-            flat.append(cost.spare_s(inst.name, self.plan.now))
+            if per_model:
+                leased, leased_all = per_model.get(model, 0.0), per_model.get(None, 0.0)
+            else:
+                leased = leased_all = 0.0
+            add(
+                (
+                    inst.name,
+                    row,
+                    leased,
+                    leased_all,
+                    inst.ov_work_s,
+                    inst.ov_hbm,
+                    snap.models.get(model) or snap.residency(model),  # not the snapshot: small
+                    snap.kv_occupancy,
+                    snap.staging_slack_bytes,
+                    retired,
+                    cost.spare_s(inst.name, plan.now),
+                )
+            )
             replica = replica or row[5] or retired
         # Eq. (2) may mark a skipped candidate: keep the gain of this moment for the rendering
         gain = self.gain() if replica and cost.knobs.residency_terms else None
-        return Ranking(self.best, LazyCandidates(cost, self.plan, scored, flat, gain), cheapest)
+        lazy = LazyCandidates(cost, self.plan, scored, flat, gain)
+        return Ranking(self.best, lazy, cheapest, self._retired())
+
+    def _retired(self) -> CandidateCost | None:
+        return self.retired if self.best is None else None
 
 
 _CAPTURED = 11
@@ -292,6 +323,10 @@ class LazyCandidates(Sequence):
 def _gate(cost: CostModel, inst: InstanceState, plan: CallPlan) -> str:
     """Which Eq. (2) gate a candidate failed: a fresh replica's, or a retired one's reopening."""
     return "eq2" if cost.model_state(inst, plan.call.model) is ModelState.ABSENT else "retired"
+
+
+def _retired(cands):
+    return (c for c in cands if c.reason == "retired")
 
 
 def _rank(c: CandidateCost) -> tuple[float, str]:

@@ -268,8 +268,8 @@ class Router:
     ) -> Decision:
         inst = self._instances.get(choice.instance)  # type: ignore[arg-type]
         cand = choice.best
-        if cand is None or cand.instance != choice.instance:  # reading candidates renders them all
-            cand = next((c for c in choice.candidates if c.instance == choice.instance), None)
+        if cand is not None and cand.instance != choice.instance:
+            cand = None  # `inflight` scores the instance (reading candidates would render them all)
         plan = self._cost.plan(call)
         self._instances.add_inflight(self._cost.inflight(plan, inst, cand, now))
         self._cost.record_placed(plan, inst.name, now)  # keeps the model in its rotation there

@@ -220,3 +220,36 @@ def test_the_pruned_ranking_skips_instances_that_cannot_win_and_explains_them_on
     )  # not scored yet
     assert list(got.candidates) == list(want.candidates)  # rendered on reading: the same breakdown
     assert [c.instance for c in got.candidates] == list(NAMES)
+
+
+def test_the_retired_fallback_reopens_as_the_reference_does_without_rendering():
+    """Every replica in rotation infeasible: the cheapest retired replica reopens. The pruned
+    ranking finds it among the instances it scored (a skipped one was infeasible anyway), the
+    reference among all."""
+    from tests.router.router_factories import Snaps, call, router
+
+    fast, ref = router(retire_window_s=10.0), router(retire_window_s=10.0)
+    ref._policy.ranker = rank_all
+    snaps = (Snaps(), Snaps())
+
+    def both(kind: str, *args, **fields):
+        out = []
+        for r, make in zip((fast, ref), snaps):
+            if kind == "snap":
+                name, now = args
+                out.append(r.observe(make(name, now, **fields), now))
+            else:
+                out.append(r.place(*args))
+        assert out[0] == out[1]
+        return out[0]
+
+    for name in ("a", "b", "d"):
+        both("snap", name, 0.0, state=ModelState.RESIDENT)
+    both("place", call("c1", session="s1"), 0.0)  # a keeps the model in rotation
+    both("snap", "a", 0.5, hbm_free_bytes=0)
+    both("snap", "c", 0.5)  # the model active there: in rotation once it serves
+    both("snap", "d", 0.5, state=ModelState.RESIDENT, hbm_free_bytes=0)  # retired, no room
+    assert both("place", call("c2", session="s2", prompt=20), 0.6).instance == "c"
+    both("snap", "c", 0.7, hbm_free_bytes=0)  # every replica in rotation over its budget
+    d = both("place", call("c3", session="s3", prompt=20), 0.8)
+    assert d.instance == "b" and "in-rotation replicas infeasible" in d.reason

@@ -57,13 +57,14 @@ class TalariaPolicy(Policy):
 
     def _cost_placement(self, plan: CallPlan, view: ClusterView, now: float, note: str) -> Choice:
         insts = view.eligible(plan.call.model, now)
-        best, cands, spill = self.ranker(view.cost, plan, insts, view.instances, view.demand, now)
+        ranking = self.ranker(view.cost, plan, insts, view.instances, view.demand, now)
+        best, cands, spill = ranking.best, ranking.candidates, ranking.cheapest
         prefix = f"{note}; " if note else ""
         why = "min cost"
         if best is None:
             # the replicas in rotation are over their admission budget: the load no longer
             # allows concentrating the model, so the cheapest retired replica reopens
-            best = min((c for c in cands if c.reason == "retired"), key=_total, default=None)
+            best = ranking.retired
             why = "in-rotation replicas infeasible"
         if best is None and self._held_a_round(plan, view, now):
             best = min(
