@@ -23,6 +23,9 @@ from talariad.sim.configs import ablation_configs  # noqa: E402
 from talariad.sim.profiles import load_set  # noqa: E402
 from talariad.sim.simulator import Simulator  # noqa: E402
 
+FIVE = ("Talaria", "no-SP", "no-HKVR", "H2D-only", "Round-only")
+"""The five ablations issue 16's goal counts (fair-share joined the suite later)."""
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
@@ -32,7 +35,7 @@ def main() -> None:
     pset = load_set("paper-tp8")
     trace = fixed_replay(args.seed)
     wanted = set(args.configs.split(",")) if args.configs else None
-    total = total_cpu = 0.0
+    total = total_cpu = five = five_cpu = 0.0
     print(
         f"fixed replay, seed {args.seed}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     )
@@ -45,6 +48,8 @@ def main() -> None:
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         total += dt
         total_cpu += cpu
+        if cfg.name in FIVE:
+            five, five_cpu = five + dt, five_cpu + cpu
         sched = next(iter(sim.instances.values())).sched
         actions = sum(r.decode_steps for r in sched.round_summaries) + len(run.switches)
         print(
@@ -52,8 +57,10 @@ def main() -> None:
             f"switches={len(run.switches)} decode+switch actions={actions} ({actions / dt:,.0f}/s) "
             f"result {digest(run)}"
         )
+    print(f"{'total':<11} {total:7.2f} s (cpu {total_cpu:5.2f} s)")
     print(
-        f"{'total':<11} {total:7.2f} s (cpu {total_cpu:5.2f} s)  (goal < 5 s: {'met' if total < 5 else 'not met'})"
+        f"{'the five':<11} {five:7.2f} s (cpu {five_cpu:5.2f} s)  ({', '.join(FIVE)}; "
+        f"goal < 5 s: {'met' if five < 5 else 'not met'})"
     )
 
 

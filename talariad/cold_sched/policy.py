@@ -81,8 +81,11 @@ class SlotPolicy:
         at_boundary = slot.decode_steps > 0 or not self.table.running
         if not at_boundary:
             return False
+        waiting = self.table.waiting[slot.model]
+        if not waiting:  # the usual case at a decode step: no generator to build
+            return False
         records = self.table.records
-        return any(self.sp_eligible(records[c]) for c in self.table.waiting[slot.model])
+        return any(self.sp_eligible(records[c]) for c in waiting)
 
     def sp_eligible(self, rec: CallProgress) -> bool:
         """Active model, a continuation arrived after P, prefix on device or host-restorable."""

@@ -24,6 +24,7 @@ from .telemetry import PHASES, RiskCounters, RoundSummary, SchedTelemetry
 from .validate import validate_call, validate_setup
 
 Mode = Literal["pinned", "time_shared"]
+_NO_CALLS: frozenset[str] = frozenset()  # `finished` when none is given (no set per step)
 _LABEL = {phase: phase.value for phase in SlotPhase}  # enum .value is slow on the per-step path
 
 
@@ -168,7 +169,7 @@ class ColdScheduler(SlotPolicy):
                 self._finish_switch(action, now, measured_s, switch_path)
             return []
         self._record_phase(action, measured_s)
-        return self._finish_tokens(action, now, tokens, finished or set())
+        return self._finish_tokens(action, now, tokens, finished or _NO_CALLS)
 
     # ---- pinned mode: continuous batching, prefill first ------------------------------------
 
@@ -227,11 +228,12 @@ class ColdScheduler(SlotPolicy):
         action: Prefill | Decode,
         now: float,
         tokens: dict[str, int] | None,
-        finished: set[str],
+        finished: set[str] | frozenset[str],
     ) -> list[Completion]:
         done = []
         records, ledger_set, device = self.table.records, self.ledger.set, KVState.DEVICE
         if tokens is None and not finished:  # the per-step case: one token each, no stop hit
+            entries = self.ledger.entries
             for cid in action.call_ids:
                 rec = records[cid]
                 rec.generated = generated = rec.generated + 1
@@ -240,10 +242,17 @@ class ColdScheduler(SlotPolicy):
                 call = rec.call
                 if generated >= call.max_tokens:
                     done.append(self._complete(rec, now))
-                else:
+                    continue
+                # `ledger.set(..., DEVICE, prompt + generated, now)` inlined (the length is > 0):
+                # every running call's entry moves on every decode step
+                entry = entries.get((call.session_id, call.model))
+                if entry is None:
                     ledger_set(
                         call.session_id, call.model, device, call.prompt_tokens + generated, now
                     )
+                else:
+                    entry.state, entry.kv_len = device, call.prompt_tokens + generated
+                    entry.updated_at = now
             return self._after_tokens(action, done)
         for cid in action.call_ids:
             rec = records[cid]

@@ -476,10 +476,8 @@ class InstanceCore:
             loaded_models=[s.active] if s.active else [],
             queued={m: len(s.table.waiting[m]) for m in s.models},
             running=len(s.table.running),
-            sessions=[
-                KVEntry.model_construct(
-                    session_id=k[0], model=k[1], state=e.state.value, kv_len=e.kv_len
-                )
+            sessions=[  # validated construction: half the cost of model_construct here
+                KVEntry(session_id=k[0], model=k[1], state=e.state.value, kv_len=e.kv_len)
                 for k, e in s.ledger.entries.items()
                 if e.state is not KVState.MISSING
             ],
@@ -493,6 +491,8 @@ class InstanceCore:
             round_load_s=round_load_s(s),
             deadline_risk_share=deadline_risk_share(s),
             rounds=self._new_reports(),
+            sessions_removed=[],  # given: model_construct fills an omitted factory default via
+            # inspect.signature, ~65 µs a field (a simulated replay reads telemetry per arrival)
         )
 
     def _new_reports(self) -> list[RoundReport]:
