@@ -84,8 +84,12 @@ class DemandTracker:
         self._trim(model, now)
 
     def work_s(self, model: str, now: float) -> float:
-        self._trim(model, now)
-        return max(self._sums.get(model, 0.0), 0.0)
+        # NOTE: read for every instance of every placement: `_trim` and `max` inlined, same result
+        events = self._events.get(model)
+        if events and events[0][0] <= now - self._window:
+            self._trim(model, now)
+        total = self._sums.get(model, 0.0)
+        return 0.0 if 0.0 > total else total  # max(total, 0.0), signed zero and NaN included
 
     def _trim(self, model: str, now: float) -> None:
         events = self._events.get(model)
