@@ -147,7 +147,7 @@ def test_item_validation():
 
 @settings(max_examples=15, deadline=None)
 @given(
-    length=st.integers(1, 40),
+    length=st.integers(1, len(PROMPT)),  # a longer draw would be cut to the prompt's length
     split=st.floats(0, 1),
     page_size=st.sampled_from([1, 3, 8, 16]),
     seed=st.integers(0, 1000),
