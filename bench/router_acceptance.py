@@ -12,6 +12,7 @@ Run: .venv/bin/python bench/router_acceptance.py [--seeds 0-4] [--traces fixed,s
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import os
 import sys
@@ -30,6 +31,7 @@ from talariad.replay.swebv import load_swebv  # noqa: E402
 from talariad.sim.__main__ import ROUTER_BOX, on_models, router_subset  # noqa: E402
 from talariad.sim.configs import LOADS, router_configs  # noqa: E402
 from talariad.sim.profiles import load_set  # noqa: E402
+from talariad.sim import simulator  # noqa: E402
 from talariad.sim.simulator import simulate  # noqa: E402
 
 SWEBV = "../shared/traces/swebv_gemini3pro_minisweagent_calls.jsonl.gz"  # from the repo root
@@ -46,12 +48,30 @@ def trace_for(name: str, seed: int, full: bool, swebv: str):
     return (trace if full else router_subset(trace)), pset
 
 
-def one(job: tuple[str, int, bool, str]) -> list[dict]:
-    name, seed, full, swebv = job
+def one(job: tuple[str, int, bool, str, float]) -> list[dict]:
+    name, seed, full, swebv, limit = job
+    simulator.MAX_VIRTUAL_S = limit  # a configuration that stops making progress is reported
     trace, pset = trace_for(name, seed, full, swebv)
     out = []
     for cfg in router_configs(pset, tuple(trace.models())):
-        r = row_metrics(simulate(trace, cfg, pset))
+        try:
+            r = row_metrics(simulate(trace, cfg, pset))
+        except RuntimeError as err:  # no progress: the cell is reported as stuck
+            print(f"{name} seed {seed}: {err}", file=sys.stderr)
+            out.append(
+                {
+                    "trace": name,
+                    "seed": seed,
+                    "full": full,
+                    "load": cfg.load,
+                    "policy": cfg.policy,
+                    "sct_p95_s": math.inf,
+                    "sct_p50_s": math.inf,
+                    "avoidable_opens": 10**9,
+                    "stuck": True,
+                }
+            )
+            continue
         out.append(
             {
                 "trace": name,
@@ -112,6 +132,12 @@ def main() -> int:
     p.add_argument("--both", action="store_true", help="the subset and whole sessions")
     p.add_argument("--swebv", default=SWEBV, help="the real trace (*_calls.jsonl.gz)")
     p.add_argument("--json", metavar="FILE")
+    p.add_argument(
+        "--max-virtual-s",
+        type=float,
+        default=1e5,
+        help="a configuration still running at this virtual time is reported as stuck",
+    )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = p.parse_args()
     fulls = [False, True] if args.both else [args.full]

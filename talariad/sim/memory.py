@@ -223,8 +223,10 @@ class SimMemory:
 
     def reclaimable_bytes(self, active: str | None, in_use: set[str], device_kv_bytes: int) -> int:
         """HBM a new call or an open may take without evicting a model in use (active, or with
-        calls on the instance): free KV room plus the weights of idle resident models, which an
-        open evicts. Staging mode: only the active model's weights are on device."""
+        calls on the instance): free room plus the weights of idle resident models, which an open
+        evicts; `device_kv_bytes` is the KV that calls on the instance hold (idle prefixes are
+        cache that moves to host under pressure). Staging mode: only the active model's weights
+        are on device."""
         weights = self.spec.weight_bytes
         if self.keeps_weights:
             held = sum(weights.get(m, 0) for m in self.resident if m in in_use or m == active)

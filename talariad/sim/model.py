@@ -242,8 +242,17 @@ class SimModel:
     def memory(self) -> MemoryStats:
         kv = self.device_kv_bytes()
         budget = self.mem.kv_budget_bytes(self.active) if self.active else self.mem.spec.hbm_bytes
-        in_use = {c.model for c in self._live.values()} if self._live else set()
-        free = self.mem.reclaimable_bytes(self.active, in_use, kv)
+        live = self._live.values() if self._live else ()
+        in_use = {c.model for c in live}
+        # idle sessions' device KV is cache the substrate moves to host under pressure
+        # (`_relieve`): only the rows of calls on the instance hold HBM against a new call
+        held = {(c.session_id, c.model) for c in live}
+        kv_held = sum(
+            self.mem.kv_bytes(k[1], e.kv_len)
+            for k, e in (self._ledger.entries.items() if self._ledger is not None else ())
+            if e.state is KVState.DEVICE and k in held
+        )
+        free = self.mem.reclaimable_bytes(self.active, in_use, kv_held)
         slack = max(budget - kv, 0)  # HBM that new weights take without displacing anything
         return MemoryStats(free, slack, min(kv / budget, 1.0) if budget else 0.0)
 

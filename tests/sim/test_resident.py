@@ -53,3 +53,21 @@ def test_a_reopen_after_eviction_counts_as_an_avoidable_open():
     assert max(opens.values()) > 1  # a model opened twice on one worker: evicted in between
     assert run.avoidable_opens > 3
     assert row_metrics(run).model_opens > 2 * len(ROUTER_MODELS)  # re-opens after eviction
+
+
+def test_idle_prefixes_do_not_hold_hbm_against_a_long_call(monkeypatch):
+    """A 97K-token return once found both workers "full" of idle sessions' device KV, which the
+    substrate would move to host on demand: the router held it forever. A sim instance now
+    advertises only the KV its calls hold, so the whole fixed replay completes at medium load."""
+    from rich.console import Console
+
+    import talariad.sim.simulator as simulator
+    from talariad.replay.generate import fixed_replay
+    from talariad.sim.__main__ import on_models
+
+    monkeypatch.setattr(simulator, "MAX_VIRTUAL_S", 20_000.0)  # the replay ends near 3,000 s
+    pset = load_set("router-tp4")
+    trace = on_models(fixed_replay(0), list(pset.models), Console(quiet=True))
+    cfg = next(c for c in router_configs(pset, ROUTER_MODELS) if c.name == "talaria@medium")
+    run = simulate(trace, cfg, pset)
+    assert len(run.sessions) == len(trace.sessions) and len(run.calls) == trace.n_calls
