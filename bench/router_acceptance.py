@@ -142,7 +142,7 @@ def main() -> int:
     args = p.parse_args()
     fulls = [False, True] if args.both else [args.full]
     jobs = [
-        (t, s, f, args.swebv)
+        (t, s, f, args.swebv, args.max_virtual_s)
         for f in fulls
         for t in args.traces.split(",")
         for s in seeds(args.seeds)
