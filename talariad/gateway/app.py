@@ -533,6 +533,26 @@ class _ResponsesCall(_Call):
     custom: set[str]
 
 
+def _open_message(ev, call_id: str, msg_id: str) -> tuple:
+    """The two events that open the message item and its text part (before its first text, or
+    before an empty answer's done events)."""
+    return (
+        ev(
+            "response.output_item.added",
+            {"output_index": 0, "item": responses.message_item(call_id, "", "in_progress")},
+        ),
+        ev(
+            "response.content_part.added",
+            {
+                "item_id": msg_id,
+                "output_index": 0,
+                "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []},
+            },
+        ),
+    )
+
+
 async def _responses_stream(
     call: _ResponsesCall, first: StreamEvent, rest: AsyncIterator[StreamEvent]
 ):
@@ -547,19 +567,8 @@ async def _responses_stream(
     async for item in _answer(call, first, rest):
         if isinstance(item, TextPiece):
             if not text:
-                yield ev(
-                    "response.output_item.added",
-                    {"output_index": 0, "item": responses.message_item(call.id, "", "in_progress")},
-                )
-                yield ev(
-                    "response.content_part.added",
-                    {
-                        "item_id": msg_id,
-                        "output_index": 0,
-                        "content_index": 0,
-                        "part": {"type": "output_text", "text": "", "annotations": []},
-                    },
-                )
+                for event in _open_message(ev, call.id, msg_id):
+                    yield event
             text += item
             yield ev(
                 "response.output_text.delta",
@@ -578,22 +587,8 @@ async def _responses_stream(
         else:
             if text or not item.calls:
                 if not text:
-                    yield ev(
-                        "response.output_item.added",
-                        {
-                            "output_index": 0,
-                            "item": responses.message_item(call.id, "", "in_progress"),
-                        },
-                    )
-                    yield ev(
-                        "response.content_part.added",
-                        {
-                            "item_id": msg_id,
-                            "output_index": 0,
-                            "content_index": 0,
-                            "part": {"type": "output_text", "text": "", "annotations": []},
-                        },
-                    )
+                    for event in _open_message(ev, call.id, msg_id):
+                        yield event
                 part = {"type": "output_text", "text": text, "annotations": []}
                 yield ev(
                     "response.output_text.done",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass
 
 from talariad.router.messages import Lease, SessionEntry
@@ -29,6 +29,7 @@ class LeaseBook:
         # the cost model
         self.by_instance: dict[str, defaultdict[str | None, float]] = {}
         self.by_model: defaultdict[str, float] = defaultdict(float)  # seconds held per model
+        self._count: defaultdict[str, int] = defaultdict(int)  # live leases per instance
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -41,6 +42,7 @@ class LeaseBook:
         per_model[lease.model] += lease.charge_s
         per_model[None] += lease.charge_s
         self.by_model[lease.model] += lease.charge_s
+        self._count[lease.instance] += 1
 
     def get(self, key: LeaseKey) -> Lease | None:
         return self._by_key.get(key)
@@ -74,7 +76,7 @@ class LeaseBook:
 
     def count(self, instance: str) -> int:
         """Live leases on `instance`."""
-        return sum(1 for lease in self._by_key.values() if lease.instance == instance)
+        return self._count.get(instance, 0)
 
     def all(self) -> tuple[Lease, ...]:
         return tuple(self._by_key.values())
@@ -92,6 +94,9 @@ class LeaseBook:
             total = sum(n for m, n in per_model.items() if m is not None)
             if not _close(per_model.get(None, 0.0), total):
                 raise AssertionError(f"total charge of {inst} out of step")
+        per_instance = Counter(lease.instance for lease in self._by_key.values())
+        if {i: n for i, n in self._count.items() if n} != dict(per_instance):
+            raise AssertionError("per-instance lease counts out of step")
         per_model_total: defaultdict[str, float] = defaultdict(float)
         for (_, model), n in held.items():
             per_model_total[model] += n
@@ -107,6 +112,7 @@ class LeaseBook:
         per_model[lease.model] = _drop(per_model[lease.model], lease.charge_s)
         per_model[None] = _drop(per_model[None], lease.charge_s)
         self.by_model[lease.model] = _drop(self.by_model[lease.model], lease.charge_s)
+        self._count[lease.instance] -= 1
 
 
 def _drop(held: float, charge: float) -> float:

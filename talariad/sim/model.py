@@ -246,12 +246,12 @@ class SimModel:
         in_use = {c.model for c in live}
         # idle sessions' device KV is cache the substrate moves to host under pressure
         # (`_relieve`): only the rows of calls on the instance hold HBM against a new call
-        held = {(c.session_id, c.model) for c in live}
-        kv_held = sum(
-            self.mem.kv_bytes(k[1], e.kv_len)
-            for k, e in (self._ledger.entries.items() if self._ledger is not None else ())
-            if e.state is KVState.DEVICE and k in held
-        )
+        entries = self._ledger.entries if self._ledger is not None else {}
+        kv_held = 0
+        for key in {(c.session_id, c.model) for c in live}:  # the calls', not the whole ledger
+            e = entries.get(key)
+            if e is not None and e.state is KVState.DEVICE:
+                kv_held += self.mem.kv_bytes(key[1], e.kv_len)
         free = self.mem.reclaimable_bytes(self.active, in_use, kv_held)
         slack = max(budget - kv, 0)  # HBM that new weights take without displacing anything
         return MemoryStats(free, slack, min(kv / budget, 1.0) if budget else 0.0)
