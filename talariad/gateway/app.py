@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic_core import to_json
 
 from talariad.config import ModelConfig, TalariaConfig
 from talariad.engine.messages import (
@@ -28,11 +29,11 @@ from talariad.gateway import anthropic, errors, limits, responses
 from talariad.gateway.auth import APIKeys
 from talariad.gateway.errors import APIError
 from talariad.gateway.instances import InstanceDirectory
-from talariad.gateway.metrics import GatewayMetrics
+from talariad.gateway.metrics import Children, GatewayMetrics
 from talariad.gateway.routing import RouterShell
 from talariad.router import CallRequest
 from talariad.gateway.schemas import ChatCompletionRequest, CompletionRequest
-from talariad.gateway.session import session_id
+from talariad.gateway.session import SESSION_FIELDS, session_headers, session_id
 from talariad.tools import ToolStream, arguments_json
 
 log = logging.getLogger("talariad.gateway")
@@ -113,8 +114,8 @@ class Gateway:
             )
 
 
-def _estimate_tokens(texts: list[str]) -> int:
-    return sum(len(t) for t in texts) // 4 + 1
+def _estimate_tokens(chars: int) -> int:
+    return chars // 4 + 1
 
 
 async def _first(events: AsyncIterator[StreamEvent]) -> StreamEvent:
@@ -148,8 +149,10 @@ class _Call:
         *,
         api: str = "openai",
         tools: list[dict] | None = None,
+        raw: bytes | None = None,
     ):
-        data = limits.screen(body, gw.cfg.limits)
+        """`raw`: the JSON text `body` was parsed from (the request body), when there is one."""
+        limits.screen(body, gw.cfg.limits, raw)
         spec = gw.resolve(body.model, api)
         if not gw.served(spec.name):
             raise APIError(
@@ -161,6 +164,7 @@ class _Call:
                 headers={"Retry-After": "5"},
             )
         self.gw, self.body, self.api, self.model = gw, body, api, spec.name
+        self.series = gw.metrics.model(spec.name)
         self.tools = tools or []
         self.parser = spec.tool_parser
         self.text = _canonical(messages, prompt, self.tools)
@@ -170,20 +174,25 @@ class _Call:
         # tokenizes it; whether max_tokens fits is the instance's to say (it knows the exact count)
         limits.check_context(self.text, 1, spec.max_context, gw.cfg.limits)
         self.id = uuid.uuid4().hex[:24]
-        self.session = session_id(headers, data, [(m.role, m.content) for m in messages])
+        self.session = session_id(
+            session_headers(headers),
+            {k: getattr(body, k, None) for k in SESSION_FIELDS},
+            [(m.role, m.content) for m in messages],
+        )
         self.started = gw.clock()
-        self.branch = gw.routing.branches.branch(self.session, self.model, self.text)
+        self.branch, covered = gw.routing.branches.branch_covered(
+            self.session, self.model, self.text
+        )
         max_tokens = asked or spec.default_max_tokens
-        estimate = _estimate_tokens([self.text])
+        estimate = _estimate_tokens(len(self.text))
         # the router plans with what can fit; the instance, which knows the exact prompt, clamps
         plan = max(1, min(max_tokens, spec.max_context - estimate)) if clamp else max_tokens
-        covered = gw.routing.prefixes.covered_chars(self.branch, self.model, self.text)
         self.info = CallRequest(
             self.id,
             self.branch,
             self.model,
             estimate,
-            min(_estimate_tokens([self.text[:covered]]) if covered else 0, estimate),
+            min(_estimate_tokens(covered) if covered else 0, estimate),
             plan,
         )
         self.req = GenerateRequest(
@@ -219,7 +228,7 @@ class _Call:
                 headers={"Retry-After": retry},
             )
         self.instance, self.route, self.done = decision.instance, decision.kind.value, False
-        self.gw.metrics.running.labels(self.model).inc()
+        self.series.running.inc()
 
     def headers(self) -> dict[str, str]:
         # the session id is client text: percent-encode it so any value is a legal header
@@ -236,26 +245,27 @@ class _Call:
         self.answer.append(ev.text)
         if self.first_token_at is None:
             self.first_token_at = self.gw.clock()
-            self.gw.metrics.ttft.labels(self.model).observe(self.first_token_at - self.started)
+            self.series.ttft.observe(self.first_token_at - self.started)
 
     def finish(self, ev: DoneEvent | ErrorEvent) -> None:
         if self.done:
             return
         self.done = True
-        m, model = self.gw.metrics, self.model
-        m.running.labels(model).dec()
+        m = self.series
+        m.running.dec()
         now = self.gw.clock()
         if isinstance(ev, ErrorEvent):
             self.gw.routing.failed(self.id, now)
-            m.finished.labels(model, "error").inc()
+            m.finished("error").inc()
             return
         self.gw.routing.completed(self.id, self.instance, ev.kv_state, ev.kv_len, now)
-        self.gw.routing.prefixes.remember(self.branch, model, self.text, "".join(self.answer))
-        m.finished.labels(model, ev.finish_reason).inc()
-        m.e2e.labels(model).observe(now - self.started)
-        m.prompt_tokens.labels(model).inc(ev.usage.prompt_tokens)
-        m.generation_tokens.labels(model).inc(ev.usage.completion_tokens)
-        m.cached_tokens.labels(model, ev.usage.kv_source).inc(ev.usage.cached_tokens)
+        self.gw.routing.prefixes.remember(self.branch, self.model, self.text, "".join(self.answer))
+        usage = ev.usage
+        m.finished(ev.finish_reason).inc()
+        m.e2e.observe(now - self.started)
+        m.prompt_tokens.inc(usage.prompt_tokens)
+        m.generation_tokens.inc(usage.completion_tokens)
+        m.cached_tokens(usage.kv_source).inc(usage.cached_tokens)
 
     def talaria(self, ev: DoneEvent) -> dict:
         """The `talaria` usage extension: where the call ran and where its prefix came from."""
@@ -471,7 +481,15 @@ async def _respond(call: _Call, stream: Callable, full: Callable) -> Response:
         call.finish(ErrorEvent(message="call aborted"))
         await rest.aclose()
         raise
-    return JSONResponse(full(call, text, answer), headers=call.headers())
+    return _JSON(full(call, text, answer), headers=call.headers())
+
+
+class _JSON(JSONResponse):
+    """JSONResponse's compact UTF-8 JSON, written by pydantic's serializer (several times faster
+    than the json module; an answer body is written once per call)."""
+
+    def render(self, content) -> bytes:
+        return to_json(content)
 
 
 def _chat_body(call: _Call, text: str, answer: Answer) -> dict:
@@ -676,13 +694,15 @@ def _responses_body(call: _ResponsesCall, text: str, answer: Answer) -> dict:
     return body
 
 
-def _responses_call(gw: Gateway, body: responses.ResponsesRequest, headers) -> _ResponsesCall:
+def _responses_call(
+    gw: Gateway, body: responses.ResponsesRequest, headers, raw: bytes | None = None
+) -> _ResponsesCall:
     messages, tools = responses.convert(body)
     if body.previous_response_id:
         messages = gw.stored.get(body.previous_response_id) + messages
     if body.tool_choice == "none":
         tools.defs = []
-    call = _ResponsesCall(gw, body, headers, messages, api="responses", tools=tools.defs)
+    call = _ResponsesCall(gw, body, headers, messages, api="responses", tools=tools.defs, raw=raw)
     call.conversation, call.custom = messages, tools.custom
     gw.log_dropped(call.session, tools.dropped)
     return call
@@ -692,7 +712,7 @@ class _CountResponses:
     """Count responses by status code (a bare ASGI wrapper: no per-request task or body copy)."""
 
     def __init__(self, app, counter):
-        self.app, self.counter = app, counter
+        self.app, self.codes = app, Children(counter)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -700,7 +720,7 @@ class _CountResponses:
 
         async def counted(message):
             if message["type"] == "http.response.start":
-                self.counter.labels(str(message["status"])).inc()
+                self.codes.get(str(message["status"])).inc()
             await send(message)
 
         return await self.app(scope, receive, counted)
@@ -767,14 +787,24 @@ def build_app(gw: Gateway) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         call = _Call(
-            gw, body, request.headers, [m.chat() for m in body.messages], tools=body.tool_defs()
+            gw,
+            body,
+            request.headers,
+            [m.chat() for m in body.messages],
+            tools=body.tool_defs(),
+            raw=await request.body(),
         )
         return await _respond(call, _chat_stream, _chat_body)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         call = _Call(
-            gw, body, request.headers, [ChatMessage(role="user", content=body.text())], body.text()
+            gw,
+            body,
+            request.headers,
+            [ChatMessage(role="user", content=body.text())],
+            body.text(),
+            raw=await request.body(),
         )
         return await _respond(call, _completion_stream, _completion_body)
 
@@ -782,7 +812,13 @@ def build_app(gw: Gateway) -> FastAPI:
     async def messages(body: anthropic.MessagesRequest, request: Request) -> Response:
         """Anthropic Messages; `?beta=true`, `anthropic-version` and the API key are accepted and ignored."""
         call = _Call(
-            gw, body, request.headers, body.chat(), api="anthropic", tools=body.tool_defs()
+            gw,
+            body,
+            request.headers,
+            body.chat(),
+            api="anthropic",
+            tools=body.tool_defs(),
+            raw=await request.body(),
         )
         gw.log_dropped(call.session, body.dropped_tools())
         return await _respond(call, _anthropic_stream, _message_body)
@@ -815,7 +851,7 @@ def build_app(gw: Gateway) -> FastAPI:
     @app.post("/v1/responses")
     async def create_response(body: responses.ResponsesRequest, request: Request) -> Response:
         """OpenAI Responses (Codex): one respond path with chat, Responses shapes and events."""
-        call = _responses_call(gw, body, request.headers)
+        call = _responses_call(gw, body, request.headers, await request.body())
         return await _respond(call, _responses_stream, _responses_body)
 
     @app.get("/metrics")

@@ -100,15 +100,15 @@ UNSUPPORTED = {
 an answer that silently ignores it. Harmless fields (top_k, metadata, user ...) are ignored."""
 
 
-def screen(body, limits: LimitsConfig) -> dict:
+def screen(body, limits: LimitsConfig, raw: bytes | None = None) -> None:
     """Raise APIError(400) for an unsupported field, too many messages, or a string that is too long
     or not valid Unicode (a lone surrogate cannot be encoded, so it would fail inside an instance).
-    Returns the body's dump, for callers that read fields of it too."""
-    data = body.model_dump()  # None values too: a key of a null-valued entry is still a string
+    `raw`: the JSON text the body was parsed from, when there is one; a short one without escaped
+    surrogates passes the string checks without a walk over the body."""
     for field, (used, why) in UNSUPPORTED.items():
-        if field in data and used(data[field]):
+        if used(getattr(body, field, None)):  # a declared field or an extra one; None if absent
             raise APIError(400, f"{field}: {why}", param=field, code="unsupported_parameter")
-    count = len(data.get("messages") or ())
+    count = len(getattr(body, "messages", None) or ())
     if count > limits.max_messages:
         raise APIError(
             400,
@@ -116,8 +116,11 @@ def screen(body, limits: LimitsConfig) -> dict:
             param="messages",
             code="invalid_value",
         )
+    if raw is not None and _raw_fits(raw, limits.max_string_chars):
+        return
+    data = body.model_dump()  # None values too: a key of a null-valued entry is still a string
     if _all_fit(data, limits.max_string_chars):
-        return data
+        return
     for path, text in _strings(data):  # the slow walk names the first offending string
         if len(text) > limits.max_string_chars:
             raise APIError(
@@ -134,7 +137,18 @@ def screen(body, limits: LimitsConfig) -> dict:
                 param=path,
                 code="invalid_value",
             )
-    return data
+
+
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _raw_fits(raw: bytes, max_chars: int) -> bool:
+    """Every string parsed from the JSON text `raw` fits, known from the text alone: none is longer
+    than the whole text, and a lone surrogate can only come from a `\\udXXX` escape, since UTF-8
+    cannot encode one (a JSON text without a NUL byte is UTF-8: in UTF-16 or UTF-32 its ASCII
+    punctuation has NULs). A request body's strings are parsed from it or are the model's own
+    short defaults. False means: walk the body to be sure."""
+    return len(raw) <= max_chars and b"\0" not in raw and _ESCAPED_SURROGATE.search(raw) is None
 
 
 def _all_fit(data, max_chars: int) -> bool:

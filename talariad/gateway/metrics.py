@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
 
@@ -58,6 +59,59 @@ class GatewayMetrics:
             ["code"],
             registry=r,
         )
+        self._models: dict[str, ModelSeries] = {}
+
+    def model(self, name: str) -> ModelSeries:
+        """The model's series, looked up once (`labels()` costs a lock and a tuple per call)."""
+        series = self._models.get(name)
+        if series is None:
+            series = self._models[name] = ModelSeries(self, name)
+        return series
+
+
+class ModelSeries:
+    """One model's children of the gateway's per-call series."""
+
+    __slots__ = (
+        "running",
+        "ttft",
+        "e2e",
+        "prompt_tokens",
+        "generation_tokens",
+        "_finished",
+        "_cached",
+    )
+
+    def __init__(self, m: GatewayMetrics, model: str) -> None:
+        self.running = m.running.labels(model)
+        self.ttft = m.ttft.labels(model)
+        self.e2e = m.e2e.labels(model)
+        self.prompt_tokens = m.prompt_tokens.labels(model)
+        self.generation_tokens = m.generation_tokens.labels(model)
+        self._finished = Children(m.finished, model)
+        self._cached = Children(m.cached_tokens, model)
+
+    def finished(self, reason: str):
+        return self._finished.get(reason)
+
+    def cached_tokens(self, source: str):
+        return self._cached.get(source)
+
+
+class Children:
+    """A labelled series' children by the value of its last label (the others fixed), looked up
+    once each."""
+
+    __slots__ = ("metric", "head", "_by")
+
+    def __init__(self, metric: MetricWrapperBase, *head: str) -> None:
+        self.metric, self.head, self._by = metric, head, {}
+
+    def get(self, value: str):
+        child = self._by.get(value)
+        if child is None:
+            child = self._by[value] = self.metric.labels(*self.head, value)
+        return child
 
 
 _SWITCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20)

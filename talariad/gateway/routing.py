@@ -27,7 +27,8 @@ class PrefixTracker:
     """How much of a new prompt the session's previous call covered, from digests of its text.
 
     Agents resend the whole conversation, so the previous prompt plus answer is usually a prefix
-    of the next prompt; we keep two digests per session rather than the text itself.
+    of the next prompt; we keep two digests per session rather than the text itself. A prompt can
+    run to megabytes: each check hashes it once, in pieces (`_Digests`), with no copy of the text.
     """
 
     def __init__(self, max_entries: int = 100_000) -> None:
@@ -42,18 +43,22 @@ class PrefixTracker:
         entry = self._last.get((session, model))
         if entry is None:
             return 0
-        for length, digest in ((entry[2], entry[3]), (entry[0], entry[1])):
-            if length <= len(text) and self._digest(text[:length]) == digest:
-                return length
-        return 0
+        prompt_len, prompt_digest, full_len, full_digest = entry  # prompt_len <= full_len
+        digests = _Digests(text)
+        prompt_seen = prompt_len <= len(text) and digests.upto(prompt_len) == prompt_digest
+        if full_len <= len(text) and digests.upto(full_len) == full_digest:
+            return full_len
+        return prompt_len if prompt_seen else 0
 
     def remember(self, session: str, model: str, prompt: str, answer: str) -> None:
-        full = prompt + answer
+        hasher = hashlib.blake2b(prompt.encode(), digest_size=16)
+        prompt_digest = hasher.digest()  # the state goes on: prompt + answer is hashed once
+        hasher.update(answer.encode())
         self._last[(session, model)] = (
             len(prompt),
-            self._digest(prompt),
-            len(full),
-            self._digest(full),
+            prompt_digest,
+            len(prompt) + len(answer),
+            hasher.digest(),
         )
         self._last.move_to_end((session, model))
         if len(self._last) > self.max_entries:
@@ -66,6 +71,31 @@ class PrefixTracker:
             return
         for key in [k for k in self._last if k[0] == session]:
             del self._last[key]
+
+
+class _Digests:
+    """`PrefixTracker._digest` of prefixes of one text, in increasing length, hashing each character
+    once: the hash of a prefix is carried on to the next (the UTF-8 of a text is the UTF-8 of its
+    pieces, one after the other). An ASCII text's pieces are views of its encoding, not copies."""
+
+    __slots__ = ("text", "view", "hasher", "at")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.view = memoryview(text.encode("ascii")) if text.isascii() else None
+        self.hasher = hashlib.blake2b(digest_size=16)
+        self.at = 0
+
+    def upto(self, length: int) -> bytes:
+        """The digest of the text's first `length` characters (at least the previous `length`)."""
+        if length < self.at:
+            return PrefixTracker._digest(self.text[:length])
+        if self.view is not None:
+            self.hasher.update(self.view[self.at : length])
+        else:
+            self.hasher.update(self.text[self.at : length].encode())
+        self.at = length
+        return self.hasher.digest()  # the state goes on to a longer prefix
 
 
 class PrefixBranches:
@@ -90,6 +120,10 @@ class PrefixBranches:
 
     def branch(self, session: str, model: str, text: str) -> str:
         """The branch `text` belongs to (created, evicting the least recently used, if new)."""
+        return self.branch_covered(session, model, text)[0]
+
+    def branch_covered(self, session: str, model: str, text: str) -> tuple[str, int]:
+        """`branch`, and how much of `text` the branch covers (`PrefixTracker.covered_chars`)."""
         branches = self._branches.setdefault((session, model), OrderedDict())
         self._branches.move_to_end((session, model))
         while len(self._branches) > self.max_sessions:
@@ -106,8 +140,10 @@ class PrefixBranches:
             branches[best] = head
             while len(branches) > self.max_branches:
                 self.tracker.forget(branches.popitem(last=False)[0], model)
+            # a call that ran while its branch was evicted may have left text under the name
+            covered[best] = self.tracker.covered_chars(best, model, text)
         branches.move_to_end(best)
-        return best
+        return best, covered[best]
 
     def names(self, session: str, model: str) -> list[str]:
         """The session's branches, least recently used first."""

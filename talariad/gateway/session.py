@@ -22,6 +22,23 @@ HEADERS = (
     "session-id",
     "session_id",
 )
+_RAW_HEADERS = frozenset(h.encode() for h in HEADERS)
+
+SESSION_FIELDS = ("prompt_cache_key", "user", "metadata")
+"""The body fields `session_id` reads."""
+
+
+def session_headers(headers: Mapping[str, str]) -> Mapping[str, str]:
+    """The session headers of a request, the first of each name, read in one pass over its raw
+    (ASGI) headers when it has them (starlette's `Headers`); another mapping is taken as it is."""
+    raw: list[tuple[bytes, bytes]] | None = getattr(headers, "raw", None)
+    if raw is None:
+        return headers
+    found: dict[str, str] = {}
+    for name, value in raw:
+        if name in _RAW_HEADERS:
+            found.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return found
 
 
 def session_id(headers: Mapping[str, str], body: Mapping, messages: list[tuple[str, str]]) -> str:

@@ -3,6 +3,7 @@ hysteresis, the admin-socket lock and the reload diff."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -16,7 +17,14 @@ from talariad.daemon import _flatten, _live
 from talariad.gateway.anthropic import MessagesRequest
 from talariad.gateway.errors import APIError
 from talariad.gateway.health import Readiness
-from talariad.gateway.limits import _all_fit, _strings, check_context, min_prompt_tokens, screen
+from talariad.gateway.limits import (
+    _all_fit,
+    _raw_fits,
+    _strings,
+    check_context,
+    min_prompt_tokens,
+    screen,
+)
 from talariad.gateway.schemas import ChatCompletionRequest, CompletionRequest
 
 LIMITS = LimitsConfig()
@@ -276,3 +284,59 @@ def test_admin_socket_gets_mode_0660_and_the_configured_group(tmp_path):
         assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == group.gr_gid
         with pytest.raises(RuntimeError, match="no group named 'no-such-group'"):
             _restrict(path, "no-such-group")
+
+
+def _raw(text: str, encoding: str = "utf-8") -> bytes:
+    return text.encode(encoding)
+
+
+@pytest.mark.parametrize(
+    "raw, walks",
+    [
+        (
+            _raw(
+                '{"model": "m", "messages": [{"role": "user", "content": "h\\u00e9 \\ud83d\\ude00"}]}'
+            ),
+            True,
+        ),
+        (_raw('{"model": "m", "messages": [{"role": "user", "content": "h\\u00e9 ok"}]}'), False),
+        (_raw('{"model": "m", "messages": [{"role": "user", "content": "hé 😀"}]}'), False),
+        (_raw('{"model": "m", "messages": [{"role": "user", "content": "hi"}]}', "utf-16"), True),
+        (
+            _raw('{"model": "m", "messages": [{"role": "user", "content": "' + "x" * 40 + '"}]}'),
+            True,
+        ),
+    ],
+)
+def test_the_raw_body_check_passes_only_what_needs_no_walk(raw, walks):
+    """A short UTF-8 body without an escaped surrogate cannot hold a long string or a lone
+    surrogate; anything else (an escape that may be one, UTF-16, a body longer than the limit)
+    is walked."""
+    assert _raw_fits(raw, 100) is not walks
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32"])
+def test_lone_surrogates_in_any_json_encoding_are_400_with_the_raw_body(encoding):
+    text = '{"model": "m", "messages": [{"role": "user", "content": "a\\udc80b"}]}'
+    raw = text.encode(encoding)
+    body = ChatCompletionRequest.model_validate(json.loads(raw))
+    with pytest.raises(APIError) as info:
+        screen(body, LIMITS, raw)
+    assert "not valid Unicode" in info.value.message
+
+
+def test_a_string_over_the_limit_is_400_with_the_raw_body():
+    small = LimitsConfig(max_string_chars=30)
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 31 + b'"}]}'
+    with pytest.raises(APIError) as info:
+        screen(ChatCompletionRequest.model_validate_json(raw), small, raw)
+    assert info.value.param == "messages.0.content"
+    fits = b'{"model": "m", "messages": [{"role": "user", "content": "ok"}]}'
+    screen(ChatCompletionRequest.model_validate_json(fits), LIMITS, fits)
+
+
+def test_unsupported_extra_fields_are_400_with_the_raw_body():
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": true}'
+    with pytest.raises(APIError) as info:
+        screen(ChatCompletionRequest.model_validate_json(raw), LIMITS, raw)
+    assert info.value.param == "logprobs"

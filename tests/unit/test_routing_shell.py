@@ -2,9 +2,12 @@
 
 import pathlib
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from talariad.config import load_config
 from talariad.engine.messages import ModelLoad, KVEntry, Telemetry
-from talariad.gateway.routing import PrefixTracker, router_knobs, snapshot
+from talariad.gateway.routing import PrefixBranches, PrefixTracker, router_knobs, snapshot
 from talariad.router import ModelState
 from talariad.types import KVState
 
@@ -174,3 +177,42 @@ def test_prefix_branches_forget_the_least_recently_used_sessions_past_the_bound(
         tracker.covered_chars("a", "m", "<|user|> a\nok") == 0
         and tracker.covered_chars("c", "m", "<|user|> c\n") > 0
     )
+
+
+_PIECE = st.text(st.sampled_from("ab\u00e9\U0001f600\n"), max_size=8)
+
+
+@given(_PIECE, _PIECE, _PIECE, st.booleans())
+def test_prefix_tracker_agrees_with_hashing_each_prefix_whole(prompt, answer, more, diverge):
+    """The tracker hashes a text once, in pieces: it must judge exactly as hashing each candidate
+    prefix whole would (ASCII and not, the prompt alone or with its answer)."""
+    t = PrefixTracker()
+    t.remember("s", "m", prompt, answer)
+    text = (prompt + answer + more) if not diverge else (prompt + more)
+
+    def whole(n: int, digest: bytes) -> bool:
+        return n <= len(text) and PrefixTracker._digest(text[:n]) == digest
+
+    full = prompt + answer
+    expected = (
+        len(full)
+        if whole(len(full), PrefixTracker._digest(full))
+        else len(prompt)
+        if whole(len(prompt), PrefixTracker._digest(prompt))
+        else 0
+    )
+    assert t.covered_chars("s", "m", text) == expected
+
+
+def test_a_branch_reports_how_much_of_the_text_it_covers():
+    tracker = PrefixTracker()
+    branches = PrefixBranches(tracker, max_branches=2)
+    first = "<|user|> fix it\n"
+    name, covered = branches.branch_covered("s", "m", first)
+    assert covered == 0
+    tracker.remember(name, "m", first, "done")
+    nxt = first + "done<|user|> thanks\n"
+    assert branches.branch_covered("s", "m", nxt) == (name, len(first + "done"))
+    # text left under a branch name that was dropped meanwhile still counts when it comes back
+    branches._branches.clear()
+    assert branches.branch_covered("s", "m", nxt) == (name, len(first + "done"))

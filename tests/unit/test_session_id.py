@@ -1,4 +1,4 @@
-from talariad.gateway.session import session_id
+from talariad.gateway.session import session_headers, session_id
 
 MSGS = [("system", "you are an agent"), ("user", "fix bug 12"), ("assistant", "ok")]
 
@@ -45,3 +45,21 @@ def test_claude_code_json_user_id_names_the_session():
     uid = '{"device_id": "d", "account_uuid": "", "session_id": "3f2a"}'
     assert session_id({}, {"metadata": {"user_id": uid}}, MSGS) == "3f2a"
     assert session_id({}, {"metadata": {"user_id": "{not json"}}, MSGS).startswith("anon-")
+
+
+def test_session_headers_come_from_the_raw_headers_first_of_each_name():
+    from starlette.datastructures import Headers
+
+    raw = Headers(
+        raw=[
+            (b"content-type", b"application/json"),
+            (b"x-session-id", b"first"),
+            (b"x-session-id", b"second"),
+            (b"session_id", b"codex"),
+        ]
+    )
+    found = session_headers(raw)
+    assert found == {"x-session-id": "first", "session_id": "codex"}
+    assert session_id(found, {}, MSGS) == session_id(raw, {}, MSGS) == "first"
+    plain = {"x-session-affinity": "oc"}
+    assert session_headers(plain) is plain
