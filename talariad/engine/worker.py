@@ -7,6 +7,7 @@ completion, rotation, forgetting, round records) is the core's (`talariad.instan
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +21,31 @@ from talariad.instance.rounds import RoundRecorder
 from talariad.knobs import config_sched_knobs
 
 log = logging.getLogger("talariad.engine")
+
+
+class CallEvents:
+    """One call's events, from the loop to the call's stream: `asyncio.Queue`'s `put_nowait` and
+    `get` for one consumer, without a queue's locks and bookkeeping (a call makes one)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[StreamEvent] = collections.deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, event: StreamEvent) -> None:
+        self._items.append(event)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> StreamEvent:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
 
 
 class Worker:
@@ -44,7 +70,7 @@ class Worker:
             max_context=limits,
             recorder=RoundRecorder(),
         )
-        self.queues: dict[str, asyncio.Queue[StreamEvent]] = {}
+        self.queues: dict[str, CallEvents] = {}
         self._t0 = clock()
         self._wake = asyncio.Event()
 
@@ -89,19 +115,23 @@ class Worker:
             log.warning("switch to %s failed: %s", plan.action.to_model, result.switch_failed)
 
     async def _idle(self, until: float | None) -> None:
+        """Sleep until `until` or a wake-up (a timer rather than `wait_for`, which costs a task)."""
         self._wake.clear()
-        timeout = None if until is None else max(0.0, until - self.now())
+        if until is None:
+            await self._wake.wait()
+            return
+        timer = asyncio.get_running_loop().call_later(max(0.0, until - self.now()), self._wake.set)
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
-        except TimeoutError:
-            pass
+            await self._wake.wait()
+        finally:
+            timer.cancel()
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         call = self.core.admit(req, self.now())
         if isinstance(call, Refusal):
             yield refusal_event(call)
             return
-        queue = self.queues[req.call_id] = asyncio.Queue()
+        queue = self.queues[req.call_id] = CallEvents()
         self._wake.set()
         try:
             while True:

@@ -5,7 +5,6 @@ call stream when it has one, else its internal HTTP API)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -147,21 +146,9 @@ class InstanceDirectory:
         """The call's events from the instance; a caller that stops early must `aclose()` it
         (that closes the hop, which tells the instance to cancel the call)."""
         path = self.sockets().get(instance) if self.sockets else None
-        return self._stream(instance, path, req) if path else self._http(instance, req)
-
-    async def _stream(
-        self, instance: str, path: str, req: GenerateRequest
-    ) -> AsyncIterator[StreamEvent]:
-        try:
-            async with contextlib.aclosing(self.streams.generate(path, req)) as events:
-                async for ev in events:
-                    yield ev
-        except (
-            OSError,
-            asyncio.IncompleteReadError,
-            ValueError,
-        ) as err:  # ValueError: a garbled frame
-            yield ErrorEvent(message=f"instance {instance} failed: {err or type(err).__name__}")
+        if path:  # a failed hop ends the stream with an ErrorEvent naming the instance
+            return self.streams.generate(path, req, instance)
+        return self._http(instance, req)
 
     async def _http(self, instance: str, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         url = self.urls().get(instance)

@@ -106,20 +106,110 @@ async def test_a_gateway_that_leaves_mid_call_cancels_it_in_the_instance(served)
 
 async def test_a_malformed_request_frame_gets_a_400_error_event(served):
     _, path, _, _ = served
-    reader, writer = await asyncio.open_unix_connection(path)
-    writer.write(stream.frame(b'{"call_id": 1}'))
-    ev = stream.parse_event(await stream.read_frame(reader))
+    conn = await stream.StreamClient._open(path)
+    conn.write(b'{"call_id": 1}')
+    ev = stream.parse_event(await conn.read())
     assert isinstance(ev, ErrorEvent) and ev.status == 400 and "call_id" in ev.message
-    assert await stream.read_frame(reader) is None  # and the connection is closed
-    writer.close()
+    assert await conn.read() is None  # and the connection is closed
+    conn.close()
 
 
 async def test_a_stale_kept_alive_connection_is_replaced_transparently(served):
     _, path, client, _ = served
     mine, far = socket.socketpair()
-    stale = await asyncio.open_unix_connection(sock=mine)
-    far.close()  # what an instance restart does to a connection the gateway kept idle
+    _, stale = await asyncio.get_running_loop().create_unix_connection(
+        stream.FrameConnection, sock=mine
+    )
     client.idle[path] = [stale]
+    far.close()  # what an instance restart does to a connection the gateway kept idle
     events = await _all(client, path, _req("c1"))
     assert isinstance(events[-1], DoneEvent) and events[-1].usage.completion_tokens == 3
     assert client.idle[path] and client.idle[path][0] is not stale
+
+
+class _Transport:
+    """What FrameConnection needs of a transport, recording what is written."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _conn() -> tuple[stream.FrameConnection, _Transport]:
+    conn, transport = stream.FrameConnection(), _Transport()
+    conn.connection_made(transport)
+    return conn, transport
+
+
+async def test_frames_are_cut_from_reads_whatever_their_boundaries():
+    payloads = [b"one", b"", b"x" * 70_000, b"last"]
+    wire = b"".join(stream.frame(p) for p in payloads)
+    for step in (1, 3, 4, 5, 4096, len(wire)):
+        conn, _ = _conn()
+        for at in range(0, len(wire), step):
+            conn.data_received(wire[at : at + step])
+        conn.eof_received()
+        assert [await conn.read() for _ in payloads] == payloads
+        assert await conn.read() is None  # a clean EOF between frames
+
+
+async def test_a_reader_waits_for_a_frame_and_wakes_on_it():
+    conn, _ = _conn()
+    waiting = asyncio.create_task(conn.read())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    data = stream.frame(b"hello")
+    conn.data_received(data[:6])
+    await asyncio.sleep(0)
+    assert not waiting.done()  # half a frame is not a frame
+    conn.data_received(data[6:])
+    assert await waiting == b"hello"
+
+
+async def test_eof_inside_a_frame_and_an_oversized_frame_are_connection_errors():
+    conn, _ = _conn()
+    conn.data_received(stream.frame(b"cut short")[:7])
+    conn.connection_lost(None)
+    with pytest.raises(ConnectionError):
+        await conn.read()
+    conn, transport = _conn()
+    conn.data_received((stream.MAX_FRAME + 1).to_bytes(4, "big"))
+    with pytest.raises(ConnectionError):
+        await conn.read()
+    assert transport.closed
+
+
+async def test_frames_sent_in_one_loop_step_leave_as_one_write():
+    conn, transport = _conn()
+    conn.send(b"token")
+    conn.send(b"done")
+    assert transport.written == []
+    await asyncio.sleep(0)
+    assert transport.written == [stream.frame(b"token") + stream.frame(b"done")]
+
+
+async def test_a_failed_hop_is_an_error_event_naming_the_instance(served):
+    _, path, client, _ = served
+    missing = str(pathlib.Path(path).with_name("gone.sock"))
+    (ev,) = [e async for e in client.generate(missing, _req("c1"), "cold0")]
+    assert isinstance(ev, ErrorEvent) and ev.message.startswith("instance cold0 failed:")
+    with pytest.raises(OSError):  # without a name the caller sees the error itself
+        await anext(client.generate(missing, _req("c2")))
+    mine, far = socket.socketpair()
+    _, dying = await asyncio.get_running_loop().create_unix_connection(
+        stream.FrameConnection, sock=mine
+    )
+    far.sendall(stream.frame(b"not json"))  # a garbled first frame
+    client.idle[path] = [dying]
+    (ev,) = [e async for e in client.generate(path, _req("c3"), "cold0")]
+    assert isinstance(ev, ErrorEvent) and "cold0" in ev.message
+    far.close()

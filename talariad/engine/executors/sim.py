@@ -147,7 +147,7 @@ class SimExecutor:
     def _next_word(self, call: InstanceCall) -> CallOutput:
         if call.state is None:
             n = call.max_tokens
-            if not call.request.ignore_eos:
+            if not call.request.ignore_eos and n > 1:  # an answer has at least one token
                 n = min(n, answer_length(call.prompt, call.request.seed))
             call.state = placeholder_words(call.prompt, n, call.request.seed)
         words = call.state
