@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import socket
 
 import uvicorn
+from fastapi import FastAPI
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
@@ -114,6 +116,20 @@ class _Corked:
 
     def __getattr__(self, name: str):
         return getattr(self._transport, name)
+
+
+_NO_TELEMETRY = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
+
+
+def fastapi_app(**kwargs) -> FastAPI:
+    """A FastAPI app without FastAPI's native OpenTelemetry hooks, in the versions that have them:
+    each request would look for a configured tracer, meter and logger provider (environment reads
+    included), and talariad exports Prometheus metrics, not OpenTelemetry."""
+    return FastAPI(**_NO_TELEMETRY, **kwargs)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from talariad.engine.messages import GenerateRequest, Telemetry
+from talariad.httpserver import fastapi_app
 from talariad.engine.worker import Worker
 
 TOKEN_HEADER = "x-talaria-token"
@@ -81,7 +82,7 @@ class TokenCheck:
 
 def build_app(worker: Worker, token: str | None = None) -> FastAPI:
     """`token`: required on every request when given (the instance process always gives one)."""
-    app = FastAPI(title=f"talaria instance {worker.inst.name}", docs_url=None, redoc_url=None)
+    app = fastapi_app(title=f"talaria instance {worker.inst.name}", docs_url=None, redoc_url=None)
     if token is not None:
         app.add_middleware(TokenCheck, token=token)
     deltas = SessionDeltas()

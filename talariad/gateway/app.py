@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic_core import to_json
 
 from talariad.config import ModelConfig, TalariaConfig
+from talariad.httpserver import fastapi_app
 from talariad.engine.messages import (
     ChatMessage,
     DoneEvent,
@@ -727,7 +728,7 @@ class _CountResponses:
 
 
 def build_app(gw: Gateway) -> FastAPI:
-    app = FastAPI(title="Talaria", docs_url=None, redoc_url=None)
+    app = fastapi_app(title="Talaria", docs_url=None, redoc_url=None)
     errors.install(app)
     app.add_middleware(_CountResponses, counter=gw.metrics.responses)
     app.add_middleware(limits.BodyLimit, max_bytes=lambda: gw.cfg.limits.max_body_bytes)

@@ -74,3 +74,10 @@ async def test_an_unfinished_head_may_not_grow_past_the_bound_but_a_large_body_m
     finally:
         server.should_exit = True
         await task
+
+
+def test_apps_leave_fastapis_opentelemetry_hooks_off():
+    app = httpserver.fastapi_app(title="t")
+    telemetry = getattr(app, "_telemetry", None)  # FastAPI versions with native OpenTelemetry
+    if telemetry is not None:
+        assert not (telemetry["tracing"] or telemetry["metrics"] or telemetry["logs"])
