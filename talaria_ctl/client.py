@@ -36,6 +36,7 @@ CANDIDATE_COLUMNS = (
     "activation",
     "total",
     "replica",
+    "contention",
     "kv_state",
     "feasible",
 )

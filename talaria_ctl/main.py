@@ -186,6 +186,7 @@ def _candidates(d: dict) -> None:
                 c["activation_s"],
                 c["total_s"],
                 c.get("replica_s", 0.0),
+                c.get("contention_s", 0.0),
                 c["kv_state"],
                 "yes" if c["feasible"] else c["reason"],
             )

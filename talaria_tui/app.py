@@ -114,6 +114,7 @@ def _candidate_row(c: dict) -> tuple:
                 "activation_s",
                 "total_s",
                 "replica_s",
+                "contention_s",
             )
         ),
         c["kv_state"],

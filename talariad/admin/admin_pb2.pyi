@@ -200,6 +200,7 @@ class Candidate(_message.Message):
         "kv_state",
         "needs_replica",
         "replica_s",
+        "contention_s",
     )
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_S_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +214,7 @@ class Candidate(_message.Message):
     KV_STATE_FIELD_NUMBER: _ClassVar[int]
     NEEDS_REPLICA_FIELD_NUMBER: _ClassVar[int]
     REPLICA_S_FIELD_NUMBER: _ClassVar[int]
+    CONTENTION_S_FIELD_NUMBER: _ClassVar[int]
     instance: str
     queue_s: float
     prefill_s: float
@@ -225,6 +227,7 @@ class Candidate(_message.Message):
     kv_state: str
     needs_replica: bool
     replica_s: float
+    contention_s: float
     def __init__(
         self,
         instance: _Optional[str] = ...,
@@ -239,6 +242,7 @@ class Candidate(_message.Message):
         kv_state: _Optional[str] = ...,
         needs_replica: _Optional[bool] = ...,
         replica_s: _Optional[float] = ...,
+        contention_s: _Optional[float] = ...,
     ) -> None: ...
 
 class Decision(_message.Message):

@@ -51,6 +51,7 @@ def decision(d: Decision, now: float) -> admin_pb2.Decision:
             kv_state=c.kv_state.value,
             needs_replica=c.needs_replica,
             replica_s=c.replica_s,
+            contention_s=c.contention_s,
         )
         for c in d.candidates
     ]

@@ -59,6 +59,7 @@ class Inputs(NamedTuple):
     ov_work_s: float
     ov_hbm: int
     retired: bool  # the model is resident there but retired from its rotation (`CostModel.retired`)
+    contenders: float  # other models' calls its slots would delay there (`CostModel.contenders`)
 
 
 class CostModel:
@@ -119,6 +120,24 @@ class CostModel:
         facts = replica_facts(inst.snapshot, model)
         return kept < self.keep_cost_s(model, plan.profile, facts, row[4])
 
+    def contenders(self, plan: CallPlan, inst: InstanceState, row: tuple) -> float:
+        """How many other models' calls a call of the model would delay on a cold instance where
+        the model has no work yet: time-sharing adds its slots to every round while it runs
+        (ΔR_req's "incremental work introduced by r", felt by the calls already there). Those
+        running or queued now (snapshot and forwards since), or, when more, the share of the
+        last window that other models' forwarded work kept the instance busy (a new session
+        makes more calls than this one: the contention it will meet, not only what runs now)."""
+        model = plan.call.model
+        ov = inst.ov_model.get(model)
+        if row[15] is None or (ov is not None and ov[1]):
+            return 0.0  # a hot instance, or the model already has a slot in its rounds
+        calls = row[15] + sum(r[1] for m, r in inst.ov_model.items() if m != model)
+        if plan.now is None:
+            return float(calls)
+        work = self.placed.work_s
+        busy = work((inst.name, None), plan.now) - work((inst.name, model), plan.now)  # type: ignore[arg-type]
+        return max(float(calls), min(busy / self.knobs.retire_window_s, 1.0))
+
     def keep_cost_s(self, model: str, prof: LatencyProfile, facts: tuple, switch_s: float) -> float:
         """What keeping `model` in an instance's rotation costs over a window: one switch, its
         weights' HBM at μ_j, and ν_m; the right side of Eq. (2) with the whole weights."""
@@ -165,6 +184,7 @@ class CostModel:
             inst.ov_work_s,
             inst.ov_hbm,
             self.retired(plan, inst, row),
+            self.contenders(plan, inst, row),
         )
 
     def prime(self, inst: InstanceState) -> None:
@@ -200,6 +220,7 @@ class CostModel:
             hbm_free,
             _,
             _,
+            _,
         ) = x.row
         if x.ov is not None:
             queued, batch = queued + x.ov[0], batch + x.ov[1]
@@ -231,6 +252,8 @@ class CostModel:
         else:
             reason = "ok"
         total = queue + prefill + decode + recovery + activation
+        # the others wait out its time on the instance, not its own wait for a slot
+        contention = x.contenders * (total - queue) if k.residency_terms else 0.0
         replica = 0.0
         if needs_replica and k.residency_terms:  # a retired replica keeps its whole weights
             replica = self._memory_s(added or prof.weight_bytes, x.row[13], x.row[14])
@@ -251,6 +274,7 @@ class CostModel:
             round_load,
             None,
             replica,
+            contention,
         )
 
     def _row(self, inst: InstanceState, model: str, prof: LatencyProfile) -> tuple:
@@ -278,6 +302,7 @@ class CostModel:
             snap.hbm_free_bytes,
             snap.kv_occupancy,
             snap.staging_slack_bytes,
+            _other_calls(snap, model, res),
         )
         inst.rows[model] = row
         return row
@@ -328,26 +353,32 @@ class CostModel:
     ) -> float:
         """gain(m, ·) of Eq. (2): how much one more replica shrinks the per-replica backlog of m
         over the next control window, D / (k (k + 1)) with D = queued prefill work of m on its k
-        open replicas (those in rotation, when the placement time is known) + arrivals' work over
-        the last window + m's live lease charges. No open replica (k = 0) means the first one must
-        open: infinite gain. The book keeps k and the queued tokens up to date."""
+        open replicas (those in rotation, when the placement time is known) + the part of the
+        arrivals' work over the last window and m's live lease charges that those replicas cannot
+        absorb over the next one (their `spare_s`: what they absorb never queues). No open
+        replica (k = 0) means the first one must open: infinite gain. The book keeps k and the
+        queued tokens up to date."""
         model = plan.call.model
         open_replicas, queued = instances.open_replicas(model)
         if open_replicas == 0:
             return math.inf
+        spare = 0.0
         if plan.now is not None:  # retired replicas serve nothing: k counts those in rotation
-            open_replicas = max(
-                1, min(open_replicas, self._in_rotation(model, instances, plan.now))
-            )
-        backlog = plan.profile.prefill_s_per_token * queued
-        backlog += demand.work_s(model, now) + self.leases.by_model.get(model, 0.0)
+            rotation, spare = self._in_rotation(model, instances, plan.now)
+            open_replicas = max(1, min(open_replicas, rotation))
+        # arrivals (and leased returns) that the replicas in rotation can absorb over the next
+        # window never queue: only the rest spills; what is queued now is backlog already
+        arriving = demand.work_s(model, now) + self.leases.by_model.get(model, 0.0)
+        backlog = plan.profile.prefill_s_per_token * queued + max(arriving - spare, 0.0)
         return backlog / (open_replicas * (open_replicas + 1))
 
-    def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> int:
-        """Instances that `model`'s forwards kept busy over the retirement window (O(instances):
-        read only when Eq. (2) must decide)."""
+    def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> tuple[int, float]:
+        """How many instances `model`'s forwards kept busy over the retirement window, and what
+        they can still absorb over the next control window (`spare_s`): O(instances), read only
+        when Eq. (2) must decide."""
         work = self.placed.work_s
-        return sum(1 for i in instances.all() if work((i.name, model), now) > 0.0)  # type: ignore[arg-type]
+        names = [i.name for i in instances.all() if work((i.name, model), now) > 0.0]  # type: ignore[arg-type]
+        return len(names), sum(self.spare_s(name, now) for name in names)
 
     def _replica_cost(
         self, model: str, prof: LatencyProfile, state: ModelState, facts: tuple, activation: float
@@ -375,6 +406,14 @@ def replica_facts(snap, model: str) -> tuple:
     """What Eq. (2)'s replica cost reads from a snapshot: the model's residency, KV occupancy and
     staging slack (a lazy explanation keeps these, not the whole snapshot)."""
     return snap.residency(model), snap.kv_occupancy, snap.staging_slack_bytes
+
+
+def _other_calls(snap, model: str, res: ModelResidency) -> int | None:
+    """Calls of other models running or queued on a cold instance where `model` has none (None:
+    a hot instance, or `model` has work there, so a call of it adds no slot to the rounds)."""
+    if snap.pool is Pool.HOT or res.running_calls or res.queued_calls:
+        return None
+    return sum(r.running_calls + r.queued_calls for m, r in snap.models.items() if m != model)
 
 
 def _recompute_s(plan: CallPlan, missing: int) -> float:

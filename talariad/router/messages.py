@@ -156,11 +156,15 @@ class CandidateCost(NamedTuple):
     replica_s: float = 0.0
     """A candidate that opens (or reopens) a replica: the price of keeping it, μ_j·ΔW_m + ν_m of
     Eq. (2), charged to the call that opens it when candidates are ranked (`rank_s`)."""
+    contention_s: float = 0.0
+    """On a cold instance where the model has no work yet: the delay this call's slots add to the
+    other models' calls there (`CostModel.contenders` calls, each waiting out its service time)."""
 
     @property
     def rank_s(self) -> float:
-        """What Talaria ranks by: Eq. (1), plus the replica price of an open."""
-        return self.total_s + self.replica_s
+        """What Talaria ranks by: Eq. (1), plus the replica price of an open and the delay the
+        call's slots impose on other models' calls."""
+        return self.total_s + self.replica_s + self.contention_s
 
 
 class Decision(NamedTuple):

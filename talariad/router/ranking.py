@@ -227,6 +227,7 @@ class _Search:
                     snap.staging_slack_bytes,
                     retired,
                     cost.spare_s(inst.name, plan.now),
+                    cost.contenders(plan, inst, row),
                 )
             )
             replica = replica or row[5] or retired
@@ -239,7 +240,7 @@ class _Search:
         return self.retired if self.best is None else None
 
 
-_CAPTURED = 11
+_CAPTURED = 12
 
 
 class LazyCandidates(Sequence):
@@ -282,11 +283,22 @@ class LazyCandidates(Sequence):
             slack,
             retired,
             spare,
+            contenders,
         ) = self._flat[at : at + _CAPTURED]
         cand = cost.score(
             plan,
             Inputs(
-                name, row, None, KVState.MISSING, 0, leased, leased_all, ov_work_s, ov_hbm, retired
+                name,
+                row,
+                None,
+                KVState.MISSING,
+                0,
+                leased,
+                leased_all,
+                ov_work_s,
+                ov_hbm,
+                retired,
+                contenders,
             ),
         )
         if (

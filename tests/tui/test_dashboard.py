@@ -99,7 +99,7 @@ async def test_every_view_shows_live_data(fake):
             await pilot.pause(0.02)
             if cands.row_count:
                 break
-        assert cands.row_count == 2 and str(cands.get_row_at(1)[9]) == "eq2"
+        assert cands.row_count == 2 and str(cands.get_row_at(1)[10]) == "eq2"
 
 
 async def test_lease_ttl_counts_down(fake):

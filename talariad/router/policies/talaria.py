@@ -61,6 +61,8 @@ class TalariaPolicy(Policy):
         best, cands, spill = ranking.best, ranking.candidates, ranking.cheapest
         prefix = f"{note}; " if note else ""
         why = "min cost"
+        if best is not None and self._cheaper_to_wait(best, cands):
+            best, prefix = None, prefix + "an in-rotation replica within a round bound costs less; "
         if best is None:
             # the replicas in rotation are over their admission budget: the load no longer
             # allows concentrating the model, so the cheapest retired replica reopens
@@ -91,6 +93,18 @@ class TalariaPolicy(Policy):
         queue of an instance serving its model, whose scheduler admits it at the next slot."""
         since = view.held.get(plan.call.call_id)
         return since is not None and now - since >= self.knobs.round_budget_s
+
+    def _cheaper_to_wait(self, best, cands) -> bool:
+        """`best`'s price beyond Eq. (1) (a replica open, the delay it imposes on other models'
+        calls) exceeds a round bound, and an in-rotation replica refused only by the round check
+        costs less even after a whole round bound of waiting: the call is held for it (a held
+        call joins that queue after a round bound, see `_held_a_round`)."""
+        bound = self.knobs.round_budget_s
+        if best.replica_s + best.contention_s <= bound:
+            return False  # cheap: skip reading (rendering) the other candidates
+        waits = (c.rank_s for c in cands if c.reason == "round" and not c.needs_replica)
+        wait = min(waits, default=None)
+        return wait is not None and wait + bound < best.rank_s
 
     def _hot_best(self, plan: CallPlan, view: ClusterView, insts: list, now: float):
         """The cheapest feasible hot instance allowed the model, or None."""
