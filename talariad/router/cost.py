@@ -126,16 +126,18 @@ class CostModel:
         (ΔR_req's "incremental work introduced by r", felt by the calls already there). Those
         running or queued now (snapshot and forwards since), or, when more, the share of the
         last window that other models' forwarded work kept the instance busy (a new session
-        makes more calls than this one: the contention it will meet, not only what runs now)."""
-        model = plan.call.model
+        makes more calls than this one: the contention it will meet, not only what runs now).
+        A live lease is a return about to run there: its model's work, like a running call."""
+        model, name = plan.call.model, inst.name
         ov = inst.ov_model.get(model)
-        if row[15] is None or (ov is not None and ov[1]):
+        if row[15] is None or (ov is not None and ov[1]) or self.leases.count(name, model):
             return 0.0  # a hot instance, or the model already has a slot in its rounds
         calls = row[15] + sum(r[1] for m, r in inst.ov_model.items() if m != model)
+        calls += self.leases.count(name)  # none of them is the model's (above)
         if plan.now is None:
             return float(calls)
         work = self.placed.work_s
-        busy = work((inst.name, None), plan.now) - work((inst.name, model), plan.now)  # type: ignore[arg-type]
+        busy = work((name, None), plan.now) - work((name, model), plan.now)  # type: ignore[arg-type]
         return max(float(calls), min(busy / self.knobs.retire_window_s, 1.0))
 
     def keep_cost_s(self, model: str, prof: LatencyProfile, facts: tuple, switch_s: float) -> float:

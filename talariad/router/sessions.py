@@ -29,7 +29,8 @@ class LeaseBook:
         # the cost model
         self.by_instance: dict[str, defaultdict[str | None, float]] = {}
         self.by_model: defaultdict[str, float] = defaultdict(float)  # seconds held per model
-        self._count: defaultdict[str, int] = defaultdict(int)  # live leases per instance
+        # live leases per instance, and per (instance, model)
+        self._count: defaultdict[str | tuple[str, str], int] = defaultdict(int)
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -43,6 +44,7 @@ class LeaseBook:
         per_model[None] += lease.charge_s
         self.by_model[lease.model] += lease.charge_s
         self._count[lease.instance] += 1
+        self._count[(lease.instance, lease.model)] += 1
 
     def get(self, key: LeaseKey) -> Lease | None:
         return self._by_key.get(key)
@@ -74,9 +76,9 @@ class LeaseBook:
         per_model = self.by_instance.get(instance)
         return per_model.get(model, 0.0) if per_model else 0.0
 
-    def count(self, instance: str) -> int:
-        """Live leases on `instance`."""
-        return self._count.get(instance, 0)
+    def count(self, instance: str, model: str | None = None) -> int:
+        """Live leases on `instance` (for one model, or, with None, all)."""
+        return self._count.get(instance if model is None else (instance, model), 0)
 
     def all(self) -> tuple[Lease, ...]:
         return tuple(self._by_key.values())
@@ -95,6 +97,7 @@ class LeaseBook:
             if not _close(per_model.get(None, 0.0), total):
                 raise AssertionError(f"total charge of {inst} out of step")
         per_instance = Counter(lease.instance for lease in self._by_key.values())
+        per_instance.update((lease.instance, lease.model) for lease in self._by_key.values())
         if {i: n for i, n in self._count.items() if n} != dict(per_instance):
             raise AssertionError("per-instance lease counts out of step")
         per_model_total: defaultdict[str, float] = defaultdict(float)
@@ -113,6 +116,7 @@ class LeaseBook:
         per_model[None] = _drop(per_model[None], lease.charge_s)
         self.by_model[lease.model] = _drop(self.by_model[lease.model], lease.charge_s)
         self._count[lease.instance] -= 1
+        self._count[(lease.instance, lease.model)] -= 1
 
 
 def _drop(held: float, charge: float) -> float:

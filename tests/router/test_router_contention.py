@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from talariad.router import DecisionKind, ModelResidency, ModelState
-from talariad.types import Pool
+from talariad.types import KVState, Pool
 from tests.router.router_factories import MODEL, PROFILE, Snaps, call, cand, router
 
 OTHER = "x"
@@ -116,3 +116,19 @@ def test_a_cheap_alternative_is_not_held_back():
     r.observe(_busy_with_other(snaps, "b", 0.0, running=1), 0.0)
     d = r.place(call("c1", session="s1", prompt=200, max_tokens=5), 0.1)
     assert d.instance == "b"  # its contention is under a round bound: no reason to wait
+
+
+def test_another_models_live_lease_is_a_return_about_to_run_there():
+    r, snaps = _two_models()
+    r.observe(_idle(snaps, "a", 0.0), 0.0)
+    r.observe(_idle(snaps, "b", 0.0), 0.0)
+    # a session of OTHER was served on b: its lease says its return will run there shortly
+    first = r.place(call("o1", session="o1", model=OTHER), 0.0)
+    lease = r.completed("o1", first.instance, KVState.DEVICE, 1010, 0.5)
+    assert lease is not None and lease.instance == "a"
+    r.observe(_idle(snaps, "a", 0.6), 0.6)
+    r.observe(_idle(snaps, "b", 0.6), 0.6)
+    d = r.place(call("c1", session="s1"), 0.6)
+    a = cand(d, "a")
+    assert a.contention_s == pytest.approx(a.total_s - a.queue_s)  # one call to delay, not a share
+    assert cand(d, "b").contention_s == 0.0 and d.instance == "b"
