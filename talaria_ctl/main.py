@@ -227,12 +227,19 @@ def _mib(n) -> str:
     return f"{int(n) / 2**20:.1f}"
 
 
+def _rotation(i: dict) -> str:
+    """The models it serves, and those the router retired from its rotation (resident, idle)."""
+    text = ", ".join(i["rotation"]) or "-"
+    retired = i.get("retired") or []
+    return f"{text} (retired: {', '.join(retired)})" if retired else text
+
+
 def _instance_row(i: dict) -> tuple:
     return (
         i["name"],
         i["pool"],
         f"{i['executor']}@{i['devices']}",
-        ", ".join(i["rotation"]) or "-",
+        _rotation(i),
         i["active_model"] or "-",
         i["state"],
         i["admission"],

@@ -183,6 +183,7 @@ class Daemon:
             configured_pool=inst.pool,
             executor=inst.executor,
             rotation=self.serving_models(name),
+            retired=self.routing.router.retired(name, now),
             admission=self.admission(name, snap),
             devices=inst.devices
             if isinstance(inst.devices, str)

@@ -36,6 +36,7 @@ class InstanceStatus(_message.Message):
         "admission",
         "rotation",
         "configured_pool",
+        "retired",
     )
     NAME_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +56,7 @@ class InstanceStatus(_message.Message):
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     ROTATION_FIELD_NUMBER: _ClassVar[int]
     CONFIGURED_POOL_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
     name: str
     pool: str
     executor: str
@@ -73,6 +75,7 @@ class InstanceStatus(_message.Message):
     admission: str
     rotation: _containers.RepeatedScalarFieldContainer[str]
     configured_pool: str
+    retired: _containers.RepeatedScalarFieldContainer[str]
     def __init__(
         self,
         name: _Optional[str] = ...,
@@ -93,6 +96,7 @@ class InstanceStatus(_message.Message):
         admission: _Optional[str] = ...,
         rotation: _Optional[_Iterable[str]] = ...,
         configured_pool: _Optional[str] = ...,
+        retired: _Optional[_Iterable[str]] = ...,
     ) -> None: ...
 
 class StatusReply(_message.Message):

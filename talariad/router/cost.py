@@ -111,14 +111,31 @@ class CostModel:
         `retire_window_s` does not cover what keeping it costs: its switch, its weights' HBM and
         ν_m (`keep_cost_s`, the right side of Eq. (2)). While nothing anywhere keeps the model in
         rotation, nothing is retired: a first replica needs no gate (Eq. (2)'s infinite gain)."""
-        now, model = plan.now, plan.call.model
-        if now is None or row[3] is not ModelState.RESIDENT or inst.snapshot.pool is Pool.HOT:
+        if plan.now is None:
+            return False
+        return self._retired_at(plan.call.model, plan.profile, inst, row, plan.now)
+
+    def retired_models(self, inst: InstanceState, now: float) -> tuple[str, ...]:
+        """The models the retirement rule takes out of `inst`'s rotation at `now` (admin API)."""
+        if inst.snapshot is None:
+            return ()
+        out = []
+        for model in sorted(inst.snapshot.models):
+            prof = self.profiles.get(model)
+            if self._retired_at(model, prof, inst, self.row(inst, model, prof), now):
+                out.append(model)
+        return tuple(out)
+
+    def _retired_at(
+        self, model: str, prof: LatencyProfile, inst: InstanceState, row: tuple, now: float
+    ) -> bool:
+        if row[3] is not ModelState.RESIDENT or inst.snapshot.pool is Pool.HOT:
             return False
         if inst.opening(model) > 0 or self.placed.work_s(model, now) <= 0.0:
             return False
         kept = self.placed.work_s((inst.name, model), now)  # type: ignore[arg-type]
         facts = replica_facts(inst.snapshot, model)
-        return kept < self.keep_cost_s(model, plan.profile, facts, row[4])
+        return kept < self.keep_cost_s(model, prof, facts, row[4])
 
     def contenders(self, plan: CallPlan, inst: InstanceState, row: tuple) -> float:
         """How many other models' calls a call of the model would delay on a cold instance where

@@ -225,6 +225,7 @@ class InstanceStatus:
     in_flight: int  # calls forwarded and not yet completed or failed
     leases: int  # live leases charging its admission budget
     overlay_work_s: float  # predicted work forwarded since its latest snapshot
+    retired: tuple[str, ...] = ()  # resident models the router took out of its rotation
 
 
 @dataclass(frozen=True, slots=True)

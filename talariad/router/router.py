@@ -248,9 +248,15 @@ class Router:
                 len(i.inflight),
                 self._leases.count(i.name),
                 i.ov_work_s,
+                self.retired(i.name, now),
             )
             for i in self._instances.all()
         )
+
+    def retired(self, instance: str, now: float) -> tuple[str, ...]:
+        """Resident models the retirement rule takes out of `instance`'s rotation at `now`."""
+        inst = self._instances.get(instance)
+        return () if inst is None or inst.snapshot is None else self._cost.retired_models(inst, now)
 
     def held(self) -> tuple[str, ...]:
         """Calls held at the gateway by the "queue" overload policy, oldest first."""

@@ -252,6 +252,7 @@ def test_an_idle_replica_retires_and_reopening_it_passes_eq2():
     r.observe(snaps("c", 0.5, state=ModelState.ACTIVE), 0.5)  # idle, where the model is active
     d = r.place(call("c2", session="s2", prompt=20), 0.6)
     assert d.instance == "c" and cand(d, "b").reason == "retired"  # b retired: gain too small
+    assert r.retired("b", 0.6) == (MODEL,) and r.retired("c", 0.6) == ()  # the admin API's list
     # a burst large enough that one more replica pays for its switch, HBM and ν reopens b
     r.observe(
         snaps(

@@ -171,3 +171,11 @@ def test_worker_rotation_unload_retires_the_active_model():
 
     worker = asyncio.run(scenario())
     assert worker.core.sched.active == "b"
+
+
+def test_ctl_status_shows_the_models_the_router_retired_beside_the_rotation():
+    from talaria_ctl.main import _rotation
+
+    assert _rotation({"rotation": ["a", "b"], "retired": ["b"]}) == "a, b (retired: b)"
+    assert _rotation({"rotation": ["a"], "retired": []}) == "a"
+    assert _rotation({"rotation": []}) == "-"
