@@ -276,7 +276,7 @@ class CostModel:
         replica = 0.0
         if needs_replica and k.residency_terms:  # a retired replica keeps its whole weights
             replica = self._memory_s(added or prof.weight_bytes, x.row[13], x.row[14])
-            if base > 0.0:  # it would time-share a busy instance, not fill an idle one
+            if base > 0.0 or x.contenders > 0.0:  # it would time-share a busy instance
                 replica += k.replica_penalty(call.model)
         return CandidateCost(
             x.instance,

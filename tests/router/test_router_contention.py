@@ -132,3 +132,15 @@ def test_another_models_live_lease_is_a_return_about_to_run_there():
     a = cand(d, "a")
     assert a.contention_s == pytest.approx(a.total_s - a.queue_s)  # one call to delay, not a share
     assert cand(d, "b").contention_s == 0.0 and d.instance == "b"
+
+
+def test_a_replica_on_an_instance_busy_with_other_models_pays_nu_even_with_no_round_load():
+    r, snaps = _two_models()
+    absent = {OTHER: ModelResidency(ModelState.ACTIVE, running_calls=1)}
+    r.observe(snaps("a", 0.0, models=absent, allowed=BOTH, round_load_s=0.0), 0.0)
+    r.observe(snaps("b", 0.0, models={}, allowed=BOTH, round_load_s=0.0), 0.0)
+    d = r.place(call("c1", session="s1"), 0.1)  # the model's first replica: Eq. (2) does not gate
+    a, b = cand(d, "a"), cand(d, "b")
+    assert a.needs_replica and b.needs_replica
+    assert a.replica_s == pytest.approx(b.replica_s + 2.0)  # ν_m: it would time-share a
+    assert d.instance == "b"
