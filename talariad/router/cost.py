@@ -17,7 +17,9 @@ base load admits any single call, so a call whose own prefill exceeds γ·TTFT i
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections import defaultdict
 from typing import NamedTuple
 
 from talariad.router.knobs import RouterKnobs
@@ -69,7 +71,8 @@ class CostModel:
     ) -> None:
         self.knobs, self.profiles, self.leases, self.sessions = knobs, profiles, leases, sessions
         # work forwarded per (instance, model) and per model over the retirement window
-        self.placed = DemandTracker(knobs.retire_window_s)
+        self.placed = PlacedWork(knobs.retire_window_s)
+        self._keep: dict[tuple[str, str], tuple] = {}  # `keep_cost_on`'s cache
 
     def plan(self, call: CallRequest, now: float | None = None) -> CallPlan:
         prof, suffix = self.profiles.get(call.model), call.prompt_tokens - call.prefix_tokens
@@ -116,8 +119,19 @@ class CostModel:
         if inst.opening(model) > 0 or self.placed.work_s(model, now) <= 0.0:
             return False
         kept = self.placed.work_s((inst.name, model), now)  # type: ignore[arg-type]
-        facts = replica_facts(inst.snapshot, model)
-        return kept < self.keep_cost_s(model, plan.profile, facts, row[4])
+        return kept < self.keep_cost_on(inst, model, plan.profile, row)
+
+    def keep_cost_on(
+        self, inst: InstanceState, model: str, prof: LatencyProfile, row: tuple
+    ) -> float:
+        """`keep_cost_s` there, computed once per cost row (a snapshot, a profile) and knobs."""
+        key = (inst.name, model)
+        kept = self._keep.get(key)
+        if kept is None or kept[0] is not row or kept[1] is not prof or kept[2] is not self.knobs:
+            facts = replica_facts(inst.snapshot, model)
+            kept = (row, prof, self.knobs, self.keep_cost_s(model, prof, facts, row[4]))
+            self._keep[key] = kept
+        return kept[3]
 
     def keep_cost_s(self, model: str, prof: LatencyProfile, facts: tuple, switch_s: float) -> float:
         """What keeping `model` in an instance's rotation costs over a window: one switch, its
@@ -170,7 +184,10 @@ class CostModel:
     def prime(self, inst: InstanceState) -> None:
         """Compute a new snapshot's cost rows now rather than in the next placements."""
         for model in inst.allowed:
-            self._row(inst, model, self.profiles.get(model))
+            prof = self.profiles.get(model)
+            row = self._row(inst, model, prof)
+            if row[3] is ModelState.RESIDENT:  # what the retirement rule compares with
+                self.keep_cost_on(inst, model, prof, row)
 
     def row(self, inst: InstanceState, model: str, prof: LatencyProfile) -> tuple:
         row = inst.rows.get(model)
@@ -344,10 +361,8 @@ class CostModel:
         return backlog / (open_replicas * (open_replicas + 1))
 
     def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> int:
-        """Instances that `model`'s forwards kept busy over the retirement window (O(instances):
-        read only when Eq. (2) must decide)."""
-        work = self.placed.work_s
-        return sum(1 for i in instances.all() if work((i.name, model), now) > 0.0)  # type: ignore[arg-type]
+        """Instances that `model`'s forwards kept busy over the retirement window."""
+        return self.placed.busy_instances(model, instances, now)
 
     def _replica_cost(
         self, model: str, prof: LatencyProfile, state: ModelState, facts: tuple, activation: float
@@ -369,6 +384,60 @@ class CostModel:
         uncovered = max(added - staging_slack, 0) / added if added > 0 else 0.0
         mu = self.knobs.hbm_price_s_per_gib * (1.0 + u / (1.0 - u)) * (1.0 + uncovered)
         return mu * added / GIB
+
+
+class PlacedWork(DemandTracker):
+    """The work forwarded per (instance, model), (instance, None) and model over a window, which
+    also knows which instances each model's forwards keep busy (`busy_instances`).
+
+    NOTE: a window sum is a running float sum, and its last bits depend on when it was trimmed
+    (a sum whose events all left the window may keep a residue such as 1e-15, which still reads
+    as "busy"). `busy_instances` trims exactly the (instance, model) windows that reading every
+    instance's window would trim, so its answer and every later sum are the same as that scan's.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        super().__init__(window_s)
+        self._busy: defaultdict[str, set[str]] = defaultdict(set)  # model -> sum > 0 there
+        self._due: defaultdict[str, list[tuple[float, str]]] = defaultdict(list)
+        """model -> heap of (its oldest event's time, instance) over the (instance, model) windows"""
+        self._head: dict[tuple[str, str], float] = {}  # (instance, model) -> its entry in _due
+
+    def _trim(self, model, now: float) -> None:  # every change of a sum ends here (`record` too)
+        super()._trim(model, now)
+        if type(model) is tuple and model[1] is not None:
+            self._sync(model)
+
+    def _sync(self, key: tuple[str, str]) -> None:
+        inst, model = key
+        if self._sums[key] > 0.0:
+            self._busy[model].add(inst)
+        else:
+            self._busy[model].discard(inst)
+        events = self._events[key]
+        head = events[0][0] if events else None
+        if head is not None and self._head.get(key) != head:
+            self._head[key] = head
+            heapq.heappush(self._due[model], (head, inst))
+
+    def busy_instances(self, model: str, instances: InstanceBook, now: float) -> int:
+        """How many of `instances` have a positive window sum for `model` at `now`: what
+        `work_s((name, model), now) > 0.0` over every instance gives, trims included."""
+        due, cutoff, parked = self._due.get(model), now - self._window, []
+        while due and due[0][0] <= cutoff:
+            head, inst = heapq.heappop(due)
+            key = (inst, model)
+            if self._head.get(key) != head:
+                continue  # that window was trimmed since: a newer entry stands for it
+            if inst not in instances:
+                parked.append((head, inst))  # not read by the scan: left as it is
+                continue
+            del self._head[key]
+            self._trim(key, now)  # queues the window's new oldest event
+        for entry in parked:
+            heapq.heappush(due, entry)  # type: ignore[arg-type]
+        busy = self._busy.get(model)
+        return sum(1 for inst in busy if inst in instances) if busy else 0
 
 
 def replica_facts(snap, model: str) -> tuple:
