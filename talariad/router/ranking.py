@@ -23,9 +23,10 @@ from typing import NamedTuple
 from talariad.router.cost import CallPlan, CostModel, Inputs, _recompute_s
 from talariad.router.messages import CandidateCost, ModelState
 from talariad.router.profiles import DemandTracker
-from talariad.types import KVState
+from talariad.types import KVState, Pool
 from talariad.router.telemetry import InstanceBook, InstanceState
 
+_RESIDENT = ModelState.RESIDENT
 _RELATIVE_SLACK = 1e-9  # the bound is summed in another order than the total: allow rounding
 
 
@@ -201,63 +202,49 @@ class _Search:
         )
         if not skipped:
             return Ranking(self.best, tuple(scored), cheapest, self._retired())
-        cost, plan, model = self.cost, self.plan, self.plan.call.model
-        leases, replica = cost.leases.by_instance, False
-        flat: list = []  # what `CostModel.inputs` would read, _CAPTURED values per skipped instance
-        add = flat.extend  # one temporary tuple per instance, not kept: flat stays one list
+        cost, plan = self.cost, self.plan
+        model, now, eq2, prof = plan.call.model, plan.now, cost.knobs.residency_terms, plan.profile
+        leases, placed, keep_cost = cost.leases.by_instance.get, cost.placed, cost.keep_cost_on
+        window, model_work, replica = cost.knobs.control_window_s, None, False
         for i in skipped:  # no session KV and no overlay for the model there (not special)
             inst = insts[i]
-            per_model, row, snap = leases.get(inst.name), inst.rows[model], inst.snapshot
-            retired = cost.retired(plan, inst, row)
-            scored[i] = len(flat)  # type: ignore[call-overload]  # where its values start
-            if per_model:
-                leased, leased_all = per_model.get(model, 0.0), per_model.get(None, 0.0)
-            else:
-                leased = leased_all = 0.0
-            add(
-                (
-                    inst.name,
-                    row,
-                    leased,
-                    leased_all,
-                    inst.ov_work_s,
-                    inst.ov_hbm,
-                    snap.models.get(model) or snap.residency(model),  # not the snapshot: small
-                    snap.kv_occupancy,
-                    snap.staging_slack_bytes,
-                    retired,
-                    cost.spare_s(inst.name, plan.now),
-                )
-            )
-            replica = replica or row[5] or retired
+            name, row = inst.name, inst.rows[model]
+            retired = False
+            if row[3] is _RESIDENT and now is not None and inst.snapshot.pool is not Pool.HOT:
+                # `CostModel.retired` for an instance with no overlay for the model (it opens
+                # nothing there). NOTE: its reads trim the windows, and a window's last bits
+                # depend on which reads trimmed it: read exactly what it reads
+                if model_work is None:
+                    model_work = placed.work_s(model, now)
+                if not model_work <= 0.0:
+                    retired = placed.work_s((name, model), now) < keep_cost(inst, model, prof, row)
+            needs_eq2 = None
+            if eq2 and (row[5] or retired):  # Eq. (2) may refuse it: what it reads there
+                snap = inst.snapshot
+                res = snap.models.get(model) or snap.residency(model)  # not the snapshot: small
+                busy = placed.work_s((name, None), now) if now is not None else None
+                spare = math.inf if busy is None else max(window - busy, 0.0)  # `spare_s`
+                needs_eq2 = (res, spare)
+                replica = True
+            # a lease book's per-instance dict is replaced, never changed: kept by reference
+            scored[i] = (name, row, leases(name), inst.ov_work_s, inst.ov_hbm, retired, needs_eq2)  # type: ignore[call-overload]
         # Eq. (2) may mark a skipped candidate: keep the gain of this moment for the rendering
-        gain = self.gain() if replica and cost.knobs.residency_terms else None
-        lazy = LazyCandidates(cost, self.plan, scored, flat, gain)
+        gain = self.gain() if replica else None
+        lazy = LazyCandidates(cost, self.plan, scored, gain)
         return Ranking(self.best, lazy, cheapest, self._retired())
 
     def _retired(self) -> CandidateCost | None:
         return self.retired if self.best is None else None
 
 
-_CAPTURED = 11
-
-
 class LazyCandidates(Sequence):
     """The per-candidate breakdown of one placement, scored from captured inputs when first read."""
 
-    __slots__ = ("_cost", "_plan", "_entries", "_flat", "_gain", "_rendered")
+    __slots__ = ("_cost", "_plan", "_entries", "_gain", "_rendered")
 
-    def __init__(
-        self, cost: CostModel, plan: CallPlan, entries: list, flat: list, gain: float | None
-    ) -> None:
-        """entries: a candidate, or where a skipped instance's captured values start in `flat`."""
-        self._cost, self._plan, self._entries, self._flat, self._gain = (
-            cost,
-            plan,
-            entries,
-            flat,
-            gain,
-        )
+    def __init__(self, cost: CostModel, plan: CallPlan, entries: list, gain: float | None) -> None:
+        """entries: a candidate, or a skipped instance's captured inputs (`_Search.result`)."""
+        self._cost, self._plan, self._entries, self._gain = cost, plan, entries, gain
         self._rendered: tuple[CandidateCost, ...] | None = None
 
     def _all(self) -> tuple[CandidateCost, ...]:
@@ -265,24 +252,17 @@ class LazyCandidates(Sequence):
             self._rendered = tuple(
                 e if isinstance(e, CandidateCost) else self._render(e) for e in self._entries
             )
-            self._entries, self._flat = [], []
+            self._entries = []
         return self._rendered
 
-    def _render(self, at: int) -> CandidateCost:
+    def _render(self, captured: tuple) -> CandidateCost:
         cost, plan, gain = self._cost, self._plan, self._gain
-        (
-            name,
-            row,
-            leased,
-            leased_all,
-            ov_work_s,
-            ov_hbm,
-            res,
-            occupancy,
-            slack,
-            retired,
-            spare,
-        ) = self._flat[at : at + _CAPTURED]
+        name, row, per_model, ov_work_s, ov_hbm, retired, needs_eq2 = captured
+        model = plan.call.model
+        if per_model:
+            leased, leased_all = per_model.get(model, 0.0), per_model.get(None, 0.0)
+        else:
+            leased = leased_all = 0.0
         cand = cost.score(
             plan,
             Inputs(
@@ -295,7 +275,11 @@ class LazyCandidates(Sequence):
             and gain is not None
             and not math.isinf(gain)
             and not cost.passes_eq2_on(
-                plan, (res, occupancy, slack), res.state, cand, min(gain, spare)
+                plan,
+                (needs_eq2[0], row[13], row[14]),
+                needs_eq2[0].state,
+                cand,
+                min(gain, needs_eq2[1]),
             )
         ):
             cand = cand._replace(feasible=False, reason="retired" if retired else "eq2")
