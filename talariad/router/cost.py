@@ -296,7 +296,7 @@ class CostModel:
             snap.kv_occupancy,
             snap.staging_slack_bytes,
         )
-        inst.rows[model] = row
+        inst.set_row(model, row)
         return row
 
     def passes_eq2(
@@ -388,56 +388,92 @@ class CostModel:
 
 class PlacedWork(DemandTracker):
     """The work forwarded per (instance, model), (instance, None) and model over a window, which
-    also knows which instances each model's forwards keep busy (`busy_instances`).
+    also keeps, as values a lazy explanation holds by reference (each replaced on a change):
+    - `kept[model]`: instance -> its (instance, model) sum, current where it was last read;
+    - `busy`: instance -> its (instance, None) sum, current as of the last `advance`.
 
     NOTE: a window sum is a running float sum, and its last bits depend on when it was trimmed
     (a sum whose events all left the window may keep a residue such as 1e-15, which still reads
-    as "busy"). `busy_instances` trims exactly the (instance, model) windows that reading every
-    instance's window would trim, so its answer and every later sum are the same as that scan's.
+    as "busy", and the retirement rule's decisions follow it). The (instance, model) and model
+    sums are trimmed exactly when reading them would have trimmed them (`trim_due`); only the
+    (instance, None) sums, which spare capacity reads, are trimmed as time passes.
     """
 
     def __init__(self, window_s: float) -> None:
         super().__init__(window_s)
+        self.kept: dict[str, dict[str, float]] = {}
+        self.busy: dict[str, float] = {}
         self._busy: defaultdict[str, set[str]] = defaultdict(set)  # model -> sum > 0 there
         self._due: defaultdict[str, list[tuple[float, str]]] = defaultdict(list)
         """model -> heap of (its oldest event's time, instance) over the (instance, model) windows"""
         self._head: dict[tuple[str, str], float] = {}  # (instance, model) -> its entry in _due
+        self._expiry: list[tuple[float, int, str]] = []  # (instance, None) events, oldest first
+        self._seq = 0
+
+    def record(self, model, now: float, work_s: float) -> None:
+        super().record(model, now, work_s)
+        if type(model) is tuple and model[1] is None:
+            self._seq += 1
+            heapq.heappush(self._expiry, (now, self._seq, model[0]))
+
+    def advance(self, now: float) -> None:
+        """Trim every (instance, None) window to `now`."""
+        expiry, cutoff = self._expiry, now - self._window
+        while expiry and expiry[0][0] <= cutoff:
+            self._trim((heapq.heappop(expiry)[2], None), now)
 
     def _trim(self, model, now: float) -> None:  # every change of a sum ends here (`record` too)
         super()._trim(model, now)
-        if type(model) is tuple and model[1] is not None:
+        if type(model) is tuple:
             self._sync(model)
 
-    def _sync(self, key: tuple[str, str]) -> None:
+    def _sync(self, key: tuple) -> None:
         inst, model = key
-        if self._sums[key] > 0.0:
+        total = self._sums[key]
+        if model is None:
+            if self.busy.get(inst) != total:
+                self.busy = {**self.busy, inst: total}
+            return
+        if total > 0.0:
             self._busy[model].add(inst)
         else:
             self._busy[model].discard(inst)
+        kept = self.kept.get(model)
+        if kept is None or kept.get(inst) != total:
+            self.kept[model] = {**kept, inst: total} if kept else {inst: total}
         events = self._events[key]
         head = events[0][0] if events else None
         if head is not None and self._head.get(key) != head:
             self._head[key] = head
             heapq.heappush(self._due[model], (head, inst))
 
-    def busy_instances(self, model: str, instances: InstanceBook, now: float) -> int:
-        """How many of `instances` have a positive window sum for `model` at `now`: what
-        `work_s((name, model), now) > 0.0` over every instance gives, trims included."""
+    def trim_due(self, model: str, now: float, read) -> None:
+        """Trim the (instance, model) windows that reading `work_s((instance, model), now)` for
+        every instance with `read(instance)` would trim (those with an event past the window)."""
         due, cutoff, parked = self._due.get(model), now - self._window, []
         while due and due[0][0] <= cutoff:
             head, inst = heapq.heappop(due)
             key = (inst, model)
             if self._head.get(key) != head:
                 continue  # that window was trimmed since: a newer entry stands for it
-            if inst not in instances:
-                parked.append((head, inst))  # not read by the scan: left as it is
+            if not read(inst):
+                parked.append((head, inst))  # not read: left as it is
                 continue
             del self._head[key]
             self._trim(key, now)  # queues the window's new oldest event
         for entry in parked:
             heapq.heappush(due, entry)  # type: ignore[arg-type]
+
+    def busy_instances(self, model: str, instances: InstanceBook, now: float) -> int:
+        """How many of `instances` have a positive window sum for `model` at `now`: what
+        `work_s((name, model), now) > 0.0` over every instance gives, trims included."""
+        self.trim_due(model, now, instances.__contains__)
         busy = self._busy.get(model)
-        return sum(1 for inst in busy if inst in instances) if busy else 0
+        if not busy:
+            return 0
+        if instances.names() >= busy:
+            return len(busy)
+        return sum(1 for inst in busy if inst in instances)
 
 
 def replica_facts(snap, model: str) -> tuple:

@@ -21,12 +21,13 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from talariad.router.cost import CallPlan, CostModel, Inputs, _recompute_s
-from talariad.router.messages import CandidateCost, ModelState
+from talariad.router.messages import CandidateCost, ModelResidency, ModelState
 from talariad.router.profiles import DemandTracker
 from talariad.types import KVState, Pool
 from talariad.router.telemetry import InstanceBook, InstanceState
 
 _RESIDENT = ModelState.RESIDENT
+_ABSENT = ModelResidency(ModelState.ABSENT)
 _RELATIVE_SLACK = 1e-9  # the bound is summed in another order than the total: allow rounding
 
 
@@ -202,36 +203,60 @@ class _Search:
         )
         if not skipped:
             return Ranking(self.best, tuple(scored), cheapest, self._retired())
-        cost, plan = self.cost, self.plan
-        model, now, eq2, prof = plan.call.model, plan.now, cost.knobs.residency_terms, plan.profile
-        leases, placed, keep_cost = cost.leases.by_instance.get, cost.placed, cost.keep_cost_on
-        window, model_work, replica = cost.knobs.control_window_s, None, False
-        for i in skipped:  # no session KV and no overlay for the model there (not special)
-            inst = insts[i]
-            name, row = inst.name, inst.rows[model]
-            retired = False
-            if row[3] is _RESIDENT and now is not None and inst.snapshot.pool is not Pool.HOT:
-                # `CostModel.retired` for an instance with no overlay for the model (it opens
-                # nothing there). NOTE: its reads trim the windows, and a window's last bits
-                # depend on which reads trimmed it: read exactly what it reads
-                if model_work is None:
+        cost, plan, every, placed = self.cost, self.plan, self.every, self.cost.placed
+        model, now, members = plan.call.model, plan.now, set(insts)
+        # NOTE: the retirement rule reads the model's windows for every placeable instance where
+        # the model is resident on a cold instance and nothing opens it (`evaluate` made those
+        # reads for the scored ones); reads trim, and a window's last bits depend on which reads
+        # trimmed it: trim the skipped ones' windows exactly as reading them would
+        resident, model_work = every.resident_cold(model), None
+        if now is not None:
+            for name in resident:
+                inst = every.get(name)
+                if inst in members and not inst.opening(model):
                     model_work = placed.work_s(model, now)
-                if not model_work <= 0.0:
-                    retired = placed.work_s((name, model), now) < keep_cost(inst, model, prof, row)
-            needs_eq2 = None
-            if eq2 and (row[5] or retired):  # Eq. (2) may refuse it: what it reads there
-                snap = inst.snapshot
-                res = snap.models.get(model) or snap.residency(model)  # not the snapshot: small
-                busy = placed.work_s((name, None), now) if now is not None else None
-                spare = math.inf if busy is None else max(window - busy, 0.0)  # `spare_s`
-                needs_eq2 = (res, spare)
-                replica = True
-            # a lease book's per-instance dict is replaced, never changed: kept by reference
-            scored[i] = (name, row, leases(name), inst.ov_work_s, inst.ov_hbm, retired, needs_eq2)  # type: ignore[call-overload]
-        # Eq. (2) may mark a skipped candidate: keep the gain of this moment for the rendering
-        gain = self.gain() if replica else None
-        lazy = LazyCandidates(cost, self.plan, scored, gain)
+                    break
+        retiring = model_work is not None and not model_work <= 0.0
+        if retiring:
+            placed.trim_due(
+                model,
+                now,  # type: ignore[arg-type]
+                lambda name: name in resident and _reads(every.get(name), members, model),
+            )
+        gain = None
+        if cost.knobs.residency_terms and self._replica_skipped(members, model_work):
+            gain = self.gain()  # Eq. (2) may refuse a skipped candidate: the gain of this moment
+            placed.advance(now)  # type: ignore[arg-type]  # spare capacity as of now
+        lazy = LazyCandidates(
+            cost,
+            plan,
+            scored,
+            [inst.facts for inst in insts],
+            (cost.leases.by_instance, placed.kept.get(model), placed.busy),
+            model_work if retiring else None,
+            gain,
+        )
         return Ranking(self.best, lazy, cheapest, self._retired())
+
+    def _replica_skipped(self, members: set[InstanceState], model_work: float | None) -> bool:
+        """A skipped instance needs a replica: the model is absent there, or retired."""
+        every, model = self.every, self.plan.call.model
+        seen = {c.instance for c in self.scored if c is not None}
+        for name in every.absent(model):
+            if name not in seen and every.get(name) in members:
+                return True
+        if model_work is None or model_work <= 0.0:
+            return False
+        kept, cost, prof = self.cost.placed.kept.get(model) or {}, self.cost, self.plan.profile
+        for name in every.resident_cold(model):
+            inst = every.get(name)
+            if name not in seen and _reads(inst, members, model):
+                total = kept.get(name, 0.0)
+                if (0.0 if 0.0 > total else total) < cost.keep_cost_on(
+                    inst, model, prof, inst.rows[model]
+                ):  # type: ignore[union-attr]
+                    return True
+        return False
 
     def _retired(self) -> CandidateCost | None:
         return self.retired if self.best is None else None
@@ -240,25 +265,51 @@ class _Search:
 class LazyCandidates(Sequence):
     """The per-candidate breakdown of one placement, scored from captured inputs when first read."""
 
-    __slots__ = ("_cost", "_plan", "_entries", "_gain", "_rendered")
+    __slots__ = ("_cost", "_plan", "_entries", "_facts", "_books", "_model_work", "_gain")
+    __slots__ += ("_window", "_rendered")
 
-    def __init__(self, cost: CostModel, plan: CallPlan, entries: list, gain: float | None) -> None:
-        """entries: a candidate, or a skipped instance's captured inputs (`_Search.result`)."""
-        self._cost, self._plan, self._entries, self._gain = cost, plan, entries, gain
+    def __init__(
+        self,
+        cost: CostModel,
+        plan: CallPlan,
+        entries: list,
+        facts: list[tuple],
+        books: tuple,
+        model_work: float | None,
+        gain: float | None,
+    ) -> None:
+        """entries: per instance its candidate, None where it was skipped; facts: per instance
+        `InstanceState.facts`; books: the lease charges, (instance, model) and (instance, None)
+        work sums, all values that are replaced and never changed (`LeaseBook`, `PlacedWork`);
+        model_work: the model's placed work where the retirement rule applies, else None."""
+        self._cost, self._plan, self._entries, self._facts = cost, plan, entries, facts
+        self._books, self._model_work, self._gain = books, model_work, gain
+        self._window = cost.knobs.control_window_s
         self._rendered: tuple[CandidateCost, ...] | None = None
 
     def _all(self) -> tuple[CandidateCost, ...]:
         if self._rendered is None:
             self._rendered = tuple(
-                e if isinstance(e, CandidateCost) else self._render(e) for e in self._entries
+                e if e is not None else self._render(self._facts[i])
+                for i, e in enumerate(self._entries)
             )
-            self._entries = []
+            self._entries, self._facts, self._books = [], [], ()
         return self._rendered
 
-    def _render(self, captured: tuple) -> CandidateCost:
+    def _render(self, facts: tuple) -> CandidateCost:
+        """`CostModel.evaluate` and Eq. (2) at placement time for an instance with no session KV
+        and no overlay for the model (`CostModel.retired` and `spare_s` included)."""
         cost, plan, gain = self._cost, self._plan, self._gain
-        name, row, per_model, ov_work_s, ov_hbm, retired, needs_eq2 = captured
-        model = plan.call.model
+        model, prof = plan.call.model, plan.profile
+        name, pool, models, rows, ov_work_s, ov_hbm = facts
+        leases, kept, busy = self._books
+        row, res = rows[model], models.get(model) or _ABSENT
+        retired = False
+        if row[3] is _RESIDENT and pool is not Pool.HOT and self._model_work is not None:
+            total = kept.get(name, 0.0) if kept else 0.0
+            keep = cost.keep_cost_s(model, prof, (res, row[13], row[14]), row[4])
+            retired = (0.0 if 0.0 > total else total) < keep
+        per_model = leases.get(name)
         if per_model:
             leased, leased_all = per_model.get(model, 0.0), per_model.get(None, 0.0)
         else:
@@ -269,20 +320,15 @@ class LazyCandidates(Sequence):
                 name, row, None, KVState.MISSING, 0, leased, leased_all, ov_work_s, ov_hbm, retired
             ),
         )
-        if (
-            cand.needs_replica
-            and cand.feasible
-            and gain is not None
-            and not math.isinf(gain)
-            and not cost.passes_eq2_on(
-                plan,
-                (needs_eq2[0], row[13], row[14]),
-                needs_eq2[0].state,
-                cand,
-                min(gain, needs_eq2[1]),
-            )
-        ):
-            cand = cand._replace(feasible=False, reason="retired" if retired else "eq2")
+        if cand.needs_replica and cand.feasible and gain is not None and not math.isinf(gain):
+            if plan.now is None:
+                spare = math.inf
+            else:
+                total = busy.get(name, 0.0)
+                spare = max(self._window - (0.0 if 0.0 > total else total), 0.0)
+            facts = (res, row[13], row[14])  # `replica_facts`
+            if not cost.passes_eq2_on(plan, facts, res.state, cand, min(gain, spare)):
+                cand = cand._replace(feasible=False, reason="retired" if retired else "eq2")
         return cand
 
     def __getitem__(self, i):
@@ -302,6 +348,12 @@ class LazyCandidates(Sequence):
 
     def __repr__(self) -> str:
         return repr(self._all())
+
+
+def _reads(inst: InstanceState | None, members: set, model: str) -> bool:
+    """`CostModel.retired` reads the model's windows there (resident on a cold instance, which
+    the caller checked, placeable, and no in-flight forward opens the model there)."""
+    return inst in members and not inst.opening(model)  # type: ignore[union-attr]
 
 
 def _gate(cost: CostModel, inst: InstanceState, plan: CallPlan) -> str:

@@ -26,8 +26,8 @@ class LeaseBook:
         self._heap: list[tuple[float, int, Lease]] = []
         self._seq = itertools.count()
         # instance -> {model: seconds its live leases hold, None: all models}; read directly by
-        # the cost model. NOTE: every change replaces an instance's dict (never updates it), so a
-        # placement's lazy explanation keeps the one it saw by reference
+        # the cost model. NOTE: every change replaces this dict and the instance's (never updates
+        # them), so a placement's lazy explanation keeps the ones it saw by reference
         self.by_instance: dict[str, dict[str | None, float]] = {}
         self.by_model: defaultdict[str, float] = defaultdict(float)  # seconds held per model
         self._count: defaultdict[str, int] = defaultdict(int)  # live leases per instance
@@ -42,7 +42,7 @@ class LeaseBook:
         per_model = dict(self.by_instance.get(lease.instance, ()))
         per_model[lease.model] = per_model.get(lease.model, 0.0) + lease.charge_s
         per_model[None] = per_model.get(None, 0.0) + lease.charge_s
-        self.by_instance[lease.instance] = per_model
+        self.by_instance = {**self.by_instance, lease.instance: per_model}
         self.by_model[lease.model] += lease.charge_s
         self._count[lease.instance] += 1
 
@@ -113,7 +113,7 @@ class LeaseBook:
         per_model = dict(self.by_instance[lease.instance])
         per_model[lease.model] = _drop(per_model.get(lease.model, 0.0), lease.charge_s)
         per_model[None] = _drop(per_model.get(None, 0.0), lease.charge_s)
-        self.by_instance[lease.instance] = per_model
+        self.by_instance = {**self.by_instance, lease.instance: per_model}
         self.by_model[lease.model] = _drop(self.by_model[lease.model], lease.charge_s)
         self._count[lease.instance] -= 1
 

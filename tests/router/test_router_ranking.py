@@ -286,15 +286,18 @@ def test_an_explanation_read_later_shows_the_leases_of_its_placement():
 
 class _Book:
     def __init__(self, names) -> None:
-        self.names = set(names)
+        self._names = dict.fromkeys(names)
 
     def __contains__(self, name: str) -> bool:
-        return name in self.names
+        return name in self._names
+
+    def names(self):
+        return self._names.keys()
 
 
 window_ev = st.lists(
     st.tuples(
-        st.sampled_from(["record", "read", "busy", "tick"]),
+        st.sampled_from(["record", "read", "busy", "tick", "advance"]),
         st.sampled_from(NAMES[:4]),
         st.sampled_from(MODELS + (None,)),
         st.sampled_from([0.1, 0.2, 0.3, 0.7, 1.1, 2.5]),
@@ -314,9 +317,15 @@ def test_busy_instances_trims_and_counts_as_reading_every_window(evs):
     fast, scan = PlacedWork(3.0), DemandTracker(3.0)
     book, now = _Book(NAMES[:3]), 0.0  # NAMES[3] is not in the book: never scanned
     for kind, inst, model, x in evs:
-        key = (inst, model) if model is not None else "m1"
+        key = (inst, model) if model is not None and kind != "advance" else "m1"
+        if x == 0.2:
+            key = (inst, None)  # what spare capacity reads
         if kind == "tick":
             now += x
+        elif kind == "advance":
+            fast.advance(now)
+            for name in NAMES[:4]:
+                scan.work_s((name, None), now)
         elif kind == "record":
             fast.record(key, now, x)
             scan.record(key, now, x)
@@ -326,3 +335,6 @@ def test_busy_instances_trims_and_counts_as_reading_every_window(evs):
             want = sum(1 for name in NAMES[:3] if scan.work_s((name, model), now) > 0.0)
             assert fast.busy_instances(model, book, now) == want
         assert dict(fast._sums) == dict(scan._sums)
+        for k, total in fast._sums.items():  # the values explanations hold by reference
+            if type(k) is tuple:
+                assert (fast.busy if k[1] is None else fast.kept[k[1]])[k[0]] == total
