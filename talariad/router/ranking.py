@@ -84,12 +84,14 @@ def rank(
         common += _recompute_s(plan, plan.call.prefix_tokens)
     order = sorted(range(len(bounds)), key=bounds.__getitem__)  # stable: ties keep name order
     skipped: list[int] = []
+    infeasible = search.infeasible_test()
     for n, j in enumerate(order):
         bound, idx = bounds[j] + common, idxs[j]
-        if search.best is not None and search.beaten(bound):  # every later one is bounded as high
-            skipped += [idxs[m] for m in order[n:]]
-            break
-        if search.best is None and search.above_cheapest(bound) and search.infeasible(insts[idx]):
+        if search.best is not None:
+            if _above(bound, search.best):  # every later one is bounded as high
+                skipped += [idxs[m] for m in order[n:]]
+                break
+        elif _above(bound, search.cheapest) and infeasible(insts[idx]):
             skipped.append(idx)  # cannot win, nor be the spill target
             continue
         search.score(idx, insts[idx])
@@ -136,25 +138,39 @@ class _Search:
     def score_special(self, insts: list[InstanceState]) -> tuple[list[float], list[int]]:
         """Score the instances whose cost the bound does not cover; the bounds and indexes of
         the rest."""
+        # NOTE: whole-list comprehensions, not one loop over the instances: this runs for every
+        # instance of every placement
         cost, plan = self.cost, self.plan
         model, key, rec, prof = plan.call.model, plan.key, plan.kv_record, plan.profile
-        ppt, activation_counts = prof.prefill_s_per_token, cost.knobs.residency_terms
-        bounds: list[float] = []
-        idxs: list[int] = []
-        for idx, inst in enumerate(insts):
-            row = cost.row(inst, model, prof)
-            ov = inst.ov_model.get(model)
-            if (
-                (ov is not None and (ov[0] or ov[1] or ov[2]))
-                or (rec is not None and rec.instance == inst.name and rec.at > row[11])
-                or (key is not None and key in inst.snapshot.sessions)
-            ):
-                self.score(idx, inst)
-                continue
-            # queue without lease charges, plus activation (row: see CostModel._row)
-            bounds.append(row[7] * (row[8] + ppt * row[1]) + (row[4] if activation_counts else 0.0))
-            idxs.append(idx)
-        return bounds, idxs
+        ppt, epoch = prof.prefill_s_per_token, cost.profiles.epoch
+        rows = [inst.rows.get(model) for inst in insts]
+        for j, row in enumerate(rows):
+            if row is None or row[0] != epoch:
+                rows[j] = cost.row(insts[j], model, prof)
+        special = [
+            j
+            for j, inst in enumerate(insts)
+            if (ov := inst.ov_model.get(model)) is not None and (ov[0] or ov[1] or ov[2])
+        ]
+        if key is not None:
+            special += [j for j, inst in enumerate(insts) if key in inst.snapshot.sessions]
+        if rec is not None:
+            special += [
+                j
+                for j, inst in enumerate(insts)
+                if inst.name == rec.instance and rec.at > rows[j][11]  # type: ignore[index]
+            ]
+        # queue without lease charges, plus activation (row: see CostModel._row)
+        if cost.knobs.residency_terms:
+            bounds = [r[7] * (r[8] + ppt * r[1]) + r[4] for r in rows]  # type: ignore[index]
+        else:
+            bounds = [r[7] * (r[8] + ppt * r[1]) + 0.0 for r in rows]  # type: ignore[index]
+        if not special:
+            return bounds, list(range(len(insts)))
+        for j in set(special):
+            self.score(j, insts[j])
+        idxs = [j for j, cand in enumerate(self.scored) if cand is None]
+        return [bounds[j] for j in idxs], idxs
 
     def score(self, idx: int, inst: InstanceState) -> None:
         cost, plan = self.cost, self.plan
@@ -173,28 +189,27 @@ class _Search:
         if cand.reason == "retired" and _before(cand, self.retired):
             self.retired = cand
 
-    def beaten(self, bound: float) -> bool:
-        """The bound exceeds the best feasible total: such an instance cannot win."""
-        return _above(bound, self.best)
-
-    def above_cheapest(self, bound: float) -> bool:
-        return _above(bound, self.cheapest)
-
-    def infeasible(self, inst: InstanceState) -> bool:
-        """The round or HBM check fails for a plain instance (no session KV, no overlay for the
-        model there), computed as `CostModel.score` does."""
+    def infeasible_test(self):
+        """A test that the round or HBM check fails for a plain instance (no session KV, no
+        overlay for the model there), computed as `CostModel.score` does; what it reads of the
+        call and the cost model is bound once (it runs per instance while nothing is feasible)."""
         cost, plan = self.cost, self.plan
-        k, model = cost.knobs, plan.call.model
-        row = inst.rows[model]
-        per_model = cost.leases.by_instance.get(inst.name)
-        leased_all = per_model.get(None, 0.0) if per_model else 0.0
-        recovery = _recompute_s(plan, plan.call.prefix_tokens) if k.residency_terms else 0.0
-        activation = row[4] if k.residency_terms else 0.0
-        base = row[7] * (row[9] + inst.ov_work_s + leased_all)
-        if base > 0.0 and base + plan.prefill_s + recovery + activation > k.round_budget_s:
-            return True
-        hbm_free = row[12]  # None: the instance does not measure its memory, no HBM check
-        return hbm_free is not None and plan.kv_bytes + row[6] > hbm_free - inst.ov_hbm
+        k, model, prefill, kv_bytes = cost.knobs, plan.call.model, plan.prefill_s, plan.kv_bytes
+        leases, budget, terms = cost.leases.by_instance, k.round_budget_s, k.residency_terms
+        recovery = _recompute_s(plan, plan.call.prefix_tokens) if terms else 0.0
+
+        def infeasible(inst: InstanceState) -> bool:
+            row = inst.rows[model]
+            per_model = leases.get(inst.name)
+            leased_all = per_model.get(None, 0.0) if per_model else 0.0
+            activation = row[4] if terms else 0.0
+            base = row[7] * (row[9] + inst.ov_work_s + leased_all)
+            if base > 0.0 and base + prefill + recovery + activation > budget:
+                return True
+            hbm_free = row[12]  # None: the instance does not measure its memory, no HBM check
+            return hbm_free is not None and kv_bytes + row[6] > hbm_free - inst.ov_hbm
+
+        return infeasible
 
     def result(self, insts: list[InstanceState], skipped) -> Ranking:
         scored, cheapest = (
