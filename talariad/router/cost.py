@@ -388,9 +388,10 @@ class CostModel:
 
 class PlacedWork(DemandTracker):
     """The work forwarded per (instance, model), (instance, None) and model over a window, which
-    also keeps, as values a lazy explanation holds by reference (each replaced on a change):
+    also keeps, as values a lazy explanation holds by reference:
     - `kept[model]`: instance -> its (instance, model) sum, current where it was last read;
-    - `busy`: instance -> its (instance, None) sum, current as of the last `advance`.
+    - `busy`: instance -> its (instance, None) sum, current as of the last `advance`;
+    each replaced rather than changed once it was handed out (`held_kept`, `held_busy`).
 
     NOTE: a window sum is a running float sum, and its last bits depend on when it was trimmed
     (a sum whose events all left the window may keep a residue such as 1e-15, which still reads
@@ -403,6 +404,8 @@ class PlacedWork(DemandTracker):
         super().__init__(window_s)
         self.kept: dict[str, dict[str, float]] = {}
         self.busy: dict[str, float] = {}
+        self._kept_shared: set[str] = set()  # models whose `kept` dict someone holds
+        self._busy_shared = False
         self._busy: defaultdict[str, set[str]] = defaultdict(set)  # model -> sum > 0 there
         self._due: defaultdict[str, list[tuple[float, str]]] = defaultdict(list)
         """model -> heap of (its oldest event's time, instance) over the (instance, model) windows"""
@@ -415,6 +418,16 @@ class PlacedWork(DemandTracker):
         if type(model) is tuple and model[1] is None:
             self._seq += 1
             heapq.heappush(self._expiry, (now, self._seq, model[0]))
+
+    def held_kept(self, model: str) -> dict[str, float] | None:
+        """`kept[model]`, for a caller that keeps it: it is replaced, not changed, from now."""
+        self._kept_shared.add(model)
+        return self.kept.get(model)
+
+    def held_busy(self) -> dict[str, float]:
+        """`busy`, for a caller that keeps it: it is replaced, not changed, from now."""
+        self._busy_shared = True
+        return self.busy
 
     def advance(self, now: float) -> None:
         """Trim every (instance, None) window to `now`."""
@@ -432,7 +445,9 @@ class PlacedWork(DemandTracker):
         total = self._sums[key]
         if model is None:
             if self.busy.get(inst) != total:
-                self.busy = {**self.busy, inst: total}
+                if self._busy_shared:
+                    self.busy, self._busy_shared = dict(self.busy), False
+                self.busy[inst] = total
             return
         if total > 0.0:
             self._busy[model].add(inst)
@@ -440,7 +455,10 @@ class PlacedWork(DemandTracker):
             self._busy[model].discard(inst)
         kept = self.kept.get(model)
         if kept is None or kept.get(inst) != total:
-            self.kept[model] = {**kept, inst: total} if kept else {inst: total}
+            if kept is None or model in self._kept_shared:
+                kept = self.kept[model] = dict(kept) if kept else {}
+                self._kept_shared.discard(model)
+            kept[inst] = total
         events = self._events[key]
         head = events[0][0] if events else None
         if head is not None and self._head.get(key) != head:

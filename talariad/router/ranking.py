@@ -111,6 +111,7 @@ class _Search:
         "best",
         "cheapest",
         "retired",
+        "seen",
         "_gain",
     )
 
@@ -128,6 +129,7 @@ class _Search:
         self.best: CandidateCost | None = None
         self.cheapest: CandidateCost | None = None  # feasible or not
         self.retired: CandidateCost | None = None  # the cheapest refused as a retired replica
+        self.seen: list[str] = []  # the scored instances' names (few)
         self._gain: float | None = None
 
     def gain(self) -> float:
@@ -180,6 +182,7 @@ class _Search:
             if not math.isinf(gain) and not cost.passes_eq2(plan, inst, cand, gain):
                 cand = cand._replace(feasible=False, reason=_gate(cost, inst, plan))
         self.scored[idx] = cand
+        self.seen.append(cand.instance)
         if cand.feasible and _before(cand, self.best):
             self.best = cand
         if _before(cand, self.cheapest):
@@ -247,7 +250,7 @@ class _Search:
             plan,
             scored,
             [inst.facts for inst in insts],
-            (cost.leases.by_instance, placed.kept.get(model), placed.busy),
+            (cost.leases.held(), placed.held_kept(model), placed.held_busy()),
             model_work if retiring else None,
             gain,
         )
@@ -256,7 +259,7 @@ class _Search:
     def _replica_skipped(self, members: set[InstanceState], model_work: float | None) -> bool:
         """A skipped instance needs a replica: the model is absent there, or retired."""
         every, model = self.every, self.plan.call.model
-        seen = {c.instance for c in self.scored if c is not None}
+        seen = self.seen
         for name in every.absent(model):
             if name not in seen and every.get(name) in members:
                 return True

@@ -26,9 +26,10 @@ class LeaseBook:
         self._heap: list[tuple[float, int, Lease]] = []
         self._seq = itertools.count()
         # instance -> {model: seconds its live leases hold, None: all models}; read directly by
-        # the cost model. NOTE: every change replaces this dict and the instance's (never updates
-        # them), so a placement's lazy explanation keeps the ones it saw by reference
+        # the cost model. NOTE: a change replaces the instance's dict (never updates it), and
+        # this one too once `held` handed it out: a lazy explanation keeps what it saw
         self.by_instance: dict[str, dict[str | None, float]] = {}
+        self._held = False
         self.by_model: defaultdict[str, float] = defaultdict(float)  # seconds held per model
         self._count: defaultdict[str, int] = defaultdict(int)  # live leases per instance
 
@@ -42,7 +43,7 @@ class LeaseBook:
         per_model = dict(self.by_instance.get(lease.instance, ()))
         per_model[lease.model] = per_model.get(lease.model, 0.0) + lease.charge_s
         per_model[None] = per_model.get(None, 0.0) + lease.charge_s
-        self.by_instance = {**self.by_instance, lease.instance: per_model}
+        self._replace(lease.instance, per_model)
         self.by_model[lease.model] += lease.charge_s
         self._count[lease.instance] += 1
 
@@ -109,11 +110,21 @@ class LeaseBook:
         if any(id(lease) not in live for lease in self._by_key.values()):
             raise AssertionError("a lease is missing from the expiry heap")
 
+    def held(self) -> dict[str, dict[str | None, float]]:
+        """`by_instance`, for a caller that keeps it: it is replaced, not changed, from now."""
+        self._held = True
+        return self.by_instance
+
+    def _replace(self, instance: str, per_model: dict[str | None, float]) -> None:
+        if self._held:
+            self.by_instance, self._held = dict(self.by_instance), False
+        self.by_instance[instance] = per_model
+
     def _release(self, lease: Lease) -> None:
         per_model = dict(self.by_instance[lease.instance])
         per_model[lease.model] = _drop(per_model.get(lease.model, 0.0), lease.charge_s)
         per_model[None] = _drop(per_model.get(None, 0.0), lease.charge_s)
-        self.by_instance = {**self.by_instance, lease.instance: per_model}
+        self._replace(lease.instance, per_model)
         self.by_model[lease.model] = _drop(self.by_model[lease.model], lease.charge_s)
         self._count[lease.instance] -= 1
 

@@ -338,3 +338,41 @@ def test_busy_instances_trims_and_counts_as_reading_every_window(evs):
         for k, total in fast._sums.items():  # the values explanations hold by reference
             if type(k) is tuple:
                 assert (fast.busy if k[1] is None else fast.kept[k[1]])[k[0]] == total
+
+
+def test_an_explanation_read_later_shows_the_rotation_of_its_placement():
+    """A skipped instance kept in the model's rotation at placement time (the work placed there
+    covers what keeping the model costs) is explained so, even once that work left the window."""
+    from tests.router.router_factories import Snaps, call, router
+
+    kn = dict(retire_window_s=10.0, hbm_price_s_per_gib=0.0, replica_penalty_s=0.0)
+    fast, ref = router(**kn), router(**kn)
+    ref._policy.ranker = rank_all
+    snaps = (Snaps(), Snaps())
+
+    def both(kind: str, *args, **fields):
+        out = []
+        for r, make in zip((fast, ref), snaps):
+            if kind == "snap":
+                name, now = args
+                out.append(r.observe(make(name, now, **fields), now))
+            elif kind == "done":
+                out.append(r.completed(*args))
+            else:
+                out.append(r.place(*args))
+        return out
+
+    both("snap", "a", 0.0, state=ModelState.RESIDENT)
+    first = both("place", call("c1", session=None, prompt=30_000), 0.0)  # 3 s of work on a
+    assert [d.instance for d in first] == ["a", "a"]
+    both("done", "c1", "a", KVState.DEVICE, 30_000, 0.5)
+    both("snap", "a", 1.0, state=ModelState.RESIDENT)
+    both("snap", "b", 1.0)
+    got, want = both("place", call("c2", session=None, prompt=20), 1.0)
+    assert (got.instance, got.reason) == (want.instance, want.reason) and got.instance == "b"
+    assert isinstance(got.candidates, LazyCandidates) and got.candidates._rendered is None
+    both("snap", "a", 10.5, state=ModelState.RESIDENT)
+    both("snap", "b", 10.5)
+    both("place", call("c3", session=None, prompt=20), 10.5)  # c1 left a's window, not c2
+    assert tuple(got.candidates) == tuple(want.candidates)
+    assert not next(c for c in got.candidates if c.instance == "a").needs_replica  # kept
