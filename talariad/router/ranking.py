@@ -244,7 +244,8 @@ class _Search:
         gain = None
         if cost.knobs.residency_terms and self._replica_skipped(members, model_work):
             gain = self.gain()  # Eq. (2) may refuse a skipped candidate: the gain of this moment
-            placed.advance(now)  # type: ignore[arg-type]  # spare capacity as of now
+            if now is not None:
+                placed.advance(now)  # spare capacity as of now
         lazy = LazyCandidates(
             cost,
             plan,

@@ -376,3 +376,29 @@ def test_an_explanation_read_later_shows_the_rotation_of_its_placement():
     both("place", call("c3", session=None, prompt=20), 10.5)  # c1 left a's window, not c2
     assert tuple(got.candidates) == tuple(want.candidates)
     assert not next(c for c in got.candidates if c.instance == "a").needs_replica  # kept
+
+
+def test_a_plan_without_a_placement_time_ranks_as_the_reference():
+    """With no placement time nothing is judged retired and spare capacity is unbounded; a
+    skipped instance that needs a replica is explained as the reference scores it."""
+    from talariad.router.ranking import rank
+    from tests.router.router_factories import Snaps, call, router
+
+    r, snaps = router(), Snaps()
+    for name, state in (
+        ("a", ModelState.ACTIVE),
+        ("b", ModelState.ABSENT),
+        ("c", ModelState.ACTIVE),
+    ):
+        r.observe(snaps(name, 0.0, state=state), 0.0)
+    r.place(call("c0", session="s0"), 0.0)  # the model is open somewhere: Eq. (2) has a gain
+    view, plan = r._view, r._cost.plan(call("c1", session="s1"))
+    insts = view.eligible(plan.call.model, 0.0)
+    got = rank(view.cost, plan, insts, view.instances, view.demand, 0.0)
+    want = rank_all(view.cost, plan, insts, view.instances, view.demand, 0.0)
+    assert isinstance(got.candidates, LazyCandidates) and got.candidates._rendered is None
+    assert (got.best, tuple(got.candidates), got.cheapest) == (
+        want.best,
+        want.candidates,
+        want.cheapest,
+    )
