@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import NamedTuple
 
 from talariad.router.knobs import RouterKnobs
@@ -410,14 +410,19 @@ class PlacedWork(DemandTracker):
         self._due: defaultdict[str, list[tuple[float, str]]] = defaultdict(list)
         """model -> heap of (its oldest event's time, instance) over the (instance, model) windows"""
         self._head: dict[tuple[str, str], float] = {}  # (instance, model) -> its entry in _due
-        self._expiry: list[tuple[float, int, str]] = []  # (instance, None) events, oldest first
-        self._seq = 0
+        # (instance, None) events in arrival order, as two deques of untracked values (a tuple
+        # per event would outlive the call and bring GC passes nearer); unsorted: time went back
+        self._expiry_at: deque[float] = deque()
+        self._expiry_of: deque[str] = deque()
+        self._unsorted = False
 
     def record(self, model, now: float, work_s: float) -> None:
         super().record(model, now, work_s)
         if type(model) is tuple and model[1] is None:
-            self._seq += 1
-            heapq.heappush(self._expiry, (now, self._seq, model[0]))
+            if self._expiry_at and now < self._expiry_at[-1]:
+                self._unsorted = True
+            self._expiry_at.append(now)
+            self._expiry_of.append(model[0])
 
     def held_kept(self, model: str) -> dict[str, float] | None:
         """`kept[model]`, for a caller that keeps it: it is replaced, not changed, from now."""
@@ -431,9 +436,23 @@ class PlacedWork(DemandTracker):
 
     def advance(self, now: float) -> None:
         """Trim every (instance, None) window to `now`."""
-        expiry, cutoff = self._expiry, now - self._window
-        while expiry and expiry[0][0] <= cutoff:
-            self._trim((heapq.heappop(expiry)[2], None), now)
+        at, of, cutoff = self._expiry_at, self._expiry_of, now - self._window
+        if self._unsorted:  # placement times went back: trim every such window, re-sort
+            self._unsorted, pending = False, []
+            for key, events in self._events.items():
+                if type(key) is tuple and key[1] is None:
+                    self._trim(key, now)
+                    pending += [(t, key[0]) for t, _ in events]
+            pending.sort(key=lambda e: e[0])
+            at.clear()
+            of.clear()
+            for t, inst in pending:
+                at.append(t)
+                of.append(inst)
+            return
+        while at and at[0] <= cutoff:
+            at.popleft()
+            self._trim((of.popleft(), None), now)
 
     def _trim(self, model, now: float) -> None:  # every change of a sum ends here (`record` too)
         super()._trim(model, now)

@@ -246,12 +246,15 @@ class _Search:
             gain = self.gain()  # Eq. (2) may refuse a skipped candidate: the gain of this moment
             if now is not None:
                 placed.advance(now)  # spare capacity as of now
+        # NOTE: what an explanation holds outlives the call and so brings the next GC pass
+        # nearer: one list (candidates, and the facts of the skipped), the books it needs
         lazy = LazyCandidates(
             cost,
             plan,
-            scored,
-            [inst.facts for inst in insts],
-            (cost.leases.held(), placed.held_kept(model), placed.held_busy()),
+            [inst.facts if c is None else c for c, inst in zip(scored, insts)],
+            cost.leases.held(),
+            placed.held_kept(model) if retiring else None,
+            placed.held_busy() if gain is not None else None,
             model_work if retiring else None,
             gain,
         )
@@ -284,35 +287,36 @@ class _Search:
 class LazyCandidates(Sequence):
     """The per-candidate breakdown of one placement, scored from captured inputs when first read."""
 
-    __slots__ = ("_cost", "_plan", "_entries", "_facts", "_books", "_model_work", "_gain")
-    __slots__ += ("_window", "_rendered")
+    __slots__ = ("_cost", "_plan", "_entries", "_leases", "_kept", "_busy", "_model_work")
+    __slots__ += ("_gain", "_window", "_rendered")
 
     def __init__(
         self,
         cost: CostModel,
         plan: CallPlan,
         entries: list,
-        facts: list[tuple],
-        books: tuple,
+        leases: dict,
+        kept: dict | None,
+        busy: dict | None,
         model_work: float | None,
         gain: float | None,
     ) -> None:
-        """entries: per instance its candidate, None where it was skipped; facts: per instance
-        `InstanceState.facts`; books: the lease charges, (instance, model) and (instance, None)
-        work sums, all values that are replaced and never changed (`LeaseBook`, `PlacedWork`);
-        model_work: the model's placed work where the retirement rule applies, else None."""
-        self._cost, self._plan, self._entries, self._facts = cost, plan, entries, facts
-        self._books, self._model_work, self._gain = books, model_work, gain
+        """entries: per instance its candidate, or where it was skipped its
+        `InstanceState.facts`; leases, kept, busy: the lease charges and the (instance, model)
+        and (instance, None) work sums, values that are replaced and never changed once handed
+        out (`LeaseBook.held`, `PlacedWork.held_kept`, `held_busy`); model_work: the model's
+        placed work where the retirement rule applies, else None."""
+        self._cost, self._plan, self._entries, self._leases = cost, plan, entries, leases
+        self._kept, self._busy, self._model_work, self._gain = kept, busy, model_work, gain
         self._window = cost.knobs.control_window_s
         self._rendered: tuple[CandidateCost, ...] | None = None
 
     def _all(self) -> tuple[CandidateCost, ...]:
         if self._rendered is None:
             self._rendered = tuple(
-                e if e is not None else self._render(self._facts[i])
-                for i, e in enumerate(self._entries)
+                self._render(e) if type(e) is tuple else e for e in self._entries
             )
-            self._entries, self._facts, self._books = [], [], ()
+            self._entries, self._leases, self._kept, self._busy = [], {}, None, None
         return self._rendered
 
     def _render(self, facts: tuple) -> CandidateCost:
@@ -321,14 +325,14 @@ class LazyCandidates(Sequence):
         cost, plan, gain = self._cost, self._plan, self._gain
         model, prof = plan.call.model, plan.profile
         name, pool, models, rows, ov_work_s, ov_hbm = facts
-        leases, kept, busy = self._books
+        kept, busy = self._kept, self._busy
         row, res = rows[model], models.get(model) or _ABSENT
         retired = False
         if row[3] is _RESIDENT and pool is not Pool.HOT and self._model_work is not None:
             total = kept.get(name, 0.0) if kept else 0.0
             keep = cost.keep_cost_s(model, prof, (res, row[13], row[14]), row[4])
             retired = (0.0 if 0.0 > total else total) < keep
-        per_model = leases.get(name)
+        per_model = self._leases.get(name)
         if per_model:
             leased, leased_all = per_model.get(model, 0.0), per_model.get(None, 0.0)
         else:
@@ -343,7 +347,7 @@ class LazyCandidates(Sequence):
             if plan.now is None:
                 spare = math.inf
             else:
-                total = busy.get(name, 0.0)
+                total = busy.get(name, 0.0)  # type: ignore[union-attr]
                 spare = max(self._window - (0.0 if 0.0 > total else total), 0.0)
             facts = (res, row[13], row[14])  # `replica_facts`
             if not cost.passes_eq2_on(plan, facts, res.state, cand, min(gain, spare)):

@@ -297,7 +297,7 @@ class _Book:
 
 window_ev = st.lists(
     st.tuples(
-        st.sampled_from(["record", "read", "busy", "tick", "advance"]),
+        st.sampled_from(["record", "read", "busy", "tick", "advance", "back"]),
         st.sampled_from(NAMES[:4]),
         st.sampled_from(MODELS + (None,)),
         st.sampled_from([0.1, 0.2, 0.3, 0.7, 1.1, 2.5]),
@@ -322,6 +322,8 @@ def test_busy_instances_trims_and_counts_as_reading_every_window(evs):
             key = (inst, None)  # what spare capacity reads
         if kind == "tick":
             now += x
+        elif kind == "back":  # a clock that went back
+            now -= x / 2
         elif kind == "advance":
             fast.advance(now)
             for name in NAMES[:4]:
