@@ -11,7 +11,10 @@ explanation (a property test holds them equal on random states) but scores only
   0, recompute of the whole prefix), stopping once the bound exceeds the best total found; while
   nothing feasible is found, an instance is skipped only if it is infeasible (round or HBM check,
   exact and cheap for these instances) and bounded above the cheapest one (the spill target).
-The instances it skips are captured as immutable `Inputs` and scored when the explanation is read.
+The instances it skips are scored when the explanation is read, from values that are replaced
+rather than changed and so can be held by reference: each instance's `facts`, the lease book's
+charges and the placed-work sums (`LazyCandidates`): the placement keeps one list of references,
+and reads no skipped instance field by field.
 """
 
 from __future__ import annotations
