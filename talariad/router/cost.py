@@ -17,7 +17,9 @@ base load admits any single call, so a call whose own prefill exceeds γ·TTFT i
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections import defaultdict, deque
 from typing import NamedTuple
 
 from talariad.router.knobs import RouterKnobs
@@ -70,7 +72,8 @@ class CostModel:
     ) -> None:
         self.knobs, self.profiles, self.leases, self.sessions = knobs, profiles, leases, sessions
         # work forwarded per (instance, model) and per model over the retirement window
-        self.placed = DemandTracker(knobs.retire_window_s)
+        self.placed = PlacedWork(knobs.retire_window_s)
+        self._keep: dict[tuple[str, str], tuple] = {}  # `keep_cost_on`'s cache
 
     def plan(self, call: CallRequest, now: float | None = None) -> CallPlan:
         prof, suffix = self.profiles.get(call.model), call.prompt_tokens - call.prefix_tokens
@@ -134,8 +137,7 @@ class CostModel:
         if inst.opening(model) > 0 or self.placed.work_s(model, now) <= 0.0:
             return False
         kept = self.placed.work_s((inst.name, model), now)  # type: ignore[arg-type]
-        facts = replica_facts(inst.snapshot, model)
-        return kept < self.keep_cost_s(model, prof, facts, row[4])
+        return kept < self.keep_cost_on(inst, model, prof, row)
 
     def contenders(self, plan: CallPlan, inst: InstanceState, row: tuple) -> float:
         """How many other models' calls a call of the model would delay on a cold instance where
@@ -156,6 +158,18 @@ class CostModel:
         work = self.placed.work_s
         busy = work((name, None), plan.now) - work((name, model), plan.now)  # type: ignore[arg-type]
         return max(float(calls), min(busy / self.knobs.retire_window_s, 1.0))
+
+    def keep_cost_on(
+        self, inst: InstanceState, model: str, prof: LatencyProfile, row: tuple
+    ) -> float:
+        """`keep_cost_s` there, computed once per cost row (a snapshot, a profile) and knobs."""
+        key = (inst.name, model)
+        kept = self._keep.get(key)
+        if kept is None or kept[0] is not row or kept[1] is not prof or kept[2] is not self.knobs:
+            facts = replica_facts(inst.snapshot, model)
+            kept = (row, prof, self.knobs, self.keep_cost_s(model, prof, facts, row[4]))
+            self._keep[key] = kept
+        return kept[3]
 
     def keep_cost_s(self, model: str, prof: LatencyProfile, facts: tuple, switch_s: float) -> float:
         """What keeping `model` in an instance's rotation costs over a window: one switch, its
@@ -209,7 +223,10 @@ class CostModel:
     def prime(self, inst: InstanceState) -> None:
         """Compute a new snapshot's cost rows now rather than in the next placements."""
         for model in inst.allowed:
-            self._row(inst, model, self.profiles.get(model))
+            prof = self.profiles.get(model)
+            row = self._row(inst, model, prof)
+            if row[3] is ModelState.RESIDENT:  # what the retirement rule compares with
+                self.keep_cost_on(inst, model, prof, row)
 
     def row(self, inst: InstanceState, model: str, prof: LatencyProfile) -> tuple:
         row = inst.rows.get(model)
@@ -323,7 +340,7 @@ class CostModel:
             snap.staging_slack_bytes,
             _other_calls(snap, model, res),
         )
-        inst.rows[model] = row
+        inst.set_row(model, row)
         return row
 
     def passes_eq2(
@@ -393,11 +410,11 @@ class CostModel:
 
     def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> tuple[int, float]:
         """How many instances `model`'s forwards kept busy over the retirement window, and what
-        they can still absorb over the next control window (`spare_s`): O(instances), read only
-        when Eq. (2) must decide."""
-        work = self.placed.work_s
-        names = [i.name for i in instances.all() if work((i.name, model), now) > 0.0]  # type: ignore[arg-type]
-        return len(names), sum(self.spare_s(name, now) for name in names)
+        they can still absorb over the next control window (`spare_s`, summed in instance order)."""
+        names = self.placed.busy_names(model, instances, now)
+        if not names:
+            return 0, 0.0
+        return len(names), sum(self.spare_s(name, now) for name in sorted(names))
 
     def _replica_cost(
         self, model: str, prof: LatencyProfile, state: ModelState, facts: tuple, activation: float
@@ -419,6 +436,141 @@ class CostModel:
         uncovered = max(added - staging_slack, 0) / added if added > 0 else 0.0
         mu = self.knobs.hbm_price_s_per_gib * (1.0 + u / (1.0 - u)) * (1.0 + uncovered)
         return mu * added / GIB
+
+
+class PlacedWork(DemandTracker):
+    """The work forwarded per (instance, model), (instance, None) and model over a window, which
+    also keeps, as values a lazy explanation holds by reference:
+    - `kept[model]`: instance -> its (instance, model) sum, current where it was last read;
+    - `busy`: instance -> its (instance, None) sum, current as of the last `advance`;
+    each replaced rather than changed once it was handed out (`held_kept`, `held_busy`).
+
+    NOTE: a window sum is a running float sum, and its last bits depend on when it was trimmed;
+    a sum whose events all left the window reads exactly 0.0 (`DemandTracker._trim`), so whether
+    an instance is busy (kept in rotation) never depends on a residue. The (instance, model) and
+    model sums are trimmed exactly when reading them would have trimmed them (`trim_due`: the
+    retirement rule's and `CostModel.contenders`' reads); the (instance, None) sums, which spare
+    capacity and contention read, are trimmed as time passes (`advance`), which can change only
+    the last bits of a sum that still holds events.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        super().__init__(window_s)
+        self.kept: dict[str, dict[str, float]] = {}
+        self.busy: dict[str, float] = {}
+        self._kept_shared: set[str] = set()  # models whose `kept` dict someone holds
+        self._busy_shared = False
+        self._busy: defaultdict[str, set[str]] = defaultdict(set)  # model -> sum > 0 there
+        self._due: defaultdict[str, list[tuple[float, str]]] = defaultdict(list)
+        """model -> heap of (its oldest event's time, instance) over the (instance, model) windows"""
+        self._head: dict[tuple[str, str], float] = {}  # (instance, model) -> its entry in _due
+        # (instance, None) events in arrival order, as two deques of untracked values (a tuple
+        # per event would outlive the call and bring GC passes nearer); unsorted: time went back
+        self._expiry_at: deque[float] = deque()
+        self._expiry_of: deque[str] = deque()
+        self._unsorted = False
+
+    def record(self, model, now: float, work_s: float) -> None:
+        super().record(model, now, work_s)
+        if type(model) is tuple and model[1] is None:
+            if self._expiry_at and now < self._expiry_at[-1]:
+                self._unsorted = True
+            self._expiry_at.append(now)
+            self._expiry_of.append(model[0])
+
+    def held_kept(self, model: str) -> dict[str, float] | None:
+        """`kept[model]`, for a caller that keeps it: it is replaced, not changed, from now."""
+        self._kept_shared.add(model)
+        return self.kept.get(model)
+
+    def held_busy(self) -> dict[str, float]:
+        """`busy`, for a caller that keeps it: it is replaced, not changed, from now."""
+        self._busy_shared = True
+        return self.busy
+
+    def advance(self, now: float) -> None:
+        """Trim every (instance, None) window to `now`."""
+        at, of, cutoff = self._expiry_at, self._expiry_of, now - self._window
+        if self._unsorted:  # placement times went back: trim every such window, re-sort
+            self._unsorted, pending = False, []
+            for key, events in self._events.items():
+                if type(key) is tuple and key[1] is None:
+                    self._trim(key, now)
+                    pending += [(t, key[0]) for t, _ in events]
+            pending.sort(key=lambda e: e[0])
+            at.clear()
+            of.clear()
+            for t, inst in pending:
+                at.append(t)
+                of.append(inst)
+            return
+        while at and at[0] <= cutoff:
+            at.popleft()
+            self._trim((of.popleft(), None), now)
+
+    def _trim(self, model, now: float) -> None:  # every change of a sum ends here (`record` too)
+        super()._trim(model, now)
+        if type(model) is tuple:
+            self._sync(model)
+
+    def _sync(self, key: tuple) -> None:
+        inst, model = key
+        total = self._sums[key]
+        if model is None:
+            if self.busy.get(inst) != total:
+                if self._busy_shared:
+                    self.busy, self._busy_shared = dict(self.busy), False
+                self.busy[inst] = total
+            return
+        if total > 0.0:
+            self._busy[model].add(inst)
+        else:
+            self._busy[model].discard(inst)
+        kept = self.kept.get(model)
+        if kept is None or kept.get(inst) != total:
+            if kept is None or model in self._kept_shared:
+                kept = self.kept[model] = dict(kept) if kept else {}
+                self._kept_shared.discard(model)
+            kept[inst] = total
+        events = self._events[key]
+        head = events[0][0] if events else None
+        if head is not None and self._head.get(key) != head:
+            self._head[key] = head
+            heapq.heappush(self._due[model], (head, inst))
+
+    def trim_due(self, model: str, now: float, read) -> None:
+        """Trim the (instance, model) windows that reading `work_s((instance, model), now)` for
+        every instance with `read(instance)` would trim (those with an event past the window)."""
+        due, cutoff, parked = self._due.get(model), now - self._window, []
+        while due and due[0][0] <= cutoff:
+            head, inst = heapq.heappop(due)
+            key = (inst, model)
+            if self._head.get(key) != head:
+                continue  # that window was trimmed since: a newer entry stands for it
+            if not read(inst):
+                parked.append((head, inst))  # not read: left as it is
+                continue
+            del self._head[key]
+            self._trim(key, now)  # queues the window's new oldest event
+        for entry in parked:
+            heapq.heappush(due, entry)  # type: ignore[arg-type]
+
+    def busy_names(self, model: str, instances: InstanceBook, now: float):
+        """The names of `instances` with a positive window sum for `model` at `now`: those for
+        which `work_s((name, model), now) > 0.0` holds, trims included (a live set or a new
+        one: read it, do not keep it)."""
+        self.trim_due(model, now, instances.__contains__)
+        busy = self._busy.get(model)
+        if not busy or instances.names() >= busy:
+            return busy or _NO_NAMES
+        return {inst for inst in busy if inst in instances}
+
+    def busy_instances(self, model: str, instances: InstanceBook, now: float) -> int:
+        """How many of `instances` have a positive window sum for `model` at `now`."""
+        return len(self.busy_names(model, instances, now))
+
+
+_NO_NAMES: frozenset[str] = frozenset()
 
 
 def replica_facts(snap, model: str) -> tuple:

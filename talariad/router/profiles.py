@@ -95,3 +95,7 @@ class DemandTracker:
         events = self._events.get(model)
         while events and events[0][0] <= now - self._window:
             self._sums[model] -= events.popleft()[1]
+        if events is not None and not events:
+            # every event left the window: the sum is exactly zero, not the residue of the
+            # subtractions (a 1e-15 left over would still read as work, e.g. "kept in rotation")
+            self._sums[model] = 0.0

@@ -11,7 +11,11 @@ explanation (a property test holds them equal on random states) but scores only
   0, recompute of the whole prefix), stopping once the bound exceeds the best total found; while
   nothing feasible is found, an instance is skipped only if it is infeasible (round or HBM check,
   exact and cheap for these instances) and bounded above the cheapest one (the spill target).
-The instances it skips are captured as immutable `Inputs` and scored when the explanation is read.
+The instances it skips are scored when the explanation is read, from values that are replaced
+rather than changed and so can be held by reference: each instance's `facts`, the lease book's
+charges and counts and the placed-work sums (`LazyCandidates`): the placement keeps one list of
+references, and reads no skipped instance field by field. The windows those reads would have
+trimmed (the retirement rule's, `CostModel.contenders`') are trimmed at placement time.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from talariad.router.cost import CallPlan, CostModel, Inputs, _recompute_s
-from talariad.router.messages import CandidateCost, ModelState
+from talariad.router.messages import CandidateCost, ModelResidency, ModelState
 from talariad.router.profiles import DemandTracker
-from talariad.types import KVState
+from talariad.types import KVState, Pool
 from talariad.router.telemetry import InstanceBook, InstanceState
 
+_RESIDENT = ModelState.RESIDENT
+_ABSENT = ModelResidency(ModelState.ABSENT)
 _RELATIVE_SLACK = 1e-9  # the bound is summed in another order than the total: allow rounding
 
 
@@ -82,12 +88,14 @@ def rank(
         common += _recompute_s(plan, plan.call.prefix_tokens)
     order = sorted(range(len(bounds)), key=bounds.__getitem__)  # stable: ties keep name order
     skipped: list[int] = []
+    infeasible = search.infeasible_test()
     for n, j in enumerate(order):
         bound, idx = bounds[j] + common, idxs[j]
-        if search.best is not None and search.beaten(bound):  # every later one is bounded as high
-            skipped += [idxs[m] for m in order[n:]]
-            break
-        if search.best is None and search.above_cheapest(bound) and search.infeasible(insts[idx]):
+        if search.best is not None:
+            if _above(bound, search.best):  # every later one is bounded as high
+                skipped += [idxs[m] for m in order[n:]]
+                break
+        elif _above(bound, search.cheapest) and infeasible(insts[idx]):
             skipped.append(idx)  # cannot win, nor be the spill target
             continue
         search.score(idx, insts[idx])
@@ -107,6 +115,7 @@ class _Search:
         "best",
         "cheapest",
         "retired",
+        "seen",
         "_gain",
     )
 
@@ -124,6 +133,7 @@ class _Search:
         self.best: CandidateCost | None = None
         self.cheapest: CandidateCost | None = None  # feasible or not
         self.retired: CandidateCost | None = None  # the cheapest refused as a retired replica
+        self.seen: list[str] = []  # the scored instances' names (few)
         self._gain: float | None = None
 
     def gain(self) -> float:
@@ -134,25 +144,39 @@ class _Search:
     def score_special(self, insts: list[InstanceState]) -> tuple[list[float], list[int]]:
         """Score the instances whose cost the bound does not cover; the bounds and indexes of
         the rest."""
+        # NOTE: whole-list comprehensions, not one loop over the instances: this runs for every
+        # instance of every placement
         cost, plan = self.cost, self.plan
         model, key, rec, prof = plan.call.model, plan.key, plan.kv_record, plan.profile
-        ppt, activation_counts = prof.prefill_s_per_token, cost.knobs.residency_terms
-        bounds: list[float] = []
-        idxs: list[int] = []
-        for idx, inst in enumerate(insts):
-            row = cost.row(inst, model, prof)
-            ov = inst.ov_model.get(model)
-            if (
-                (ov is not None and (ov[0] or ov[1] or ov[2]))
-                or (rec is not None and rec.instance == inst.name and rec.at > row[11])
-                or (key is not None and key in inst.snapshot.sessions)
-            ):
-                self.score(idx, inst)
-                continue
-            # queue without lease charges, plus activation (row: see CostModel._row)
-            bounds.append(row[7] * (row[8] + ppt * row[1]) + (row[4] if activation_counts else 0.0))
-            idxs.append(idx)
-        return bounds, idxs
+        ppt, epoch = prof.prefill_s_per_token, cost.profiles.epoch
+        rows = [inst.rows.get(model) for inst in insts]
+        for j, row in enumerate(rows):
+            if row is None or row[0] != epoch:
+                rows[j] = cost.row(insts[j], model, prof)
+        special = [
+            j
+            for j, inst in enumerate(insts)
+            if (ov := inst.ov_model.get(model)) is not None and (ov[0] or ov[1] or ov[2])
+        ]
+        if key is not None:
+            special += [j for j, inst in enumerate(insts) if key in inst.snapshot.sessions]
+        if rec is not None:
+            special += [
+                j
+                for j, inst in enumerate(insts)
+                if inst.name == rec.instance and rec.at > rows[j][11]  # type: ignore[index]
+            ]
+        # queue without lease charges, plus activation (row: see CostModel._row)
+        if cost.knobs.residency_terms:
+            bounds = [r[7] * (r[8] + ppt * r[1]) + r[4] for r in rows]  # type: ignore[index]
+        else:
+            bounds = [r[7] * (r[8] + ppt * r[1]) + 0.0 for r in rows]  # type: ignore[index]
+        if not special:
+            return bounds, list(range(len(insts)))
+        for j in set(special):
+            self.score(j, insts[j])
+        idxs = [j for j, cand in enumerate(self.scored) if cand is None]
+        return [bounds[j] for j in idxs], idxs
 
     def score(self, idx: int, inst: InstanceState) -> None:
         cost, plan = self.cost, self.plan
@@ -162,6 +186,7 @@ class _Search:
             if not math.isinf(gain) and not cost.passes_eq2(plan, inst, cand, gain):
                 cand = cand._replace(feasible=False, reason=_gate(cost, inst, plan))
         self.scored[idx] = cand
+        self.seen.append(cand.instance)
         if cand.feasible and _before(cand, self.best):
             self.best = cand
         if _before(cand, self.cheapest):
@@ -171,28 +196,27 @@ class _Search:
         if cand.reason == "retired" and _before(cand, self.retired):
             self.retired = cand
 
-    def beaten(self, bound: float) -> bool:
-        """The bound exceeds the best feasible total: such an instance cannot win."""
-        return _above(bound, self.best)
-
-    def above_cheapest(self, bound: float) -> bool:
-        return _above(bound, self.cheapest)
-
-    def infeasible(self, inst: InstanceState) -> bool:
-        """The round or HBM check fails for a plain instance (no session KV, no overlay for the
-        model there), computed as `CostModel.score` does."""
+    def infeasible_test(self):
+        """A test that the round or HBM check fails for a plain instance (no session KV, no
+        overlay for the model there), computed as `CostModel.score` does; what it reads of the
+        call and the cost model is bound once (it runs per instance while nothing is feasible)."""
         cost, plan = self.cost, self.plan
-        k, model = cost.knobs, plan.call.model
-        row = inst.rows[model]
-        per_model = cost.leases.by_instance.get(inst.name)
-        leased_all = per_model.get(None, 0.0) if per_model else 0.0
-        recovery = _recompute_s(plan, plan.call.prefix_tokens) if k.residency_terms else 0.0
-        activation = row[4] if k.residency_terms else 0.0
-        base = row[7] * (row[9] + inst.ov_work_s + leased_all)
-        if base > 0.0 and base + plan.prefill_s + recovery + activation > k.round_budget_s:
-            return True
-        hbm_free = row[12]  # None: the instance does not measure its memory, no HBM check
-        return hbm_free is not None and plan.kv_bytes + row[6] > hbm_free - inst.ov_hbm
+        k, model, prefill, kv_bytes = cost.knobs, plan.call.model, plan.prefill_s, plan.kv_bytes
+        leases, budget, terms = cost.leases.by_instance, k.round_budget_s, k.residency_terms
+        recovery = _recompute_s(plan, plan.call.prefix_tokens) if terms else 0.0
+
+        def infeasible(inst: InstanceState) -> bool:
+            row = inst.rows[model]
+            per_model = leases.get(inst.name)
+            leased_all = per_model.get(None, 0.0) if per_model else 0.0
+            activation = row[4] if terms else 0.0
+            base = row[7] * (row[9] + inst.ov_work_s + leased_all)
+            if base > 0.0 and base + prefill + recovery + activation > budget:
+                return True
+            hbm_free = row[12]  # None: the instance does not measure its memory, no HBM check
+            return hbm_free is not None and kv_bytes + row[6] > hbm_free - inst.ov_hbm
+
+        return infeasible
 
     def result(self, insts: list[InstanceState], skipped) -> Ranking:
         scored, cheapest = (
@@ -201,90 +225,151 @@ class _Search:
         )
         if not skipped:
             return Ranking(self.best, tuple(scored), cheapest, self._retired())
-        cost, plan, model = self.cost, self.plan, self.plan.call.model
-        leases, replica = cost.leases.by_instance, False
-        flat: list = []  # what `CostModel.inputs` would read, _CAPTURED values per skipped instance
-        add = flat.extend  # one temporary tuple per instance, not kept: flat stays one list
-        for i in skipped:  # no session KV and no overlay for the model there (not special)
-            inst = insts[i]
-            per_model, row, snap = leases.get(inst.name), inst.rows[model], inst.snapshot
-            retired = cost.retired(plan, inst, row)
-            scored[i] = len(flat)  # type: ignore[call-overload]  # where its values start
-            if per_model:
-                leased, leased_all = per_model.get(model, 0.0), per_model.get(None, 0.0)
-            else:
-                leased = leased_all = 0.0
-            add(
-                (
-                    inst.name,
-                    row,
-                    leased,
-                    leased_all,
-                    inst.ov_work_s,
-                    inst.ov_hbm,
-                    snap.models.get(model) or snap.residency(model),  # not the snapshot: small
-                    snap.kv_occupancy,
-                    snap.staging_slack_bytes,
-                    retired,
-                    cost.spare_s(inst.name, plan.now),
-                    cost.contenders(plan, inst, row),
+        cost, plan, every, placed = self.cost, self.plan, self.every, self.cost.placed
+        model, now, members = plan.call.model, plan.now, set(insts)
+        # NOTE: the retirement rule reads the model's windows for every placeable instance where
+        # the model is resident on a cold instance and nothing opens it (`evaluate` made those
+        # reads for the scored ones); reads trim, and a window's last bits depend on which reads
+        # trimmed it: trim the skipped ones' windows exactly as reading them would
+        resident, model_work = every.resident_cold(model), None
+        if now is not None:
+            for name in resident:
+                inst = every.get(name)
+                if inst in members and not inst.opening(model):
+                    model_work = placed.work_s(model, now)
+                    break
+        retiring = model_work is not None and not model_work <= 0.0
+        leases, counts = cost.leases.held()
+        if now is not None:
+            # `CostModel.contenders` reads the (instance, model) and (instance, None) windows
+            # wherever the model could add slots to other models' rounds: trim those too
+            def contends(name: str) -> bool:
+                inst = every.get(name)
+                if inst not in members or inst.rows[model][15] is None:  # type: ignore[union-attr]
+                    return False
+                ov, held = inst.ov_model.get(model), counts.get(name)  # type: ignore[union-attr]
+                return not (ov is not None and ov[1]) and not (held and held.get(model))
+
+            if retiring:
+                placed.trim_due(
+                    model,
+                    now,
+                    lambda name: (
+                        (name in resident and _reads(every.get(name), members, model))
+                        or contends(name)
+                    ),
                 )
-            )
-            replica = replica or row[5] or retired
-        # Eq. (2) may mark a skipped candidate: keep the gain of this moment for the rendering
-        gain = self.gain() if replica and cost.knobs.residency_terms else None
-        lazy = LazyCandidates(cost, self.plan, scored, flat, gain)
+            else:
+                placed.trim_due(model, now, contends)
+            placed.advance(now)  # spare capacity and contention as of now
+        gain = None
+        if cost.knobs.residency_terms and self._replica_skipped(members, model_work):
+            gain = self.gain()  # Eq. (2) may refuse a skipped candidate: the gain of this moment
+        # NOTE: what an explanation holds outlives the call and so brings the next GC pass
+        # nearer: one list (candidates, and the facts of the skipped), the books it needs
+        lazy = LazyCandidates(
+            cost,
+            plan,
+            [inst.facts if c is None else c for c, inst in zip(scored, insts)],
+            leases,
+            counts,
+            placed.held_kept(model) if now is not None else None,
+            placed.held_busy() if now is not None else None,
+            model_work if retiring else None,
+            gain,
+        )
         return Ranking(self.best, lazy, cheapest, self._retired())
+
+    def _replica_skipped(self, members: set[InstanceState], model_work: float | None) -> bool:
+        """A skipped instance needs a replica: the model is absent there, or retired."""
+        every, model = self.every, self.plan.call.model
+        seen = self.seen
+        for name in every.absent(model):
+            if name not in seen and every.get(name) in members:
+                return True
+        if model_work is None or model_work <= 0.0:
+            return False
+        kept, cost, prof = self.cost.placed.kept.get(model) or {}, self.cost, self.plan.profile
+        for name in every.resident_cold(model):
+            inst = every.get(name)
+            if name not in seen and _reads(inst, members, model):
+                total = kept.get(name, 0.0)
+                if (0.0 if 0.0 > total else total) < cost.keep_cost_on(
+                    inst, model, prof, inst.rows[model]
+                ):  # type: ignore[union-attr]
+                    return True
+        return False
 
     def _retired(self) -> CandidateCost | None:
         return self.retired if self.best is None else None
 
 
-_CAPTURED = 12
-
-
 class LazyCandidates(Sequence):
     """The per-candidate breakdown of one placement, scored from captured inputs when first read."""
 
-    __slots__ = ("_cost", "_plan", "_entries", "_flat", "_gain", "_rendered")
+    __slots__ = ("_cost", "_plan", "_entries", "_leases", "_counts", "_kept", "_busy")
+    __slots__ += ("_model_work", "_gain", "_rendered")
 
     def __init__(
-        self, cost: CostModel, plan: CallPlan, entries: list, flat: list, gain: float | None
+        self,
+        cost: CostModel,
+        plan: CallPlan,
+        entries: list,
+        leases: dict,
+        counts: dict,
+        kept: dict | None,
+        busy: dict | None,
+        model_work: float | None,
+        gain: float | None,
     ) -> None:
-        """entries: a candidate, or where a skipped instance's captured values start in `flat`."""
-        self._cost, self._plan, self._entries, self._flat, self._gain = (
-            cost,
-            plan,
-            entries,
-            flat,
-            gain,
-        )
+        """entries: per instance its candidate, or where it was skipped its
+        `InstanceState.facts`; leases, counts, kept, busy: the lease charges and counts and the
+        (instance, model) and (instance, None) work sums, values that are replaced and never
+        changed once handed out (`LeaseBook.held`, `PlacedWork.held_kept`, `held_busy`; the
+        sums None without a placement time); model_work: the model's placed work where the
+        retirement rule applies, else None."""
+        self._cost, self._plan, self._entries = cost, plan, entries
+        self._leases, self._counts, self._kept, self._busy = leases, counts, kept, busy
+        self._model_work, self._gain = model_work, gain
         self._rendered: tuple[CandidateCost, ...] | None = None
 
     def _all(self) -> tuple[CandidateCost, ...]:
         if self._rendered is None:
             self._rendered = tuple(
-                e if isinstance(e, CandidateCost) else self._render(e) for e in self._entries
+                self._render(e) if type(e) is tuple else e for e in self._entries
             )
-            self._entries, self._flat = [], []
+            self._entries, self._leases, self._counts = [], {}, {}
+            self._kept = self._busy = None
         return self._rendered
 
-    def _render(self, at: int) -> CandidateCost:
+    def _render(self, facts: tuple) -> CandidateCost:
+        """`CostModel.evaluate` and Eq. (2) at placement time for an instance with no session KV
+        and no overlay for the model (`CostModel.retired`, `contenders` and `spare_s` included)."""
         cost, plan, gain = self._cost, self._plan, self._gain
-        (
-            name,
-            row,
-            leased,
-            leased_all,
-            ov_work_s,
-            ov_hbm,
-            res,
-            occupancy,
-            slack,
-            retired,
-            spare,
-            contenders,
-        ) = self._flat[at : at + _CAPTURED]
+        model, prof = plan.call.model, plan.profile
+        name, pool, models, rows, ov_work_s, ov_hbm, ov_calls = facts
+        kept, busy = self._kept, self._busy
+        row, res = rows[model], models.get(model) or _ABSENT
+        retired = False
+        if row[3] is _RESIDENT and pool is not Pool.HOT and self._model_work is not None:
+            total = kept.get(name, 0.0) if kept else 0.0
+            keep = cost.keep_cost_s(model, prof, (res, row[13], row[14]), row[4])
+            retired = (0.0 if 0.0 > total else total) < keep
+        per_model = self._leases.get(name)
+        if per_model:
+            leased, leased_all = per_model.get(model, 0.0), per_model.get(None, 0.0)
+        else:
+            leased = leased_all = 0.0
+        contenders, held = 0.0, self._counts.get(name)
+        if row[15] is not None and not (held and held.get(model)):
+            # `CostModel.contenders`: no overlay call of the model here, so all of them are others'
+            calls = row[15] + ov_calls + (held.get(None, 0) if held else 0)
+            if busy is None:  # no placement time
+                contenders = float(calls)
+            else:
+                total, own = busy.get(name, 0.0), kept.get(name, 0.0) if kept else 0.0
+                share = (0.0 if 0.0 > total else total) - (0.0 if 0.0 > own else own)
+                contenders = max(float(calls), min(share / cost.knobs.retire_window_s, 1.0))
         cand = cost.score(
             plan,
             Inputs(
@@ -301,16 +386,15 @@ class LazyCandidates(Sequence):
                 contenders,
             ),
         )
-        if (
-            cand.needs_replica
-            and cand.feasible
-            and gain is not None
-            and not math.isinf(gain)
-            and not cost.passes_eq2_on(
-                plan, (res, occupancy, slack), res.state, cand, min(gain, spare)
-            )
-        ):
-            cand = cand._replace(feasible=False, reason="retired" if retired else "eq2")
+        if cand.needs_replica and cand.feasible and gain is not None and not math.isinf(gain):
+            if plan.now is None:
+                spare = math.inf
+            else:
+                total = busy.get(name, 0.0)  # type: ignore[union-attr]
+                spare = max(cost.knobs.control_window_s - (0.0 if 0.0 > total else total), 0.0)
+            facts = (res, row[13], row[14])  # `replica_facts`
+            if not cost.passes_eq2_on(plan, facts, res.state, cand, min(gain, spare)):
+                cand = cand._replace(feasible=False, reason="retired" if retired else "eq2")
         return cand
 
     def __getitem__(self, i):
@@ -330,6 +414,12 @@ class LazyCandidates(Sequence):
 
     def __repr__(self) -> str:
         return repr(self._all())
+
+
+def _reads(inst: InstanceState | None, members: set, model: str) -> bool:
+    """`CostModel.retired` reads the model's windows there (resident on a cold instance, which
+    the caller checked, placeable, and no in-flight forward opens the model there)."""
+    return inst in members and not inst.opening(model)  # type: ignore[union-attr]
 
 
 def _gate(cost: CostModel, inst: InstanceState, plan: CallPlan) -> str:

@@ -26,11 +26,13 @@ class LeaseBook:
         self._heap: list[tuple[float, int, Lease]] = []
         self._seq = itertools.count()
         # instance -> {model: seconds its live leases hold, None: all models}; read directly by
-        # the cost model
-        self.by_instance: dict[str, defaultdict[str | None, float]] = {}
+        # the cost model; `counts`: instance -> {model: its live leases there, None: all}.
+        # NOTE: a change replaces the instance's dicts (never updates them), and these two too
+        # once `held` handed them out: a lazy explanation keeps what it saw
+        self.by_instance: dict[str, dict[str | None, float]] = {}
+        self.counts: dict[str, dict[str | None, int]] = {}
+        self._held = False
         self.by_model: defaultdict[str, float] = defaultdict(float)  # seconds held per model
-        # live leases per instance, and per (instance, model)
-        self._count: defaultdict[str | tuple[str, str], int] = defaultdict(int)
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -39,12 +41,11 @@ class LeaseBook:
         self.take((lease.session_id, lease.model))
         self._by_key[(lease.session_id, lease.model)] = lease
         heapq.heappush(self._heap, (lease.t_exp, next(self._seq), lease))
-        per_model = self.by_instance.setdefault(lease.instance, defaultdict(float))
-        per_model[lease.model] += lease.charge_s
-        per_model[None] += lease.charge_s
+        per_model = dict(self.by_instance.get(lease.instance, ()))
+        per_model[lease.model] = per_model.get(lease.model, 0.0) + lease.charge_s
+        per_model[None] = per_model.get(None, 0.0) + lease.charge_s
+        self._replace(lease.instance, per_model, lease.model, +1)
         self.by_model[lease.model] += lease.charge_s
-        self._count[lease.instance] += 1
-        self._count[(lease.instance, lease.model)] += 1
 
     def get(self, key: LeaseKey) -> Lease | None:
         return self._by_key.get(key)
@@ -78,7 +79,8 @@ class LeaseBook:
 
     def count(self, instance: str, model: str | None = None) -> int:
         """Live leases on `instance` (for one model, or, with None, all)."""
-        return self._count.get(instance if model is None else (instance, model), 0)
+        counts = self.counts.get(instance)
+        return counts.get(model, 0) if counts else 0
 
     def all(self) -> tuple[Lease, ...]:
         return tuple(self._by_key.values())
@@ -98,7 +100,10 @@ class LeaseBook:
                 raise AssertionError(f"total charge of {inst} out of step")
         per_instance = Counter(lease.instance for lease in self._by_key.values())
         per_instance.update((lease.instance, lease.model) for lease in self._by_key.values())
-        if {i: n for i, n in self._count.items() if n} != dict(per_instance):
+        counted = {
+            (i if m is None else (i, m)): n for i, c in self.counts.items() for m, n in c.items()
+        }
+        if {k: n for k, n in counted.items() if n} != dict(per_instance):
             raise AssertionError("per-instance lease counts out of step")
         per_model_total: defaultdict[str, float] = defaultdict(float)
         for (_, model), n in held.items():
@@ -110,13 +115,34 @@ class LeaseBook:
         if any(id(lease) not in live for lease in self._by_key.values()):
             raise AssertionError("a lease is missing from the expiry heap")
 
+    def held(self) -> tuple[dict[str, dict[str | None, float]], dict[str, dict[str | None, int]]]:
+        """`by_instance` and `counts`, for a caller that keeps them: they are replaced, not
+        changed, from now."""
+        self._held = True
+        return self.by_instance, self.counts
+
+    def _replace(
+        self, instance: str, per_model: dict[str | None, float], model: str, step: int
+    ) -> None:
+        """Install `per_model` as `instance`'s charges, and add `step` to its lease counts."""
+        if self._held:
+            self.by_instance, self.counts, self._held = (
+                dict(self.by_instance),
+                dict(self.counts),
+                False,
+            )
+        self.by_instance[instance] = per_model
+        counts = dict(self.counts.get(instance, ()))
+        counts[model] = counts.get(model, 0) + step
+        counts[None] = counts.get(None, 0) + step
+        self.counts[instance] = counts
+
     def _release(self, lease: Lease) -> None:
-        per_model = self.by_instance[lease.instance]
-        per_model[lease.model] = _drop(per_model[lease.model], lease.charge_s)
-        per_model[None] = _drop(per_model[None], lease.charge_s)
+        per_model = dict(self.by_instance[lease.instance])
+        per_model[lease.model] = _drop(per_model.get(lease.model, 0.0), lease.charge_s)
+        per_model[None] = _drop(per_model.get(None, 0.0), lease.charge_s)
+        self._replace(lease.instance, per_model, lease.model, -1)
         self.by_model[lease.model] = _drop(self.by_model[lease.model], lease.charge_s)
-        self._count[lease.instance] -= 1
-        self._count[(lease.instance, lease.model)] -= 1
 
 
 def _drop(held: float, charge: float) -> float:

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 from talariad.router.knobs import RouterKnobs
 from talariad.router.messages import CallRequest, InstanceSnapshot, ModelState
+from talariad.types import Pool
 
 _OPEN = (ModelState.ACTIVE, ModelState.RESIDENT)
+_NONE: set[str] = set()  # NOTE: returned for a model no instance is indexed under; never changed
 
 
 @dataclass(slots=True)
@@ -50,6 +52,7 @@ class InstanceState:
         "rows",
         "open_share",
         "closed",
+        "facts",
     )
 
     def __init__(self, name: str) -> None:
@@ -65,6 +68,10 @@ class InstanceState:
         self.open_share: dict[str, int] = {}  # model -> queued tokens, where it is open (Eq. 2)
         self.closed = False
         """Cordoned or drained by the operator: no new placement (`allowed` stays empty)."""
+        self.facts: tuple = ()
+        """What a placement's lazy explanation reads about this instance, as one immutable
+        value replaced on every change: (name, pool, snapshot models, cost rows, overlay work,
+        overlay HBM, overlay calls). `rows` is replaced too, never changed (`set_row`)."""
         self._reset_overlay()
 
     def open_tokens(self, model: str) -> int | None:
@@ -123,6 +130,24 @@ class InstanceState:
             if rec.forwarded_at >= snapshot.taken_at:
                 self._count(rec, +1)
 
+    def set_row(self, model: str, row: tuple) -> None:
+        """Cache the cost model's row for `model` (a new dict: explanations keep the old one)."""
+        self.rows = {**self.rows, model: row}
+        self._refresh_facts()
+
+    def _refresh_facts(self) -> None:
+        snap = self.snapshot
+        pool, models = (snap.pool, snap.models) if snap is not None else (None, {})
+        self.facts = (
+            self.name,
+            pool,
+            models,
+            self.rows,
+            self.ov_work_s,
+            self.ov_hbm,
+            self.ov_calls,
+        )
+
     def ov_tokens(self, model: str) -> int:
         row = self.ov_model.get(model)
         return row[0] if row else 0
@@ -149,12 +174,18 @@ class InstanceState:
             raise AssertionError(f"per-model overlay of {self.name} out of step")
         if self.ov_calls != sum(r[1] for r in per_model.values()):
             raise AssertionError(f"overlay call count of {self.name} out of step")
+        snap = self.snapshot
+        pool, models = (snap.pool, snap.models) if snap is not None else (None, {})
+        want = (self.name, pool, models, self.rows, self.ov_work_s, self.ov_hbm, self.ov_calls)
+        if self.facts != want:
+            raise AssertionError(f"explanation facts of {self.name} out of step")
 
     def _reset_overlay(self) -> None:
         self.ov_work_s = 0.0
         self.ov_hbm = 0
         self.ov_calls = 0
         self.ov_model: dict[str, list[int]] = {}  # model -> [new tokens, calls, opening calls]
+        self._refresh_facts()
 
     def _count(self, rec: InFlight, sign: int) -> None:
         row = self.ov_model.get(rec.call.model)
@@ -167,6 +198,7 @@ class InstanceState:
         self.ov_hbm += sign * rec.hbm_bytes
         self.ov_calls += sign
         rec.counted = sign > 0
+        self._refresh_facts()
 
 
 class InstanceBook:
@@ -181,14 +213,47 @@ class InstanceBook:
         self._open: dict[str, list[int]] = {}
         self.closed: set[str] = set()
         """Instances closed to new placement; kept by name so a restarted instance stays closed."""
+        # model -> instances whose snapshot has it resident on a cold instance / absent (not
+        # listed, or listed absent): where the retirement rule and Eq. (2) may apply
+        self._resident: defaultdict[str, set[str]] = defaultdict(set)
+        self._absent: defaultdict[str, set[str]] = defaultdict(set)
+        self._indexed: dict[str, list[set[str]]] = {}  # instance -> the sets it is in
 
     def open_replicas(self, model: str) -> tuple[int, int]:
         """(k, queued tokens) of `model` over its open replicas on healthy instances."""
         agg = self._open.get(model)
         return (agg[0], agg[1]) if agg is not None else (0, 0)
 
+    def resident_cold(self, model: str) -> set[str]:
+        """Instances whose snapshot has `model` resident (not active) on a cold instance."""
+        return self._resident.get(model) or _NONE
+
+    def absent(self, model: str) -> set[str]:
+        """Instances whose snapshot has `model` absent (a placement there opens a replica)."""
+        return self._absent.get(model) or _NONE
+
+    def _index(self, inst: InstanceState) -> None:
+        for held in self._indexed.pop(inst.name, ()):
+            held.discard(inst.name)
+        snap = inst.snapshot
+        if snap is None or inst.name not in self._by_name:
+            return
+        held = self._indexed[inst.name] = []
+        for model in snap.allowed_models | snap.models.keys():
+            state = snap.residency(model).state
+            if state is ModelState.ABSENT:
+                held.append(self._absent[model])
+            elif state is ModelState.RESIDENT and snap.pool is not Pool.HOT:
+                held.append(self._resident[model])
+        for names in held:
+            names.add(inst.name)
+
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
+
+    def names(self):
+        """The names of every instance (a live view)."""
+        return self._by_name.keys()
 
     def get(self, name: str) -> InstanceState | None:
         return self._by_name.get(name)
@@ -202,6 +267,7 @@ class InstanceBook:
         if inst.snapshot is not None and snapshot.version <= inst.snapshot.version:
             return False
         inst.install(snapshot)
+        self._index(inst)
         inst.report_health(snapshot.healthy, now)
         self._reshare(inst, inst.open_share.keys() | snapshot.models.keys() | inst.ov_model.keys())
         return True
@@ -233,6 +299,7 @@ class InstanceBook:
             return []
         inst.health_ok = False  # gone: it no longer counts as an open replica
         self._reshare(inst, set(inst.open_share))
+        self._index(inst)
         self._ordered.remove(inst)
         for call_id in inst.inflight:
             self._calls.pop(call_id, None)
@@ -296,6 +363,19 @@ class InstanceBook:
                     agg[1] += tokens
         if {m: a for m, a in self._open.items() if a != [0, 0]} != fresh:
             raise AssertionError("open-replica aggregates out of step with the instances")
+        resident: defaultdict[str, set[str]] = defaultdict(set)
+        absent: defaultdict[str, set[str]] = defaultdict(set)
+        for inst in self._ordered:
+            snap = inst.snapshot
+            for model in snap.allowed_models | snap.models.keys() if snap else ():
+                state = snap.residency(model).state
+                if state is ModelState.ABSENT:
+                    absent[model].add(inst.name)
+                elif state is ModelState.RESIDENT and snap.pool is not Pool.HOT:
+                    resident[model].add(inst.name)
+        for index, want in ((self._resident, resident), (self._absent, absent)):
+            if {m: names for m, names in index.items() if names} != want:
+                raise AssertionError("per-model residency index out of step with the snapshots")
 
     def _add(self, name: str) -> InstanceState:
         inst = InstanceState(name)
