@@ -394,9 +394,12 @@ class CostModel:
     def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> tuple[int, float]:
         """How many instances `model`'s forwards kept busy over the retirement window, and what
         they can still absorb over the next control window (`spare_s`): O(instances), read only
-        when Eq. (2) must decide."""
+        when Eq. (2) must decide. While no forward kept any busy, every open replica is in
+        rotation (nothing is retired then: `retired`)."""
         work = self.placed.work_s
         names = [i.name for i in instances.all() if work((i.name, model), now) > 0.0]  # type: ignore[arg-type]
+        if not names:
+            names = [i.name for i in instances.all() if model in i.open_share]
         return len(names), sum(self.spare_s(name, now) for name in names)
 
     def _replica_cost(

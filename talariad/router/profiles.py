@@ -95,3 +95,7 @@ class DemandTracker:
         events = self._events.get(model)
         while events and events[0][0] <= now - self._window:
             self._sums[model] -= events.popleft()[1]
+        if events is not None and not events:
+            # an empty window sums to exactly 0: a running sum's rounding residue (1e-15) must
+            # not read as work kept there (the retirement rule compares it with > 0)
+            self._sums[model] = 0.0
