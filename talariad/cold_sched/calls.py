@@ -89,7 +89,8 @@ class CallTable:
         return parked
 
     def has_work(self, model: str) -> bool:
-        return bool(self.waiting[model]) or any(
+        """Calls of `model` wait or run here (False for a model this instance does not host)."""
+        return bool(self.waiting.get(model)) or any(
             self.records[c].call.model == model for c in self.running
         )
 

@@ -410,11 +410,14 @@ class CostModel:
 
     def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> tuple[int, float]:
         """How many instances `model`'s forwards kept busy over the retirement window, and what
-        they can still absorb over the next control window (`spare_s`, summed in instance order)."""
+        they can still absorb over the next control window (`spare_s`, summed in instance
+        order). While no forward kept any busy, every open replica is in rotation (nothing is
+        retired then: `retired`; O(instances), read only when Eq. (2) must decide)."""
         names = self.placed.busy_names(model, instances, now)
-        if not names:
-            return 0, 0.0
-        return len(names), sum(self.spare_s(name, now) for name in sorted(names))
+        if names:
+            return len(names), sum(self.spare_s(name, now) for name in sorted(names))
+        opened = [i.name for i in instances.all() if model in i.open_share]
+        return len(opened), sum(self.spare_s(name, now) for name in opened)
 
     def _replica_cost(
         self, model: str, prof: LatencyProfile, state: ModelState, facts: tuple, activation: float

@@ -96,6 +96,6 @@ class DemandTracker:
         while events and events[0][0] <= now - self._window:
             self._sums[model] -= events.popleft()[1]
         if events is not None and not events:
-            # every event left the window: the sum is exactly zero, not the residue of the
-            # subtractions (a 1e-15 left over would still read as work, e.g. "kept in rotation")
+            # an empty window sums to exactly 0: a running sum's rounding residue (1e-15) must
+            # not read as work kept there (the retirement rule compares it with > 0)
             self._sums[model] = 0.0

@@ -115,3 +115,13 @@ def test_remove_instance_drops_its_leases_and_calls():
     assert [lease.instance for lease in r.remove_instance("a", 0.4)] == ["a"]
     assert r.leases() == () and "a" not in {s.instance for s in r.instances(0.4)}
     r.check_integrity()
+
+
+def test_a_window_whose_events_all_left_it_sums_to_exactly_zero():
+    from talariad.router.profiles import DemandTracker
+
+    d = DemandTracker(10.0)
+    for i, w in enumerate((0.1, 0.2, 0.7, 1e-3, 3.3)):
+        d.record("m", float(i), w)
+    assert d.work_s("m", 2.0) > 0.0
+    assert d.work_s("m", 30.0) == 0.0  # not a rounding residue such as 1e-16

@@ -144,3 +144,13 @@ def test_a_replica_on_an_instance_busy_with_other_models_pays_nu_even_with_no_ro
     assert a.needs_replica and b.needs_replica
     assert a.replica_s == pytest.approx(b.replica_s + 2.0)  # ν_m: it would time-share a
     assert d.instance == "b"
+
+
+def test_an_idle_resident_replica_absorbs_a_new_session_so_no_second_replica_opens():
+    # the model is resident on a, but no forward kept it busy over the window: a is its rotation
+    # (nothing is retired then), and its spare capacity absorbs a large new call
+    r, snaps = router(), Snaps()
+    r.observe(snaps("a", 0.0, state=ModelState.RESIDENT), 0.0)
+    r.observe(snaps("b", 0.0, models={}), 0.0)
+    d = r.place(call("c1", session="s1", prompt=120_000), 0.1)  # 12 s of prefill
+    assert d.instance == "a" and cand(d, "b").reason == "eq2"

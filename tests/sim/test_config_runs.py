@@ -94,3 +94,37 @@ def test_compare_with_a_bad_config_is_one_line_per_problem(tmp_path, capsys):
     assert main(["compare", "--config", str(bad), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "models[0].profile" in err[0]
+
+
+def test_the_router_suite_runs_on_the_default_config_whose_hot_instance_hosts_one_model(
+    tmp_path, capsys
+):
+    # two trace models: one lands on tiny-code, which the hot instance does not host; counting
+    # avoidable opens asks every other instance whether it holds that model
+    trace = tmp_path / "t.jsonl"
+    rows = [
+        json.dumps(
+            {
+                "session_id": f"s{s}",
+                "call_idx": k,
+                "model": ("qwen3-235b", "glm5-nvfp4")[s % 2],
+                "prompt_tokens": 1000 + 500 * k,
+                "prefix_tokens": 0 if k == 0 else 900 + 500 * (k - 1),
+                "output_tokens": 20,
+                "gap_s": 0.4 if k else 0,
+            }
+        )
+        for s in range(4)
+        for k in range(3)
+    ]
+    trace.write_text("\n".join(rows) + "\n")
+    argv = ["compare", "--config", str(ROOT / "etc" / "talaria.yaml"), "--trace", str(trace)]
+    assert main([*argv, "--suite", "router", "--no-progress", "--width", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "-> tiny-code" in out and "talaria@high" in out
+
+
+def test_an_instance_has_no_work_for_a_model_it_does_not_host():
+    from talariad.cold_sched.calls import CallTable
+
+    assert CallTable(["a"]).has_work("b") is False
