@@ -154,3 +154,19 @@ def test_an_idle_resident_replica_absorbs_a_new_session_so_no_second_replica_ope
     r.observe(snaps("b", 0.0, models={}), 0.0)
     d = r.place(call("c1", session="s1", prompt=120_000), 0.1)  # 12 s of prefill
     assert d.instance == "a" and cand(d, "b").reason == "eq2"
+
+
+def test_a_call_held_a_round_bound_joins_an_instance_short_of_kv_room_for_it():
+    # a serves the model but has no HBM free for this call's KV now; b would need a replica that
+    # Eq. (2) refuses: the call is held, and after a round bound it joins a's queue, whose
+    # scheduler admits it when KV room frees (as for a round-budget refusal)
+    r, snaps = router(overload="queue"), Snaps()
+    r.observe(snaps("a", 0.0, hbm_free_bytes=0), 0.0)
+    r.observe(snaps("b", 0.0, models={}), 0.0)
+    first = r.place(call("c1", session="s1"), 0.1)
+    assert first.kind is DecisionKind.OVERLOAD_QUEUE
+    assert cand(first, "a").reason == "hbm" and cand(first, "b").reason == "eq2"
+    r.observe(snaps("a", 9.0, hbm_free_bytes=0), 9.0)
+    r.observe(snaps("b", 9.0, models={}), 9.0)
+    d = r.place(call("c1", session="s1"), 9.1)
+    assert d.instance == "a" and "held a round bound" in d.reason

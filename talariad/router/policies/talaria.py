@@ -70,7 +70,7 @@ class TalariaPolicy(Policy):
             why = "in-rotation replicas infeasible"
         if best is None and self._held_a_round(plan, view, now):
             best = min(
-                (c for c in cands if c.reason == "round" and not c.needs_replica),
+                (c for c in cands if c.reason in _QUEUES and not c.needs_replica),
                 key=_total,
                 default=None,
             )
@@ -90,7 +90,8 @@ class TalariaPolicy(Policy):
         """The call has waited at the gateway for a whole round bound (γ·TTFT). A hold is for
         an instance that frees within a round; past that, holding longer only starves new
         sessions behind the leased returns (which skip the round check), so the call joins the
-        queue of an instance serving its model, whose scheduler admits it at the next slot."""
+        queue of an instance serving its model, whose scheduler admits it at the next slot (or,
+        refused for HBM, when KV room frees there)."""
         since = view.held.get(plan.call.call_id)
         return since is not None and now - since >= self.knobs.round_budget_s
 
@@ -112,6 +113,9 @@ class TalariaPolicy(Policy):
         if not hot:
             return None
         return self.ranker(view.cost, plan, hot, view.instances, view.demand, now).best
+
+
+_QUEUES = ("round", "hbm")  # refusals an instance's own scheduler waits out (a slot, KV room)
 
 
 def _total(c) -> tuple[float, str]:
