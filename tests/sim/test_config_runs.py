@@ -51,24 +51,29 @@ def test_trace_models_the_config_does_not_serve_are_mapped_onto_it():
     }
 
 
-def test_compare_runs_the_default_config(tmp_path, capsys):
-    trace = tmp_path / "t.jsonl"
+def _trace(path, models: tuple[str, ...], sessions: int):
+    """`sessions` sessions of 3 calls each, session s on models[s % len(models)]."""
     rows = [
         json.dumps(
             {
                 "session_id": f"s{s}",
                 "call_idx": k,
-                "model": "qwen3-235b",
+                "model": models[s % len(models)],
                 "prompt_tokens": 1000 + 500 * k,
                 "prefix_tokens": 0 if k == 0 else 900 + 500 * (k - 1),
                 "output_tokens": 20,
                 "gap_s": 0.4 if k else 0,
             }
         )
-        for s in range(3)
+        for s in range(sessions)
         for k in range(3)
     ]
-    trace.write_text("\n".join(rows) + "\n")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_compare_runs_the_default_config(tmp_path, capsys):
+    trace = _trace(tmp_path / "t.jsonl", ("qwen3-235b",), 3)
     argv = [
         "compare",
         "--config",
@@ -101,23 +106,7 @@ def test_the_router_suite_runs_on_the_default_config_whose_hot_instance_hosts_on
 ):
     # two trace models: one lands on tiny-code, which the hot instance does not host; counting
     # avoidable opens asks every other instance whether it holds that model
-    trace = tmp_path / "t.jsonl"
-    rows = [
-        json.dumps(
-            {
-                "session_id": f"s{s}",
-                "call_idx": k,
-                "model": ("qwen3-235b", "glm5-nvfp4")[s % 2],
-                "prompt_tokens": 1000 + 500 * k,
-                "prefix_tokens": 0 if k == 0 else 900 + 500 * (k - 1),
-                "output_tokens": 20,
-                "gap_s": 0.4 if k else 0,
-            }
-        )
-        for s in range(4)
-        for k in range(3)
-    ]
-    trace.write_text("\n".join(rows) + "\n")
+    trace = _trace(tmp_path / "t.jsonl", ("qwen3-235b", "glm5-nvfp4"), 4)
     argv = ["compare", "--config", str(ROOT / "etc" / "talaria.yaml"), "--trace", str(trace)]
     assert main([*argv, "--suite", "router", "--no-progress", "--width", "200"]) == 0
     out = capsys.readouterr().out
