@@ -17,8 +17,10 @@ staleness only removes an instance from step 2.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from talariad.router.cost import CallPlan
-from talariad.router.messages import DecisionKind, CallRequest, ModelState
+from talariad.router.messages import CandidateCost, DecisionKind, CallRequest, ModelState
 from talariad.router.policies.base import POLICIES, Choice, ClusterView, Policy
 from talariad.router.ranking import rank
 from talariad.types import KVState, Pool
@@ -95,7 +97,7 @@ class TalariaPolicy(Policy):
         since = view.held.get(plan.call.call_id)
         return since is not None and now - since >= self.knobs.round_budget_s
 
-    def _cheaper_to_wait(self, best, cands) -> bool:
+    def _cheaper_to_wait(self, best: CandidateCost, cands: Sequence[CandidateCost]) -> bool:
         """`best`'s price beyond Eq. (1) (a replica open, the delay it imposes on other models'
         calls) exceeds a round bound, and an in-rotation replica refused only by the round check
         costs less even after a whole round bound of waiting: the call is held for it (a held
