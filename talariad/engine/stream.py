@@ -44,6 +44,27 @@ def parse_event(payload: bytes) -> StreamEvent:
     return _EVENT.validate_json(payload)
 
 
+class Wakeup:
+    """One waiter at a time, woken by `set` (no lock or waiter list: each end of a stream has
+    a single consumer, and an `asyncio.Event` per call costs more)."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future | None = None
+
+    async def wait(self) -> None:
+        self._future = asyncio.get_running_loop().create_future()
+        try:
+            await self._future
+        finally:
+            self._future = None
+
+    def set(self) -> None:
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
+
+
 class FrameConnection(asyncio.Protocol):
     """One end of a call-stream connection: `read` the next frame, `send` frames.
 
@@ -55,7 +76,7 @@ class FrameConnection(asyncio.Protocol):
         self._partial = bytearray()  # the start of a frame not received whole yet
         self._need = 0  # the bytes that frame takes, header included (4 while the header is short)
         self._frames: collections.deque[bytes] = collections.deque()
-        self._waiter: asyncio.Future | None = None
+        self._wakeup = Wakeup()
         self._error: Exception | None = None
         self._closed = False  # the other end closed, or the connection is lost
         self._pending: list[bytes] = []
@@ -123,16 +144,11 @@ class FrameConnection(asyncio.Protocol):
                 if self._partial:
                     raise ConnectionError("connection closed inside a frame")
                 return None
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._wakeup.wait()
         return self._frames.popleft()
 
     def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._wakeup.set()
 
     def _fail(self, err: Exception) -> None:
         self._error, self._closed = err, True

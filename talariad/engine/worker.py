@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from talariad.cold_sched import Idle
 from talariad.config import InstanceConfig, TalariaConfig
 from talariad.engine.events import done_event, refusal_event, token_event
+from talariad.engine.stream import Wakeup
 from talariad.engine.messages import ErrorEvent, GenerateRequest, StreamEvent, Telemetry, TokenEvent
 from talariad.instance import Executor, InstanceCall, InstanceCore, Refusal, StepPlan, StepResult
 from talariad.instance.rounds import RoundRecorder
@@ -27,24 +28,19 @@ class CallEvents:
     """One call's events, from the loop to the call's stream: `asyncio.Queue`'s `put_nowait` and
     `get` for one consumer, without a queue's locks and bookkeeping (a call makes one)."""
 
-    __slots__ = ("_items", "_waiter")
+    __slots__ = ("_items", "_wakeup")
 
     def __init__(self) -> None:
         self._items: collections.deque[StreamEvent] = collections.deque()
-        self._waiter: asyncio.Future | None = None
+        self._wakeup = Wakeup()
 
     def put_nowait(self, event: StreamEvent) -> None:
         self._items.append(event)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._wakeup.set()
 
     async def get(self) -> StreamEvent:
         while not self._items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._wakeup.wait()
         return self._items.popleft()
 
 

@@ -106,7 +106,7 @@ class CostModel:
         if now is None:
             return math.inf
         busy = self.placed.work_s((instance, None), now)  # type: ignore[arg-type]
-        return max(self.knobs.control_window_s - busy, 0.0)
+        return spare_of(busy, self.knobs.control_window_s)
 
     def retired(self, plan: CallPlan, inst: InstanceState, row: tuple) -> bool:
         """The retirement rule: a model resident (not active, not being opened) on a cold
@@ -148,16 +148,23 @@ class CostModel:
         makes more calls than this one: the contention it will meet, not only what runs now).
         A live lease is a return about to run there: its model's work, like a running call."""
         model, name = plan.call.model, inst.name
-        ov = inst.ov_model.get(model)
-        if row[15] is None or (ov is not None and ov[1]) or self.leases.count(name, model):
-            return 0.0  # a hot instance, or the model already has a slot in its rounds
+        if not self.adds_slot(inst, model, row):
+            return 0.0
         calls = row[15] + sum(r[1] for m, r in inst.ov_model.items() if m != model)
-        calls += self.leases.count(name)  # none of them is the model's (above)
+        calls += self.leases.count(name)  # none of them is the model's (`adds_slot`)
         if plan.now is None:
-            return float(calls)
+            return contenders_of(calls, None, self.knobs.retire_window_s)
         work = self.placed.work_s
         busy = work((name, None), plan.now) - work((name, model), plan.now)  # type: ignore[arg-type]
-        return max(float(calls), min(busy / self.knobs.retire_window_s, 1.0))
+        return contenders_of(calls, busy, self.knobs.retire_window_s)
+
+    def adds_slot(self, inst: InstanceState, model: str, row: tuple) -> bool:
+        """A call of `model` would add its slots to `inst`'s rounds: a cold instance where the
+        model has no call running, queued, forwarded or leased (`_other_calls` is None else)."""
+        if row[15] is None or self.leases.count(inst.name, model):
+            return False
+        ov = inst.ov_model.get(model)
+        return ov is None or not ov[1]
 
     def keep_cost_on(
         self, inst: InstanceState, model: str, prof: LatencyProfile, row: tuple
@@ -574,6 +581,19 @@ class PlacedWork(DemandTracker):
 
 
 _NO_NAMES: frozenset[str] = frozenset()
+
+
+def spare_of(busy_s: float, window_s: float) -> float:
+    """What an instance busy `busy_s` over the last window can absorb over the next one."""
+    return max(window_s - busy_s, 0.0)
+
+
+def contenders_of(calls: int, others_busy_s: float | None, window_s: float) -> float:
+    """`CostModel.contenders` from its inputs: the other models' calls there now, or, when more,
+    the share of the window their work kept the instance busy (None: no placement time)."""
+    if others_busy_s is None:
+        return float(calls)
+    return max(float(calls), min(others_busy_s / window_s, 1.0))
 
 
 def replica_facts(snap, model: str) -> tuple:

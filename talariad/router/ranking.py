@@ -24,7 +24,14 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from talariad.router.cost import CallPlan, CostModel, Inputs, _recompute_s
+from talariad.router.cost import (
+    CallPlan,
+    CostModel,
+    Inputs,
+    _recompute_s,
+    contenders_of,
+    spare_of,
+)
 from talariad.router.messages import CandidateCost, ModelResidency, ModelState
 from talariad.router.profiles import DemandTracker
 from talariad.types import KVState, Pool
@@ -245,10 +252,7 @@ class _Search:
             # wherever the model could add slots to other models' rounds: trim those too
             def contends(name: str) -> bool:
                 inst = every.get(name)
-                if inst not in members or inst.rows[model][15] is None:  # type: ignore[union-attr]
-                    return False
-                ov, held = inst.ov_model.get(model), counts.get(name)  # type: ignore[union-attr]
-                return not (ov is not None and ov[1]) and not (held and held.get(model))
+                return inst in members and cost.adds_slot(inst, model, inst.rows[model])  # type: ignore[union-attr]
 
             if retiring:
                 placed.trim_due(
@@ -364,12 +368,11 @@ class LazyCandidates(Sequence):
         if row[15] is not None and not (held and held.get(model)):
             # `CostModel.contenders`: no overlay call of the model here, so all of them are others'
             calls = row[15] + ov_calls + (held.get(None, 0) if held else 0)
-            if busy is None:  # no placement time
-                contenders = float(calls)
-            else:
+            share = None  # no placement time
+            if busy is not None:
                 total, own = busy.get(name, 0.0), kept.get(name, 0.0) if kept else 0.0
                 share = (0.0 if 0.0 > total else total) - (0.0 if 0.0 > own else own)
-                contenders = max(float(calls), min(share / cost.knobs.retire_window_s, 1.0))
+            contenders = contenders_of(calls, share, cost.knobs.retire_window_s)
         cand = cost.score(
             plan,
             Inputs(
@@ -391,7 +394,7 @@ class LazyCandidates(Sequence):
                 spare = math.inf
             else:
                 total = busy.get(name, 0.0)  # type: ignore[union-attr]
-                spare = max(cost.knobs.control_window_s - (0.0 if 0.0 > total else total), 0.0)
+                spare = spare_of(0.0 if 0.0 > total else total, cost.knobs.control_window_s)
             facts = (res, row[13], row[14])  # `replica_facts`
             if not cost.passes_eq2_on(plan, facts, res.state, cand, min(gain, spare)):
                 cand = cand._replace(feasible=False, reason="retired" if retired else "eq2")

@@ -226,36 +226,51 @@ def test_the_pruned_ranking_skips_instances_that_cannot_win_and_explains_them_on
     assert [c.instance for c in got.candidates] == list(NAMES)
 
 
+class _Lockstep:
+    """The pruned router and the reference (`rank_all`) fed the same events; `place` compares
+    their decisions, and `render=False` leaves the explanation unread (lazy)."""
+
+    def __init__(self, **router_args) -> None:
+        from tests.router.router_factories import Snaps, router
+
+        self.fast, self.ref = router(**router_args), router(**router_args)
+        self.ref._policy.ranker = rank_all
+        self._snaps = (Snaps(), Snaps())
+
+    def snap(self, name: str, now: float, **fields) -> None:
+        pairs = zip((self.fast, self.ref), self._snaps)
+        assert len({r.observe(make(name, now, **fields), now) for r, make in pairs}) == 1
+
+    def done(self, *args):
+        got, want = (r.completed(*args) for r in (self.fast, self.ref))
+        assert got == want
+        return got
+
+    def place(self, *args, render: bool = True):
+        got, want = (r.place(*args) for r in (self.fast, self.ref))
+        if render:
+            assert got == want
+        else:
+            assert (got.kind, got.instance, got.reason) == (want.kind, want.instance, want.reason)
+        return got, want
+
+
 def test_the_retired_fallback_reopens_as_the_reference_does_without_rendering():
     """Every replica in rotation infeasible: the cheapest retired replica reopens. The pruned
     ranking finds it among the instances it scored (a skipped one was infeasible anyway), the
     reference among all."""
-    from tests.router.router_factories import Snaps, call, router
+    from tests.router.router_factories import call
 
-    fast, ref = router(retire_window_s=10.0), router(retire_window_s=10.0)
-    ref._policy.ranker = rank_all
-    snaps = (Snaps(), Snaps())
-
-    def both(kind: str, *args, **fields):
-        out = []
-        for r, make in zip((fast, ref), snaps):
-            if kind == "snap":
-                name, now = args
-                out.append(r.observe(make(name, now, **fields), now))
-            else:
-                out.append(r.place(*args))
-        assert out[0] == out[1]
-        return out[0]
-
+    both = _Lockstep(retire_window_s=10.0)
     for name in ("a", "b", "d"):
-        both("snap", name, 0.0, state=ModelState.RESIDENT)
-    both("place", call("c1", session="s1"), 0.0)  # a keeps the model in rotation
-    both("snap", "a", 0.5, hbm_free_bytes=0)
-    both("snap", "c", 0.5)  # the model active there: in rotation once it serves
-    both("snap", "d", 0.5, state=ModelState.RESIDENT, hbm_free_bytes=0)  # retired, no room
-    assert both("place", call("c2", session="s2", prompt=20), 0.6).instance == "c"
-    both("snap", "c", 0.7, hbm_free_bytes=0)  # every replica in rotation over its budget
-    d = both("place", call("c3", session="s3", prompt=20), 0.8)
+        both.snap(name, 0.0, state=ModelState.RESIDENT)
+    both.place(call("c1", session="s1"), 0.0)  # a keeps the model in rotation
+    both.snap("a", 0.5, hbm_free_bytes=0)
+    both.snap("c", 0.5)  # the model active there: in rotation once it serves
+    both.snap("d", 0.5, state=ModelState.RESIDENT, hbm_free_bytes=0)  # retired, no room
+    assert both.place(call("c2", session="s2", prompt=20), 0.6)[0].instance == "c"
+    both.snap("c", 0.7, hbm_free_bytes=0)  # every replica in rotation over its budget
+    d = both.place(call("c3", session="s3", prompt=20), 0.8)[0]
     assert d.instance == "b" and "in-rotation replicas infeasible" in d.reason
 
 
@@ -350,37 +365,21 @@ def test_busy_instances_trims_and_counts_as_reading_every_window(evs):
 def test_an_explanation_read_later_shows_the_rotation_of_its_placement():
     """A skipped instance kept in the model's rotation at placement time (the work placed there
     covers what keeping the model costs) is explained so, even once that work left the window."""
-    from tests.router.router_factories import Snaps, call, router
+    from tests.router.router_factories import call
 
-    kn = dict(retire_window_s=10.0, hbm_price_s_per_gib=0.0, replica_penalty_s=0.0)
-    fast, ref = router(**kn), router(**kn)
-    ref._policy.ranker = rank_all
-    snaps = (Snaps(), Snaps())
-
-    def both(kind: str, *args, **fields):
-        out = []
-        for r, make in zip((fast, ref), snaps):
-            if kind == "snap":
-                name, now = args
-                out.append(r.observe(make(name, now, **fields), now))
-            elif kind == "done":
-                out.append(r.completed(*args))
-            else:
-                out.append(r.place(*args))
-        return out
-
-    both("snap", "a", 0.0, state=ModelState.RESIDENT)
-    first = both("place", call("c1", session=None, prompt=30_000), 0.0)  # 3 s of work on a
+    both = _Lockstep(retire_window_s=10.0, hbm_price_s_per_gib=0.0, replica_penalty_s=0.0)
+    both.snap("a", 0.0, state=ModelState.RESIDENT)
+    first = both.place(call("c1", session=None, prompt=30_000), 0.0, render=False)  # 3 s on a
     assert [d.instance for d in first] == ["a", "a"]
-    both("done", "c1", "a", KVState.DEVICE, 30_000, 0.5)
-    both("snap", "a", 1.0, state=ModelState.RESIDENT)
-    both("snap", "b", 1.0)
-    got, want = both("place", call("c2", session=None, prompt=20), 1.0)
+    both.done("c1", "a", KVState.DEVICE, 30_000, 0.5)
+    both.snap("a", 1.0, state=ModelState.RESIDENT)
+    both.snap("b", 1.0)
+    got, want = both.place(call("c2", session=None, prompt=20), 1.0, render=False)
     assert (got.instance, got.reason) == (want.instance, want.reason) and got.instance == "b"
     assert isinstance(got.candidates, LazyCandidates) and got.candidates._rendered is None
-    both("snap", "a", 10.5, state=ModelState.RESIDENT)
-    both("snap", "b", 10.5)
-    both("place", call("c3", session=None, prompt=20), 10.5)  # c1 left a's window, not c2
+    both.snap("a", 10.5, state=ModelState.RESIDENT)
+    both.snap("b", 10.5)
+    both.place(call("c3", session=None, prompt=20), 10.5, render=False)  # c1 left a's window
     assert tuple(got.candidates) == tuple(want.candidates)
     assert not next(c for c in got.candidates if c.instance == "a").needs_replica  # kept
 
@@ -415,55 +414,35 @@ def test_an_explanation_read_later_shows_the_contention_of_its_placement():
     """Skipped instances where the call's slots would delay other models' calls (their running
     calls, their recent work, their leases) are explained with the contention of the placement,
     even once those calls, leases and windows have moved on."""
-    from tests.router.router_factories import MODEL, PROFILE, Snaps, call, router
+    from tests.router.router_factories import MODEL, PROFILE, call
 
     other, both_models = "x", (MODEL, "x")
-    kn = dict(retire_window_s=10.0)
-    fast, ref = (router(profiles={MODEL: PROFILE, other: PROFILE}, **kn) for _ in range(2))
-    ref._policy.ranker = rank_all
-    snaps = (Snaps(), Snaps())
+    both = _Lockstep(profiles={MODEL: PROFILE, other: PROFILE}, retire_window_s=10.0)
+    fast, ref = both.fast, both.ref
     queued = ModelResidency(ModelState.ACTIVE, queued_tokens=30_000)  # bounded above a
-
-    def both(kind: str, *args, **fields):
-        out = []
-        for r, make in zip((fast, ref), snaps):
-            if kind == "snap":
-                name, now = args
-                out.append(r.observe(make(name, now, **fields), now))
-            elif kind == "done":
-                out.append(r.completed(*args))
-            else:
-                out.append(r.place(*args))
-        if kind == "place":  # not the candidates: that would render the explanation
-            assert [(d.kind, d.instance, d.reason) for d in out[:1]] == [
-                (d.kind, d.instance, d.reason) for d in out[1:]
-            ]
-        else:
-            assert out[0] == out[1]
-        return out
 
     def residency(running: int = 0):
         return {MODEL: queued, other: ModelResidency(ModelState.ACTIVE, running_calls=running)}
 
     for name in ("c", "d"):
-        both("snap", name, 0.0, models=residency(), allowed=(other,))
-    one = both("place", call("o1", session=None, prompt=40_000, model=other), 0.0)[0]
-    two = both("place", call("o2", session="so", prompt=40_000, model=other), 0.0)[0]
+        both.snap(name, 0.0, models=residency(), allowed=(other,))
+    one = both.place(call("o1", session=None, prompt=40_000, model=other), 0.0, render=False)[0]
+    two = both.place(call("o2", session="so", prompt=40_000, model=other), 0.0, render=False)[0]
     assert {one.instance, two.instance} == {"c", "d"}
-    both("done", "o1", one.instance, KVState.DEVICE, 40_000, 0.5)
-    both("done", "o2", two.instance, KVState.DEVICE, 40_000, 0.5)  # a lease of x there
-    both("snap", "a", 1.0, allowed=both_models)  # idle: where the model's calls go
-    both("snap", "b", 1.0, models=residency(running=2), allowed=both_models)
+    both.done("o1", one.instance, KVState.DEVICE, 40_000, 0.5)
+    both.done("o2", two.instance, KVState.DEVICE, 40_000, 0.5)  # a lease of x there
+    both.snap("a", 1.0, allowed=both_models)  # idle: where the model's calls go
+    both.snap("b", 1.0, models=residency(running=2), allowed=both_models)
     for name in ("c", "d"):
-        both("snap", name, 1.0, models=residency(), allowed=both_models)
-    got, want = both("place", call("m1", session="s1"), 1.0)
+        both.snap(name, 1.0, models=residency(), allowed=both_models)
+    got, want = both.place(call("m1", session="s1"), 1.0, render=False)
     assert got.instance == "a"
     assert isinstance(got.candidates, LazyCandidates) and got.candidates._rendered is None
     # later: more work of x placed and completed, leases taken, windows emptied
-    both("snap", "a", 2.0, models=residency(), allowed=both_models)
-    three = both("place", call("o3", session="so", prompt=1_000, model=other), 2.0)[0]
-    both("done", "o3", three.instance, KVState.DEVICE, 1_000, 2.5)
-    both("place", call("m2", session="s2"), 30.0)
+    both.snap("a", 2.0, models=residency(), allowed=both_models)
+    three = both.place(call("o3", session="so", prompt=1_000, model=other), 2.0, render=False)[0]
+    both.done("o3", three.instance, KVState.DEVICE, 1_000, 2.5)
+    both.place(call("m2", session="s2"), 30.0, render=False)
     for r in (fast, ref):  # what a later placement reads: x's work left every window
         assert [r._cost.spare_s(name, 30.0) for name in "bcd"] == [30.0] * 3
         assert r._cost.placed.work_s(("c", None), 30.0) == 0.0  # exactly: not a residue
