@@ -80,7 +80,6 @@ class FrameConnection(asyncio.Protocol):
         self._error: Exception | None = None
         self._closed = False  # the other end closed, or the connection is lost
         self._pending: list[bytes] = []
-        self._paused: asyncio.Future | None = None  # set while the transport's buffer is full
 
     # -- asyncio.Protocol
 
@@ -118,22 +117,8 @@ class FrameConnection(asyncio.Protocol):
         if exc is not None and self._error is None:
             self._error = exc
         self._wake()
-        if self._paused is not None and not self._paused.done():
-            self._paused.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._paused = asyncio.get_running_loop().create_future()
-
-    def resume_writing(self) -> None:
-        if self._paused is not None and not self._paused.done():
-            self._paused.set_result(None)
-        self._paused = None
 
     # -- reading
-
-    def at_eof(self) -> bool:
-        """The other end is gone (it sends nothing mid-call, so mid-call this means it left)."""
-        return self._closed
 
     async def read(self) -> bytes | None:
         """The next frame's payload; None at a clean EOF between frames."""
@@ -173,13 +158,6 @@ class FrameConnection(asyncio.Protocol):
                 self.transport.write(b"".join(self._pending))
             self._pending.clear()
 
-    async def drain(self) -> None:
-        """Wait while the transport's buffer is full; ConnectionResetError once it is lost."""
-        if self._closed and self.transport.is_closing():
-            raise ConnectionResetError("Connection lost")
-        if self._paused is not None:
-            await self._paused
-
     def usable(self) -> bool:
         return not self._closed and not self.transport.is_closing()
 
@@ -192,7 +170,7 @@ class FrameConnection(asyncio.Protocol):
 
 
 async def serve(worker, path: str) -> asyncio.AbstractServer:
-    """Serve `worker.generate` on a unix socket at `path` (owner-only)."""
+    """Serve `worker`'s calls (`start`, `cancel`) on a unix socket at `path` (owner-only)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     loop = asyncio.get_running_loop()
@@ -202,52 +180,70 @@ async def serve(worker, path: str) -> asyncio.AbstractServer:
 
 
 class _Served(FrameConnection):
-    """An instance's end of one connection: its calls run one after another in one task."""
+    """An instance's end of one connection. A request frame is admitted as it arrives, and the
+    worker's loop hands the call's events straight to `put_nowait`, which sends them: no task per
+    connection or call, so an event costs no wake-up of a reader. Calls run one after another; a
+    gateway that leaves mid-call (EOF, a lost connection) cancels its call."""
 
     def __init__(self, worker) -> None:
         super().__init__()
         self.worker = worker
+        self.call_id: str | None = None
+        """The call running on this connection; None between calls."""
 
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        self.task = asyncio.get_running_loop().create_task(_connection(self.worker, self))
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._next()
 
+    def eof_received(self) -> bool:
+        self._left()
+        return super().eof_received()
 
-async def _connection(worker, conn: FrameConnection) -> None:
-    try:
-        while (payload := await conn.read()) is not None:
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._left()
+        super().connection_lost(exc)
+
+    def put_nowait(self, event: StreamEvent) -> None:
+        """The live call's next event (from the worker's loop: `worker.EventSink`)."""
+        self.send(event.model_dump_json().encode())
+        if not isinstance(event, TokenEvent):  # the call is over: its frames leave now
+            self.flush()
+            ended, self.call_id = self.call_id, None
+            # ended by an error while live (an abort), or more requests queued: see to them after
+            # the loop's step, which may be walking the worker's calls
+            if ended in self.worker.calls or self._frames:
+                asyncio.get_running_loop().call_soon(self._after, ended)
+
+    def _after(self, ended: str | None) -> None:
+        if ended is not None:
+            self.worker.cancel(ended)
+        self._next()
+
+    def _next(self) -> None:
+        """Start the next requested call unless one is running."""
+        while self.call_id is None and self._frames and not self._closed:
+            payload = self._frames.popleft()
             try:
                 req = GenerateRequest.model_validate_json(payload)
             except ValidationError as err:
                 bad = ErrorEvent(
                     status=400, code="invalid_request", message=f"bad generate request: {err}"
                 )
-                conn.write(bad.model_dump_json().encode())
-                break
-            if not await _one_call(worker, req, conn):
-                break
-    except ConnectionError as err:
-        log.debug("call stream closed: %s", err)
-    except asyncio.CancelledError:  # the instance is shutting down; nothing awaits this task
-        pass
-    finally:
-        conn.close()
+                self.write(bad.model_dump_json().encode())
+                self.close()
+                return
+            refused = self.worker.start(req, self)
+            if refused is not None:
+                self.send(refused.model_dump_json().encode())
+                self.flush()
+            else:
+                self.call_id = req.call_id
 
-
-async def _one_call(worker, req: GenerateRequest, conn: FrameConnection) -> bool:
-    """Stream one call's events; False when the gateway went away (the call is then cancelled).
-    The gateway sends nothing mid-call, so its side at EOF means it left."""
-    events = worker.generate(req)
-    try:
-        async for ev in events:
-            conn.send(ev.model_dump_json().encode())
-            if conn.at_eof():
-                return False
-            await conn.drain()
-        return not conn.at_eof()
-    finally:
-        conn.flush()
-        await events.aclose()  # on a disconnect this cancels the call in the worker
+    def _left(self) -> None:
+        if self.call_id is not None:
+            ended, self.call_id = self.call_id, None
+            log.debug("call stream closed mid-call %s", ended)
+            self.worker.cancel(ended)
 
 
 # ---- gateway side -------------------------------------------------------------------------------

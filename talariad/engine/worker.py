@@ -11,6 +11,7 @@ import collections
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from talariad.cold_sched import Idle
 from talariad.config import InstanceConfig, TalariaConfig
@@ -22,6 +23,13 @@ from talariad.instance.rounds import RoundRecorder
 from talariad.knobs import config_sched_knobs
 
 log = logging.getLogger("talariad.engine")
+
+
+class EventSink(Protocol):
+    """Where the loop hands one call's events (`Worker.start`); called from the loop, so it must
+    not wait or start or end calls itself."""
+
+    def put_nowait(self, event: StreamEvent) -> None: ...
 
 
 class CallEvents:
@@ -66,7 +74,7 @@ class Worker:
             max_context=limits,
             recorder=RoundRecorder(),
         )
-        self.queues: dict[str, CallEvents] = {}
+        self.queues: dict[str, EventSink] = {}
         self._t0 = clock()
         self._wake = asyncio.Event()
 
@@ -122,22 +130,36 @@ class Worker:
         finally:
             timer.cancel()
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
+    def start(self, req: GenerateRequest, events: EventSink) -> ErrorEvent | None:
+        """Admit `req`; the loop hands its events to `events.put_nowait` as they come, the last one
+        a `DoneEvent` or `ErrorEvent`. The refusal's event when the core refuses the call."""
         call = self.core.admit(req, self.now())
         if isinstance(call, Refusal):
-            yield refusal_event(call)
-            return
-        queue = self.queues[req.call_id] = CallEvents()
+            return refusal_event(call)
+        self.queues[req.call_id] = events
         self._wake.set()
+        return None
+
+    def cancel(self, call_id: str) -> None:
+        """The client went away: drop the call if it has not started, else stop it at its next
+        step (its last event still comes); nothing if it is over."""
+        if call_id in self.core.calls and self.core.cancel(call_id, self.now()):
+            self.queues.pop(call_id, None)
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
+        queue = CallEvents()
+        refused = self.start(req, queue)
+        if refused is not None:
+            yield refused
+            return
         try:
             while True:
                 event = await queue.get()
                 yield event
                 if not isinstance(event, TokenEvent):
                     return
-        finally:  # the client went away: drop what has not started, stop the rest at its next step
-            if req.call_id in self.core.calls and self.core.cancel(req.call_id, self.now()):
-                self.queues.pop(req.call_id, None)
+        finally:
+            self.cancel(req.call_id)
 
     def abort_all(self, message: str) -> int:
         """End every live call with an error event; each call's stream then cancels it."""
