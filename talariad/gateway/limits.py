@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 from talariad.config import LimitsConfig
 from talariad.gateway.errors import APIError, error_response
+from talariad.gateway.schemas import body_field
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -106,9 +107,9 @@ def screen(body, limits: LimitsConfig, raw: bytes | None = None) -> None:
     `raw`: the JSON text the body was parsed from, when there is one; a short one without escaped
     surrogates passes the string checks without a walk over the body."""
     for field, (used, why) in UNSUPPORTED.items():
-        if used(getattr(body, field, None)):  # a declared field or an extra one; None if absent
+        if used(body_field(body, field)):  # a declared field or an extra one; None if absent
             raise APIError(400, f"{field}: {why}", param=field, code="unsupported_parameter")
-    count = len(getattr(body, "messages", None) or ())
+    count = len(body_field(body, "messages") or ())
     if count > limits.max_messages:
         raise APIError(
             400,

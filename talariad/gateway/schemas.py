@@ -17,6 +17,20 @@ class OpenBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+def body_field(body: BaseModel, name: str, default: Any = None) -> Any:
+    """A request body's field `name`, declared or extra, else `default`: what `getattr(body, name,
+    default)` gives, without pydantic's attribute fallback, which raises and catches an
+    AttributeError for each absent name (several per call at the edge)."""
+    value = body.__dict__.get(name, _ABSENT)
+    if value is _ABSENT:
+        extra = body.__pydantic_extra__
+        return extra.get(name, default) if extra else default
+    return value
+
+
+_ABSENT = object()
+
+
 class ContentPart(OpenBody):
     type: str
     text: str | None = None
