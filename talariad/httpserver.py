@@ -48,13 +48,16 @@ class _HeadTimeout(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._head_bytes is not None:
-            if self._head_timer is None and self._idle():
-                self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timeout)
             self._head_bytes += len(data)
         super().data_received(data)
-        if self._head_bytes is not None and self._head_bytes > self.max_head_bytes:
-            if not self.transport.is_closing():
-                self.send_400_response("Invalid HTTP request received.")
+        if self._head_bytes is None or self.transport.is_closing():
+            return
+        if self._head_bytes > self.max_head_bytes:
+            self.send_400_response("Invalid HTTP request received.")
+        elif self._head_timer is None and self._idle():
+            # armed after the read, and only if it left a head unfinished: a head that comes
+            # whole in one read (nearly every one) costs no timer
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timeout)
 
     def on_headers_complete(self) -> None:
         self._disarm()

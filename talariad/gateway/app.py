@@ -738,57 +738,7 @@ def build_app(gw: Gateway) -> FastAPI:
     app.add_middleware(_CountResponses, counter=gw.metrics.responses)
     app.add_middleware(limits.BodyLimit, max_bytes=lambda: gw.cfg.limits.max_body_bytes)
     app.add_middleware(APIKeys, keys=lambda: gw.api_keys)
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        """Liveness: answered while the daemon's loop runs (readiness is /ready)."""
-        rows = gw.describe()
-        return JSONResponse(
-            {
-                "status": "ok",
-                "instances_ready": [r["name"] for r in rows if r["ready"]],
-                "instances": rows,
-            }
-        )
-
-    @app.get("/ready")
-    async def ready() -> JSONResponse:
-        """Readiness: 200 when every configured model has at least one ready instance."""
-        serving = {
-            m.name: [i.name for i in gw.cfg.instances if m.name in i.models and gw.ready(i.name)]
-            for m in gw.cfg.models
-        }
-        ok = all(serving.values())
-        return JSONResponse(
-            {
-                "status": "ready" if ok else "not_ready",
-                "models": serving,
-                "instances": gw.describe(),
-            },
-            status_code=200 if ok else 503,
-        )
-
-    @app.get("/v1/models")
-    async def models() -> dict:
-        """Every model, with its aliases; exact aliases are listed as models of their own too."""
-        data = []
-        for m in gw.cfg.models:
-            entry = {
-                "id": m.name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "talaria",
-                "max_model_len": m.max_context,
-                "status": gw.residency(m.name),
-                "aliases": list(m.aliases),
-            }
-            data.append(entry)
-            data += [
-                {**entry, "id": a, "alias_of": m.name, "aliases": []}
-                for a in m.aliases
-                if not any(c in a for c in "*?[")
-            ]
-        return {"object": "list", "data": data}
+    # routes match in the order they are added: the calls first, the probes after
 
     @post_json(app, "/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -859,6 +809,57 @@ def build_app(gw: Gateway) -> FastAPI:
         """OpenAI Responses (Codex): one respond path with chat, Responses shapes and events."""
         call = _responses_call(gw, body, request.headers, await request.body())
         return await _respond(call, _responses_stream, _responses_body)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        """Liveness: answered while the daemon's loop runs (readiness is /ready)."""
+        rows = gw.describe()
+        return JSONResponse(
+            {
+                "status": "ok",
+                "instances_ready": [r["name"] for r in rows if r["ready"]],
+                "instances": rows,
+            }
+        )
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """Readiness: 200 when every configured model has at least one ready instance."""
+        serving = {
+            m.name: [i.name for i in gw.cfg.instances if m.name in i.models and gw.ready(i.name)]
+            for m in gw.cfg.models
+        }
+        ok = all(serving.values())
+        return JSONResponse(
+            {
+                "status": "ready" if ok else "not_ready",
+                "models": serving,
+                "instances": gw.describe(),
+            },
+            status_code=200 if ok else 503,
+        )
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        """Every model, with its aliases; exact aliases are listed as models of their own too."""
+        data = []
+        for m in gw.cfg.models:
+            entry = {
+                "id": m.name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "talaria",
+                "max_model_len": m.max_context,
+                "status": gw.residency(m.name),
+                "aliases": list(m.aliases),
+            }
+            data.append(entry)
+            data += [
+                {**entry, "id": a, "alias_of": m.name, "aliases": []}
+                for a in m.aliases
+                if not any(c in a for c in "*?[")
+            ]
+        return {"object": "list", "data": data}
 
     @app.get("/metrics")
     async def metrics() -> Response:
