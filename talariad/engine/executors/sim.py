@@ -12,6 +12,7 @@ Like a real model it ends its turn: each call's answer length is drawn (from the
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import re
@@ -64,7 +65,14 @@ def _prompt_state(prompt_tokens: list[str], seed: int | None) -> int:
 
 def answer_length(prompt_tokens: list[str], seed: int | None) -> int:
     """How many tokens this call's answer has before the model ends its turn (deterministic)."""
-    return OUTPUT_TOKENS.sample_int(np.random.default_rng(_prompt_state(prompt_tokens, seed)))
+    return _sampled_length(_prompt_state(prompt_tokens, seed))
+
+
+@functools.lru_cache(maxsize=4096)
+def _sampled_length(state: int) -> int:
+    """A numpy generator costs tens of microseconds to seed: a prompt seen again (a retry, a
+    replayed trace, a benchmark) is answered from the cache."""
+    return OUTPUT_TOKENS.sample_int(np.random.default_rng(state))
 
 
 def placeholder_words(prompt_tokens: list[str], n: int, seed: int | None) -> list[str]:
