@@ -181,14 +181,14 @@ async def serve(worker, path: str) -> asyncio.AbstractServer:
 
 class _Served(FrameConnection):
     """An instance's end of one connection. A request frame is admitted as it arrives, and the
-    worker's loop hands the call's events straight to `put_nowait`, which sends them: no task per
-    connection or call, so an event costs no wake-up of a reader. Calls run one after another; a
-    gateway that leaves mid-call (EOF, a lost connection) cancels its call."""
+    worker's loop hands the call's events straight to its `_CallEvents`, which sends them: no task
+    per connection or call, so an event costs no wake-up of a reader. Calls run one after another;
+    a gateway that leaves mid-call (EOF, a lost connection) cancels its call."""
 
     def __init__(self, worker) -> None:
         super().__init__()
         self.worker = worker
-        self.call_id: str | None = None
+        self.call: _CallEvents | None = None
         """The call running on this connection; None between calls."""
 
     def data_received(self, data: bytes) -> None:
@@ -203,25 +203,25 @@ class _Served(FrameConnection):
         self._left()
         super().connection_lost(exc)
 
-    def put_nowait(self, event: StreamEvent) -> None:
-        """The live call's next event (from the worker's loop: `worker.EventSink`)."""
+    def deliver(self, call: _CallEvents, event: StreamEvent) -> None:
+        if call is not self.call:
+            return  # a late event of a call already ended here (aborted, or the gateway left)
         self.send(event.model_dump_json().encode())
         if not isinstance(event, TokenEvent):  # the call is over: its frames leave now
             self.flush()
-            ended, self.call_id = self.call_id, None
+            self.call = None
             # ended by an error while live (an abort), or more requests queued: see to them after
             # the loop's step, which may be walking the worker's calls
-            if ended in self.worker.calls or self._frames:
-                asyncio.get_running_loop().call_soon(self._after, ended)
+            if call.call_id in self.worker.calls or self._frames:
+                asyncio.get_running_loop().call_soon(self._after, call.call_id)
 
-    def _after(self, ended: str | None) -> None:
-        if ended is not None:
-            self.worker.cancel(ended)
+    def _after(self, ended: str) -> None:
+        self.worker.cancel(ended)
         self._next()
 
     def _next(self) -> None:
         """Start the next requested call unless one is running."""
-        while self.call_id is None and self._frames and not self._closed:
+        while self.call is None and self._frames and not self._closed:
             payload = self._frames.popleft()
             try:
                 req = GenerateRequest.model_validate_json(payload)
@@ -232,18 +232,31 @@ class _Served(FrameConnection):
                 self.write(bad.model_dump_json().encode())
                 self.close()
                 return
-            refused = self.worker.start(req, self)
+            call = _CallEvents(self, req.call_id)
+            refused = self.worker.start(req, call)
             if refused is not None:
                 self.send(refused.model_dump_json().encode())
                 self.flush()
             else:
-                self.call_id = req.call_id
+                self.call = call
 
     def _left(self) -> None:
-        if self.call_id is not None:
-            ended, self.call_id = self.call_id, None
-            log.debug("call stream closed mid-call %s", ended)
-            self.worker.cancel(ended)
+        if self.call is not None:
+            call, self.call = self.call, None
+            log.debug("call stream closed mid-call %s", call.call_id)
+            self.worker.cancel(call.call_id)
+
+
+class _CallEvents:
+    """One call's events on its connection (the worker's `EventSink`)."""
+
+    __slots__ = ("conn", "call_id")
+
+    def __init__(self, conn: _Served, call_id: str) -> None:
+        self.conn, self.call_id = conn, call_id
+
+    def put_nowait(self, event: StreamEvent) -> None:
+        self.conn.deliver(self, event)
 
 
 # ---- gateway side -------------------------------------------------------------------------------

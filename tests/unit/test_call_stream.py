@@ -213,3 +213,23 @@ async def test_a_failed_hop_is_an_error_event_naming_the_instance(served):
     (ev,) = [e async for e in client.generate(path, _req("c3"), "cold0")]
     assert isinstance(ev, ErrorEvent) and "cold0" in ev.message
     far.close()
+
+
+async def test_an_aborted_call_ends_with_its_error_and_the_connection_serves_the_next(served):
+    worker, path, client, _ = served
+    events = client.generate(path, _req("long", max_tokens=2000))
+    assert isinstance(await anext(events), TokenEvent)
+    assert worker.abort_all("shutting down") == 1
+    rest = [ev async for ev in events]
+    assert isinstance(rest[-1], ErrorEvent) and rest[-1].code == "shutting_down"
+    (conn,) = client.idle[path]  # the error ended the call cleanly: the connection is kept
+    # at once, while the aborted call may still be stopping: none of its late events leak into
+    # the next call's stream on the same connection
+    events = await _all(client, path, _req("next"))
+    assert [type(e) for e in events] == [TokenEvent] * 3 + [DoneEvent]
+    assert events[-1].usage.completion_tokens == 3 and client.idle[path] == [conn]
+    for _ in range(300):
+        if not worker.calls:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.calls == {} and worker.queues == {}
