@@ -8,7 +8,8 @@ import inspect
 import socket
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
+from fastapi.dependencies.utils import get_typed_return_annotation
 from fastapi.routing import APIRoute
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -155,10 +156,15 @@ class JSONBodyRoute(APIRoute):
     it at once, without FastAPI's generic body handling (content-type parsing, `json.loads`, then
     validation) and dependency solving, which cost more than the rest of the framework per call.
     Any other body takes FastAPI's own path, which answers it exactly as before (its errors, its
-    content types). The endpoint takes the body and, optionally, the `Request`; nothing else."""
+    content types). The endpoint takes the body and, optionally, the `Request`, and returns a
+    `Response`; any other endpoint is served by FastAPI's path alone."""
 
     def get_route_handler(self):
         standard = super().get_route_handler()
+        answers = get_typed_return_annotation(self.endpoint)
+        responds = isinstance(answers, type) and issubclass(answers, Response)
+        if len(self.dependant.body_params) != 1 or not responds:
+            return standard  # the shape this route is for: one body model in, a Response out
         (field,) = self.dependant.body_params
         model, name = field.field_info.annotation, field.name
         given = self.dependant.request_param_name

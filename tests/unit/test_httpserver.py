@@ -7,7 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
 from talariad import httpserver
+from talariad.gateway import errors
 
 
 async def _app(scope, receive, send):
@@ -81,3 +87,41 @@ def test_apps_leave_fastapis_opentelemetry_hooks_off():
     telemetry = getattr(app, "_telemetry", None)  # FastAPI versions with native OpenTelemetry
     if telemetry is not None:
         assert not (telemetry["tracing"] or telemetry["metrics"] or telemetry["logs"])
+
+
+class _Body(BaseModel):
+    model: str
+    n: int = Field(default=1, ge=1)
+
+
+async def test_a_json_body_route_answers_every_body_as_fastapis_own_route_does():
+    app = httpserver.fastapi_app()
+    errors.install(app)
+
+    async def echo(body: _Body, request: Request) -> JSONResponse:
+        return JSONResponse({"chars": len(body.model), "n": body.n, "path": request.url.path})
+
+    httpserver.post_json(app, "/fast")(echo)
+    app.post("/plain")(echo)
+    bodies = [
+        (b'{"model": "m", "n": 2}', "application/json"),
+        (b'{"model": "m", "n": 0}', "application/json"),  # a validation error
+        (b'{"n": 2}', "application/json"),  # a missing field
+        (b'{"model": "m", "n": 2', "application/json"),  # not JSON
+        (b'{"model": "\\ud800"}', "application/json"),  # a lone surrogate escape
+        (b'{"model": "a\xff"}', "application/json"),  # not UTF-8
+        (b"", "application/json"),
+        (b'{"model": "m"}', "application/json; charset=utf-8"),
+        (b'{"model": "m"}', "text/plain"),
+    ]
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        for content, kind in bodies:
+            headers = {"content-type": kind}
+            fast = await client.post("/fast", content=content, headers=headers)
+            plain = await client.post("/plain", content=content, headers=headers)
+            assert fast.status_code == plain.status_code, content
+            if fast.status_code == 200:
+                assert fast.json() == {**plain.json(), "path": "/fast"}, content
+            else:
+                assert fast.json() == plain.json(), content
