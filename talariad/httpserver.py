@@ -163,7 +163,7 @@ class JSONBodyRoute(APIRoute):
         standard = super().get_route_handler()
         answers = get_typed_return_annotation(self.endpoint)
         responds = isinstance(answers, type) and issubclass(answers, Response)
-        if len(self.dependant.body_params) != 1 or not responds:
+        if not responds or not _body_and_request_only(self.dependant):
             return standard  # the shape this route is for: one body model in, a Response out
         (field,) = self.dependant.body_params
         model, name = field.field_info.annotation, field.name
@@ -180,6 +180,16 @@ class JSONBodyRoute(APIRoute):
             return await standard(request)
 
         return handler
+
+
+def _body_and_request_only(dependant) -> bool:
+    """The endpoint takes one body model and perhaps the `Request`, and nothing FastAPI would have
+    to solve (path, query, header or cookie parameters, dependencies, a response or background
+    tasks parameter): the fast path passes it only those two."""
+    d = dependant
+    others = (d.path_params, d.query_params, d.header_params, d.cookie_params, d.dependencies)
+    special = (d.response_param_name, d.background_tasks_param_name, d.websocket_param_name)
+    return len(d.body_params) == 1 and not any(others) and not any(special)
 
 
 def bind(host: str, port: int) -> socket.socket:
