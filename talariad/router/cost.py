@@ -18,10 +18,12 @@ base load admits any single call, so a call whose own prefill exceeds γ·TTFT i
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import defaultdict, deque
 from typing import NamedTuple
 
+from talariad.router.bounds import BoundIndex, BoundOrder
 from talariad.router.knobs import RouterKnobs
 from talariad.router.messages import CallRequest, CandidateCost, ModelResidency, ModelState
 from talariad.router.profiles import DemandTracker, ProfileBook, switch_estimate
@@ -74,6 +76,7 @@ class CostModel:
         # work forwarded per (instance, model) and per model over the retirement window
         self.placed = PlacedWork(knobs.retire_window_s)
         self._keep: dict[tuple[str, str], tuple] = {}  # `keep_cost_on`'s cache
+        self._bounds = BoundIndex()
 
     def plan(self, call: CallRequest, now: float | None = None) -> CallPlan:
         prof, suffix = self.profiles.get(call.model), call.prompt_tokens - call.prefix_tokens
@@ -227,13 +230,33 @@ class CostModel:
             self.contenders(plan, inst, row),
         )
 
-    def prime(self, inst: InstanceState) -> None:
-        """Compute a new snapshot's cost rows now rather than in the next placements."""
+    def prime(self, inst: InstanceState, every: InstanceBook) -> None:
+        """Compute a new snapshot's cost rows and bounds now rather than in the next
+        placements (`inst` just took the snapshot that made `every`'s latest generation)."""
         for model in inst.allowed:
             prof = self.profiles.get(model)
             row = self._row(inst, model, prof)
             if row[3] is ModelState.RESIDENT:  # what the retirement rule compares with
                 self.keep_cost_on(inst, model, prof, row)
+        keys = {model: self._bound_key(model) for model in self._bounds.models()}
+        self._bounds.update(inst, every, keys)
+
+    def bound_order(self, model: str, every: InstanceBook) -> BoundOrder:
+        """The instances allowed `model` in ascending order of their lower bound of Eq. (1)."""
+        prof = self.profiles.get(model)
+        return self._bounds.get(
+            model, self._bound_key(model), every, lambda inst: self.row(inst, model, prof)
+        )
+
+    def _bound_key(self, model: str) -> tuple:
+        prof = self.profiles.get(model)
+        return (self.profiles.epoch, prof.prefill_s_per_token, self.knobs.residency_terms)
+
+    def check_integrity(self, every: InstanceBook) -> None:
+        keys = {model: self._bound_key(model) for model in self._bounds.models()}
+        self._bounds.check_integrity(
+            every, keys, lambda inst, model: self.row(inst, model, self.profiles.get(model))
+        )
 
     def row(self, inst: InstanceState, model: str, prof: LatencyProfile) -> tuple:
         row = inst.rows.get(model)
@@ -421,10 +444,11 @@ class CostModel:
         order). While no forward kept any busy, every open replica is in rotation (nothing is
         retired then: `retired`; O(instances), read only when Eq. (2) must decide)."""
         names = self.placed.busy_names(model, instances, now)
+        window = self.knobs.control_window_s
         if names:
-            return len(names), sum(self.spare_s(name, now) for name in sorted(names))
+            return len(names), self.placed.spare_total(sorted(names), now, window)
         opened = [i.name for i in instances.all() if model in i.open_share]
-        return len(opened), sum(self.spare_s(name, now) for name in opened)
+        return len(opened), self.placed.spare_total(opened, now, window)
 
     def _replica_cost(
         self, model: str, prof: LatencyProfile, state: ModelState, facts: tuple, activation: float
@@ -518,6 +542,14 @@ class PlacedWork(DemandTracker):
             at.popleft()
             self._trim((of.popleft(), None), now)
 
+    def spare_total(self, names: list[str], now: float, window_s: float) -> float:
+        """`sum(spare_of(work_s((name, None), now), window_s) for name in names)`, read from
+        `busy` once `advance` trimmed every window (one pass: this runs when Eq. (2) decides)."""
+        self.advance(now)
+        busy = self.busy
+        spare = [window_s - (0.0 if 0.0 > b else b) for b in map(busy.get, names, _ZEROS)]
+        return sum([0.0 if 0.0 > s else s for s in spare])  # `spare_of`, inlined
+
     def _trim(self, model, now: float) -> None:  # every change of a sum ends here (`record` too)
         super()._trim(model, now)
         if type(model) is tuple:
@@ -581,6 +613,7 @@ class PlacedWork(DemandTracker):
 
 
 _NO_NAMES: frozenset[str] = frozenset()
+_ZEROS = itertools.repeat(0.0)  # the default of every `busy` read
 
 
 def spare_of(busy_s: float, window_s: float) -> float:

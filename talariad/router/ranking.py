@@ -24,6 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from talariad.router.bounds import BoundOrder
 from talariad.router.cost import (
     CallPlan,
     CostModel,
@@ -88,24 +89,28 @@ def rank(
     k, prof = cost.knobs, plan.profile
     if not prof.decode_s_per_seq >= 0.0 or not k.admission_unit_s >= 0.0:
         return rank_all(cost, plan, insts, every, demand, now)  # the bound needs these terms >= 0
-    search = _Search(cost, plan, every, demand, now, len(insts))
-    bounds, idxs = search.score_special(insts)
+    search = _Search(cost, plan, every, demand, now, insts)
+    order = cost.bound_order(plan.call.model, every)
+    search.score_special(order)
     common = plan.prefill_s + plan.decode_s + plan.call.max_tokens * prof.decode_s_per_seq
     if k.residency_terms:
         common += _recompute_s(plan, plan.call.prefix_tokens)
-    order = sorted(range(len(bounds)), key=bounds.__getitem__)  # stable: ties keep name order
-    skipped: list[int] = []
+    scored, members, named = search.scored, search.members, order.named
+    skipped = False
     infeasible = search.infeasible_test()
-    for n, j in enumerate(order):
-        bound, idx = bounds[j] + common, idxs[j]
+    for bound, name in order.entries:  # ties in name order
+        inst = named[name][0]
+        if inst not in members or inst in scored:
+            continue
+        bound += common
         if search.best is not None:
             if _above(bound, search.best):  # every later one is bounded as high
-                skipped += [idxs[m] for m in order[n:]]
+                skipped = True
                 break
-        elif _above(bound, search.cheapest) and infeasible(insts[idx]):
-            skipped.append(idx)  # cannot win, nor be the spill target
+        elif _above(bound, search.cheapest) and infeasible(inst):
+            skipped = True  # cannot win, nor be the spill target
             continue
-        search.score(idx, insts[idx])
+        search.score(inst)
     return search.result(insts, skipped)
 
 
@@ -118,11 +123,11 @@ class _Search:
         "every",
         "demand",
         "now",
+        "members",
         "scored",
         "best",
         "cheapest",
         "retired",
-        "seen",
         "_gain",
     )
 
@@ -133,14 +138,14 @@ class _Search:
         every: InstanceBook,
         demand: DemandTracker,
         now: float,
-        n: int,
+        insts: list[InstanceState],
     ) -> None:
         self.cost, self.plan, self.every, self.demand, self.now = cost, plan, every, demand, now
-        self.scored: list[CandidateCost | None] = [None] * n
+        self.members = set(insts)
+        self.scored: dict[InstanceState, CandidateCost] = {}  # few
         self.best: CandidateCost | None = None
         self.cheapest: CandidateCost | None = None  # feasible or not
         self.retired: CandidateCost | None = None  # the cheapest refused as a retired replica
-        self.seen: list[str] = []  # the scored instances' names (few)
         self._gain: float | None = None
 
     def gain(self) -> float:
@@ -148,52 +153,32 @@ class _Search:
             self._gain = self.cost.replica_gain(self.plan, self.every, self.demand, self.now)
         return self._gain
 
-    def score_special(self, insts: list[InstanceState]) -> tuple[list[float], list[int]]:
-        """Score the instances whose cost the bound does not cover; the bounds and indexes of
-        the rest."""
-        # NOTE: whole-list comprehensions, not one loop over the instances: this runs for every
-        # instance of every placement
-        cost, plan = self.cost, self.plan
-        model, key, rec, prof = plan.call.model, plan.key, plan.kv_record, plan.profile
-        ppt, epoch = prof.prefill_s_per_token, cost.profiles.epoch
-        rows = [inst.rows.get(model) for inst in insts]
-        for j, row in enumerate(rows):
-            if row is None or row[0] != epoch:
-                rows[j] = cost.row(insts[j], model, prof)
-        special = [
-            j
-            for j, inst in enumerate(insts)
-            if (ov := inst.ov_model.get(model)) is not None and (ov[0] or ov[1] or ov[2])
-        ]
+    def score_special(self, order: BoundOrder) -> None:
+        """Score the instances whose cost the bound does not cover: an overlay for the model
+        there, the session's KV there (snapshot or a newer completion), or no place in `order`
+        (found through the book's indexes, not by reading every instance)."""
+        cost, plan, every, members = self.cost, self.plan, self.every, self.members
+        model, key, rec = plan.call.model, plan.key, plan.kv_record
+        special = [every.get(name) for name in every.overlaid(model)]
         if key is not None:
-            special += [j for j, inst in enumerate(insts) if key in inst.snapshot.sessions]
+            special += [every.get(name) for name in every.holders(key)]
         if rec is not None:
-            special += [
-                j
-                for j, inst in enumerate(insts)
-                if inst.name == rec.instance and rec.at > rows[j][11]  # type: ignore[index]
-            ]
-        # queue without lease charges, plus activation (row: see CostModel._row)
-        if cost.knobs.residency_terms:
-            bounds = [r[7] * (r[8] + ppt * r[1]) + r[4] for r in rows]  # type: ignore[index]
-        else:
-            bounds = [r[7] * (r[8] + ppt * r[1]) + 0.0 for r in rows]  # type: ignore[index]
-        if not special:
-            return bounds, list(range(len(insts)))
-        for j in set(special):
-            self.score(j, insts[j])
-        idxs = [j for j, cand in enumerate(self.scored) if cand is None]
-        return [bounds[j] for j in idxs], idxs
+            inst = every.get(rec.instance)
+            if inst in members and rec.at > cost.row(inst, model, plan.profile)[11]:  # type: ignore[arg-type]
+                special.append(inst)
+        special += members.difference(order.insts)  # none while the order is in step
+        for inst in special:
+            if inst in members and inst not in self.scored:
+                self.score(inst)  # type: ignore[arg-type]
 
-    def score(self, idx: int, inst: InstanceState) -> None:
+    def score(self, inst: InstanceState) -> None:
         cost, plan = self.cost, self.plan
         cand = cost.evaluate(plan, inst)
         if cand.needs_replica and cand.feasible and cost.knobs.residency_terms:
             gain = self.gain()
             if not math.isinf(gain) and not cost.passes_eq2(plan, inst, cand, gain):
                 cand = cand._replace(feasible=False, reason=_gate(cost, inst, plan))
-        self.scored[idx] = cand
-        self.seen.append(cand.instance)
+        self.scored[inst] = cand
         if cand.feasible and _before(cand, self.best):
             self.best = cand
         if _before(cand, self.cheapest):
@@ -225,15 +210,17 @@ class _Search:
 
         return infeasible
 
-    def result(self, insts: list[InstanceState], skipped) -> Ranking:
+    def result(self, insts: list[InstanceState], skipped: bool) -> Ranking:
         scored, cheapest = (
             self.scored,
             self.cheapest.instance if self.cheapest is not None else None,
         )
         if not skipped:
-            return Ranking(self.best, tuple(scored), cheapest, self._retired())
+            return Ranking(
+                self.best, tuple(map(scored.__getitem__, insts)), cheapest, self._retired()
+            )
         cost, plan, every, placed = self.cost, self.plan, self.every, self.cost.placed
-        model, now, members = plan.call.model, plan.now, set(insts)
+        model, now, members = plan.call.model, plan.now, self.members
         # NOTE: the retirement rule reads the model's windows for every placeable instance where
         # the model is resident on a cold instance and nothing opens it (`evaluate` made those
         # reads for the scored ones); reads trim, and a window's last bits depend on which reads
@@ -274,7 +261,7 @@ class _Search:
         lazy = LazyCandidates(
             cost,
             plan,
-            [inst.facts if c is None else c for c, inst in zip(scored, insts)],
+            self._entries(insts),
             leases,
             counts,
             placed.held_kept(model) if now is not None else None,
@@ -284,19 +271,29 @@ class _Search:
         )
         return Ranking(self.best, lazy, cheapest, self._retired())
 
+    def _entries(self, insts: list[InstanceState]) -> list:
+        """Per instance its candidate, or where it was skipped its facts (in `insts` order)."""
+        scored = self.scored
+        if 4 * len(scored) > len(insts):
+            return [scored[i] if i in scored else i.facts for i in insts]
+        entries = [i.facts for i in insts]
+        for inst, cand in scored.items():
+            entries[insts.index(inst)] = cand  # the list's own scan: few scored
+        return entries
+
     def _replica_skipped(self, members: set[InstanceState], model_work: float | None) -> bool:
         """A skipped instance needs a replica: the model is absent there, or retired."""
-        every, model = self.every, self.plan.call.model
-        seen = self.seen
+        every, model, scored = self.every, self.plan.call.model, self.scored
         for name in every.absent(model):
-            if name not in seen and every.get(name) in members:
+            inst = every.get(name)
+            if inst in members and inst not in scored:
                 return True
         if model_work is None or model_work <= 0.0:
             return False
         kept, cost, prof = self.cost.placed.kept.get(model) or {}, self.cost, self.plan.profile
         for name in every.resident_cold(model):
             inst = every.get(name)
-            if name not in seen and _reads(inst, members, model):
+            if inst not in scored and _reads(inst, members, model):
                 total = kept.get(name, 0.0)
                 if (0.0 if 0.0 > total else total) < cost.keep_cost_on(
                     inst, model, prof, inst.rows[model]

@@ -69,7 +69,8 @@ class Router:
         """Install a snapshot; False if an equal or newer version is already installed."""
         if not self._instances.observe(snapshot, now):
             return False
-        self._cost.prime(self._instances.get(snapshot.instance))  # off the placement path
+        inst = self._instances.get(snapshot.instance)
+        self._cost.prime(inst, self._instances)  # off the placement path
         return True
 
     def heartbeat(self, instance: str, now: float, healthy: bool = True) -> bool:
@@ -265,6 +266,7 @@ class Router:
     def check_integrity(self) -> None:
         self._leases.check_integrity()
         self._instances.check_integrity()
+        self._cost.check_integrity(self._instances)
         if len(self._queued) > self.knobs.queue_limit:
             raise AssertionError("gateway queue over its limit")
 
