@@ -50,6 +50,15 @@ class CallPlan(NamedTuple):
     now: float | None  # placement time: replica retirement is judged then (None: not judged)
 
 
+class GainFacts(NamedTuple):
+    """What Eq. (2)'s gain reads at placement time (`CostModel.gain_facts`)."""
+
+    open_replicas: int  # k, over healthy instances
+    queued: int  # their queued tokens
+    rotation: tuple[str, ...] | None  # the instances in rotation (None: no placement time)
+    arriving: float  # the arrivals' work over the last window plus the model's lease charges
+
+
 class Inputs(NamedTuple):
     """One instance's side of Eq. (1) for one call, captured at placement time."""
 
@@ -424,31 +433,50 @@ class CostModel:
         absorb over the next one (their `spare_s`: what they absorb never queues). No open
         replica (k = 0) means the first one must open: infinite gain. The book keeps k and the
         queued tokens up to date."""
+        facts = self.gain_facts(plan, instances, demand, now)
+        if facts.rotation is not None:
+            self.placed.advance(plan.now)  # type: ignore[arg-type]  # spare capacity as of now
+        return self.gain_of(plan, facts, self.placed.busy)
+
+    def gain_facts(
+        self, plan: CallPlan, instances: InstanceBook, demand: DemandTracker, now: float
+    ) -> GainFacts:
+        """What `replica_gain` reads, taken now (the windows it reads are trimmed now)."""
         model = plan.call.model
         open_replicas, queued = instances.open_replicas(model)
         if open_replicas == 0:
+            return GainFacts(0, queued, None, 0.0)
+        rotation = None
+        if plan.now is not None:  # retired replicas serve nothing: k counts those in rotation
+            rotation = self._in_rotation(model, instances, plan.now)
+        arriving = demand.work_s(model, now) + self.leases.by_model.get(model, 0.0)
+        return GainFacts(open_replicas, queued, rotation, arriving)
+
+    def gain_of(self, plan: CallPlan, facts: GainFacts, busy: dict[str, float] | None) -> float:
+        """`replica_gain` from its facts and the (instance, None) window sums of that moment
+        (`PlacedWork.busy` once advanced; None without a placement time)."""
+        open_replicas = facts.open_replicas
+        if open_replicas == 0:
             return math.inf
         spare = 0.0
-        if plan.now is not None:  # retired replicas serve nothing: k counts those in rotation
-            rotation, spare = self._in_rotation(model, instances, plan.now)
-            open_replicas = max(1, min(open_replicas, rotation))
+        if facts.rotation is not None:
+            window = self.knobs.control_window_s
+            spare = spare_total(sorted(facts.rotation), busy, window)  # type: ignore[arg-type]
+            open_replicas = max(1, min(open_replicas, len(facts.rotation)))
         # arrivals (and leased returns) that the replicas in rotation can absorb over the next
         # window never queue: only the rest spills; what is queued now is backlog already
-        arriving = demand.work_s(model, now) + self.leases.by_model.get(model, 0.0)
-        backlog = plan.profile.prefill_s_per_token * queued + max(arriving - spare, 0.0)
+        backlog = plan.profile.prefill_s_per_token * facts.queued
+        backlog += max(facts.arriving - spare, 0.0)
         return backlog / (open_replicas * (open_replicas + 1))
 
-    def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> tuple[int, float]:
-        """How many instances `model`'s forwards kept busy over the retirement window, and what
-        they can still absorb over the next control window (`spare_s`, summed in instance
-        order). While no forward kept any busy, every open replica is in rotation (nothing is
-        retired then: `retired`; O(instances), read only when Eq. (2) must decide)."""
+    def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> tuple[str, ...]:
+        """The instances `model`'s forwards kept busy over the retirement window. While no
+        forward kept any busy, every open replica is in rotation (nothing is retired then:
+        `retired`; O(instances), read only when Eq. (2) must decide)."""
         names = self.placed.busy_names(model, instances, now)
-        window = self.knobs.control_window_s
         if names:
-            return len(names), self.placed.spare_total(sorted(names), now, window)
-        opened = [i.name for i in instances.all() if model in i.open_share]
-        return len(opened), self.placed.spare_total(opened, now, window)
+            return tuple(names)
+        return tuple([i.name for i in instances.all() if model in i.open_share])
 
     def _replica_cost(
         self, model: str, prof: LatencyProfile, state: ModelState, facts: tuple, activation: float
@@ -542,14 +570,6 @@ class PlacedWork(DemandTracker):
             at.popleft()
             self._trim((of.popleft(), None), now)
 
-    def spare_total(self, names: list[str], now: float, window_s: float) -> float:
-        """`sum(spare_of(work_s((name, None), now), window_s) for name in names)`, read from
-        `busy` once `advance` trimmed every window (one pass: this runs when Eq. (2) decides)."""
-        self.advance(now)
-        busy = self.busy
-        spare = [window_s - (0.0 if 0.0 > b else b) for b in map(busy.get, names, _ZEROS)]
-        return sum([0.0 if 0.0 > s else s for s in spare])  # `spare_of`, inlined
-
     def _trim(self, model, now: float) -> None:  # every change of a sum ends here (`record` too)
         super()._trim(model, now)
         if type(model) is tuple:
@@ -619,6 +639,13 @@ _ZEROS = itertools.repeat(0.0)  # the default of every `busy` read
 def spare_of(busy_s: float, window_s: float) -> float:
     """What an instance busy `busy_s` over the last window can absorb over the next one."""
     return max(window_s - busy_s, 0.0)
+
+
+def spare_total(names: list[str], busy: dict[str, float], window_s: float) -> float:
+    """`sum(spare_of(work_s((name, None), now), window_s) for name in names)` from `busy`,
+    `PlacedWork.busy` once advanced to `now` (in one pass: it runs when Eq. (2) decides)."""
+    spare = [window_s - (0.0 if 0.0 > b else b) for b in map(busy.get, names, _ZEROS)]
+    return sum([0.0 if 0.0 > s else s for s in spare])  # `spare_of`, inlined
 
 
 def contenders_of(calls: int, others_busy_s: float | None, window_s: float) -> float:

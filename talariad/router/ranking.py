@@ -28,6 +28,7 @@ from talariad.router.bounds import BoundOrder
 from talariad.router.cost import (
     CallPlan,
     CostModel,
+    GainFacts,
     Inputs,
     _recompute_s,
     contenders_of,
@@ -253,9 +254,15 @@ class _Search:
             else:
                 placed.trim_due(model, now, contends)
             placed.advance(now)  # spare capacity and contention as of now
-        gain = None
-        if cost.knobs.residency_terms and self._replica_skipped(members, model_work):
-            gain = self.gain()  # Eq. (2) may refuse a skipped candidate: the gain of this moment
+        gain: float | GainFacts | None = self._gain
+        if (
+            gain is None
+            and cost.knobs.residency_terms
+            and self._replica_skipped(members, model_work)
+        ):
+            # Eq. (2) may refuse a skipped candidate: the gain of this moment, worked out from
+            # its facts when the explanation is read (most placements need it only there)
+            gain = cost.gain_facts(plan, every, self.demand, self.now)
         # NOTE: what an explanation holds outlives the call and so brings the next GC pass
         # nearer: one list (candidates, and the facts of the skipped), the books it needs
         lazy = LazyCandidates(
@@ -321,14 +328,15 @@ class LazyCandidates(Sequence):
         kept: dict | None,
         busy: dict | None,
         model_work: float | None,
-        gain: float | None,
+        gain: float | GainFacts | None,
     ) -> None:
         """entries: per instance its candidate, or where it was skipped its
         `InstanceState.facts`; leases, counts, kept, busy: the lease charges and counts and the
         (instance, model) and (instance, None) work sums, values that are replaced and never
         changed once handed out (`LeaseBook.held`, `PlacedWork.held_kept`, `held_busy`; the
         sums None without a placement time); model_work: the model's placed work where the
-        retirement rule applies, else None."""
+        retirement rule applies, else None; gain: Eq. (2)'s gain, or the facts it is worked
+        out from (`CostModel.gain_facts`), None where no skipped candidate needs a replica."""
         self._cost, self._plan, self._entries = cost, plan, entries
         self._leases, self._counts, self._kept, self._busy = leases, counts, kept, busy
         self._model_work, self._gain = model_work, gain
@@ -336,6 +344,8 @@ class LazyCandidates(Sequence):
 
     def _all(self) -> tuple[CandidateCost, ...]:
         if self._rendered is None:
+            if type(self._gain) is GainFacts:
+                self._gain = self._cost.gain_of(self._plan, self._gain, self._busy)
             self._rendered = tuple(
                 self._render(e) if type(e) is tuple else e for e in self._entries
             )
