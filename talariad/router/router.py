@@ -278,7 +278,8 @@ class Router:
         cand = choice.best
         if cand is not None and cand.instance != choice.instance:
             cand = None  # `inflight` scores the instance (reading candidates would render them all)
-        plan = self._cost.plan(call)
+        # the overlay record and the placed work read no placement time (`plan`'s now)
+        plan = self._cost.plan(call) if choice.plan is None else choice.plan._replace(now=None)
         self._instances.add_inflight(self._cost.inflight(plan, inst, cand, now))
         self._cost.record_placed(plan, inst.name, now)  # keeps the model in its rotation there
         self._queued.pop(call.call_id, None)
@@ -295,6 +296,7 @@ class Router:
                 choice.kind,
                 choice.candidates,
                 choice.reason + "; spill ignoring feasibility",
+                plan=choice.plan,
             )
             return self._forward(call, spilled, DecisionKind.OVERLOAD_SPILL, now)
         retry = self._retry_after(call.model)

@@ -223,8 +223,11 @@ class InstanceBook:
         # cost depends on more than the snapshot row (`ranking.rank` scores those first)
         self._overlaid: defaultdict[str, set[str]] = defaultdict(set)
         self._holders: dict[tuple[str, str], set[str]] = {}
+        self._hot: set[str] = set()  # instances whose snapshot puts them in the hot pool
         self.generation = 0
         """Bumped whenever an instance's snapshot, membership or closed state changes."""
+        self.changes = 0
+        """Bumped by those and by every heartbeat: whatever `placeable` reads but the clock."""
 
     def open_replicas(self, model: str) -> tuple[int, int]:
         """(k, queued tokens) of `model` over its open replicas on healthy instances."""
@@ -268,12 +271,19 @@ class InstanceBook:
         for key in new.keys() - old.keys():
             holders.setdefault(key, set()).add(name)
 
+    def hot(self) -> set[str]:
+        """Instances whose snapshot puts them in the hot pool."""
+        return self._hot
+
     def _index(self, inst: InstanceState) -> None:
         for held in self._indexed.pop(inst.name, ()):
             held.discard(inst.name)
+        self._hot.discard(inst.name)
         snap = inst.snapshot
         if snap is None or inst.name not in self._by_name:
             return
+        if snap.pool is Pool.HOT:
+            self._hot.add(inst.name)
         held = self._indexed[inst.name] = []
         for model in snap.allowed_models | snap.models.keys():
             state = snap.residency(model).state
@@ -305,6 +315,7 @@ class InstanceBook:
         old = inst.snapshot.sessions if inst.snapshot is not None else {}
         inst.install(snapshot)
         self.generation += 1
+        self.changes += 1
         self._index(inst)
         self._rehold(inst.name, old, snapshot.sessions)
         self._reoverlay(inst, self._overlaid.keys() | inst.ov_model.keys())  # recounted
@@ -318,6 +329,7 @@ class InstanceBook:
             return False
         before = inst.health_ok
         inst.report_health(healthy, now)
+        self.changes += 1
         if inst.health_ok != before and inst.snapshot is not None:
             self._reshare(
                 inst, inst.open_share.keys() | inst.snapshot.models.keys() | inst.ov_model.keys()
@@ -328,6 +340,7 @@ class InstanceBook:
         (self.closed.add if closed else self.closed.discard)(name)
         inst = self._by_name.get(name)
         self.generation += 1
+        self.changes += 1
         if inst is not None:
             inst.closed = closed
             inst.allowed = (
@@ -340,6 +353,7 @@ class InstanceBook:
             return []
         inst.health_ok = False  # gone: it no longer counts as an open replica
         self.generation += 1
+        self.changes += 1
         self._reshare(inst, set(inst.open_share))
         self._index(inst)
         self._reoverlay(inst, list(self._overlaid))
@@ -435,6 +449,9 @@ class InstanceBook:
             raise AssertionError("per-model overlay index out of step with the overlays")
         if self._holders != holders:
             raise AssertionError("session KV index out of step with the snapshots")
+        hot = {i.name for i in self._ordered if i.snapshot and i.snapshot.pool is Pool.HOT}
+        if self._hot != hot:
+            raise AssertionError("hot-pool index out of step with the snapshots")
 
     def _add(self, name: str) -> InstanceState:
         inst = InstanceState(name)
