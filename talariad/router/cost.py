@@ -34,6 +34,7 @@ from talariad.types import KVState, LatencyProfile, Pool
 GIB = float(1 << 30)
 _OPEN = (ModelState.ACTIVE, ModelState.RESIDENT)
 _ABSENT_RES = ModelResidency(ModelState.ABSENT)
+_RESIDENT = ModelState.RESIDENT
 
 
 class CallPlan(NamedTuple):
@@ -213,8 +214,12 @@ class CostModel:
     def inputs(self, plan: CallPlan, inst: InstanceState) -> Inputs:
         """What `score` reads about `inst` now, as immutable values: a score rendered from them
         later (a lazy explanation) equals the one `evaluate` gives now."""
+        # NOTE: runs for every scored instance: `row`, and the cheap exits of `retired` (not
+        # resident) and `contenders` (no slot added), inlined
         model = plan.call.model
-        row = self.row(inst, model, plan.profile)
+        row = inst.rows.get(model)
+        if row is None or row[0] != self.profiles.epoch:
+            row = self._row(inst, model, plan.profile)
         ov = inst.ov_model.get(model)
         rec, kv_state, kv_len = plan.kv_record, KVState.MISSING, 0
         if rec is not None and rec.instance == inst.name and rec.at > row[11]:
@@ -224,19 +229,22 @@ class CostModel:
             if entry is not None:
                 kv_state, kv_len = entry.state, entry.kv_len
         per_model = self.leases.by_instance.get(inst.name)
-        leased = (per_model.get(model, 0.0), per_model.get(None, 0.0)) if per_model else (0.0, 0.0)
+        if per_model:
+            leased, leased_all = per_model.get(model, 0.0), per_model.get(None, 0.0)
+        else:
+            leased = leased_all = 0.0
         return Inputs(
             inst.name,
             row,
             (ov[0], ov[1], ov[2]) if ov is not None else None,
             kv_state,
             kv_len,
-            leased[0],
-            leased[1],
+            leased,
+            leased_all,
             inst.ov_work_s,
             inst.ov_hbm,
-            self.retired(plan, inst, row),
-            self.contenders(plan, inst, row),
+            row[3] is _RESIDENT and self.retired(plan, inst, row),
+            0.0 if row[15] is None else self.contenders(plan, inst, row),
         )
 
     def prime(self, inst: InstanceState, every: InstanceBook) -> None:
@@ -409,9 +417,10 @@ class CostModel:
     def inflight(
         self, plan: CallPlan, inst: InstanceState, cand: CandidateCost | None, now: float
     ) -> InFlight:
-        """The overlay record of forwarding `plan` to `inst` (cand None: score it first)."""
+        """The overlay record of forwarding `plan` to `inst` (cand None: score it first, with no
+        placement time: the record's work does not depend on it, and so it reads no windows)."""
         if cand is None or cand.instance != inst.name:
-            cand = self.evaluate(plan, inst)
+            cand = self.evaluate(plan if plan.now is None else plan._replace(now=None), inst)
         call, prof = plan.call, plan.profile
         reusable = min(self.kv_on(inst, call)[1], call.prefix_tokens)
         if cand.kv_state is KVState.MISSING:

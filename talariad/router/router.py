@@ -278,8 +278,7 @@ class Router:
         cand = choice.best
         if cand is not None and cand.instance != choice.instance:
             cand = None  # `inflight` scores the instance (reading candidates would render them all)
-        # the overlay record and the placed work read no placement time (`plan`'s now)
-        plan = self._cost.plan(call) if choice.plan is None else choice.plan._replace(now=None)
+        plan = self._cost.plan(call) if choice.plan is None else choice.plan
         self._instances.add_inflight(self._cost.inflight(plan, inst, cand, now))
         self._cost.record_placed(plan, inst.name, now)  # keeps the model in its rotation there
         self._queued.pop(call.call_id, None)
