@@ -41,6 +41,7 @@ from talariad.router.telemetry import InstanceBook, InstanceState
 
 _RESIDENT = ModelState.RESIDENT
 _ABSENT = ModelResidency(ModelState.ABSENT)
+_NO_NAMES: frozenset[str] = frozenset()
 _RELATIVE_SLACK = 1e-9  # the bound is summed in another order than the total: allow rounding
 
 
@@ -97,8 +98,7 @@ def rank(
     if k.residency_terms:
         common += _recompute_s(plan, plan.call.prefix_tokens)
     scored, members, named = search.scored, search.members, order.named
-    skipped = False
-    infeasible = search.infeasible_test()
+    skipped, infeasible = False, None
     for bound, name in order.entries:  # ties in name order
         inst = named[name][0]
         if inst not in members or inst in scored:
@@ -108,9 +108,11 @@ def rank(
             if _above(bound, search.best):  # every later one is bounded as high
                 skipped = True
                 break
-        elif _above(bound, search.cheapest) and infeasible(inst):
-            skipped = True  # cannot win, nor be the spill target
-            continue
+        elif _above(bound, search.cheapest):
+            infeasible = infeasible or search.infeasible_test()
+            if infeasible(inst):
+                skipped = True  # cannot win, nor be the spill target
+                continue
         search.score(inst)
     return search.result(insts, skipped)
 
@@ -235,33 +237,18 @@ class _Search:
                     break
         retiring = model_work is not None and not model_work <= 0.0
         leases, counts = cost.leases.held()
-        if now is not None:
-            # `CostModel.contenders` reads the (instance, model) and (instance, None) windows
-            # wherever the model could add slots to other models' rounds: trim those too
-            def contends(name: str) -> bool:
-                inst = every.get(name)
-                return inst in members and cost.adds_slot(inst, model, inst.rows[model])  # type: ignore[union-attr]
-
-            if retiring:
-                placed.trim_due(
-                    model,
-                    now,
-                    lambda name: (
-                        (name in resident and _reads(every.get(name), members, model))
-                        or contends(name)
-                    ),
-                )
-            else:
-                placed.trim_due(model, now, contends)
-            placed.advance(now)  # spare capacity and contention as of now
+        # Eq. (2) may refuse a skipped candidate that needs a replica: the gain of this moment,
+        # worked out from its facts when the explanation is read (most placements need it only
+        # there); taking them trims the model's window on every instance of the book
         gain: float | GainFacts | None = self._gain
-        if (
-            gain is None
-            and cost.knobs.residency_terms
-            and self._replica_skipped(members, model_work)
-        ):
-            # Eq. (2) may refuse a skipped candidate: the gain of this moment, worked out from
-            # its facts when the explanation is read (most placements need it only there)
+        wants_gain = gain is None and cost.knobs.residency_terms
+        if wants_gain and self._absent_skipped(members):
+            gain = cost.gain_facts(plan, every, self.demand, self.now)
+        if now is not None:
+            if type(gain) is not GainFacts or gain.rotation is None:
+                self._trim_read(members, resident if retiring else _NO_NAMES)
+            placed.advance(now)  # spare capacity and contention as of now
+        if gain is None and wants_gain and self._retired_skipped(members, model_work):
             gain = cost.gain_facts(plan, every, self.demand, self.now)
         # NOTE: what an explanation holds outlives the call and so brings the next GC pass
         # nearer: one list (candidates, and the facts of the skipped), the books it needs
@@ -288,13 +275,34 @@ class _Search:
             entries[insts.index(inst)] = cand  # the list's own scan: few scored
         return entries
 
-    def _replica_skipped(self, members: set[InstanceState], model_work: float | None) -> bool:
-        """A skipped instance needs a replica: the model is absent there, or retired."""
+    def _trim_read(self, members: set[InstanceState], resident) -> None:
+        """Trim the windows of the model that scoring the skipped instances would read:
+        `CostModel.contenders`' wherever the model could add slots to other models' rounds, and
+        the retirement rule's on the `resident` ones it judges."""
+        every, cost, model = self.every, self.cost, self.plan.call.model
+
+        def reads(name: str) -> bool:
+            inst = every.get(name)
+            if inst not in members:
+                return False
+            return cost.adds_slot(inst, model, inst.rows[model]) or (  # type: ignore[union-attr]
+                name in resident and _reads(inst, members, model)
+            )
+
+        cost.placed.trim_due(model, self.plan.now, reads)  # type: ignore[arg-type]
+
+    def _absent_skipped(self, members: set[InstanceState]) -> bool:
+        """A skipped instance needs a fresh replica: the model is absent there."""
         every, model, scored = self.every, self.plan.call.model, self.scored
         for name in every.absent(model):
             inst = every.get(name)
             if inst in members and inst not in scored:
                 return True
+        return False
+
+    def _retired_skipped(self, members: set[InstanceState], model_work: float | None) -> bool:
+        """A skipped instance needs its retired replica reopened."""
+        every, model, scored = self.every, self.plan.call.model, self.scored
         if model_work is None or model_work <= 0.0:
             return False
         kept, cost, prof = self.cost.placed.kept.get(model) or {}, self.cost, self.plan.profile

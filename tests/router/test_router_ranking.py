@@ -108,6 +108,10 @@ knobs = st.fixed_dictionaries(
         "overload": st.sampled_from(["spill", "queue"]),
         "ttft_target_s": st.sampled_from([2.0, 10.0]),
         "staleness_s": st.just(1.5),
+        # short windows: work leaves them mid-sequence, so the trims the pruned ranking makes
+        # for the instances it skips must match the reference's reads
+        "retire_window_s": st.sampled_from([1.0, 4.0, 30.0]),
+        "control_window_s": st.sampled_from([2.0, 30.0]),
     }
 )
 
