@@ -422,9 +422,9 @@ class CostModel:
         if cand is None or cand.instance != inst.name:
             cand = self.evaluate(plan if plan.now is None else plan._replace(now=None), inst)
         call, prof = plan.call, plan.profile
-        reusable = min(self.kv_on(inst, call)[1], call.prefix_tokens)
-        if cand.kv_state is KVState.MISSING:
-            reusable = 0
+        reusable = 0
+        if cand.kv_state is not KVState.MISSING:
+            reusable = min(self.kv_on(inst, call)[1], call.prefix_tokens)
         res = inst.snapshot.residency(call.model)  # type: ignore[union-attr]
         state = self.model_state(inst, call.model)
         opens = state is not ModelState.ACTIVE
