@@ -18,10 +18,12 @@ base load admits any single call, so a call whose own prefill exceeds γ·TTFT i
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import defaultdict, deque
 from typing import NamedTuple
 
+from talariad.router.bounds import BoundIndex, BoundOrder
 from talariad.router.knobs import RouterKnobs
 from talariad.router.messages import CallRequest, CandidateCost, ModelResidency, ModelState
 from talariad.router.profiles import DemandTracker, ProfileBook, switch_estimate
@@ -32,6 +34,7 @@ from talariad.types import KVState, LatencyProfile, Pool
 GIB = float(1 << 30)
 _OPEN = (ModelState.ACTIVE, ModelState.RESIDENT)
 _ABSENT_RES = ModelResidency(ModelState.ABSENT)
+_RESIDENT = ModelState.RESIDENT
 
 
 class CallPlan(NamedTuple):
@@ -46,6 +49,15 @@ class CallPlan(NamedTuple):
     decode_s: float  # max_tokens decode steps at batch 0 (per-sequence part added per instance)
     kv_bytes: int  # KV footprint of the whole call if nothing is on device
     now: float | None  # placement time: replica retirement is judged then (None: not judged)
+
+
+class GainFacts(NamedTuple):
+    """What Eq. (2)'s gain reads at placement time (`CostModel.gain_facts`)."""
+
+    open_replicas: int  # k, over healthy instances
+    queued: int  # their queued tokens
+    rotation: tuple[str, ...] | None  # the instances in rotation (None: no placement time)
+    arriving: float  # the arrivals' work over the last window plus the model's lease charges
 
 
 class Inputs(NamedTuple):
@@ -74,6 +86,7 @@ class CostModel:
         # work forwarded per (instance, model) and per model over the retirement window
         self.placed = PlacedWork(knobs.retire_window_s)
         self._keep: dict[tuple[str, str], tuple] = {}  # `keep_cost_on`'s cache
+        self._bounds = BoundIndex()
 
     def plan(self, call: CallRequest, now: float | None = None) -> CallPlan:
         prof, suffix = self.profiles.get(call.model), call.prompt_tokens - call.prefix_tokens
@@ -201,8 +214,12 @@ class CostModel:
     def inputs(self, plan: CallPlan, inst: InstanceState) -> Inputs:
         """What `score` reads about `inst` now, as immutable values: a score rendered from them
         later (a lazy explanation) equals the one `evaluate` gives now."""
+        # NOTE: runs for every scored instance: `row`, and the cheap exits of `retired` (not
+        # resident) and `contenders` (no slot added), inlined
         model = plan.call.model
-        row = self.row(inst, model, plan.profile)
+        row = inst.rows.get(model)
+        if row is None or row[0] != self.profiles.epoch:
+            row = self._row(inst, model, plan.profile)
         ov = inst.ov_model.get(model)
         rec, kv_state, kv_len = plan.kv_record, KVState.MISSING, 0
         if rec is not None and rec.instance == inst.name and rec.at > row[11]:
@@ -212,28 +229,51 @@ class CostModel:
             if entry is not None:
                 kv_state, kv_len = entry.state, entry.kv_len
         per_model = self.leases.by_instance.get(inst.name)
-        leased = (per_model.get(model, 0.0), per_model.get(None, 0.0)) if per_model else (0.0, 0.0)
+        if per_model:
+            leased, leased_all = per_model.get(model, 0.0), per_model.get(None, 0.0)
+        else:
+            leased = leased_all = 0.0
         return Inputs(
             inst.name,
             row,
             (ov[0], ov[1], ov[2]) if ov is not None else None,
             kv_state,
             kv_len,
-            leased[0],
-            leased[1],
+            leased,
+            leased_all,
             inst.ov_work_s,
             inst.ov_hbm,
-            self.retired(plan, inst, row),
-            self.contenders(plan, inst, row),
+            row[3] is _RESIDENT and self.retired(plan, inst, row),
+            0.0 if row[15] is None else self.contenders(plan, inst, row),
         )
 
-    def prime(self, inst: InstanceState) -> None:
-        """Compute a new snapshot's cost rows now rather than in the next placements."""
+    def prime(self, inst: InstanceState, every: InstanceBook) -> None:
+        """Compute a new snapshot's cost rows and bounds now rather than in the next
+        placements (`inst` just took the snapshot that made `every`'s latest generation)."""
         for model in inst.allowed:
             prof = self.profiles.get(model)
             row = self._row(inst, model, prof)
             if row[3] is ModelState.RESIDENT:  # what the retirement rule compares with
                 self.keep_cost_on(inst, model, prof, row)
+        keys = {model: self._bound_key(model) for model in self._bounds.models()}
+        self._bounds.update(inst, every, keys)
+
+    def bound_order(self, model: str, every: InstanceBook) -> BoundOrder:
+        """The instances allowed `model` in ascending order of their lower bound of Eq. (1)."""
+        prof = self.profiles.get(model)
+        return self._bounds.get(
+            model, self._bound_key(model), every, lambda inst: self.row(inst, model, prof)
+        )
+
+    def _bound_key(self, model: str) -> tuple:
+        prof = self.profiles.get(model)
+        return (self.profiles.epoch, prof.prefill_s_per_token, self.knobs.residency_terms)
+
+    def check_integrity(self, every: InstanceBook) -> None:
+        keys = {model: self._bound_key(model) for model in self._bounds.models()}
+        self._bounds.check_integrity(
+            every, keys, lambda inst, model: self.row(inst, model, self.profiles.get(model))
+        )
 
     def row(self, inst: InstanceState, model: str, prof: LatencyProfile) -> tuple:
         row = inst.rows.get(model)
@@ -377,13 +417,14 @@ class CostModel:
     def inflight(
         self, plan: CallPlan, inst: InstanceState, cand: CandidateCost | None, now: float
     ) -> InFlight:
-        """The overlay record of forwarding `plan` to `inst` (cand None: score it first)."""
+        """The overlay record of forwarding `plan` to `inst` (cand None: score it first, with no
+        placement time: the record's work does not depend on it, and so it reads no windows)."""
         if cand is None or cand.instance != inst.name:
-            cand = self.evaluate(plan, inst)
+            cand = self.evaluate(plan if plan.now is None else plan._replace(now=None), inst)
         call, prof = plan.call, plan.profile
-        reusable = min(self.kv_on(inst, call)[1], call.prefix_tokens)
-        if cand.kv_state is KVState.MISSING:
-            reusable = 0
+        reusable = 0
+        if cand.kv_state is not KVState.MISSING:
+            reusable = min(self.kv_on(inst, call)[1], call.prefix_tokens)
         res = inst.snapshot.residency(call.model)  # type: ignore[union-attr]
         state = self.model_state(inst, call.model)
         opens = state is not ModelState.ACTIVE
@@ -401,30 +442,50 @@ class CostModel:
         absorb over the next one (their `spare_s`: what they absorb never queues). No open
         replica (k = 0) means the first one must open: infinite gain. The book keeps k and the
         queued tokens up to date."""
+        facts = self.gain_facts(plan, instances, demand, now)
+        if facts.rotation is not None:
+            self.placed.advance(plan.now)  # type: ignore[arg-type]  # spare capacity as of now
+        return self.gain_of(plan, facts, self.placed.busy)
+
+    def gain_facts(
+        self, plan: CallPlan, instances: InstanceBook, demand: DemandTracker, now: float
+    ) -> GainFacts:
+        """What `replica_gain` reads, taken now (the windows it reads are trimmed now)."""
         model = plan.call.model
         open_replicas, queued = instances.open_replicas(model)
         if open_replicas == 0:
+            return GainFacts(0, queued, None, 0.0)
+        rotation = None
+        if plan.now is not None:  # retired replicas serve nothing: k counts those in rotation
+            rotation = self._in_rotation(model, instances, plan.now)
+        arriving = demand.work_s(model, now) + self.leases.by_model.get(model, 0.0)
+        return GainFacts(open_replicas, queued, rotation, arriving)
+
+    def gain_of(self, plan: CallPlan, facts: GainFacts, busy: dict[str, float] | None) -> float:
+        """`replica_gain` from its facts and the (instance, None) window sums of that moment
+        (`PlacedWork.busy` once advanced; None without a placement time)."""
+        open_replicas = facts.open_replicas
+        if open_replicas == 0:
             return math.inf
         spare = 0.0
-        if plan.now is not None:  # retired replicas serve nothing: k counts those in rotation
-            rotation, spare = self._in_rotation(model, instances, plan.now)
-            open_replicas = max(1, min(open_replicas, rotation))
+        if facts.rotation is not None:
+            window = self.knobs.control_window_s
+            spare = spare_total(sorted(facts.rotation), busy, window)  # type: ignore[arg-type]
+            open_replicas = max(1, min(open_replicas, len(facts.rotation)))
         # arrivals (and leased returns) that the replicas in rotation can absorb over the next
         # window never queue: only the rest spills; what is queued now is backlog already
-        arriving = demand.work_s(model, now) + self.leases.by_model.get(model, 0.0)
-        backlog = plan.profile.prefill_s_per_token * queued + max(arriving - spare, 0.0)
+        backlog = plan.profile.prefill_s_per_token * facts.queued
+        backlog += max(facts.arriving - spare, 0.0)
         return backlog / (open_replicas * (open_replicas + 1))
 
-    def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> tuple[int, float]:
-        """How many instances `model`'s forwards kept busy over the retirement window, and what
-        they can still absorb over the next control window (`spare_s`, summed in instance
-        order). While no forward kept any busy, every open replica is in rotation (nothing is
-        retired then: `retired`; O(instances), read only when Eq. (2) must decide)."""
+    def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> tuple[str, ...]:
+        """The instances `model`'s forwards kept busy over the retirement window. While no
+        forward kept any busy, every open replica is in rotation (nothing is retired then:
+        `retired`; O(instances), read only when Eq. (2) must decide)."""
         names = self.placed.busy_names(model, instances, now)
         if names:
-            return len(names), sum(self.spare_s(name, now) for name in sorted(names))
-        opened = [i.name for i in instances.all() if model in i.open_share]
-        return len(opened), sum(self.spare_s(name, now) for name in opened)
+            return tuple(names)
+        return tuple([i.name for i in instances.all() if model in i.open_share])
 
     def _replica_cost(
         self, model: str, prof: LatencyProfile, state: ModelState, facts: tuple, activation: float
@@ -581,11 +642,19 @@ class PlacedWork(DemandTracker):
 
 
 _NO_NAMES: frozenset[str] = frozenset()
+_ZEROS = itertools.repeat(0.0)  # the default of every `busy` read
 
 
 def spare_of(busy_s: float, window_s: float) -> float:
     """What an instance busy `busy_s` over the last window can absorb over the next one."""
     return max(window_s - busy_s, 0.0)
+
+
+def spare_total(names: list[str], busy: dict[str, float], window_s: float) -> float:
+    """`sum(spare_of(work_s((name, None), now), window_s) for name in names)` from `busy`,
+    `PlacedWork.busy` once advanced to `now` (in one pass: it runs when Eq. (2) decides)."""
+    spare = [window_s - (0.0 if 0.0 > b else b) for b in map(busy.get, names, _ZEROS)]
+    return sum([0.0 if 0.0 > s else s for s in spare])  # `spare_of`, inlined
 
 
 def contenders_of(calls: int, others_busy_s: float | None, window_s: float) -> float:

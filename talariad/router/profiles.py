@@ -93,8 +93,14 @@ class DemandTracker:
 
     def _trim(self, model: str, now: float) -> None:
         events = self._events.get(model)
-        while events and events[0][0] <= now - self._window:
-            self._sums[model] -= events.popleft()[1]
+        if events:
+            cutoff = now - self._window
+            if events[0][0] > cutoff:
+                return  # nothing left the window (most calls: one per record and read)
+            total = self._sums[model]
+            while events and events[0][0] <= cutoff:
+                total -= events.popleft()[1]
+            self._sums[model] = total
         if events is not None and not events:
             # an empty window sums to exactly 0: a running sum's rounding residue (1e-15) must
             # not read as work kept there (the retirement rule compares it with > 0)

@@ -5,17 +5,21 @@ only when someone reads them.
 take the cheapest feasible one (ties by name). `rank` returns the same winner and the same
 explanation (a property test holds them equal on random states) but scores only
 - the instances whose cost depends on this call's session or on the router's own overlay: the
-  session's KV is there (snapshot or a newer completion) or in-flight forwards of the model are;
+  session's KV is there (snapshot or a newer completion) or in-flight forwards of the model are,
+  found through the instance book's indexes (`InstanceBook.holders`, `overlaid`);
 - the others in ascending order of a call-independent lower bound of Eq. (1) (queue and activation
   from the cached snapshot row, plus what every such instance pays alike: prefill, decode at batch
   0, recompute of the whole prefix), stopping once the bound exceeds the best total found; while
   nothing feasible is found, an instance is skipped only if it is infeasible (round or HBM check,
   exact and cheap for these instances) and bounded above the cheapest one (the spill target).
+  The order is kept per model as snapshots arrive (`bounds.BoundOrder`), not sorted per call.
 The instances it skips are scored when the explanation is read, from values that are replaced
 rather than changed and so can be held by reference: each instance's `facts`, the lease book's
 charges and counts and the placed-work sums (`LazyCandidates`): the placement keeps one list of
-references, and reads no skipped instance field by field. The windows those reads would have
-trimmed (the retirement rule's, `CostModel.contenders`') are trimmed at placement time.
+references, and reads no skipped instance field by field; Eq. (2)'s gain, when only they need
+it, is kept as the facts it is worked out from (`CostModel.gain_facts`). The windows those reads
+would have trimmed (the retirement rule's, `CostModel.contenders`', the gain's) are trimmed at
+placement time.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from talariad.router.bounds import BoundOrder
 from talariad.router.cost import (
     CallPlan,
     CostModel,
+    GainFacts,
     Inputs,
     _recompute_s,
     contenders_of,
@@ -39,6 +45,7 @@ from talariad.router.telemetry import InstanceBook, InstanceState
 
 _RESIDENT = ModelState.RESIDENT
 _ABSENT = ModelResidency(ModelState.ABSENT)
+_NO_NAMES: frozenset[str] = frozenset()
 _RELATIVE_SLACK = 1e-9  # the bound is summed in another order than the total: allow rounding
 
 
@@ -88,24 +95,29 @@ def rank(
     k, prof = cost.knobs, plan.profile
     if not prof.decode_s_per_seq >= 0.0 or not k.admission_unit_s >= 0.0:
         return rank_all(cost, plan, insts, every, demand, now)  # the bound needs these terms >= 0
-    search = _Search(cost, plan, every, demand, now, len(insts))
-    bounds, idxs = search.score_special(insts)
+    search = _Search(cost, plan, every, demand, now, insts)
+    order = cost.bound_order(plan.call.model, every)
+    search.score_special(order)
     common = plan.prefill_s + plan.decode_s + plan.call.max_tokens * prof.decode_s_per_seq
     if k.residency_terms:
         common += _recompute_s(plan, plan.call.prefix_tokens)
-    order = sorted(range(len(bounds)), key=bounds.__getitem__)  # stable: ties keep name order
-    skipped: list[int] = []
-    infeasible = search.infeasible_test()
-    for n, j in enumerate(order):
-        bound, idx = bounds[j] + common, idxs[j]
+    scored, members, named = search.scored, search.members, order.named
+    skipped, infeasible = False, None
+    for bound, name in order.entries:  # ties in name order
+        inst = named[name][0]
+        if inst not in members or inst in scored:
+            continue
+        bound += common
         if search.best is not None:
             if _above(bound, search.best):  # every later one is bounded as high
-                skipped += [idxs[m] for m in order[n:]]
+                skipped = True
                 break
-        elif _above(bound, search.cheapest) and infeasible(insts[idx]):
-            skipped.append(idx)  # cannot win, nor be the spill target
-            continue
-        search.score(idx, insts[idx])
+        elif _above(bound, search.cheapest):
+            infeasible = infeasible or search.infeasible_test()
+            if infeasible(inst):
+                skipped = True  # cannot win, nor be the spill target
+                continue
+        search.score(inst)
     return search.result(insts, skipped)
 
 
@@ -118,11 +130,11 @@ class _Search:
         "every",
         "demand",
         "now",
+        "members",
         "scored",
         "best",
         "cheapest",
         "retired",
-        "seen",
         "_gain",
     )
 
@@ -133,14 +145,14 @@ class _Search:
         every: InstanceBook,
         demand: DemandTracker,
         now: float,
-        n: int,
+        insts: list[InstanceState],
     ) -> None:
         self.cost, self.plan, self.every, self.demand, self.now = cost, plan, every, demand, now
-        self.scored: list[CandidateCost | None] = [None] * n
+        self.members = set(insts)
+        self.scored: dict[InstanceState, CandidateCost] = {}  # few
         self.best: CandidateCost | None = None
         self.cheapest: CandidateCost | None = None  # feasible or not
         self.retired: CandidateCost | None = None  # the cheapest refused as a retired replica
-        self.seen: list[str] = []  # the scored instances' names (few)
         self._gain: float | None = None
 
     def gain(self) -> float:
@@ -148,52 +160,32 @@ class _Search:
             self._gain = self.cost.replica_gain(self.plan, self.every, self.demand, self.now)
         return self._gain
 
-    def score_special(self, insts: list[InstanceState]) -> tuple[list[float], list[int]]:
-        """Score the instances whose cost the bound does not cover; the bounds and indexes of
-        the rest."""
-        # NOTE: whole-list comprehensions, not one loop over the instances: this runs for every
-        # instance of every placement
-        cost, plan = self.cost, self.plan
-        model, key, rec, prof = plan.call.model, plan.key, plan.kv_record, plan.profile
-        ppt, epoch = prof.prefill_s_per_token, cost.profiles.epoch
-        rows = [inst.rows.get(model) for inst in insts]
-        for j, row in enumerate(rows):
-            if row is None or row[0] != epoch:
-                rows[j] = cost.row(insts[j], model, prof)
-        special = [
-            j
-            for j, inst in enumerate(insts)
-            if (ov := inst.ov_model.get(model)) is not None and (ov[0] or ov[1] or ov[2])
-        ]
+    def score_special(self, order: BoundOrder) -> None:
+        """Score the instances whose cost the bound does not cover: an overlay for the model
+        there, the session's KV there (snapshot or a newer completion), or no place in `order`
+        (found through the book's indexes, not by reading every instance)."""
+        cost, plan, every, members = self.cost, self.plan, self.every, self.members
+        model, key, rec = plan.call.model, plan.key, plan.kv_record
+        special = [every.get(name) for name in every.overlaid(model)]
         if key is not None:
-            special += [j for j, inst in enumerate(insts) if key in inst.snapshot.sessions]
+            special += [every.get(name) for name in every.holders(key)]
         if rec is not None:
-            special += [
-                j
-                for j, inst in enumerate(insts)
-                if inst.name == rec.instance and rec.at > rows[j][11]  # type: ignore[index]
-            ]
-        # queue without lease charges, plus activation (row: see CostModel._row)
-        if cost.knobs.residency_terms:
-            bounds = [r[7] * (r[8] + ppt * r[1]) + r[4] for r in rows]  # type: ignore[index]
-        else:
-            bounds = [r[7] * (r[8] + ppt * r[1]) + 0.0 for r in rows]  # type: ignore[index]
-        if not special:
-            return bounds, list(range(len(insts)))
-        for j in set(special):
-            self.score(j, insts[j])
-        idxs = [j for j, cand in enumerate(self.scored) if cand is None]
-        return [bounds[j] for j in idxs], idxs
+            inst = every.get(rec.instance)
+            if inst in members and rec.at > cost.row(inst, model, plan.profile)[11]:  # type: ignore[arg-type]
+                special.append(inst)
+        special += members.difference(order.insts)  # none while the order is in step
+        for inst in special:
+            if inst in members and inst not in self.scored:
+                self.score(inst)  # type: ignore[arg-type]
 
-    def score(self, idx: int, inst: InstanceState) -> None:
+    def score(self, inst: InstanceState) -> None:
         cost, plan = self.cost, self.plan
         cand = cost.evaluate(plan, inst)
         if cand.needs_replica and cand.feasible and cost.knobs.residency_terms:
             gain = self.gain()
             if not math.isinf(gain) and not cost.passes_eq2(plan, inst, cand, gain):
                 cand = cand._replace(feasible=False, reason=_gate(cost, inst, plan))
-        self.scored[idx] = cand
-        self.seen.append(cand.instance)
+        self.scored[inst] = cand
         if cand.feasible and _before(cand, self.best):
             self.best = cand
         if _before(cand, self.cheapest):
@@ -225,15 +217,17 @@ class _Search:
 
         return infeasible
 
-    def result(self, insts: list[InstanceState], skipped) -> Ranking:
+    def result(self, insts: list[InstanceState], skipped: bool) -> Ranking:
         scored, cheapest = (
             self.scored,
             self.cheapest.instance if self.cheapest is not None else None,
         )
         if not skipped:
-            return Ranking(self.best, tuple(scored), cheapest, self._retired())
+            return Ranking(
+                self.best, tuple(map(scored.__getitem__, insts)), cheapest, self._retired()
+            )
         cost, plan, every, placed = self.cost, self.plan, self.every, self.cost.placed
-        model, now, members = plan.call.model, plan.now, set(insts)
+        model, now, members = plan.call.model, plan.now, self.members
         # NOTE: the retirement rule reads the model's windows for every placeable instance where
         # the model is resident on a cold instance and nothing opens it (`evaluate` made those
         # reads for the scored ones); reads trim, and a window's last bits depend on which reads
@@ -247,34 +241,25 @@ class _Search:
                     break
         retiring = model_work is not None and not model_work <= 0.0
         leases, counts = cost.leases.held()
+        # Eq. (2) may refuse a skipped candidate that needs a replica: the gain of this moment,
+        # worked out from its facts when the explanation is read (most placements need it only
+        # there); taking them trims the model's window on every instance of the book
+        gain: float | GainFacts | None = self._gain
+        wants_gain = gain is None and cost.knobs.residency_terms
+        if wants_gain and self._absent_skipped(members):
+            gain = cost.gain_facts(plan, every, self.demand, self.now)
         if now is not None:
-            # `CostModel.contenders` reads the (instance, model) and (instance, None) windows
-            # wherever the model could add slots to other models' rounds: trim those too
-            def contends(name: str) -> bool:
-                inst = every.get(name)
-                return inst in members and cost.adds_slot(inst, model, inst.rows[model])  # type: ignore[union-attr]
-
-            if retiring:
-                placed.trim_due(
-                    model,
-                    now,
-                    lambda name: (
-                        (name in resident and _reads(every.get(name), members, model))
-                        or contends(name)
-                    ),
-                )
-            else:
-                placed.trim_due(model, now, contends)
+            if type(gain) is not GainFacts or gain.rotation is None:
+                self._trim_read(members, resident if retiring else _NO_NAMES)
             placed.advance(now)  # spare capacity and contention as of now
-        gain = None
-        if cost.knobs.residency_terms and self._replica_skipped(members, model_work):
-            gain = self.gain()  # Eq. (2) may refuse a skipped candidate: the gain of this moment
+        if gain is None and wants_gain and self._retired_skipped(members, model_work):
+            gain = cost.gain_facts(plan, every, self.demand, self.now)
         # NOTE: what an explanation holds outlives the call and so brings the next GC pass
         # nearer: one list (candidates, and the facts of the skipped), the books it needs
         lazy = LazyCandidates(
             cost,
             plan,
-            [inst.facts if c is None else c for c, inst in zip(scored, insts)],
+            self._entries(insts),
             leases,
             counts,
             placed.held_kept(model) if now is not None else None,
@@ -284,19 +269,50 @@ class _Search:
         )
         return Ranking(self.best, lazy, cheapest, self._retired())
 
-    def _replica_skipped(self, members: set[InstanceState], model_work: float | None) -> bool:
-        """A skipped instance needs a replica: the model is absent there, or retired."""
-        every, model = self.every, self.plan.call.model
-        seen = self.seen
+    def _entries(self, insts: list[InstanceState]) -> list:
+        """Per instance its candidate, or where it was skipped its facts (in `insts` order)."""
+        scored = self.scored
+        if 4 * len(scored) > len(insts):
+            return [scored[i] if i in scored else i.facts for i in insts]
+        entries = [i.facts for i in insts]
+        for inst, cand in scored.items():
+            entries[insts.index(inst)] = cand  # the list's own scan: few scored
+        return entries
+
+    def _trim_read(self, members: set[InstanceState], resident) -> None:
+        """Trim the windows of the model that scoring the skipped instances would read:
+        `CostModel.contenders`' wherever the model could add slots to other models' rounds, and
+        the retirement rule's on the `resident` ones it judges."""
+        every, cost, model = self.every, self.cost, self.plan.call.model
+
+        def reads(name: str) -> bool:
+            inst = every.get(name)
+            if inst not in members:
+                return False
+            return cost.adds_slot(inst, model, inst.rows[model]) or (  # type: ignore[union-attr]
+                name in resident and _reads(inst, members, model)
+            )
+
+        cost.placed.trim_due(model, self.plan.now, reads)  # type: ignore[arg-type]
+
+    def _absent_skipped(self, members: set[InstanceState]) -> bool:
+        """A skipped instance needs a fresh replica: the model is absent there."""
+        every, model, scored = self.every, self.plan.call.model, self.scored
         for name in every.absent(model):
-            if name not in seen and every.get(name) in members:
+            inst = every.get(name)
+            if inst in members and inst not in scored:
                 return True
+        return False
+
+    def _retired_skipped(self, members: set[InstanceState], model_work: float | None) -> bool:
+        """A skipped instance needs its retired replica reopened."""
+        every, model, scored = self.every, self.plan.call.model, self.scored
         if model_work is None or model_work <= 0.0:
             return False
         kept, cost, prof = self.cost.placed.kept.get(model) or {}, self.cost, self.plan.profile
         for name in every.resident_cold(model):
             inst = every.get(name)
-            if name not in seen and _reads(inst, members, model):
+            if inst not in scored and _reads(inst, members, model):
                 total = kept.get(name, 0.0)
                 if (0.0 if 0.0 > total else total) < cost.keep_cost_on(
                     inst, model, prof, inst.rows[model]
@@ -324,14 +340,15 @@ class LazyCandidates(Sequence):
         kept: dict | None,
         busy: dict | None,
         model_work: float | None,
-        gain: float | None,
+        gain: float | GainFacts | None,
     ) -> None:
         """entries: per instance its candidate, or where it was skipped its
         `InstanceState.facts`; leases, counts, kept, busy: the lease charges and counts and the
         (instance, model) and (instance, None) work sums, values that are replaced and never
         changed once handed out (`LeaseBook.held`, `PlacedWork.held_kept`, `held_busy`; the
         sums None without a placement time); model_work: the model's placed work where the
-        retirement rule applies, else None."""
+        retirement rule applies, else None; gain: Eq. (2)'s gain, or the facts it is worked
+        out from (`CostModel.gain_facts`), None where no skipped candidate needs a replica."""
         self._cost, self._plan, self._entries = cost, plan, entries
         self._leases, self._counts, self._kept, self._busy = leases, counts, kept, busy
         self._model_work, self._gain = model_work, gain
@@ -339,6 +356,8 @@ class LazyCandidates(Sequence):
 
     def _all(self) -> tuple[CandidateCost, ...]:
         if self._rendered is None:
+            if type(self._gain) is GainFacts:
+                self._gain = self._cost.gain_of(self._plan, self._gain, self._busy)
             self._rendered = tuple(
                 self._render(e) if type(e) is tuple else e for e in self._entries
             )

@@ -69,7 +69,8 @@ class Router:
         """Install a snapshot; False if an equal or newer version is already installed."""
         if not self._instances.observe(snapshot, now):
             return False
-        self._cost.prime(self._instances.get(snapshot.instance))  # off the placement path
+        inst = self._instances.get(snapshot.instance)
+        self._cost.prime(inst, self._instances)  # off the placement path
         return True
 
     def heartbeat(self, instance: str, now: float, healthy: bool = True) -> bool:
@@ -265,6 +266,7 @@ class Router:
     def check_integrity(self) -> None:
         self._leases.check_integrity()
         self._instances.check_integrity()
+        self._cost.check_integrity(self._instances)
         if len(self._queued) > self.knobs.queue_limit:
             raise AssertionError("gateway queue over its limit")
 
@@ -276,7 +278,7 @@ class Router:
         cand = choice.best
         if cand is not None and cand.instance != choice.instance:
             cand = None  # `inflight` scores the instance (reading candidates would render them all)
-        plan = self._cost.plan(call)
+        plan = self._cost.plan(call) if choice.plan is None else choice.plan
         self._instances.add_inflight(self._cost.inflight(plan, inst, cand, now))
         self._cost.record_placed(plan, inst.name, now)  # keeps the model in its rotation there
         self._queued.pop(call.call_id, None)
@@ -293,6 +295,7 @@ class Router:
                 choice.kind,
                 choice.candidates,
                 choice.reason + "; spill ignoring feasibility",
+                plan=choice.plan,
             )
             return self._forward(call, spilled, DecisionKind.OVERLOAD_SPILL, now)
         retry = self._retry_after(call.model)

@@ -218,6 +218,16 @@ class InstanceBook:
         self._resident: defaultdict[str, set[str]] = defaultdict(set)
         self._absent: defaultdict[str, set[str]] = defaultdict(set)
         self._indexed: dict[str, list[set[str]]] = {}  # instance -> the sets it is in
+        # model -> instances with an overlay for it (forwards not yet in a snapshot), and
+        # (session, model) -> instances whose snapshot holds that session's KV: where a call's
+        # cost depends on more than the snapshot row (`ranking.rank` scores those first)
+        self._overlaid: defaultdict[str, set[str]] = defaultdict(set)
+        self._holders: dict[tuple[str, str], set[str]] = {}
+        self._hot: set[str] = set()  # instances whose snapshot puts them in the hot pool
+        self.generation = 0
+        """Bumped whenever an instance's snapshot, membership or closed state changes."""
+        self.changes = 0
+        """Bumped by those and by every heartbeat: whatever `placeable` reads but the clock."""
 
     def open_replicas(self, model: str) -> tuple[int, int]:
         """(k, queued tokens) of `model` over its open replicas on healthy instances."""
@@ -232,12 +242,48 @@ class InstanceBook:
         """Instances whose snapshot has `model` absent (a placement there opens a replica)."""
         return self._absent.get(model) or _NONE
 
+    def overlaid(self, model: str) -> set[str]:
+        """Instances with in-flight forwards of `model` counted in their overlay."""
+        return self._overlaid.get(model) or _NONE
+
+    def holders(self, key: tuple[str, str]) -> set[str]:
+        """Instances whose snapshot holds the KV of (session, model) `key`."""
+        return self._holders.get(key) or _NONE
+
+    def _reoverlay(self, inst: InstanceState, models) -> None:
+        """Move `inst` into or out of the `overlaid` sets of `models`."""
+        known = inst.name in self._by_name
+        for model in models:
+            ov = inst.ov_model.get(model)
+            if known and ov is not None and (ov[0] or ov[1] or ov[2]):
+                self._overlaid[model].add(inst.name)
+            elif model in self._overlaid:
+                self._overlaid[model].discard(inst.name)
+
+    def _rehold(self, name: str, old: dict, new: dict) -> None:
+        """Move `name` in the `holders` sets from snapshot sessions `old` to `new`."""
+        holders = self._holders
+        for key in old.keys() - new.keys():
+            names = holders[key]
+            names.discard(name)
+            if not names:
+                del holders[key]
+        for key in new.keys() - old.keys():
+            holders.setdefault(key, set()).add(name)
+
+    def hot(self) -> set[str]:
+        """Instances whose snapshot puts them in the hot pool."""
+        return self._hot
+
     def _index(self, inst: InstanceState) -> None:
         for held in self._indexed.pop(inst.name, ()):
             held.discard(inst.name)
+        self._hot.discard(inst.name)
         snap = inst.snapshot
         if snap is None or inst.name not in self._by_name:
             return
+        if snap.pool is Pool.HOT:
+            self._hot.add(inst.name)
         held = self._indexed[inst.name] = []
         for model in snap.allowed_models | snap.models.keys():
             state = snap.residency(model).state
@@ -266,8 +312,13 @@ class InstanceBook:
         inst = self._by_name.get(snapshot.instance) or self._add(snapshot.instance)
         if inst.snapshot is not None and snapshot.version <= inst.snapshot.version:
             return False
+        old = inst.snapshot.sessions if inst.snapshot is not None else {}
         inst.install(snapshot)
+        self.generation += 1
+        self.changes += 1
         self._index(inst)
+        self._rehold(inst.name, old, snapshot.sessions)
+        self._reoverlay(inst, self._overlaid.keys() | inst.ov_model.keys())  # recounted
         inst.report_health(snapshot.healthy, now)
         self._reshare(inst, inst.open_share.keys() | snapshot.models.keys() | inst.ov_model.keys())
         return True
@@ -278,6 +329,7 @@ class InstanceBook:
             return False
         before = inst.health_ok
         inst.report_health(healthy, now)
+        self.changes += 1
         if inst.health_ok != before and inst.snapshot is not None:
             self._reshare(
                 inst, inst.open_share.keys() | inst.snapshot.models.keys() | inst.ov_model.keys()
@@ -287,6 +339,8 @@ class InstanceBook:
     def set_closed(self, name: str, closed: bool) -> None:
         (self.closed.add if closed else self.closed.discard)(name)
         inst = self._by_name.get(name)
+        self.generation += 1
+        self.changes += 1
         if inst is not None:
             inst.closed = closed
             inst.allowed = (
@@ -298,8 +352,13 @@ class InstanceBook:
         if inst is None:
             return []
         inst.health_ok = False  # gone: it no longer counts as an open replica
+        self.generation += 1
+        self.changes += 1
         self._reshare(inst, set(inst.open_share))
         self._index(inst)
+        self._reoverlay(inst, list(self._overlaid))
+        if inst.snapshot is not None:
+            self._rehold(name, inst.snapshot.sessions, {})
         self._ordered.remove(inst)
         for call_id in inst.inflight:
             self._calls.pop(call_id, None)
@@ -313,6 +372,7 @@ class InstanceBook:
         inst.add(rec)
         self._calls[rec.call.call_id] = inst
         self._reshare(inst, (rec.call.model,))
+        self._reoverlay(inst, (rec.call.model,))
         return True
 
     def inflight(self, call_id: str) -> InFlight | None:
@@ -326,6 +386,7 @@ class InstanceBook:
         rec = inst.remove(call_id)
         if rec is not None:
             self._reshare(inst, (rec.call.model,))
+            self._reoverlay(inst, (rec.call.model,))
         return rec
 
     def _reshare(self, inst: InstanceState, models) -> None:
@@ -376,6 +437,21 @@ class InstanceBook:
         for index, want in ((self._resident, resident), (self._absent, absent)):
             if {m: names for m, names in index.items() if names} != want:
                 raise AssertionError("per-model residency index out of step with the snapshots")
+        overlaid: defaultdict[str, set[str]] = defaultdict(set)
+        holders: defaultdict[tuple[str, str], set[str]] = defaultdict(set)
+        for inst in self._ordered:
+            for model, ov in inst.ov_model.items():
+                if ov[0] or ov[1] or ov[2]:
+                    overlaid[model].add(inst.name)
+            for key in inst.snapshot.sessions if inst.snapshot else ():
+                holders[key].add(inst.name)
+        if {m: names for m, names in self._overlaid.items() if names} != overlaid:
+            raise AssertionError("per-model overlay index out of step with the overlays")
+        if self._holders != holders:
+            raise AssertionError("session KV index out of step with the snapshots")
+        hot = {i.name for i in self._ordered if i.snapshot and i.snapshot.pool is Pool.HOT}
+        if self._hot != hot:
+            raise AssertionError("hot-pool index out of step with the snapshots")
 
     def _add(self, name: str) -> InstanceState:
         inst = InstanceState(name)

@@ -12,12 +12,14 @@ from talariad.router import (
     InstanceSnapshot,
     ModelResidency,
     ModelState,
+    RoundMeasurement,
     Router,
     RouterKnobs,
     SessionKV,
 )
 from talariad.router.ranking import LazyCandidates, rank_all
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath
+from tests.router.router_factories import MODEL
 
 NAMES = tuple(f"i{n}" for n in range(8))
 MODELS = ("m1", "m2")
@@ -88,6 +90,12 @@ other_ev = st.one_of(
     st.tuples(st.just("fail"), st.integers(0, 50)),
     st.tuples(st.just("expire")),
     st.tuples(st.just("remove"), st.sampled_from(NAMES)),
+    # the bound order is rebuilt after these (`bounds.BoundIndex`)
+    st.tuples(st.just("close"), st.sampled_from(NAMES), st.booleans()),
+    st.tuples(st.just("reopen"), st.sampled_from(NAMES)),
+    st.tuples(
+        st.just("profile"), st.sampled_from(MODELS), st.integers(1, 4_000), st.floats(0.01, 2.0)
+    ),
 )
 events = st.lists(
     st.one_of(snap_ev, snap_ev, place_ev, place_ev, place_ev, done_ev, other_ev),
@@ -100,6 +108,10 @@ knobs = st.fixed_dictionaries(
         "overload": st.sampled_from(["spill", "queue"]),
         "ttft_target_s": st.sampled_from([2.0, 10.0]),
         "staleness_s": st.just(1.5),
+        # short windows: work leaves them mid-sequence, so the trims the pruned ranking makes
+        # for the instances it skips must match the reference's reads
+        "retire_window_s": st.sampled_from([1.0, 4.0, 30.0]),
+        "control_window_s": st.sampled_from([2.0, 30.0]),
     }
 )
 
@@ -147,6 +159,13 @@ def _apply(r: Router, ev: tuple, now: float, version: int, flying: list, n: int)
         return r.expire(now)
     if kind == "remove":
         return r.remove_instance(ev[1], now)
+    if kind == "close":
+        return r.close_instance(ev[1], ev[2])
+    if kind == "reopen":
+        return r.reopen_instance(ev[1])
+    if kind == "profile":
+        measured = RoundMeasurement(prefill_tokens=ev[2], prefill_s=ev[3])
+        return r.round_summary(NAMES[0], ev[1], measured, now)
     return None
 
 
@@ -449,3 +468,18 @@ def test_an_explanation_read_later_shows_the_contention_of_its_placement():
     assert tuple(got.candidates) == tuple(want.candidates)
     contention = {c.instance: c.contention_s for c in want.candidates}
     assert contention["a"] == 0.0 and all(contention[n] > 0.0 for n in "bcd")
+
+
+def test_an_instance_whose_new_snapshot_lowers_its_bound_is_scored_again():
+    """The bound order moves a re-observed instance in place: once its queue drains, the
+    instance that was bounded out of the ranking wins again, as the reference finds."""
+    from tests.router.router_factories import call
+
+    both = _Lockstep()
+    busy = {MODEL: ModelResidency(ModelState.ACTIVE, queued_tokens=30_000)}
+    idle = {MODEL: ModelResidency(ModelState.ACTIVE)}
+    both.snap("a", 0.0, models={MODEL: ModelResidency(ModelState.ACTIVE, queued_tokens=5_000)})
+    both.snap("b", 0.0, models=busy)
+    assert both.place(call("c1", session=None), 0.0)[0].instance == "a"
+    both.snap("b", 0.1, models=idle)
+    assert both.place(call("c2", session=None), 0.1)[0].instance == "b"

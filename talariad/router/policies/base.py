@@ -8,6 +8,7 @@ rings, prefix indexes, pins) and draw randomness only from the seeded RNG they a
 
 from __future__ import annotations
 
+import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ class Choice(NamedTuple):
     reason: str = ""
     spill: str | None = None
     best: CandidateCost | None = None  # the chosen instance's candidate, when it was scored
+    plan: CallPlan | None = None  # the call's plan, when the policy made one
 
 
 class ClusterView:
@@ -51,16 +53,30 @@ class ClusterView:
         self.leases, self.cost, self.demand = leases, cost, demand
         self.held: Mapping[str, float] = {}
         """Calls the overload policy holds at the gateway: call id -> when it was first held."""
+        self._eligible: dict[str, tuple] = {}  # model -> (key, built at, oldest stamps, list)
 
     def eligible(self, model: str, now: float) -> list[InstanceState]:
         """Healthy, fresh, heartbeat-current instances allowed to serve `model`, by name
-        (`InstanceState.placeable`, inlined: this runs once per call over every instance)."""
-        stale, silent = now - self.knobs.staleness_s, now - self.knobs.heartbeat_s
-        return [
+        (`InstanceState.placeable`, inlined); read it, do not change it (it is kept until an
+        instance changes or one of them goes stale)."""
+        k = self.knobs
+        stale, silent = now - k.staleness_s, now - k.heartbeat_s
+        key = (self.instances.changes, k.staleness_s, k.heartbeat_s)
+        kept = self._eligible.get(model)
+        # NOTE: an instance left out as stale stays so while the clock moves on; one kept in
+        # stays in while the oldest snapshot and heartbeat of those kept are fresh enough
+        if kept is not None and kept[0] == key and now >= kept[1]:
+            if kept[2] >= stale and kept[3] >= silent:
+                return kept[4]
+        insts = [
             i
             for i in self.instances.all()
             if i.health_ok and i.taken_at >= stale and i.last_seen >= silent and model in i.allowed
         ]
+        taken = min([i.taken_at for i in insts], default=math.inf)
+        seen = min([i.last_seen for i in insts], default=math.inf)
+        self._eligible[model] = (key, now, taken, seen, insts)
+        return insts
 
     @staticmethod
     def load(inst: InstanceState) -> int:

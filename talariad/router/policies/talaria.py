@@ -55,7 +55,8 @@ class TalariaPolicy(Policy):
         if view.kv(inst, call)[0] is KVState.MISSING:
             return None, "lease prefix missing"
         cand = view.cost.evaluate(plan, inst)
-        return Choice(inst.name, DecisionKind.LEASE_HIT, (cand,), "lease", best=cand), ""
+        choice = Choice(inst.name, DecisionKind.LEASE_HIT, (cand,), "lease", best=cand, plan=plan)
+        return choice, ""
 
     def _cost_placement(self, plan: CallPlan, view: ClusterView, now: float, note: str) -> Choice:
         insts = view.eligible(plan.call.model, now)
@@ -78,15 +79,15 @@ class TalariaPolicy(Policy):
             )
             why = "held a round bound; queued where the model is served"
         if best is None:
-            return Choice(None, DecisionKind.COST, cands, prefix + "no feasible instance", spill)
+            why = prefix + "no feasible instance"
+            return Choice(None, DecisionKind.COST, cands, why, spill, plan=plan)
         if view.instances.get(best.instance).snapshot.pool is not Pool.HOT:
             hot_best = self._hot_best(plan, view, insts, now)
             if hot_best is not None:
                 best, why = hot_best, "hot pool pins the model"
         kind = DecisionKind.REPLICA_OPEN if best.needs_replica else DecisionKind.COST
-        return Choice(
-            best.instance, kind, cands, f"{prefix}{why}; {_lifecycle(best, view, plan)}", best=best
-        )
+        why = f"{prefix}{why}; {_lifecycle(best, view, plan)}"
+        return Choice(best.instance, kind, cands, why, best=best, plan=plan)
 
     def _held_a_round(self, plan: CallPlan, view: ClusterView, now: float) -> bool:
         """The call has waited at the gateway for a whole round bound (γ·TTFT). A hold is for
@@ -111,6 +112,8 @@ class TalariaPolicy(Policy):
 
     def _hot_best(self, plan: CallPlan, view: ClusterView, insts: list, now: float):
         """The cheapest feasible hot instance allowed the model, or None."""
+        if not view.instances.hot():
+            return None  # no hot pool: skip reading every candidate's snapshot
         hot = [i for i in insts if i.snapshot.pool is Pool.HOT]
         if not hot:
             return None

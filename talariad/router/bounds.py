@@ -1,0 +1,104 @@
+"""Per model, the instances in ascending order of a call-independent lower bound of Eq. (1).
+
+An instance's bound for a model (`lower_bound`) reads only its cost row, so it changes only when
+its snapshot, the profiles or the knobs do. `ranking.rank` walks this order rather than bound and
+sort every instance per call: `Router.observe` moves the observed instance in place (`update`,
+off the placement path); any other change to the instance book (remove, close, reopen, an
+install nothing primed), the profiles or the knobs makes the next read rebuild the order.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections.abc import Callable
+
+from talariad.router.telemetry import InstanceBook, InstanceState
+
+Entry = tuple[float, str]  # (bound, instance name): unique, so the order never compares more
+
+
+def lower_bound(row: tuple, prefill_s_per_token: float, residency_terms: bool) -> float:
+    """Queue without lease charges, plus activation (row: see `CostModel._row`); a NaN bound
+    reads as -inf, so that instance is always scored."""
+    activation = row[4] if residency_terms else 0.0
+    bound = row[7] * (row[8] + prefill_s_per_token * row[1]) + activation
+    return bound if bound == bound else -math.inf
+
+
+class BoundOrder:
+    """One model's order: the instances with a snapshot that allows the model."""
+
+    __slots__ = ("key", "synced", "entries", "named", "insts")
+
+    def __init__(self, key: tuple, synced: int) -> None:
+        self.key = key  # (profile epoch, prefill per token, residency terms): what bounds read
+        self.synced = synced  # the instance book's generation it reflects
+        self.entries: list[Entry] = []  # ascending
+        self.named: dict[str, tuple[InstanceState, Entry]] = {}
+        self.insts: set[InstanceState] = set()  # those in `named`
+
+    def put(self, inst: InstanceState, row: tuple) -> None:
+        self.drop(inst.name)
+        entry = (lower_bound(row, self.key[1], self.key[2]), inst.name)
+        insort(self.entries, entry)
+        self.named[inst.name] = (inst, entry)
+        self.insts.add(inst)
+
+    def drop(self, name: str) -> None:
+        held = self.named.pop(name, None)
+        if held is not None:
+            del self.entries[bisect_left(self.entries, held[1])]
+            self.insts.discard(held[0])
+
+
+class BoundIndex:
+    """The `BoundOrder` of every model a placement has asked for."""
+
+    def __init__(self) -> None:
+        self._orders: dict[str, BoundOrder] = {}
+
+    def get(
+        self, model: str, key: tuple, every: InstanceBook, row: Callable[[InstanceState], tuple]
+    ) -> BoundOrder:
+        """`model`'s order for bounds `key`, rebuilt unless in step with `every`; `row(inst)`
+        gives an instance's current cost row for the model."""
+        order = self._orders.get(model)
+        if order is None or order.key != key or order.synced != every.generation:
+            order = self._orders[model] = BoundOrder(key, every.generation)
+            for inst in every.all():
+                if inst.snapshot is not None and model in inst.allowed:
+                    entry = (lower_bound(row(inst), key[1], key[2]), inst.name)
+                    order.named[inst.name] = (inst, entry)
+                    order.insts.add(inst)
+            order.entries = sorted(entry for _, entry in order.named.values())
+        return order
+
+    def update(self, inst: InstanceState, every: InstanceBook, keys: dict[str, tuple]) -> None:
+        """`inst` took the snapshot that made `every`'s latest generation, and its cost rows
+        are current: move it in every order that was in step before (`keys`: model -> its
+        current bounds key)."""
+        for model, order in self._orders.items():
+            if order.synced != every.generation - 1 or order.key != keys.get(model):
+                continue  # rebuilt when next read
+            if inst.snapshot is not None and model in inst.allowed:
+                order.put(inst, inst.rows[model])
+            else:
+                order.drop(inst.name)
+            order.synced = every.generation
+
+    def models(self):
+        return self._orders.keys()
+
+    def check_integrity(
+        self, every: InstanceBook, keys: dict[str, tuple], row: Callable[..., tuple]
+    ) -> None:
+        for model, order in self._orders.items():
+            if order.synced != every.generation or order.key != keys[model]:
+                continue  # stale: not read before a rebuild
+            want = BoundOrder(order.key, order.synced)
+            for inst in every.all():
+                if inst.snapshot is not None and model in inst.allowed:
+                    want.put(inst, row(inst, model))
+            if (order.entries, order.named, order.insts) != (want.entries, want.named, want.insts):
+                raise AssertionError(f"bound order of {model} out of step with the cost rows")
