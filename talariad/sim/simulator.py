@@ -9,6 +9,8 @@ telemetry is sampled as the daemon polls it: just before the router decides, eve
 published snapshot is at least `heartbeat_s` old publishes a new one (so the router decides on
 state at most one heartbeat stale, as in the daemon), closed rounds feed `Router.round_summary`,
 and leases expire. Sampling lazily instead of on a timer keeps long idle stretches free.
+Actions that end before the next queued event are finished without a heap round trip, and a run
+of identical decode steps among them in one call (`SimInstance.finish_decodes`).
 """
 
 from __future__ import annotations
