@@ -297,6 +297,27 @@ class InstanceCore:
             self.recorder.on_action(action, measured_s, self.sched, now)
         return [self._complete(c, now) for c in done] if done else done
 
+    def finish_decodes(
+        self, plan: StepPlan, end: float, seconds: float, until: float
+    ) -> tuple[float | None, float | None]:
+        """The simulator's shortcut (the daemon never calls it): finish(plan, ...) then
+        next_plan(...) over a run of identical decode steps that complete no call
+        (`ColdScheduler.finish_decodes`). Returns (the time reached, None when no step was
+        finished; the end of the decode now in flight, or None when next_plan decides next).
+        A recorder or an abandoned call needs every step: then it finishes none."""
+        if self.recorder is not None or self._abandoned or plan.action.__class__ is not Decode:
+            return None, end
+        steps, reached, nxt = self.sched.finish_decodes(plan.action, end, seconds, until)
+        if not steps:
+            return None, end
+        self.version += steps
+        model = plan.action.model
+        m = self._meas.get(model) or self._meas.setdefault(model, _Meas())
+        m.decode_steps += steps
+        for _ in range(steps):  # the same float sum as one `_measure` per step
+            m.decode_s += seconds
+        return reached, nxt
+
     def _outputs(self, plan: StepPlan, outs: dict[str, CallOutput]) -> tuple[set, dict]:
         """Fold each call's output into its record: (calls that ended, tokens per call)."""
         finished, tokens = set(), {}

@@ -86,6 +86,20 @@ class SimInstance:
         plan, self.plan = self.plan, None
         return self.core.finish(plan, self.model.end(plan, now), now, self._seconds)
 
+    def finish_decodes(self, until: float) -> tuple[float | None, float | None]:
+        """finish() then start(), step after step, over the decode in flight and the identical
+        ones after it that end before `until` and complete no call (`InstanceCore.finish_decodes`;
+        the model charges every such step the same seconds and moves no KV). Returns (the time
+        reached, None when no step was finished; the end of the step now in flight, or None
+        when start() comes next)."""
+        reached, nxt = self.core.finish_decodes(self.plan, self.end_s, self._seconds, until)
+        if reached is not None:
+            if nxt is None:
+                self.plan = None
+            else:
+                self.end_s = nxt
+        return reached, nxt
+
     def snapshot(self, now: float) -> InstanceSnapshot:
         self.published_at, self.published_version = now, self.core.version
         return router_snapshot(self.core.telemetry(now), self.models, now, True)

@@ -9,12 +9,15 @@ telemetry is sampled as the daemon polls it: just before the router decides, eve
 published snapshot is at least `heartbeat_s` old publishes a new one (so the router decides on
 state at most one heartbeat stale, as in the daemon), closed rounds feed `Router.round_summary`,
 and leases expire. Sampling lazily instead of on a timer keeps long idle stretches free.
+Actions that end before the next queued event are finished without a heap round trip, and a run
+of identical decode steps among them in one call (`SimInstance.finish_decodes`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ from talariad.types import LatencyProfile, SwitchPath
 RELEASE, RETRY, DONE, WAKE = range(4)
 REFRESH_S = 1.0  # re-publish an unchanged snapshot this often (the router's staleness bound is 2 s)
 MAX_VIRTUAL_S = 1e7
+_BEYOND = math.nextafter(MAX_VIRTUAL_S, math.inf)  # end < _BEYOND: the step ends by MAX_VIRTUAL_S
 
 
 @dataclass(slots=True)
@@ -58,7 +62,11 @@ class Simulator:
         config: SimConfig,
         pset: ProfileSet,
         on_session_done: Callable[[], None] | None = None,
+        fast_decodes: bool = True,
     ) -> None:
+        """fast_decodes: finish runs of identical decode steps in one call (`SimInstance.
+        finish_decodes`); False steps every one through the instance core (the same result)."""
+        self.fast_decodes = fast_decodes
         missing = sorted(set(trace.models()) - set(pset.models))
         if missing:
             raise ValueError(f"trace models {missing} have no profile in set {pset.name!r}")
@@ -184,6 +192,13 @@ class Simulator:
         while end is not None and (not self._heap or end < self._heap[0][0]) and self._left:
             if end > MAX_VIRTUAL_S:
                 break
+            if self.fast_decodes:  # a run of identical decode steps, without one call chain each
+                until = min(self._heap[0][0], _BEYOND) if self._heap else _BEYOND
+                reached, ahead = inst.finish_decodes(until)
+                if reached is not None:
+                    self._now = now = reached
+                    end, wake = (ahead, None) if ahead is not None else inst.start(now)
+                    continue
             self._now = now = end
             for c in inst.finish(now):
                 self._complete(inst, c, now)

@@ -111,7 +111,9 @@ def _switch(w) -> tuple:
 
 def run_simulator(cfg, trace: Trace):
     configs, pset = from_config(cfg, "ablations")
-    sim = Simulator(trace, dataclasses.replace(configs[0], prewarm=False), pset)
+    # every action through next_plan, to record it (the decode-run shortcut gives the same
+    # result: test_simulator.test_decode_runs_match_stepping_every_decode)
+    sim = Simulator(trace, dataclasses.replace(configs[0], prewarm=False), pset, fast_decodes=False)
     inst = next(iter(sim.instances.values()))
     actions = []
     plan_of = inst.core.next_plan

@@ -12,7 +12,7 @@ from talariad.sim.configs import (
     router_configs,
     tau_configs,
 )
-from talariad.sim.simulator import simulate
+from talariad.sim.simulator import Simulator, simulate
 from talariad.types import LatencyProfile, Pool, SwitchPath
 
 from .conftest import MODELS, growing, session, toy_set
@@ -156,3 +156,34 @@ def test_tau_suite_measures_unused_leases_only_where_leases_exist(paper, small_t
     assert runs[0.0].unused_lease_rate is None  # τ = 0 holds no lease
     assert 0.0 <= runs[1.0].unused_lease_rate <= 1.0
     assert runs[1.0].same_instance_rate is not None and runs[1.0].residency_hit_rate is not None
+
+
+def _run_state(sim) -> tuple:
+    """A run's result and the per-step state it leaves in every instance (phase seconds, rounds,
+    measurements, ledger, versions), which the result alone does not show."""
+    run = sim.run()
+    run.wall_clock_s = 0.0
+    insts = [
+        (
+            i.sched.phase_totals,
+            i.sched.round_summaries,
+            i.sched.rounds.current,
+            i.core.version,
+            list(i.core.round_reports),
+            [(k, m.decode_steps, m.decode_s) for k, m in i.core._meas.items()],
+            {k: (e.state, e.kv_len, e.updated_at) for k, e in i.sched.ledger.entries.items()},
+        )
+        for i in sim.instances.values()
+    ]
+    return run, insts
+
+
+def test_decode_runs_match_stepping_every_decode(paper, small_trace):
+    # long outputs decode past their slots' shares: Dfin and the drain rule end decode runs too
+    long_outputs = Trace(growing(f"s{i}:{m}", m, 4, out=1000) for i in range(2) for m in MODELS)
+    configs = ablation_configs(paper, MODELS) + router_configs(paper, MODELS)[:3]
+    for trace in (small_trace, long_outputs):
+        for cfg in configs + tau_configs(paper, MODELS)[:2]:
+            fast = Simulator(trace, cfg, paper)
+            slow = Simulator(trace, cfg, paper, fast_decodes=False)
+            assert _run_state(fast) == _run_state(slow), cfg.name
