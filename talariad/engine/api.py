@@ -7,7 +7,6 @@ by any local user, the token only by the daemon that read it from the instance's
 from __future__ import annotations
 
 import hmac
-import random
 
 from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -18,42 +17,6 @@ from talariad.httpserver import fastapi_app
 from talariad.engine.worker import Worker
 
 TOKEN_HEADER = "x-talaria-token"
-
-
-class SessionDeltas:
-    """Per-session KV telemetry as changes since the consumer's last view, so a poll's size follows
-    what changed, not how many sessions exist. One base view is kept: a consumer whose `since` is
-    not the latest view (another poller, a lost reply, a restarted instance) gets the whole list."""
-
-    def __init__(self) -> None:
-        self.epoch = random.getrandbits(62)  # a restarted instance never continues an old view
-        self.sent: dict[tuple[str, str], tuple[str, int]] = {}  # what the consumer holds
-
-    def apply(self, t: Telemetry, since: int | None) -> Telemetry:
-        base, self.epoch = self.epoch, self.epoch + 1
-        if since is None or since != base:
-            self.sent = {(s.session_id, s.model): (s.state, s.kv_len) for s in t.sessions}
-            return t.model_copy(update={"sessions_epoch": self.epoch})
-        sent = self.sent  # updated in place: a poll's work follows what changed, bar one pass
-        changed = [
-            s for s in t.sessions if sent.get((s.session_id, s.model)) != (s.state, s.kv_len)
-        ]
-        for s in changed:
-            sent[(s.session_id, s.model)] = (s.state, s.kv_len)
-        removed: list[tuple[str, str]] = []
-        if len(sent) != len(t.sessions):  # some pair is gone from the instance's list
-            now = {(s.session_id, s.model) for s in t.sessions}
-            removed = [k for k in sent if k not in now]
-            for k in removed:
-                del sent[k]
-        return t.model_copy(
-            update={
-                "sessions": changed,
-                "sessions_removed": removed,
-                "sessions_base": base,
-                "sessions_epoch": self.epoch,
-            }
-        )
 
 
 class RotationChange(BaseModel):
@@ -85,7 +48,6 @@ def build_app(worker: Worker, token: str | None = None) -> FastAPI:
     app = fastapi_app(title=f"talaria instance {worker.inst.name}", docs_url=None, redoc_url=None)
     if token is not None:
         app.add_middleware(TokenCheck, token=token)
-    deltas = SessionDeltas()
 
     @app.get("/health")
     async def health() -> dict:
@@ -94,7 +56,7 @@ def build_app(worker: Worker, token: str | None = None) -> FastAPI:
     @app.get("/internal/telemetry")
     async def telemetry(since: int | None = None) -> Telemetry:
         """`since`: the `sessions_epoch` of the caller's last snapshot (sessions as changes)."""
-        return deltas.apply(worker.telemetry(), since)
+        return worker.telemetry_since(since)
 
     @app.get("/internal/memory")
     async def memory() -> dict:

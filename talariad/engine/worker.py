@@ -15,6 +15,7 @@ from typing import Protocol
 
 from talariad.cold_sched import Idle
 from talariad.config import InstanceConfig, TalariaConfig
+from talariad.engine.deltas import SessionDeltas
 from talariad.engine.events import done_event, refusal_event, token_event
 from talariad.engine.stream import Wakeup
 from talariad.engine.messages import ErrorEvent, GenerateRequest, StreamEvent, Telemetry, TokenEvent
@@ -75,6 +76,7 @@ class Worker:
             recorder=RoundRecorder(),
         )
         self.queues: dict[str, EventSink] = {}
+        self.deltas = SessionDeltas()  # the telemetry consumer's view (the gateway's)
         self._t0 = clock()
         self._wake = asyncio.Event()
 
@@ -174,6 +176,12 @@ class Worker:
     def telemetry(self) -> Telemetry:
         """A fresh, versioned snapshot (every read is a new observation)."""
         return self.core.telemetry(self.now())
+
+    def telemetry_since(self, since: int | None) -> Telemetry:
+        """A snapshot whose sessions are the changes since the consumer's view `since` (the
+        `sessions_epoch` of its last one; `SessionDeltas`)."""
+        t = self.core.telemetry(self.now(), sessions=False)
+        return self.deltas.apply(t, since, self.core.session_rows())
 
     def set_rotation(self, model: str, serve: bool) -> str | None:
         """Load or unload a configured model at run time (the core's decision); the reason it

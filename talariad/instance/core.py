@@ -478,8 +478,11 @@ class InstanceCore:
 
     # ---- telemetry --------------------------------------------------------------------------
 
-    def telemetry(self, now: float, memory: MemoryStats | None = None) -> Telemetry:
-        """A fresh, versioned snapshot (every read is a new observation)."""
+    def telemetry(
+        self, now: float, memory: MemoryStats | None = None, sessions: bool = True
+    ) -> Telemetry:
+        """A fresh, versioned snapshot (every read is a new observation). `sessions=False`: leave
+        the session list empty (a caller that sends changes reads `session_rows` instead)."""
         s = self.sched
         self.published += 1
         self.round_measurements()
@@ -501,7 +504,9 @@ class InstanceCore:
                 KVEntry(session_id=k[0], model=k[1], state=e.state.value, kv_len=e.kv_len)
                 for k, e in s.ledger.entries.items()
                 if e.state is not KVState.MISSING
-            ],
+            ]
+            if sessions
+            else [],
             round_remaining_s=round_remaining_s(s, now) if s.mode == "time_shared" else 0.0,
             kv_occupancy=min(kv_occ, 1.0),
             hbm_free_bytes=memory.hbm_free_bytes if memory is not None else None,
@@ -515,6 +520,15 @@ class InstanceCore:
             sessions_removed=[],  # given: model_construct fills an omitted factory default via
             # inspect.signature, ~65 µs a field (a simulated replay reads telemetry per arrival)
         )
+
+    def session_rows(self) -> list[tuple[tuple[str, str], str, int]]:
+        """The sessions `telemetry` lists, as ((session_id, model), state, kv_len) rows: a tenth
+        of the cost of their `KVEntry` models, for a caller that sends only what changed."""
+        return [
+            (k, e.state.value, e.kv_len)
+            for k, e in self.sched.ledger.entries.items()
+            if e.state is not KVState.MISSING
+        ]
 
     def _new_reports(self) -> list[RoundReport]:
         """Round reports no earlier snapshot carried: telemetry has one reader (the gateway), and a

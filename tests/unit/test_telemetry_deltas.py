@@ -139,7 +139,7 @@ def test_session_bounds_come_from_the_config():
 
 
 def test_session_deltas_report_changes_and_removals_against_the_consumers_view():
-    from talariad.engine.api import SessionDeltas
+    from talariad.engine.deltas import SessionDeltas
     from talariad.engine.messages import KVEntry as Msg, Telemetry
 
     def tel(*rows):
