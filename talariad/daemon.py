@@ -17,7 +17,6 @@ import pathlib
 import signal
 import time
 
-import httpx
 
 from talariad import __version__, httpserver, lockfile, sdnotify
 from talariad.admin import admin_pb2, server as admin_server
@@ -224,13 +223,8 @@ class Daemon:
         for name, m in self.supervisor.procs.items():
             if m.base_url is None:
                 continue
-            try:
-                r = await self.directory.client.get(
-                    f"{m.base_url}/internal/rounds", params={"limit": 256}, timeout=5.0
-                )
-                r.raise_for_status()
-                data = r.json()
-            except (httpx.HTTPError, ValueError):
+            data = await self.directory.rounds(name, 256)
+            if data is None:
                 continue
             pid, last_round, last_seq = self._marks.get(name, (None, -1, 0))
             if pid != m.pid:

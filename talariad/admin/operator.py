@@ -314,16 +314,8 @@ class Operator:
             self._inst(instance)
         reply = admin_pb2.RoundsReply()
         for name in names:
-            url = self.d.supervisor.procs[name].base_url
-            if url is None:
-                continue
-            try:
-                r = await self.d.directory.client.get(
-                    f"{url}/internal/rounds", params={"limit": limit}, timeout=5.0
-                )
-                r.raise_for_status()
-                data = r.json()
-            except (httpx.HTTPError, ValueError):
+            data = await self.d.directory.rounds(name, limit)
+            if data is None:
                 continue
             reply.rounds.extend(round_record(name, x) for x in data.get("rounds", []))
             reply.switches.extend(switch_record(name, x) for x in data.get("switches", []))

@@ -61,7 +61,7 @@ def build_app(worker: Worker, token: str | None = None) -> FastAPI:
     @app.get("/internal/memory")
     async def memory() -> dict:
         """HBM layout rows and switch records of an executor that owns a memory substrate."""
-        return {"instance": worker.inst.name, **worker.executor.memory_report()}
+        return worker.memory_report()
 
     @app.post("/internal/count_tokens")
     async def count_tokens(req: GenerateRequest) -> JSONResponse:
@@ -74,7 +74,7 @@ def build_app(worker: Worker, token: str | None = None) -> FastAPI:
     @app.get("/internal/rounds")
     async def rounds(limit: int = Query(50, ge=1, le=4096)) -> dict:
         """The latest round records (with per-slot phases) and switch records."""
-        return worker.core.rounds(worker.now(), limit)
+        return worker.rounds(limit)
 
     @app.post("/internal/rotation")
     async def rotation(change: RotationChange) -> JSONResponse:

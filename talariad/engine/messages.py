@@ -46,6 +46,16 @@ class ChatMessage(BaseModel):
         return out
 
 
+class Query(BaseModel):
+    """A report the gateway asks an instance for on its call stream (`engine/stream.py`), answered
+    with one JSON frame: what the internal API's `GET /internal/<query>` answers with these
+    parameters (`since`, `limit`: its query parameters; None: not given)."""
+
+    query: Literal["telemetry", "rounds", "memory"]  # first: a frame starts `{"query":`
+    since: int | None = None
+    limit: int | None = Field(None, ge=1, le=4096)
+
+
 class GenerateRequest(BaseModel):
     """One model call forwarded by the gateway; `messages` are rendered by the engine's template."""
 

@@ -3,7 +3,11 @@
 A connection carries one call at a time: the gateway sends one `GenerateRequest` frame, the
 instance answers with event frames (`TokenEvent`… then one `DoneEvent` or `ErrorEvent`), and the
 connection is ready for the next call. A gateway that goes away mid-call closes the connection; the
-instance sees the EOF and cancels the call, as it does when an HTTP client disconnects.
+instance sees the EOF and cancels the call, as it does when an HTTP client disconnects. Between
+calls a connection also carries reports: a `Query` frame (telemetry, rounds, memory: the internal
+API's GET endpoints, which the gateway polls every heartbeat) is answered at once with one JSON
+frame, without the HTTP client and server an internal-API poll costs at both ends (an idle
+daemon's CPU about halves).
 
 Why not the internal HTTP API for this hop: on loopback TCP an HTTP client and server (httpx,
 uvicorn, FastAPI) cost more than a millisecond of CPU per call in Python; this costs a tenth of
@@ -26,14 +30,16 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from pydantic import Field, TypeAdapter, ValidationError
+from pydantic_core import to_json
 
-from talariad.engine.messages import ErrorEvent, GenerateRequest, StreamEvent, TokenEvent
+from talariad.engine.messages import ErrorEvent, GenerateRequest, Query, StreamEvent, TokenEvent
 
 log = logging.getLogger("talariad.stream")
 
 _EVENT = TypeAdapter(Annotated[StreamEvent, Field(discriminator="type")])
 _HEADER = struct.Struct("!I")
 MAX_FRAME = 64 << 20  # a request frame carries the whole prompt; refuse anything absurd
+_QUERY = b'{"query":'  # how a `Query` frame starts (its first field, as pydantic writes it)
 
 
 def frame(payload: bytes) -> bytes:
@@ -224,11 +230,12 @@ class _Served(FrameConnection):
         while self.call is None and self._frames and not self._closed:
             payload = self._frames.popleft()
             try:
+                if payload.startswith(_QUERY):
+                    self.write(report(self.worker, Query.model_validate_json(payload)))
+                    continue
                 req = GenerateRequest.model_validate_json(payload)
             except ValidationError as err:
-                bad = ErrorEvent(
-                    status=400, code="invalid_request", message=f"bad generate request: {err}"
-                )
+                bad = ErrorEvent(status=400, code="invalid_request", message=f"bad request: {err}")
                 self.write(bad.model_dump_json().encode())
                 self.close()
                 return
@@ -245,6 +252,14 @@ class _Served(FrameConnection):
             call, self.call = self.call, None
             log.debug("call stream closed mid-call %s", call.call_id)
             self.worker.cancel(call.call_id)
+
+
+def report(worker, q: Query) -> bytes:
+    """The answer to `q`: the body of the internal API's `GET /internal/<q.query>` (pydantic's
+    serializer, as there: enums, dataclasses and tuples in a report are JSON too)."""
+    if q.query == "telemetry":
+        return worker.telemetry_since(q.since).model_dump_json().encode()
+    return to_json(worker.rounds(q.limit or 50) if q.query == "rounds" else worker.memory_report())
 
 
 class _CallEvents:
@@ -299,6 +314,15 @@ class StreamClient:
         finally:
             if not clean:  # abandoned or failed mid-call: closing tells the instance to cancel it
                 conn.close()
+
+    async def query(self, path: str, q: Query) -> bytes:
+        """The instance's one-frame answer to `q` (see the module); OSError: the hop failed."""
+        conn, answer = await self._send(path, q.model_dump_json(exclude_none=True).encode())
+        if answer is None:
+            conn.close()
+            raise ConnectionError("instance closed the call stream")
+        self.idle.setdefault(path, []).append(conn)
+        return answer
 
     async def _send(self, path: str, payload: bytes) -> tuple[FrameConnection, bytes | None]:
         """Send a request and read its first frame; a stale kept-alive connection (the instance

@@ -183,6 +183,14 @@ class Worker:
         t = self.core.telemetry(self.now(), sessions=False)
         return self.deltas.apply(t, since, self.core.session_rows())
 
+    def rounds(self, limit: int = 50) -> dict:
+        """The latest round records (with per-slot phases) and switch records."""
+        return self.core.rounds(self.now(), limit)
+
+    def memory_report(self) -> dict:
+        """HBM layout rows and switch records of an executor that owns a memory substrate."""
+        return {"instance": self.inst.name, **self.executor.memory_report()}
+
     def set_rotation(self, model: str, serve: bool) -> str | None:
         """Load or unload a configured model at run time (the core's decision); the reason it
         cannot, or None. The loop wakes: unloading the active model switches away now."""

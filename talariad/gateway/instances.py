@@ -16,6 +16,7 @@ from talariad.engine.messages import (
     DoneEvent,
     ErrorEvent,
     GenerateRequest,
+    Query,
     StreamEvent,
     Telemetry,
     TokenEvent,
@@ -39,7 +40,9 @@ class InternalAuth(httpx.Auth):
 
 
 class InstanceDirectory:
-    """Base URLs come from the supervisor (`urls()`); telemetry is polled on the heartbeat."""
+    """Base URLs and call sockets come from the supervisor (`urls()`, `sockets()`); telemetry is
+    polled on the heartbeat. Reports (telemetry, rounds, memory) are asked for on the instance's
+    call stream when it has one (a `Query` frame), else over its internal HTTP API."""
 
     def __init__(
         self,
@@ -87,20 +90,15 @@ class InstanceDirectory:
         # reply in order, so it can apply them (RouterShell.observe)
         since = self._epochs.get(name)
         try:
-            r = await self.client.get(
-                f"{url}/internal/telemetry",
-                timeout=2.0,
-                params={"since": since} if since is not None else None,
-            )
-            r.raise_for_status()
-            now, telemetry = time.monotonic(), Telemetry.model_validate_json(r.content)
+            body = await self._ask(name, url, Query(query="telemetry", since=since), 2.0)
+            now, telemetry = time.monotonic(), Telemetry.model_validate_json(body)
             self._epochs[name] = telemetry.sessions_epoch
             self.snapshots[name] = (now, telemetry)
             if self.on_payload:
-                self.on_payload(name, len(r.content))
+                self.on_payload(name, len(body))
             if self.on_telemetry:
                 self.on_telemetry(telemetry, now)
-        except (httpx.HTTPError, ValueError) as err:
+        except (OSError, httpx.HTTPError, ValueError) as err:  # OSError: the call stream, a timeout
             log.debug("telemetry from %s failed: %s", name, err)
             if self.on_unhealthy:
                 self.on_unhealthy(name, time.monotonic())
@@ -110,17 +108,36 @@ class InstanceDirectory:
             await self.poll_once()
             await asyncio.sleep(self.interval_s)
 
-    async def memory(self, instance: str) -> dict | None:
-        """The instance's memory report (layout rows, switch records); None when it is not ready."""
+    async def _ask(self, name: str, url: str, q: Query, timeout_s: float) -> bytes:
+        """The instance's answer to `q`: on its call stream when it has one, else `GET
+        /internal/<query>` (OSError, httpx.HTTPError: no answer)."""
+        path = self.sockets().get(name) if self.sockets else None
+        if path:
+            async with asyncio.timeout(timeout_s):
+                return await self.streams.query(path, q)
+        params = q.model_dump(exclude={"query"}, exclude_none=True)
+        r = await self.client.get(
+            f"{url}/internal/{q.query}", params=params or None, timeout=timeout_s
+        )
+        r.raise_for_status()
+        return r.content
+
+    async def _report(self, instance: str, **query) -> dict | None:
         url = self.urls().get(instance)
         if not url:
             return None
-        try:
-            r = await self.client.get(f"{url}/internal/memory", timeout=5.0)
-            r.raise_for_status()
-            return r.json()
-        except (httpx.HTTPError, ValueError):
+        try:  # ValueError: a garbled answer, or a query out of range (a limit past 4096)
+            return json.loads(await self._ask(instance, url, Query(**query), 5.0))
+        except (OSError, httpx.HTTPError, ValueError):
             return None
+
+    async def memory(self, instance: str) -> dict | None:
+        """The instance's memory report (layout rows, switch records); None when it is not ready."""
+        return await self._report(instance, query="memory")
+
+    async def rounds(self, instance: str, limit: int) -> dict | None:
+        """The instance's latest `limit` round and switch records; None when it does not answer."""
+        return await self._report(instance, query="rounds", limit=limit)
 
     async def count_tokens(self, instance: str, req: GenerateRequest) -> int | str | None:
         """The prompt length the instance tokenizes `req` to; a string: why it cannot (the client's

@@ -4,6 +4,7 @@ between gateway and instance over a real sim worker."""
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import socket
 import tempfile
@@ -14,7 +15,16 @@ from talariad import httpserver
 from talariad.config import load_config
 from talariad.engine import stream
 from talariad.engine.build import build_worker
-from talariad.engine.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
+from talariad.engine.messages import (
+    ChatMessage,
+    DoneEvent,
+    ErrorEvent,
+    GenerateRequest,
+    Query,
+    Telemetry,
+    TokenEvent,
+)
+from talariad.gateway.instances import InstanceDirectory
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -233,3 +243,54 @@ async def test_an_aborted_call_ends_with_its_error_and_the_connection_serves_the
             break
         await asyncio.sleep(0.01)
     assert worker.calls == {} and worker.queues == {}
+
+
+async def test_reports_are_answered_on_the_call_stream_between_calls(served):
+    worker, path, client, _ = served
+    await _all(client, path, _req("c1"))
+    full = Telemetry.model_validate_json(await client.query(path, Query(query="telemetry")))
+    assert full.sessions_base is None and [s.session_id for s in full.sessions] == ["s"]
+    since = Query(query="telemetry", since=full.sessions_epoch)
+    quiet = Telemetry.model_validate_json(await client.query(path, since))
+    assert quiet.sessions_base == full.sessions_epoch and quiet.sessions == []
+    rounds = json.loads(await client.query(path, Query(query="rounds", limit=5)))
+    assert rounds.keys() == worker.rounds(5).keys() and rounds["instance"] == worker.inst.name
+    memory = json.loads(await client.query(path, Query(query="memory")))
+    assert memory == json.loads(json.dumps(worker.memory_report()))
+    events = await _all(client, path, _req("c2"))  # the same connection serves the next call
+    assert isinstance(events[-1], DoneEvent) and len(client.idle[path]) == 1
+    conn = await stream.StreamClient._open(path)
+    conn.write(b'{"query":"everything"}')
+    ev = stream.parse_event(await conn.read())
+    assert isinstance(ev, ErrorEvent) and ev.status == 400 and "query" in ev.message
+    assert await conn.read() is None
+    conn.close()
+
+
+async def test_the_directory_polls_an_instance_with_a_socket_on_its_call_stream(served):
+    worker, path, _, _ = served
+    name, seen, missed, sizes = worker.inst.name, [], [], []
+    sockets = {name: path}
+    directory = InstanceDirectory(
+        lambda: {name: "http://127.0.0.1:9"},  # nothing listens there: HTTP would fail
+        0.25,
+        on_telemetry=lambda t, now: seen.append(t),
+        on_unhealthy=lambda n, now: missed.append(n),
+        sockets=lambda: sockets,
+        on_payload=lambda n, size: sizes.append(size),
+    )
+    try:
+        await _all(directory.streams, path, _req("c1"))
+        await directory.poll_once()
+        await directory.poll_once()  # the second carries changes since the first: none
+        assert [t.sessions_base for t in seen] == [None, seen[0].sessions_epoch]
+        assert len(seen[0].sessions) == 1 and seen[1].sessions == [] and sizes[1] < sizes[0]
+        assert directory.snapshot(name) is seen[1] and missed == []
+        assert (await directory.rounds(name, 5))["instance"] == name
+        assert (await directory.memory(name))["instance"] == name
+        assert await directory.rounds(name, 10_000) is None  # past the internal API's bound
+        sockets[name] = str(pathlib.Path(path).with_name("gone.sock"))
+        await directory.poll_once()
+        assert missed == [name] and len(seen) == 2
+    finally:
+        await directory.aclose()
