@@ -64,12 +64,23 @@ def payload_gauge(port: int) -> int | None:
     return int(float(m.group(1))) if m else None
 
 
-def instance_port(daemon: psutil.Process) -> int:
-    for child in daemon.children():
-        for conn in child.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN:
-                return conn.laddr.port
-    raise RuntimeError("instance port not found")
+def whole_telemetry(instance: psutil.Process) -> bytes | None:
+    """The instance's whole telemetry, asked for on its call socket (its HTTP API answers only the
+    daemon, which holds its token); None where the instance answers no `Query` frames."""
+    from talariad.engine.messages import Query
+    from talariad.engine.stream import StreamClient
+
+    path = next(c.laddr for c in instance.net_connections(kind="unix") if c.laddr)
+
+    async def ask() -> bytes:
+        client = StreamClient()
+        try:
+            return await client.query(path, Query(query="telemetry"))
+        finally:
+            await client.aclose()
+
+    body = asyncio.run(ask())
+    return body if b'"sessions"' in body else None
 
 
 def cpu_s(proc: psutil.Process) -> float:
@@ -101,9 +112,7 @@ def main() -> None:
                 time.sleep(0.3)
             wall = time.monotonic() - t0
             daemon_share, inst_share = (cpu_s(daemon) - d0) / wall, (cpu_s(instance) - i0) / wall
-            full = urllib.request.urlopen(
-                f"http://127.0.0.1:{instance_port(daemon)}/internal/telemetry", timeout=10
-            ).read()
+            full = whole_telemetry(instance)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -118,8 +127,11 @@ def main() -> None:
         print(
             "payload per poll, steady state: - (this daemon exports no talaria_telemetry_payload_bytes)"
         )
-    sessions_in_full = len(json.loads(full).get("sessions", []))
-    print(f"whole telemetry of the instance: {len(full)} B with {sessions_in_full} sessions listed")
+    if full is None:
+        print("whole telemetry of the instance: - (this instance answers no queries on its socket)")
+    else:
+        listed = len(json.loads(full)["sessions"])
+        print(f"whole telemetry of the instance: {len(full)} B with {listed} sessions listed")
     print(
         f"idle CPU share over {wall:.1f} s: daemon {daemon_share:.1%}, instance {inst_share:.1%} of one CPU"
     )
