@@ -6,8 +6,7 @@ connection is ready for the next call. A gateway that goes away mid-call closes 
 instance sees the EOF and cancels the call, as it does when an HTTP client disconnects. Between
 calls a connection also carries reports: a `Query` frame (telemetry, rounds, memory: the internal
 API's GET endpoints, which the gateway polls every heartbeat) is answered at once with one JSON
-frame, without the HTTP client and server an internal-API poll costs at both ends (an idle
-daemon's CPU about halves).
+frame: no HTTP client or server to run at either end (an idle daemon's CPU about halves).
 
 Why not the internal HTTP API for this hop: on loopback TCP an HTTP client and server (httpx,
 uvicorn, FastAPI) cost more than a millisecond of CPU per call in Python; this costs a tenth of
