@@ -35,7 +35,9 @@ from talariad.types import KVState, LatencyProfile, Pool
 GIB = float(1 << 30)
 _OPEN = (ModelState.ACTIVE, ModelState.RESIDENT)
 _ABSENT_RES = ModelResidency(ModelState.ABSENT)
-_RESIDENT = ModelState.RESIDENT
+# a cost row holds the model's state as its value: a tuple of values the collector does not
+# track is one it stops walking (explanations keep the rows of many snapshots)
+_ACTIVE, _RESIDENT = ModelState.ACTIVE.value, ModelState.RESIDENT.value
 
 
 class CallPlan(NamedTuple):
@@ -146,7 +148,7 @@ class CostModel:
     def _retired_at(
         self, model: str, prof: LatencyProfile, inst: InstanceState, row: tuple, now: float
     ) -> bool:
-        if row[3] is not ModelState.RESIDENT or inst.snapshot.pool is Pool.HOT:
+        if row[3] != _RESIDENT or inst.snapshot.pool is Pool.HOT:
             return False
         if inst.opening(model) > 0 or self.placed.work_s(model, now) <= 0.0:
             return False
@@ -244,7 +246,7 @@ class CostModel:
             leased_all,
             inst.ov_work_s,
             inst.ov_hbm,
-            row[3] is _RESIDENT and self.retired(plan, inst, row),
+            row[3] == _RESIDENT and self.retired(plan, inst, row),
             0.0 if row[15] is None else self.contenders(plan, inst, row),
         )
 
@@ -254,7 +256,7 @@ class CostModel:
         for model in inst.allowed:
             prof = self.profiles.get(model)
             row = self._row(inst, model, prof)
-            if row[3] is ModelState.RESIDENT:  # what the retirement rule compares with
+            if row[3] == _RESIDENT:  # what the retirement rule compares with
                 self.keep_cost_on(inst, model, prof, row)
         keys = {model: self._bound_key(model) for model in self._bounds.models()}
         self._bounds.update(inst, every, keys)
@@ -309,7 +311,7 @@ class CostModel:
         if x.ov is not None:
             queued, batch = queued + x.ov[0], batch + x.ov[1]
             if x.ov[2]:  # an in-flight forward already opens it there
-                state, activation, needs_replica, added = ModelState.ACTIVE, 0.0, False, 0
+                state, activation, needs_replica, added = _ACTIVE, 0.0, False, 0
         if x.retired:
             needs_replica = True  # reopening a retired replica passes Eq. (2) like a fresh one
         kv_state, kv_len = x.kv_state, x.kv_len
@@ -320,7 +322,7 @@ class CostModel:
             recovery += restore_rate * reusable
         elif kv_state is KVState.DEVICE:
             hbm_need -= prof.kv_bytes_per_token * reusable  # that much KV is already there
-        if state is ModelState.ACTIVE and reusable > 0:
+        if state == _ACTIVE and reusable > 0:
             slot_wait = 0.0  # SP admits a continuation with reusable KV mid-slot (§3.4)
         if not k.residency_terms:
             recovery, activation, needs_replica = 0.0, 0.0, False
@@ -374,7 +376,7 @@ class CostModel:
             self.profiles.epoch,
             res.queued_tokens,
             res.running_calls,
-            res.state,
+            res.state.value,  # a str, not the member (see `_RESIDENT`)
             activation,
             needs_replica,
             _added_weights(prof, res.state),

@@ -45,7 +45,7 @@ from talariad.router.profiles import DemandTracker
 from talariad.types import KVState, Pool
 from talariad.router.telemetry import InstanceBook, InstanceState
 
-_RESIDENT = ModelState.RESIDENT
+_RESIDENT = ModelState.RESIDENT.value  # as a cost row holds it
 _NO_NAMES: frozenset[str] = frozenset()
 _RELATIVE_SLACK = 1e-9  # the bound is summed in another order than the total: allow rounding
 
@@ -378,7 +378,7 @@ class LazyCandidates(Sequence):
         kept, busy = self._kept, self._busy
         row = rows[model]
         retired = False
-        if row[3] is _RESIDENT and pool is not Pool.HOT and self._model_work is not None:
+        if row[3] == _RESIDENT and pool is not Pool.HOT and self._model_work is not None:
             total = kept.get(name, 0.0) if kept else 0.0
             keep = cost.keep_cost_s(model, prof, (row[13], row[14]), row[4])
             retired = (0.0 if 0.0 > total else total) < keep
@@ -419,7 +419,8 @@ class LazyCandidates(Sequence):
                 total = busy.get(name, 0.0)  # type: ignore[union-attr]
                 spare = spare_of(0.0 if 0.0 > total else total, cost.knobs.control_window_s)
             facts = (row[13], row[14])  # `replica_facts`
-            if not cost.passes_eq2_on(plan, facts, row[3], cand, min(gain, spare)):
+            state = ModelState(row[3])
+            if not cost.passes_eq2_on(plan, facts, state, cand, min(gain, spare)):
                 cand = cand._replace(feasible=False, reason="retired" if retired else "eq2")
         return cand
 
