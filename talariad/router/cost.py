@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from talariad.router.bounds import BoundIndex, BoundOrder
 from talariad.router.knobs import RouterKnobs
+from talariad.router.logged import LoggedDict
 from talariad.router.messages import CallRequest, CandidateCost, ModelResidency, ModelState
 from talariad.router.profiles import DemandTracker, ProfileBook, switch_estimate
 from talariad.router.sessions import KVRecord, LeaseBook, SessionTable
@@ -34,7 +35,9 @@ from talariad.types import KVState, LatencyProfile, Pool
 GIB = float(1 << 30)
 _OPEN = (ModelState.ACTIVE, ModelState.RESIDENT)
 _ABSENT_RES = ModelResidency(ModelState.ABSENT)
-_RESIDENT = ModelState.RESIDENT
+# a cost row holds the model's state as its value: a tuple of values the collector does not
+# track is one it stops walking (explanations keep the rows of many snapshots)
+_ACTIVE, _RESIDENT = ModelState.ACTIVE.value, ModelState.RESIDENT.value
 
 
 class CallPlan(NamedTuple):
@@ -145,7 +148,7 @@ class CostModel:
     def _retired_at(
         self, model: str, prof: LatencyProfile, inst: InstanceState, row: tuple, now: float
     ) -> bool:
-        if row[3] is not ModelState.RESIDENT or inst.snapshot.pool is Pool.HOT:
+        if row[3] != _RESIDENT or inst.snapshot.pool is Pool.HOT:
             return False
         if inst.opening(model) > 0 or self.placed.work_s(model, now) <= 0.0:
             return False
@@ -186,7 +189,7 @@ class CostModel:
         key = (inst.name, model)
         kept = self._keep.get(key)
         if kept is None or kept[0] is not row or kept[1] is not prof or kept[2] is not self.knobs:
-            facts = replica_facts(inst.snapshot, model)
+            facts = replica_facts(inst.snapshot)
             kept = (row, prof, self.knobs, self.keep_cost_s(model, prof, facts, row[4]))
             self._keep[key] = kept
         return kept[3]
@@ -243,7 +246,7 @@ class CostModel:
             leased_all,
             inst.ov_work_s,
             inst.ov_hbm,
-            row[3] is _RESIDENT and self.retired(plan, inst, row),
+            row[3] == _RESIDENT and self.retired(plan, inst, row),
             0.0 if row[15] is None else self.contenders(plan, inst, row),
         )
 
@@ -253,7 +256,7 @@ class CostModel:
         for model in inst.allowed:
             prof = self.profiles.get(model)
             row = self._row(inst, model, prof)
-            if row[3] is ModelState.RESIDENT:  # what the retirement rule compares with
+            if row[3] == _RESIDENT:  # what the retirement rule compares with
                 self.keep_cost_on(inst, model, prof, row)
         keys = {model: self._bound_key(model) for model in self._bounds.models()}
         self._bounds.update(inst, every, keys)
@@ -308,7 +311,7 @@ class CostModel:
         if x.ov is not None:
             queued, batch = queued + x.ov[0], batch + x.ov[1]
             if x.ov[2]:  # an in-flight forward already opens it there
-                state, activation, needs_replica, added = ModelState.ACTIVE, 0.0, False, 0
+                state, activation, needs_replica, added = _ACTIVE, 0.0, False, 0
         if x.retired:
             needs_replica = True  # reopening a retired replica passes Eq. (2) like a fresh one
         kv_state, kv_len = x.kv_state, x.kv_len
@@ -319,7 +322,7 @@ class CostModel:
             recovery += restore_rate * reusable
         elif kv_state is KVState.DEVICE:
             hbm_need -= prof.kv_bytes_per_token * reusable  # that much KV is already there
-        if state is ModelState.ACTIVE and reusable > 0:
+        if state == _ACTIVE and reusable > 0:
             slot_wait = 0.0  # SP admits a continuation with reusable KV mid-slot (§3.4)
         if not k.residency_terms:
             recovery, activation, needs_replica = 0.0, 0.0, False
@@ -373,10 +376,10 @@ class CostModel:
             self.profiles.epoch,
             res.queued_tokens,
             res.running_calls,
-            res.state,
+            res.state.value,  # a str, not the member (see `_RESIDENT`)
             activation,
             needs_replica,
-            _added_weights(prof, res, res.state),
+            _added_weights(prof, res.state),
             risk,
             slot_wait,
             snap.round_load_s,
@@ -397,7 +400,7 @@ class CostModel:
         snap = inst.snapshot
         return self.passes_eq2_on(
             plan,
-            replica_facts(snap, plan.call.model),
+            replica_facts(snap),
             self.model_state(inst, plan.call.model),
             cand,
             min(gain, self.spare_s(inst.name, plan.now)),
@@ -425,10 +428,9 @@ class CostModel:
         reusable = 0
         if cand.kv_state is not KVState.MISSING:
             reusable = min(self.kv_on(inst, call)[1], call.prefix_tokens)
-        res = inst.snapshot.residency(call.model)  # type: ignore[union-attr]
         state = self.model_state(inst, call.model)
         opens = state is not ModelState.ACTIVE
-        hbm = _hbm_need(call, prof, res, state, cand.kv_state, reusable)
+        hbm = _hbm_need(call, prof, state, cand.kv_state, reusable)
         work = cand.prefill_s + cand.kv_recovery_s + cand.activation_s
         return InFlight(call, inst.name, now, work, call.prompt_tokens - reusable, hbm, opens)
 
@@ -492,11 +494,11 @@ class CostModel:
     ) -> float:
         """Right side of Eq. (2): T_swap + μ_j·ΔW_m + ν_m; μ_j rises with KV occupancy and with
         the share of ΔW that the instance's staging slack cannot cover."""
-        return self._price(model, facts, _added_weights(prof, facts[0], state), activation)
+        return self._price(model, facts, _added_weights(prof, state), activation)
 
     def _price(self, model: str, facts: tuple, added: int, activation: float) -> float:
         """T_swap + μ_j·ΔW + ν_m for `added` bytes of weights."""
-        _, kv_occupancy, staging_slack = facts
+        kv_occupancy, staging_slack = facts
         memory = self._memory_s(added, kv_occupancy, staging_slack)
         return activation + memory + self.knobs.replica_penalty(model)
 
@@ -511,10 +513,10 @@ class CostModel:
 
 class PlacedWork(DemandTracker):
     """The work forwarded per (instance, model), (instance, None) and model over a window, which
-    also keeps, as values a lazy explanation holds by reference:
+    also keeps, as dicts whose past states a lazy explanation keeps (`logged.LoggedDict`):
     - `kept[model]`: instance -> its (instance, model) sum, current where it was last read;
-    - `busy`: instance -> its (instance, None) sum, current as of the last `advance`;
-    each replaced rather than changed once it was handed out (`held_kept`, `held_busy`).
+    - `busy`: instance -> its (instance, None) sum, current as of the last `advance`
+    (`held_kept`, `held_busy`: their states now).
 
     NOTE: a window sum is a running float sum, and its last bits depend on when it was trimmed;
     a sum whose events all left the window reads exactly 0.0 (`DemandTracker._trim`), so whether
@@ -527,10 +529,10 @@ class PlacedWork(DemandTracker):
 
     def __init__(self, window_s: float) -> None:
         super().__init__(window_s)
-        self.kept: dict[str, dict[str, float]] = {}
-        self.busy: dict[str, float] = {}
-        self._kept_shared: set[str] = set()  # models whose `kept` dict someone holds
-        self._busy_shared = False
+        self._kept: dict[str, LoggedDict] = {}
+        self.kept: dict[str, dict[str, float]] = {}  # model -> its `_kept` entry's live dict
+        self._logged_busy = LoggedDict()
+        self.busy: dict[str, float] = self._logged_busy.live
         self._busy: defaultdict[str, set[str]] = defaultdict(set)  # model -> sum > 0 there
         self._due: defaultdict[str, list[tuple[float, str]]] = defaultdict(list)
         """model -> heap of (its oldest event's time, instance) over the (instance, model) windows"""
@@ -549,15 +551,14 @@ class PlacedWork(DemandTracker):
             self._expiry_at.append(now)
             self._expiry_of.append(model[0])
 
-    def held_kept(self, model: str) -> dict[str, float] | None:
-        """`kept[model]`, for a caller that keeps it: it is replaced, not changed, from now."""
-        self._kept_shared.add(model)
-        return self.kept.get(model)
+    def held_kept(self, model: str) -> tuple | None:
+        """The state of `kept[model]` now, for a caller that keeps it (`logged.thaw`)."""
+        kept = self._kept.get(model)
+        return kept.frozen() if kept is not None else None
 
-    def held_busy(self) -> dict[str, float]:
-        """`busy`, for a caller that keeps it: it is replaced, not changed, from now."""
-        self._busy_shared = True
-        return self.busy
+    def held_busy(self) -> tuple:
+        """The state of `busy` now, for a caller that keeps it (`logged.thaw`)."""
+        return self._logged_busy.frozen()
 
     def advance(self, now: float) -> None:
         """Trim every (instance, None) window to `now`."""
@@ -589,20 +590,18 @@ class PlacedWork(DemandTracker):
         total = self._sums[key]
         if model is None:
             if self.busy.get(inst) != total:
-                if self._busy_shared:
-                    self.busy, self._busy_shared = dict(self.busy), False
-                self.busy[inst] = total
+                self._logged_busy.set(inst, total)
             return
         if total > 0.0:
             self._busy[model].add(inst)
         else:
             self._busy[model].discard(inst)
-        kept = self.kept.get(model)
-        if kept is None or kept.get(inst) != total:
-            if kept is None or model in self._kept_shared:
-                kept = self.kept[model] = dict(kept) if kept else {}
-                self._kept_shared.discard(model)
-            kept[inst] = total
+        kept = self._kept.get(model)
+        if kept is None:
+            kept = self._kept[model] = LoggedDict()
+            self.kept[model] = kept.live
+        if kept.live.get(inst) != total:
+            kept.set(inst, total)
         events = self._events[key]
         head = events[0][0] if events else None
         if head is not None and self._head.get(key) != head:
@@ -665,10 +664,10 @@ def contenders_of(calls: int, others_busy_s: float | None, window_s: float) -> f
     return max(float(calls), min(others_busy_s / window_s, 1.0))
 
 
-def replica_facts(snap, model: str) -> tuple:
-    """What Eq. (2)'s replica cost reads from a snapshot: the model's residency, KV occupancy and
-    staging slack (a lazy explanation keeps these, not the whole snapshot)."""
-    return snap.residency(model), snap.kv_occupancy, snap.staging_slack_bytes
+def replica_facts(snap) -> tuple[float, int]:
+    """What Eq. (2)'s replica cost reads from a snapshot besides the model's state: its KV
+    occupancy and staging slack (a cost row keeps them too: `CostModel._row`'s 13 and 14)."""
+    return snap.kv_occupancy, snap.staging_slack_bytes
 
 
 def _other_calls(snap, model: str, res: ModelResidency) -> int | None:
@@ -711,7 +710,7 @@ def _activation(prof: LatencyProfile, res: ModelResidency, state: ModelState) ->
     return cost, False
 
 
-def _added_weights(prof: LatencyProfile, res: ModelResidency, state: ModelState) -> int:
+def _added_weights(prof: LatencyProfile, state: ModelState) -> int:
     if state is ModelState.ABSENT:
         return prof.weight_bytes
     return 0
@@ -720,11 +719,10 @@ def _added_weights(prof: LatencyProfile, res: ModelResidency, state: ModelState)
 def _hbm_need(
     call: CallRequest,
     prof: LatencyProfile,
-    res: ModelResidency,
     state: ModelState,
     kv_state: KVState,
     reusable: int,
 ) -> int:
     on_device = reusable if kv_state is KVState.DEVICE else 0
     kv = prof.kv_bytes_per_token * max(call.prompt_tokens + call.max_tokens - on_device, 0)
-    return kv + _added_weights(prof, res, state)
+    return kv + _added_weights(prof, state)

@@ -14,9 +14,10 @@ explanation (a property test holds them equal on random states) but scores only
   exact and cheap for these instances) and bounded above the cheapest one (the spill target).
   The order is kept per model as snapshots arrive (`bounds.BoundOrder`), not sorted per call.
 The instances it skips are scored when the explanation is read, from values that are replaced
-rather than changed and so can be held by reference: each instance's `facts`, the lease book's
-charges and counts and the placed-work sums (`LazyCandidates`): the placement keeps one list of
-references, and reads no skipped instance field by field; Eq. (2)'s gain, when only they need
+rather than changed and so can be held by reference: each instance's `facts`, and the states of
+the lease book's charges and counts and of the placed-work sums, which share one base and log
+with the states around them (`logged.LoggedDict`; `LazyCandidates`): the placement keeps one list
+of references and four small tuples, and reads no skipped instance field by field; Eq. (2)'s gain, when only they need
 it, is kept as the facts it is worked out from (`CostModel.gain_facts`). The windows those reads
 would have trimmed (the retirement rule's, `CostModel.contenders`', the gain's) are trimmed at
 placement time.
@@ -38,13 +39,13 @@ from talariad.router.cost import (
     contenders_of,
     spare_of,
 )
-from talariad.router.messages import CandidateCost, ModelResidency, ModelState
+from talariad.router.logged import thaw
+from talariad.router.messages import CandidateCost, ModelState
 from talariad.router.profiles import DemandTracker
 from talariad.types import KVState, Pool
 from talariad.router.telemetry import InstanceBook, InstanceState
 
-_RESIDENT = ModelState.RESIDENT
-_ABSENT = ModelResidency(ModelState.ABSENT)
+_RESIDENT = ModelState.RESIDENT.value  # as a cost row holds it
 _NO_NAMES: frozenset[str] = frozenset()
 _RELATIVE_SLACK = 1e-9  # the bound is summed in another order than the total: allow rounding
 
@@ -335,18 +336,18 @@ class LazyCandidates(Sequence):
         cost: CostModel,
         plan: CallPlan,
         entries: list,
-        leases: dict,
-        counts: dict,
-        kept: dict | None,
-        busy: dict | None,
+        leases: tuple,
+        counts: tuple,
+        kept: tuple | None,
+        busy: tuple | None,
         model_work: float | None,
         gain: float | GainFacts | None,
     ) -> None:
         """entries: per instance its candidate, or where it was skipped its
-        `InstanceState.facts`; leases, counts, kept, busy: the lease charges and counts and the
-        (instance, model) and (instance, None) work sums, values that are replaced and never
-        changed once handed out (`LeaseBook.held`, `PlacedWork.held_kept`, `held_busy`; the
-        sums None without a placement time); model_work: the model's placed work where the
+        `InstanceState.facts`; leases, counts, kept, busy: the states (`logged.thaw`) of the
+        lease charges and counts and the (instance, model) and (instance, None) work sums
+        (`LeaseBook.held`, `PlacedWork.held_kept`, `held_busy`; the sums None without a
+        placement time); model_work: the model's placed work where the
         retirement rule applies, else None; gain: Eq. (2)'s gain, or the facts it is worked
         out from (`CostModel.gain_facts`), None where no skipped candidate needs a replica."""
         self._cost, self._plan, self._entries = cost, plan, entries
@@ -356,6 +357,9 @@ class LazyCandidates(Sequence):
 
     def _all(self) -> tuple[CandidateCost, ...]:
         if self._rendered is None:
+            self._leases, self._counts = thaw(self._leases), thaw(self._counts)
+            self._kept = thaw(self._kept) if self._kept is not None else None
+            self._busy = thaw(self._busy) if self._busy is not None else None
             if type(self._gain) is GainFacts:
                 self._gain = self._cost.gain_of(self._plan, self._gain, self._busy)
             self._rendered = tuple(
@@ -370,13 +374,13 @@ class LazyCandidates(Sequence):
         and no overlay for the model (`CostModel.retired`, `contenders` and `spare_s` included)."""
         cost, plan, gain = self._cost, self._plan, self._gain
         model, prof = plan.call.model, plan.profile
-        name, pool, models, rows, ov_work_s, ov_hbm, ov_calls = facts
+        name, pool, rows, ov_work_s, ov_hbm, ov_calls = facts
         kept, busy = self._kept, self._busy
-        row, res = rows[model], models.get(model) or _ABSENT
+        row = rows[model]
         retired = False
-        if row[3] is _RESIDENT and pool is not Pool.HOT and self._model_work is not None:
+        if row[3] == _RESIDENT and pool is not Pool.HOT and self._model_work is not None:
             total = kept.get(name, 0.0) if kept else 0.0
-            keep = cost.keep_cost_s(model, prof, (res, row[13], row[14]), row[4])
+            keep = cost.keep_cost_s(model, prof, (row[13], row[14]), row[4])
             retired = (0.0 if 0.0 > total else total) < keep
         per_model = self._leases.get(name)
         if per_model:
@@ -414,8 +418,9 @@ class LazyCandidates(Sequence):
             else:
                 total = busy.get(name, 0.0)  # type: ignore[union-attr]
                 spare = spare_of(0.0 if 0.0 > total else total, cost.knobs.control_window_s)
-            facts = (res, row[13], row[14])  # `replica_facts`
-            if not cost.passes_eq2_on(plan, facts, res.state, cand, min(gain, spare)):
+            facts = (row[13], row[14])  # `replica_facts`
+            state = ModelState(row[3])
+            if not cost.passes_eq2_on(plan, facts, state, cand, min(gain, spare)):
                 cand = cand._replace(feasible=False, reason="retired" if retired else "eq2")
         return cand
 

@@ -54,6 +54,10 @@ class Router:
         self._view.held = self._queued
         self._drained: set[str] = set()  # instances that get no new leases
         self._decisions: OrderedDict[str, Decision] = OrderedDict()
+        # NOTE: freeing a decision frees what its explanation kept (its candidates, the cost
+        # rows and book states it shared with others): the ones the log drops are freed by the
+        # next `observe` or `expire`, off the placement path (at most a log's length waits)
+        self._dropped: list[Decision] = []
 
     @property
     def policy(self) -> str:
@@ -67,6 +71,7 @@ class Router:
     # --- telemetry ---------------------------------------------------------------------------
     def observe(self, snapshot: InstanceSnapshot, now: float) -> bool:
         """Install a snapshot; False if an equal or newer version is already installed."""
+        self._dropped.clear()
         if not self._instances.observe(snapshot, now):
             return False
         inst = self._instances.get(snapshot.instance)
@@ -204,6 +209,7 @@ class Router:
 
     def expire(self, now: float) -> ExpiryReport:
         """Drop expired leases, held calls past `queue_timeout_s`, and long-idle session rows."""
+        self._dropped.clear()
         leases = self._leases.expire(now)
         timed_out = []
         while self._queued:
@@ -353,4 +359,7 @@ class Router:
         self._decisions[decision.call_id] = decision
         self._decisions.move_to_end(decision.call_id)
         if len(self._decisions) > DECISION_LOG:
-            self._decisions.popitem(last=False)
+            dropped = self._dropped
+            if len(dropped) >= DECISION_LOG:
+                dropped.clear()  # no snapshot for that long: freed here
+            dropped.append(self._decisions.popitem(last=False)[1])

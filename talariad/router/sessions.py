@@ -11,6 +11,7 @@ import itertools
 from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass
 
+from talariad.router.logged import LoggedDict
 from talariad.router.messages import Lease, SessionEntry
 from talariad.types import KVState
 
@@ -27,11 +28,11 @@ class LeaseBook:
         self._seq = itertools.count()
         # instance -> {model: seconds its live leases hold, None: all models}; read directly by
         # the cost model; `counts`: instance -> {model: its live leases there, None: all}.
-        # NOTE: a change replaces the instance's dicts (never updates them), and these two too
-        # once `held` handed them out: a lazy explanation keeps what it saw
-        self.by_instance: dict[str, dict[str | None, float]] = {}
-        self.counts: dict[str, dict[str | None, int]] = {}
-        self._held = False
+        # NOTE: a change replaces the instance's dicts (never updates them), and is logged: a
+        # lazy explanation keeps the state it saw (`held`)
+        self._charges, self._counts = LoggedDict(), LoggedDict()
+        self.by_instance: dict[str, dict[str | None, float]] = self._charges.live
+        self.counts: dict[str, dict[str | None, int]] = self._counts.live
         self.by_model: defaultdict[str, float] = defaultdict(float)  # seconds held per model
 
     def __len__(self) -> int:
@@ -115,27 +116,20 @@ class LeaseBook:
         if any(id(lease) not in live for lease in self._by_key.values()):
             raise AssertionError("a lease is missing from the expiry heap")
 
-    def held(self) -> tuple[dict[str, dict[str | None, float]], dict[str, dict[str | None, int]]]:
-        """`by_instance` and `counts`, for a caller that keeps them: they are replaced, not
-        changed, from now."""
-        self._held = True
-        return self.by_instance, self.counts
+    def held(self) -> tuple[tuple, tuple]:
+        """The states of `by_instance` and `counts` now, for a caller that keeps them
+        (`logged.thaw` turns each into its dict)."""
+        return self._charges.frozen(), self._counts.frozen()
 
     def _replace(
         self, instance: str, per_model: dict[str | None, float], model: str, step: int
     ) -> None:
         """Install `per_model` as `instance`'s charges, and add `step` to its lease counts."""
-        if self._held:
-            self.by_instance, self.counts, self._held = (
-                dict(self.by_instance),
-                dict(self.counts),
-                False,
-            )
-        self.by_instance[instance] = per_model
+        self._charges.set(instance, per_model)
         counts = dict(self.counts.get(instance, ()))
         counts[model] = counts.get(model, 0) + step
         counts[None] = counts.get(None, 0) + step
-        self.counts[instance] = counts
+        self._counts.set(instance, counts)
 
     def _release(self, lease: Lease) -> None:
         per_model = dict(self.by_instance[lease.instance])

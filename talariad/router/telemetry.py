@@ -70,8 +70,10 @@ class InstanceState:
         """Cordoned or drained by the operator: no new placement (`allowed` stays empty)."""
         self.facts: tuple = ()
         """What a placement's lazy explanation reads about this instance, as one immutable
-        value replaced on every change: (name, pool, snapshot models, cost rows, overlay work,
-        overlay HBM, overlay calls). `rows` is replaced too, never changed (`set_row`)."""
+        value replaced on every change: (name, pool, cost rows, overlay work, overlay HBM,
+        overlay calls). Not the snapshot's models, whose parts the rows copy: what an explanation
+        holds outlives the call, and the collector walks it. `rows` is replaced too, never
+        changed (`set_row`)."""
         self._reset_overlay()
 
     def open_tokens(self, model: str) -> int | None:
@@ -137,11 +139,9 @@ class InstanceState:
 
     def _refresh_facts(self) -> None:
         snap = self.snapshot
-        pool, models = (snap.pool, snap.models) if snap is not None else (None, {})
         self.facts = (
             self.name,
-            pool,
-            models,
+            snap.pool if snap is not None else None,
             self.rows,
             self.ov_work_s,
             self.ov_hbm,
@@ -175,8 +175,8 @@ class InstanceState:
         if self.ov_calls != sum(r[1] for r in per_model.values()):
             raise AssertionError(f"overlay call count of {self.name} out of step")
         snap = self.snapshot
-        pool, models = (snap.pool, snap.models) if snap is not None else (None, {})
-        want = (self.name, pool, models, self.rows, self.ov_work_s, self.ov_hbm, self.ov_calls)
+        pool = snap.pool if snap is not None else None
+        want = (self.name, pool, self.rows, self.ov_work_s, self.ov_hbm, self.ov_calls)
         if self.facts != want:
             raise AssertionError(f"explanation facts of {self.name} out of step")
 

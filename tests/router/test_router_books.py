@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from talariad.router import Lease
+from talariad.router.logged import LoggedDict, thaw
 from talariad.router.policies.prefix_index import RoutedPrefixIndex
 from talariad.router.sessions import LeaseBook, SessionTable
 from talariad.types import KVState
@@ -125,3 +128,26 @@ def test_a_window_whose_events_all_left_it_sums_to_exactly_zero():
         d.record("m", float(i), w)
     assert d.work_s("m", 2.0) > 0.0
     assert d.work_s("m", 30.0) == 0.0  # not a rounding residue such as 1e-16
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 99), st.booleans()), max_size=120))
+def test_a_logged_dict_state_thaws_to_the_dict_it_was_whatever_is_set_later(steps):
+    """Every state handed out stays the dict it named, across later sets and new bases."""
+    logged, kept = LoggedDict(), []
+    for key, value, hand_out in steps:
+        logged.set(key, value)
+        if hand_out:
+            kept.append((logged.frozen(), dict(logged.live)))
+    kept.append((logged.frozen(), dict(logged.live)))
+    assert [thaw(state) for state, _ in kept] == [want for _, want in kept]
+
+
+def test_a_lease_book_state_survives_the_changes_after_it():
+    book = LeaseBook()
+    book.install(_lease("s0", "m1", "a"))
+    charges, counts = book.held()
+    for n in range(1, 60):  # enough changes to start new bases
+        book.install(_lease(f"s{n}", "m1", "ab"[n % 2], t_done=float(n)))
+    assert thaw(charges) == {"a": {"m1": 1.0, None: 1.0}}
+    assert thaw(counts) == {"a": {"m1": 1, None: 1}}
+    assert thaw(book.held()[0]) == book.by_instance

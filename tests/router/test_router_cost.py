@@ -244,3 +244,16 @@ def test_unknown_model_has_no_candidate():
     cluster(r, snaps, ("a",))
     d = r.place(call("c1", model="other"), 0.1)
     assert d.kind is DecisionKind.OVERLOAD_REJECT and d.candidates == ()
+
+
+def test_cost_rows_hold_only_values_the_collector_stops_walking():
+    """Lazy explanations keep the cost rows of many snapshots: a row of untracked values (the
+    model's state as its value, not the enum member) is one the collector walks only once."""
+    import gc
+
+    r, snaps = router(), Snaps()
+    cluster(r, snaps, ("a", "b"), models={MODEL: ModelResidency(ModelState.RESIDENT)})
+    r.place(call("c1"), 0.1)
+    rows = [row for inst in r._instances.all() for row in inst.rows.values()]
+    gc.collect()
+    assert rows and not any(gc.is_tracked(row) for row in rows)

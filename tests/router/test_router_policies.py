@@ -325,3 +325,23 @@ def test_a_first_replica_fills_an_idle_instance_rather_than_time_share_a_busy_on
     assert cand(d, "a").total_s == cand(d, "b").total_s
     assert cand(d, "a").replica_s == pytest.approx(cand(d, "b").replica_s + 2.0)
     assert d.instance == "b"
+
+
+def test_the_decision_log_keeps_the_latest_and_frees_the_dropped_off_the_placement_path(
+    monkeypatch,
+):
+    from talariad.router import router as router_module
+
+    monkeypatch.setattr(router_module, "DECISION_LOG", 3)
+    r, snaps = router(), Snaps()
+    cluster(r, snaps, ("a", "b"))
+    for n in range(5):
+        r.place(call(f"c{n}", session=f"s{n}"), 0.1)
+    assert [r.explain(f"c{n}") is None for n in range(5)] == [True, True, False, False, False]
+    assert [d.call_id for d in r.recent(5)] == ["c4", "c3", "c2"]
+    assert len(r._dropped) == 2  # freed by the next snapshot, not by a placement
+    r.observe(snaps("a", 0.2), 0.2)
+    assert r._dropped == []
+    for n in range(5, 12):  # no snapshot for longer than the log: freed when it is full
+        r.place(call(f"c{n}", session=f"s{n}"), 0.3)
+    assert len(r._dropped) <= 3

@@ -483,3 +483,28 @@ def test_an_instance_whose_new_snapshot_lowers_its_bound_is_scored_again():
     assert both.place(call("c1", session=None), 0.0)[0].instance == "a"
     both.snap("b", 0.1, models=idle)
     assert both.place(call("c2", session=None), 0.1)[0].instance == "b"
+
+
+def test_an_explanation_read_later_shows_its_placement_after_many_changes():
+    """The lease and placed-work books a lazy explanation keeps are states of logged dicts
+    (`logged.LoggedDict`): many placements, completions and leases later, which start new bases
+    under them, the explanation still reads the placement's own values."""
+    from tests.router.router_factories import call
+
+    both = _Lockstep(retire_window_s=10.0)
+    for name in ("a", "b", "c", "d"):
+        queued = 0 if name == "d" else 20_000
+        both.snap(
+            name, 0.0, models={MODEL: ModelResidency(ModelState.ACTIVE, queued_tokens=queued)}
+        )
+    both.place(call("c0", session="s0"), 0.05)
+    both.done("c0", "b", KVState.DEVICE, 1_000, 0.08)  # a lease on a skipped instance
+    got, want = both.place(call("c1", session="s1"), 0.1, render=False)
+    assert isinstance(got.candidates, LazyCandidates) and got.candidates._rendered is None
+    now, base = 0.1, both.fast._leases._charges._base
+    for n in range(2, 60):
+        now += 0.05
+        d = both.place(call(f"c{n}", session=f"s{n}"), now, render=False)[0]
+        both.done(f"c{n}", d.instance, KVState.DEVICE, 1_000, now + 0.01)
+    assert both.fast._leases._charges._base is not base  # a new base since
+    assert tuple(both.fast.explain("c1").candidates) == tuple(want.candidates)
