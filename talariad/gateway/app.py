@@ -734,6 +734,11 @@ def _responses_body(call: _ResponsesCall, text: str, answer: Answer) -> dict:
     return body
 
 
+async def _route_call(gw: Gateway, body, request: Request, messages, *args, **kwargs) -> _Call:
+    """A call of a route: the request's headers and raw body come with its body and messages."""
+    return _Call(gw, body, request.headers, messages, *args, raw=await request.body(), **kwargs)
+
+
 def _responses_call(
     gw: Gateway, body: responses.ResponsesRequest, headers, raw: bytes | None = None
 ) -> _ResponsesCall:
@@ -776,39 +781,24 @@ def build_app(gw: Gateway) -> FastAPI:
 
     @post_json(app, "/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        call = _Call(
-            gw,
-            body,
-            request.headers,
-            [m.chat() for m in body.messages],
-            tools=body.tool_defs(),
-            raw=await request.body(),
+        call = await _route_call(
+            gw, body, request, [m.chat() for m in body.messages], tools=body.tool_defs()
         )
         return await _respond(call, _chat_stream, _chat_body)
 
     @post_json(app, "/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        call = _Call(
-            gw,
-            body,
-            request.headers,
-            [ChatMessage(role="user", content=body.text())],
-            body.text(),
-            raw=await request.body(),
+        prompt = body.text()
+        call = await _route_call(
+            gw, body, request, [ChatMessage(role="user", content=prompt)], prompt
         )
         return await _respond(call, _completion_stream, _completion_body)
 
     @post_json(app, "/v1/messages")
     async def messages(body: anthropic.MessagesRequest, request: Request) -> Response:
         """Anthropic Messages; `?beta=true`, `anthropic-version` and the API key are accepted and ignored."""
-        call = _Call(
-            gw,
-            body,
-            request.headers,
-            body.chat(),
-            api="anthropic",
-            tools=body.tool_defs(),
-            raw=await request.body(),
+        call = await _route_call(
+            gw, body, request, body.chat(), api="anthropic", tools=body.tool_defs()
         )
         gw.log_dropped(call.session, body.dropped_tools())
         return await _respond(call, _anthropic_stream, _message_body)

@@ -635,10 +635,6 @@ class PlacedWork(DemandTracker):
             return busy or _NO_NAMES
         return {inst for inst in busy if inst in instances}
 
-    def busy_instances(self, model: str, instances: InstanceBook, now: float) -> int:
-        """How many of `instances` have a positive window sum for `model` at `now`."""
-        return len(self.busy_names(model, instances, now))
-
 
 _NO_NAMES: frozenset[str] = frozenset()
 _ZEROS = itertools.repeat(0.0)  # the default of every `busy` read

@@ -148,10 +148,6 @@ class InstanceState:
             self.ov_calls,
         )
 
-    def ov_tokens(self, model: str) -> int:
-        row = self.ov_model.get(model)
-        return row[0] if row else 0
-
     def opening(self, model: str) -> int:
         """In-flight forwards (not yet in a snapshot) that open `model` here."""
         row = self.ov_model.get(model)
