@@ -5,6 +5,8 @@ Run: .venv/bin/python bench/telemetry_bench.py [--sessions 10000] [--idle 6]
 Starts `talariad` with one hot `sim` instance on the zero-cost `instant` profile, makes `--sessions`
 sessions live (one one-token call each, 32 at a time), then leaves the daemon idle for `--idle`
 seconds while it keeps polling telemetry (every 0.25 s by default), and prints:
+- the call rate while sessions accumulate (first tenth against last tenth: a call whose cost
+  grows with the live sessions shows as a ratio well below 1);
 - the gateway's telemetry payload per poll in steady state (`talaria_telemetry_payload_bytes`,
   sampled from /metrics through the idle window; `-` where the daemon does not export it);
 - the size of the instance's whole telemetry (sessions included), read once at the end;
@@ -34,10 +36,11 @@ from front_bench import BODY, _read_response, start_talariad  # noqa: E402
 GOAL_BYTES = 16 * 1024
 
 
-async def make_sessions(port: int, sessions: int, conns: int = 32) -> float:
-    """One call per session id, `conns` kept-alive connections; returns calls per second."""
+async def make_sessions(port: int, sessions: int, conns: int = 32) -> list[float]:
+    """One call per session id, `conns` kept-alive connections; returns when each call finished."""
     body = json.dumps(BODY).encode()
     todo = iter(range(sessions))
+    done: list[float] = []
 
     async def worker() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -51,11 +54,19 @@ async def make_sessions(port: int, sessions: int, conns: int = 32) -> float:
                 + body
             )
             await _read_response(reader)
+            done.append(time.perf_counter())
         writer.close()
 
-    t0 = time.perf_counter()
+    done.append(time.perf_counter())
     await asyncio.gather(*(worker() for _ in range(conns)))
-    return sessions / (time.perf_counter() - t0)
+    return done
+
+
+def call_rates(done: list[float]) -> tuple[float, float, float]:
+    """Calls per second over all of them, over the first tenth and over the last tenth."""
+    n, tenth = len(done) - 1, max((len(done) - 1) // 10, 1)
+    rate = lambda a, b: (b - a) / (done[b] - done[a])  # noqa: E731
+    return rate(0, n), rate(0, tenth), rate(n - tenth, n)
 
 
 def payload_gauge(port: int) -> int | None:
@@ -103,8 +114,11 @@ def main() -> None:
         try:
             daemon = psutil.Process(proc.pid)
             instance = psutil.Process(next(c.pid for c in daemon.children()))
-            rate = asyncio.run(make_sessions(port, args.sessions))
-            print(f"made {args.sessions} sessions live at {rate:.0f} calls/s")
+            rate, first, last = call_rates(asyncio.run(make_sessions(port, args.sessions)))
+            print(
+                f"made {args.sessions} sessions live at {rate:.0f} calls/s: {first:.0f} over the "
+                f"first tenth, {last:.0f} over the last (last/first {last / first:.2f})"
+            )
             time.sleep(2.0)  # the first polls after the burst carry its changes
             samples, d0, i0, t0 = [], cpu_s(daemon), cpu_s(instance), time.monotonic()
             while time.monotonic() - t0 < args.idle:

@@ -123,19 +123,46 @@ class LedgerEntry:
 
 @dataclass
 class SessionLedger:
-    """(session, model) -> where that prefix lives here; the substrate corrects it via set()."""
+    """(session, model) -> where that prefix lives here; the substrate corrects it via set().
+    Every change goes through set() or drop(), or keeps `device_tokens` right itself (the
+    scheduler's per-step path), so the device KV it totals is read in O(models)."""
 
     entries: dict[tuple[str, str], LedgerEntry] = field(default_factory=dict)
+    device_tokens: dict[str, int] = field(init=False)
+    """Per model, the kv_len summed over its DEVICE entries."""
+    _models_of: dict[str, list[str]] = field(init=False)  # session -> models with an entry
+
+    def __post_init__(self) -> None:
+        self.device_tokens, self._models_of = {}, {}
+        for (session, model), entry in self.entries.items():
+            self._models_of.setdefault(session, []).append(model)
+            if entry.state is KVState.DEVICE:
+                self.device_tokens[model] = self.device_tokens.get(model, 0) + entry.kv_len
 
     def set(self, session: str, model: str, state: KVState, kv_len: int, now: float) -> None:
         if state.__class__ is not KVState:  # hot path: every decode step sets every running call
             state = KVState(state)
         kv_len = 0 if state is KVState.MISSING or kv_len < 0 else kv_len
         entry = self.entries.get((session, model))
+        delta = kv_len if state is KVState.DEVICE else 0
         if entry is None:
             self.entries[(session, model)] = LedgerEntry(state, kv_len, now)
+            self._models_of.setdefault(session, []).append(model)
         else:  # in place: readers copy the fields out, none keeps an entry
+            if entry.state is KVState.DEVICE:
+                delta -= entry.kv_len
             entry.state, entry.kv_len, entry.updated_at = state, kv_len, now
+        if delta:
+            self.device_tokens[model] = self.device_tokens.get(model, 0) + delta
+
+    def drop(self, session: str) -> int:
+        """Forget every prefix of `session` here; how many entries there were."""
+        models = self._models_of.pop(session, ())
+        for model in models:
+            entry = self.entries.pop((session, model))
+            if entry.state is KVState.DEVICE:
+                self.device_tokens[model] -= entry.kv_len
+        return len(models)
 
     def get(self, session: str, model: str) -> LedgerEntry:
         return self.entries.get((session, model), LedgerEntry(KVState.MISSING, 0))
@@ -155,3 +182,15 @@ class SessionLedger:
         for key, entry in self.entries.items():
             if key[1] == model and entry.state is KVState.DEVICE and key[0] not in keep:
                 self.set(key[0], model, to, entry.kv_len, now)
+
+    def check_integrity(self) -> None:
+        """Raise RuntimeError if the per-model device totals or the session index disagree."""
+        fresh = SessionLedger(dict(self.entries))
+        if {m: n for m, n in self.device_tokens.items() if n} != {
+            m: n for m, n in fresh.device_tokens.items() if n
+        }:
+            raise RuntimeError(f"ledger: device tokens {self.device_tokens} != entries' sums")
+        if {s: sorted(m) for s, m in self._models_of.items()} != {
+            s: sorted(m) for s, m in fresh._models_of.items()
+        }:
+            raise RuntimeError("ledger: the session index disagrees with the entries")

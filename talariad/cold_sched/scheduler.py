@@ -233,7 +233,7 @@ class ColdScheduler(SlotPolicy):
         done = []
         records, ledger_set, device = self.table.records, self.ledger.set, KVState.DEVICE
         if tokens is None and not finished:  # the per-step case: one token each, no stop hit
-            entries = self.ledger.entries
+            entries, tokens = self.ledger.entries, self.ledger.device_tokens
             for cid in action.call_ids:
                 rec = records[cid]
                 rec.generated = generated = rec.generated + 1
@@ -245,14 +245,14 @@ class ColdScheduler(SlotPolicy):
                     continue
                 # `ledger.set(..., DEVICE, prompt + generated, now)` inlined (the length is > 0):
                 # every running call's entry moves on every decode step
+                kv_len = call.prompt_tokens + generated
                 entry = entries.get((call.session_id, call.model))
                 if entry is None:
-                    ledger_set(
-                        call.session_id, call.model, device, call.prompt_tokens + generated, now
-                    )
+                    ledger_set(call.session_id, call.model, device, kv_len, now)
                 else:
-                    entry.state, entry.kv_len = device, call.prompt_tokens + generated
-                    entry.updated_at = now
+                    held = entry.kv_len if entry.state is device else 0
+                    entry.state, entry.kv_len, entry.updated_at = device, kv_len, now
+                    tokens[call.model] = tokens.get(call.model, 0) + kv_len - held
             return self._after_tokens(action, done)
         for cid in action.call_ids:
             rec = records[cid]

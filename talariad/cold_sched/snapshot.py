@@ -93,6 +93,7 @@ def deadline_risk_share(s: ColdScheduler, window: int = 10) -> float:
 
 def check_integrity(s: ColdScheduler) -> None:
     s.table.check_integrity()
+    s.ledger.check_integrity()
     problems = []
     running_models = {s.table.records[c].call.model for c in s.table.running}
     if running_models - {s.active}:

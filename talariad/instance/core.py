@@ -469,12 +469,9 @@ class InstanceCore:
     def forget(self, session: str) -> bool:
         """Drop a session's context and KV here (the ledger, the executor's pages and host
         copies); True if there was any."""
-        ledger = self.sched.ledger
-        keys = [k for k in ledger.entries if k[0] == session]
-        for key in keys:
-            del ledger.entries[key]
+        dropped = self.sched.ledger.drop(session)
         freed = self.executor.forget(session) if self.executor is not None else None
-        return bool(keys) if freed is None else freed
+        return bool(dropped) if freed is None else freed
 
     # ---- telemetry --------------------------------------------------------------------------
 

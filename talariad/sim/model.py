@@ -185,16 +185,21 @@ class SimModel:
             grown[(c.session_id, c.model)] = c.prompt_tokens + c.generated + 1
             if c.abandoned or c.generated + 1 >= c.max_tokens:
                 ending.add(cid)
-        device = [
-            (k[1] != model, e.updated_at, k, e.kv_len)
-            for k, e in ledger.entries.items()
-            if e.state is KVState.DEVICE and k not in grown
-        ]
-        device += [(False, now, k, n) for k, n in grown.items()]
-        used = sum(self.mem.kv_bytes(k[1], n) for _, _, k, n in device)
+        kv_bytes, entries = self.mem.kv_bytes, ledger.entries
+        used = self.device_kv_bytes()  # the ledger's running totals: O(models), not O(sessions)
+        for key, n in grown.items():
+            entry = entries.get(key)
+            held = entry.kv_len if entry is not None and entry.state is KVState.DEVICE else 0
+            used += kv_bytes(key[1], n) - kv_bytes(key[1], held)
         over = used - self.mem.kv_budget_bytes(model)
         if over <= 0:
             return []
+        device = [
+            (k[1] != model, e.updated_at, k, e.kv_len)
+            for k, e in entries.items()
+            if e.state is KVState.DEVICE and k not in grown
+        ]
+        device += [(False, now, k, n) for k, n in grown.items()]
         busy = {
             c.session_id for cid, c in plan.live.items() if cid not in ending and c.model == model
         }
@@ -229,11 +234,8 @@ class SimModel:
         models' slots, which the layout keeps across switches."""
         if self._ledger is None:
             return 0
-        return sum(
-            self.mem.kv_bytes(k[1], e.kv_len)
-            for k, e in self._ledger.entries.items()
-            if e.state is KVState.DEVICE
-        )
+        kv_bytes = self.mem.kv_bytes  # linear in tokens: a model's total prices its entries
+        return sum(kv_bytes(m, n) for m, n in self._ledger.device_tokens.items())
 
     def _note_hbm(self, rnd: int, nbytes: int) -> None:
         self.hbm_by_round[rnd] = max(self.hbm_by_round.get(rnd, 0), nbytes)

@@ -174,3 +174,12 @@ def test_check_integrity_catches_a_corrupt_ledger():
     s.table.running.append("c1")  # listed as waiting and running at once
     with pytest.raises(RuntimeError, match="call table"):
         s.check_integrity()
+
+
+def test_check_integrity_catches_a_device_total_out_of_step():
+    s = sched()
+    s.ledger.set("s1", "A", KVState.DEVICE, 100, 0.0)
+    s.check_integrity()
+    s.ledger.entries[("s1", "A")].kv_len = 300  # changed behind the ledger's totals
+    with pytest.raises(RuntimeError, match="device tokens"):
+        s.check_integrity()

@@ -171,3 +171,37 @@ def test_session_deltas_report_changes_and_removals_against_the_consumers_view()
     ]
     stale = d.apply(tel(("b", "device", 25)), full.sessions_epoch)  # an older view: the whole list
     assert stale.sessions_base is None and [s.session_id for s in stale.sessions] == ["b"]
+
+
+class _CountingEntries(dict):
+    """A ledger's entries that count the walks over all of them."""
+
+    walks = 0
+
+    def items(self):
+        type(self).walks += 1
+        return super().items()
+
+    def __iter__(self):
+        type(self).walks += 1
+        return super().__iter__()
+
+
+async def test_a_call_does_not_walk_every_session_of_the_instance():
+    """A sim instance's call costs the same with 10 or 10,000 live sessions: its device KV comes
+    from the ledger's running totals, and forgetting a session reads only that session."""
+    _, inst, worker, *_ = _setup()
+    model = inst.models[0]
+    loop = asyncio.create_task(worker.run())
+    try:
+        await _serve(worker, model, range(50))
+        ledger = worker.core.sched.ledger
+        ledger.entries = _CountingEntries(ledger.entries)
+        await _serve(worker, model, range(50, 60))  # new sessions
+        await _serve(worker, model, range(0, 10))  # returns
+        assert worker.core.forget("s3") and not worker.core.forget("s3")
+        assert _CountingEntries.walks == 0
+        assert len(ledger.entries) == 59
+        ledger.check_integrity()
+    finally:
+        loop.cancel()
