@@ -160,7 +160,7 @@ class SessionLedger:
         models = self._models_of.pop(session, ())
         for model in models:
             entry = self.entries.pop((session, model))
-            if entry.state is KVState.DEVICE:
+            if entry.state is KVState.DEVICE and entry.kv_len:
                 self.device_tokens[model] -= entry.kv_len
         return len(models)
 

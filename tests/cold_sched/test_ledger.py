@@ -64,3 +64,12 @@ def test_a_ledger_built_from_entries_totals_them():
     copy = SessionLedger(dict(ledger.entries))
     assert copy.device_tokens == {"A": 10, "B": 30} == ledger.device_tokens
     assert copy.drop("s1") == 2 and copy.device_tokens == {"A": 10, "B": 0}
+
+
+def test_an_empty_device_prefix_drops_cleanly():
+    """Found by the property test: a DEVICE entry of length 0 adds nothing to the totals, so its
+    drop must not subtract from a total that was never made."""
+    ledger = SessionLedger()
+    ledger.set("s0", "A", KVState.DEVICE, 0, 0.0)
+    assert ledger.drop("s0") == 1 and not ledger.entries
+    ledger.check_integrity()
