@@ -146,7 +146,9 @@ class SlotPolicy:
         with work, after their switches, with d_m protected decode steps (Eq. 4)."""
         busy = [m for m in self.models if self.table.has_work(m)] or [model]
         switches = sum(self.predicted_switch_s(m) for m in busy) if len(busy) > 1 else 0.0
-        batch = min(self.knobs.max_batch, max(1, len(self.table.waiting[model])))
+        # a batch that runs on from this model's last slot (_close_slot) is part of this one
+        carried = len(self.table.running) if model == self.active else 0
+        batch = min(self.knobs.max_batch, max(1, len(self.table.waiting[model]) + carried))
         step = self.profiles[model].decode_s(batch)
         bound, tpot = self.knobs.round_bound_s, self.knobs.tpot_target_s
         plan = plan_slot(bound, len(busy), switches, tpot, step, self.knobs.max_switch_share)
@@ -158,9 +160,11 @@ class SlotPolicy:
     def _close_slot(self, now: float) -> None:
         """Park the running batch: its KV stays on device, across the switch too (see
         ColdScheduler._parked_sessions), and it resumes first in its model's next slot. Count
-        returns that SP could not take, and P work that batch or KV capacity could not fit."""
+        returns that SP could not take, and P work that batch or KV capacity could not fit.
+        With no other model's work waiting, the next slot is this model's again, with no switch:
+        the batch then runs on into it instead of being parked and prefilled again for nothing."""
         slot, rnd = self.slot, self.rounds.current
-        parked = self.table.park_running()
+        parked = self.table.park_running() if self._others_wait(slot.model) else []
         for rec in parked:
             self.ledger.set(rec.call.session_id, slot.model, KVState.DEVICE, rec.kv_len, now)
         returns = [r for r in self.table.waiting_records(slot.model) if r.sp_return]
@@ -175,14 +179,18 @@ class SlotPolicy:
         rnd.active_s += now - slot.opened_at
         self.slot = None
 
+    def _others_wait(self, model: str) -> bool:
+        """Another model has calls queued here (a slot end then gives it its turn)."""
+        return any(self.table.has_work(m) for m in self.models if m != model)
+
     def _drain_fits(self, now: float, step_s: float) -> bool:
         """Dfin past the slot's share: in-flight decode drains before the switch while the round
         stays within Eq. (5). §3.4: Dfin "spends the remaining protected budget on in-flight
         decode before switching models", and the slot closes "when the round budget is exhausted
         or the scheduler decides to switch". The later slots of this round keep their shares and
         switches; only what the round would leave unused is spent here. A call still decoding
-        when the round bound is reached is parked (_close_slot), the same rule in every
-        configuration."""
+        when the round bound is reached is parked (_close_slot) if another model waits, the same
+        rule in every configuration."""
         rnd = self.rounds.current
         if rnd is None or rnd.started_at is None:
             return False

@@ -183,3 +183,40 @@ def test_check_integrity_catches_a_device_total_out_of_step():
     s.ledger.entries[("s1", "A")].kv_len = 300  # changed behind the ledger's totals
     with pytest.raises(RuntimeError, match="device tokens"):
         s.check_integrity()
+
+
+def drive(s: ColdScheduler, step_s: float = 0.03) -> tuple[list, dict]:
+    """Run every action to the end, each taking `step_s`; (actions, completions by call id)."""
+    now, actions, done = 0.0, [], {}
+    while (action := s.next_action(now)) != Idle(None):
+        if isinstance(action, Idle):
+            now = action.until
+            continue
+        actions.append(action)
+        now += step_s
+        path = action.path if isinstance(action, Switch) else None
+        done.update({c.call_id: c for c in s.finish(action, now, step_s, switch_path=path)})
+    return actions, done
+
+
+def test_a_slot_end_with_no_other_model_waiting_runs_the_batch_on():
+    """600 tokens at 0.03 s outlast two round bounds of 8 s: the slot closes, but with no other
+    model waiting the next slot is A's again, so the call decodes on without a park or a second
+    prefill."""
+    s = sched()
+    s.submit(call("a1", max_tokens=600), 0.0)
+    actions, done = drive(s)
+    assert len(s.round_summaries) >= 3  # the slot did close at the round bound
+    assert s.decode_parked == 0 and done["a1"].parked_times == 0
+    assert [type(a) for a in actions].count(Prefill) == 1
+    assert done["a1"].completion_tokens == 600
+
+
+def test_a_slot_end_parks_the_batch_when_another_model_waits():
+    s = sched()
+    s.submit(call("a1", max_tokens=600), 0.0)
+    s.submit(call("b1", model="B", max_tokens=600), 0.0)
+    actions, done = drive(s)
+    assert s.decode_parked >= 2 and done["a1"].parked_times >= 1
+    assert any(isinstance(a, Switch) for a in actions)
+    assert {c.completion_tokens for c in done.values()} == {600}
