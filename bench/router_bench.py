@@ -32,6 +32,7 @@ from talariad.router import (
     RouterKnobs,
     SessionKV,
 )
+from talariad.daemon import settle_gc  # noqa: E402
 from talariad.router.policies.talaria import TalariaPolicy  # noqa: E402
 from talariad.router.ranking import rank, rank_all  # noqa: E402
 from talariad.types import KVState, LatencyProfile, Pool  # noqa: E402
@@ -121,7 +122,8 @@ def run(
     world = World(seed, instances)
     router = Router(RouterKnobs(overload="spill"), profiles(), policy)
     gc.collect()
-    gc.freeze()  # NOTE: as a long-lived daemon would after start-up: the 10k-session world
+    thresholds = gc.get_threshold()
+    settle_gc()  # NOTE: as the daemon does after start-up: the 10k-session world
     # is moved out of the collector's generations; snapshots built later are still collected.
     now, inflight, recent, kinds = 0.0, deque(), deque(maxlen=256), Counter()
     wall, cpu = [], []
@@ -151,6 +153,7 @@ def run(
         if n % 1000 == 0:
             router.expire(now)
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
     return wall, cpu, kinds
 
 
