@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
-import gc
 import logging
 import os
 import pathlib
@@ -23,6 +22,7 @@ from talariad.admin import admin_pb2, server as admin_server
 from talariad.admin.operator import Operator
 from talariad.admin.sockets import daemon_socket
 from talariad.config import ConfigError, TalariaConfig, load_config, parse_config
+from talariad.gc_tuning import settle_gc
 from talariad.gateway.app import Gateway, build_app
 from talariad.gateway.auth import load_keys
 from talariad.gateway.health import Readiness
@@ -432,19 +432,6 @@ def _assign(tree: dict, path: str, value) -> None:
         node[int(leaf)] = value
     else:
         node[leaf] = value
-
-
-GC_GEN0_THRESHOLD = 5_000
-"""Allocations between young-generation GC passes in the daemon (CPython's default is 700)."""
-
-
-def settle_gc() -> None:
-    """Once start-up is done: start-up objects never die, so they leave the collector's
-    generations (`gc.freeze`), and young passes run 7x less often. A pass walks the snapshots
-    and decisions made since the last one and frees almost nothing; at the default threshold
-    one lands in about 1% of placements and sets the router's p99 (`bench/router_bench.py`)."""
-    gc.freeze()
-    gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
 async def _watchdog() -> None:

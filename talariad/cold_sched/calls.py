@@ -128,9 +128,10 @@ class SessionLedger:
     scheduler's per-step path), so the device KV it totals is read in O(models)."""
 
     entries: dict[tuple[str, str], LedgerEntry] = field(default_factory=dict)
-    device_tokens: dict[str, int] = field(init=False)
+    device_tokens: dict[str, int] = field(init=False, repr=False, compare=False)
     """Per model, the kv_len summed over its DEVICE entries."""
-    _models_of: dict[str, list[str]] = field(init=False)  # session -> models with an entry
+    # session -> models with an entry
+    _models_of: dict[str, list[str]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.device_tokens, self._models_of = {}, {}

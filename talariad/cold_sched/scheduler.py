@@ -233,7 +233,7 @@ class ColdScheduler(SlotPolicy):
         done = []
         records, ledger_set, device = self.table.records, self.ledger.set, KVState.DEVICE
         if tokens is None and not finished:  # the per-step case: one token each, no stop hit
-            entries, tokens = self.ledger.entries, self.ledger.device_tokens
+            entries, totals = self.ledger.entries, self.ledger.device_tokens
             for cid in action.call_ids:
                 rec = records[cid]
                 rec.generated = generated = rec.generated + 1
@@ -252,7 +252,7 @@ class ColdScheduler(SlotPolicy):
                 else:
                     held = entry.kv_len if entry.state is device else 0
                     entry.state, entry.kv_len, entry.updated_at = device, kv_len, now
-                    tokens[call.model] = tokens.get(call.model, 0) + kv_len - held
+                    totals[call.model] = totals.get(call.model, 0) + kv_len - held
             return self._after_tokens(action, done)
         for cid in action.call_ids:
             rec = records[cid]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from talariad.daemon import GC_GEN0_THRESHOLD, settle_gc
+from talariad.gc_tuning import GC_GEN0_THRESHOLD, settle_gc
 
 
 def test_settle_gc_freezes_start_up_objects_and_spaces_young_passes():
