@@ -22,12 +22,12 @@ from talariad.admin import admin_pb2, server as admin_server
 from talariad.admin.operator import Operator
 from talariad.admin.sockets import daemon_socket
 from talariad.config import ConfigError, TalariaConfig, load_config, parse_config
-from talariad.gc_tuning import settle_gc
 from talariad.gateway.app import Gateway, build_app
 from talariad.gateway.auth import load_keys
 from talariad.gateway.health import Readiness
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import InstanceMetrics
+from talariad.gc_tuning import settle_gc
 from talariad.knobs import config_router_knobs, model_profile
 from talariad.gateway.routing import RouterShell
 from talariad.supervisor import ProcState, Supervisor

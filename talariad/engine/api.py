@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from talariad.engine.messages import GenerateRequest, Telemetry
 from talariad.httpserver import fastapi_app
-from talariad.engine.worker import Worker
+from talariad.engine.worker import ROUNDS_LIMIT, Worker
 
 TOKEN_HEADER = "x-talaria-token"
 
@@ -72,7 +72,7 @@ def build_app(worker: Worker, token: str | None = None) -> FastAPI:
             return JSONResponse({"error": str(err)}, status_code=400)
 
     @app.get("/internal/rounds")
-    async def rounds(limit: int = Query(50, ge=1, le=4096)) -> dict:
+    async def rounds(limit: int = Query(ROUNDS_LIMIT, ge=1, le=4096)) -> dict:
         """The latest round records (with per-slot phases) and switch records."""
         return worker.rounds(limit)
 

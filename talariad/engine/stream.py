@@ -258,7 +258,9 @@ def report(worker, q: Query) -> bytes:
     serializer, as there: enums, dataclasses and tuples in a report are JSON too)."""
     if q.query == "telemetry":
         return worker.telemetry_since(q.since).model_dump_json().encode()
-    return to_json(worker.rounds(q.limit or 50) if q.query == "rounds" else worker.memory_report())
+    if q.query == "rounds":
+        return to_json(worker.rounds() if q.limit is None else worker.rounds(q.limit))
+    return to_json(worker.memory_report())
 
 
 class _CallEvents:

@@ -25,6 +25,9 @@ from talariad.knobs import config_sched_knobs
 
 log = logging.getLogger("talariad.engine")
 
+ROUNDS_LIMIT = 50
+"""Round records a rounds report carries when the asker gives no limit."""
+
 
 class EventSink(Protocol):
     """Where the loop hands one call's events (`Worker.start`); called from the loop, so it must
@@ -183,7 +186,7 @@ class Worker:
         t = self.core.telemetry(self.now(), sessions=False)
         return self.deltas.apply(t, since, self.core.session_rows())
 
-    def rounds(self, limit: int = 50) -> dict:
+    def rounds(self, limit: int = ROUNDS_LIMIT) -> dict:
         """The latest round records (with per-slot phases) and switch records."""
         return self.core.rounds(self.now(), limit)
 

@@ -498,9 +498,8 @@ class InstanceCore:
             queued={m: len(s.table.waiting[m]) for m in s.models},
             running=len(s.table.running),
             sessions=[  # validated construction: half the cost of model_construct here
-                KVEntry(session_id=k[0], model=k[1], state=e.state.value, kv_len=e.kv_len)
-                for k, e in s.ledger.entries.items()
-                if e.state is not KVState.MISSING
+                KVEntry(session_id=k[0], model=k[1], state=state, kv_len=n)
+                for k, state, n in self.session_rows()
             ]
             if sessions
             else [],

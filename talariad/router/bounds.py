@@ -40,10 +40,14 @@ class BoundOrder:
 
     def put(self, inst: InstanceState, row: tuple) -> None:
         self.drop(inst.name)
+        insort(self.entries, self._add(inst, row))
+
+    def _add(self, inst: InstanceState, row: tuple) -> Entry:
+        """Name `inst` with its bound from `row`; its entry, for the caller to place."""
         entry = (lower_bound(row, self.key[1], self.key[2]), inst.name)
-        insort(self.entries, entry)
         self.named[inst.name] = (inst, entry)
         self.insts.add(inst)
+        return entry
 
     def drop(self, name: str) -> None:
         held = self.named.pop(name, None)
@@ -66,12 +70,11 @@ class BoundIndex:
         order = self._orders.get(model)
         if order is None or order.key != key or order.synced != every.generation:
             order = self._orders[model] = BoundOrder(key, every.generation)
-            for inst in every.all():
-                if inst.snapshot is not None and model in inst.allowed:
-                    entry = (lower_bound(row(inst), key[1], key[2]), inst.name)
-                    order.named[inst.name] = (inst, entry)
-                    order.insts.add(inst)
-            order.entries = sorted(entry for _, entry in order.named.values())
+            order.entries = sorted(
+                order._add(inst, row(inst))
+                for inst in every.all()
+                if inst.snapshot is not None and model in inst.allowed
+            )
         return order
 
     def update(self, inst: InstanceState, every: InstanceBook, keys: dict[str, tuple]) -> None:
