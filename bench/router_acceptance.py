@@ -5,6 +5,11 @@ Talaria router against the best peer: SCT p95 and avoidable opens.
 A peer is every registered policy but `talaria`; "best" is the lowest SCT p95 (for the SCT check)
 and the fewest avoidable opens (for the opens check), each taken over all peers separately.
 
+Beside them, each row's longest schedule-aware TTFT (`ttft_max_s`): a peer can win SCT p95 by
+holding one model's new sessions until a worker drains (llama-swap's swap rule), and this column
+shows what that cost the calls held. The daemon would have answered such a call with a 429 once
+it waited the gateway's `queue_timeout_s` (30 s by default); the simulator re-places it instead.
+
 Run: .venv/bin/python bench/router_acceptance.py [--seeds 0-4] [--traces fixed,swebv]
      [--full | --both] [--swebv PATH] [--json FILE]
 """
@@ -28,6 +33,7 @@ from rich.table import Table  # noqa: E402
 from talariad.replay.generate import PAPER_MODELS, fixed_replay  # noqa: E402
 from talariad.replay.metrics import row_metrics  # noqa: E402
 from talariad.replay.swebv import load_swebv  # noqa: E402
+from talariad.router import RouterKnobs  # noqa: E402
 from talariad.sim.__main__ import ROUTER_BOX, on_models, router_subset  # noqa: E402
 from talariad.sim.configs import LOADS, router_configs  # noqa: E402
 from talariad.sim.profiles import load_set  # noqa: E402
@@ -36,6 +42,7 @@ from talariad.sim.simulator import simulate  # noqa: E402
 
 SWEBV = "../shared/traces/swebv_gemini3pro_minisweagent_calls.jsonl.gz"  # from the repo root
 QUIET = Console(quiet=True)
+QUEUE_TIMEOUT_S = RouterKnobs().queue_timeout_s
 
 
 def trace_for(name: str, seed: int, full: bool, swebv: str):
@@ -55,7 +62,8 @@ def one(job: tuple[str, int, bool, str, float]) -> list[dict]:
     out = []
     for cfg in router_configs(pset, tuple(trace.models())):
         try:
-            r = row_metrics(simulate(trace, cfg, pset))
+            run = simulate(trace, cfg, pset)
+            r = row_metrics(run)
         except RuntimeError as err:  # no progress: the cell is reported as stuck
             print(f"{name} seed {seed}: {err}", file=sys.stderr)
             out.append(
@@ -68,6 +76,7 @@ def one(job: tuple[str, int, bool, str, float]) -> list[dict]:
                     "sct_p95_s": math.inf,
                     "sct_p50_s": math.inf,
                     "avoidable_opens": 10**9,
+                    "ttft_max_s": math.inf,
                     "stuck": True,
                 }
             )
@@ -82,6 +91,7 @@ def one(job: tuple[str, int, bool, str, float]) -> list[dict]:
                 "sct_p95_s": r.sct_p95_s,
                 "sct_p50_s": r.sct_p50_s,
                 "avoidable_opens": r.avoidable_opens,
+                "ttft_max_s": max(run.ttfts()),
             }
         )
     return out
@@ -110,6 +120,8 @@ def verdicts(rows: list[dict]) -> list[dict]:
                 "best_peer_sct": best_sct["policy"],
                 "talaria_avoidable_opens": ours["avoidable_opens"],
                 "best_peer_avoidable_opens": best_open["avoidable_opens"],
+                "talaria_ttft_max_s": ours["ttft_max_s"],
+                "best_peer_ttft_max_s": best_sct["ttft_max_s"],
                 "sct_ok": ours["sct_p95_s"] <= best_sct["sct_p95_s"] + 1e-9,
                 "opens_ok": ours["avoidable_opens"] <= best_open["avoidable_opens"],
             }
@@ -157,6 +169,7 @@ def main() -> int:
         "SCT p95 talaria",
         "best peer",
         "opens talaria/best",
+        "TTFT max talaria/best",
         "ok",
     ):
         table.add_column(col)
@@ -169,11 +182,17 @@ def main() -> int:
             f"{v['talaria_sct_p95_s']:.1f}",
             f"{v['best_peer_sct_p95_s']:.1f} ({v['best_peer_sct']})",
             f"{v['talaria_avoidable_opens']}/{v['best_peer_avoidable_opens']}",
+            f"{v['talaria_ttft_max_s']:.1f}/{v['best_peer_ttft_max_s']:.1f}",
             ("sct " if v["sct_ok"] else "SCT-LOSS ") + ("opens" if v["opens_ok"] else "OPENS-LOSS"),
         )
-    Console(width=140).print(table)
+    Console(width=160).print(table)
     met = sum(v["sct_ok"] and v["opens_ok"] for v in result)
     print(f"met {met}/{len(result)}; load average {os.getloadavg()[0]:.2f}")
+    held = [v for v in result if not v["sct_ok"] and v["best_peer_ttft_max_s"] > QUEUE_TIMEOUT_S]
+    print(
+        f"SCT lost to a peer that held a call past the gateway's {QUEUE_TIMEOUT_S:g} s queue"
+        f" timeout: {len(held)} of {sum(not v['sct_ok'] for v in result)}"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "verdicts": result}, indent=1))
     return 0

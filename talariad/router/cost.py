@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import defaultdict, deque
+from collections import defaultdict
 from typing import NamedTuple
 
 from talariad.router.bounds import BoundIndex, BoundOrder
@@ -110,15 +110,20 @@ class CostModel:
         )
 
     def record_placed(self, plan: CallPlan, instance: str, now: float) -> None:
-        """A forward of `plan` to `instance`: its service work counts as the model's demand there."""
+        """A forward of `plan` to `instance`: its service work counts as the model's demand
+        there until a window after the call would end if it ran at once. Booked at the
+        forward, a 30 s decode would leave a 30 s window just as it ends, and its instance
+        would read idle while a session on it is still between calls."""
         work = plan.prefill_s + plan.decode_s
-        self.placed.record((instance, plan.call.model), now, work)  # type: ignore[arg-type]
-        self.placed.record((instance, None), now, work)  # type: ignore[arg-type]
-        self.placed.record(plan.call.model, now, work)
+        until = now + work
+        self.placed.record((instance, plan.call.model), now, work, until)  # type: ignore[arg-type]
+        self.placed.record((instance, None), now, work, until)  # type: ignore[arg-type]
+        self.placed.record(plan.call.model, now, work, until)
 
     def spare_s(self, instance: str, now: float | None) -> float:
         """What `instance` can still absorb over the next control window: the window minus the
-        work forwarded to it over the last one (every model), the forecast of its own load."""
+        work placed on it that ran or runs within the last one (every model; `record_placed`),
+        the forecast of its own load."""
         if now is None:
             return math.inf
         busy = self.placed.work_s((instance, None), now)  # type: ignore[arg-type]
@@ -512,44 +517,46 @@ class CostModel:
 
 
 class PlacedWork(DemandTracker):
-    """The work forwarded per (instance, model), (instance, None) and model over a window, which
-    also keeps, as dicts whose past states a lazy explanation keeps (`logged.LoggedDict`):
+    """The work placed per (instance, model), (instance, None) and model, each counted from its
+    forward until a window after its predicted end (`record`'s `until`), which also keeps, as
+    dicts whose past states a lazy explanation keeps (`logged.LoggedDict`):
     - `kept[model]`: instance -> its (instance, model) sum, current where it was last read;
     - `busy`: instance -> its (instance, None) sum, current as of the last `advance`
     (`held_kept`, `held_busy`: their states now).
 
+    Events end in any order (a short call placed after a long one ends first), so each window is
+    a heap on the event's end, not a queue in arrival order.
+
     NOTE: a window sum is a running float sum, and its last bits depend on when it was trimmed;
-    a sum whose events all left the window reads exactly 0.0 (`DemandTracker._trim`), so whether
-    an instance is busy (kept in rotation) never depends on a residue. The (instance, model) and
-    model sums are trimmed exactly when reading them would have trimmed them (`trim_due`: the
-    retirement rule's and `CostModel.contenders`' reads); the (instance, None) sums, which spare
-    capacity and contention read, are trimmed as time passes (`advance`), which can change only
-    the last bits of a sum that still holds events.
+    a sum whose events all left the window reads exactly 0.0 (`_trim`), so whether an instance
+    is busy (kept in rotation) never depends on a residue. The (instance, model) and model sums
+    are trimmed exactly when reading them would have trimmed them (`trim_due`: the retirement
+    rule's and `CostModel.contenders`' reads); the (instance, None) sums, which spare capacity
+    and contention read, are trimmed as time passes (`advance`), which can change only the last
+    bits of a sum that still holds events.
     """
 
     def __init__(self, window_s: float) -> None:
         super().__init__(window_s)
+        self._events: defaultdict = defaultdict(list)  # key -> heap of (until, work)
         self._kept: dict[str, LoggedDict] = {}
         self.kept: dict[str, dict[str, float]] = {}  # model -> its `_kept` entry's live dict
         self._logged_busy = LoggedDict()
         self.busy: dict[str, float] = self._logged_busy.live
         self._busy: defaultdict[str, set[str]] = defaultdict(set)  # model -> sum > 0 there
         self._due: defaultdict[str, list[tuple[float, str]]] = defaultdict(list)
-        """model -> heap of (its oldest event's time, instance) over the (instance, model) windows"""
+        """model -> heap of (its oldest event's end, instance) over the (instance, model) windows"""
         self._head: dict[tuple[str, str], float] = {}  # (instance, model) -> its entry in _due
-        # (instance, None) events in arrival order, as two deques of untracked values (a tuple
-        # per event would outlive the call and bring GC passes nearer); unsorted: time went back
-        self._expiry_at: deque[float] = deque()
-        self._expiry_of: deque[str] = deque()
-        self._unsorted = False
+        self._expiry: list[tuple[float, str]] = []  # heap of (until, instance): (instance, None)
 
-    def record(self, model, now: float, work_s: float) -> None:
-        super().record(model, now, work_s)
+    def record(self, model, now: float, work_s: float, until: float | None = None) -> None:
+        """`work_s` placed at `now` that counts until a window after `until` (default: `now`)."""
+        until = now if until is None or until < now else until
+        heapq.heappush(self._events[model], (until, work_s))
+        self._sums[model] += work_s
         if type(model) is tuple and model[1] is None:
-            if self._expiry_at and now < self._expiry_at[-1]:
-                self._unsorted = True
-            self._expiry_at.append(now)
-            self._expiry_of.append(model[0])
+            heapq.heappush(self._expiry, (until, model[0]))
+        self._trim(model, now)
 
     def held_kept(self, model: str) -> tuple | None:
         """The state of `kept[model]` now, for a caller that keeps it (`logged.thaw`)."""
@@ -562,26 +569,26 @@ class PlacedWork(DemandTracker):
 
     def advance(self, now: float) -> None:
         """Trim every (instance, None) window to `now`."""
-        at, of, cutoff = self._expiry_at, self._expiry_of, now - self._window
-        if self._unsorted:  # placement times went back: trim every such window, re-sort
-            self._unsorted, pending = False, []
-            for key, events in self._events.items():
-                if type(key) is tuple and key[1] is None:
-                    self._trim(key, now)
-                    pending += [(t, key[0]) for t, _ in events]
-            pending.sort(key=lambda e: e[0])
-            at.clear()
-            of.clear()
-            for t, inst in pending:
-                at.append(t)
-                of.append(inst)
-            return
-        while at and at[0] <= cutoff:
-            at.popleft()
-            self._trim((of.popleft(), None), now)
+        expiry, cutoff = self._expiry, now - self._window
+        while expiry and expiry[0][0] <= cutoff:
+            self._trim((heapq.heappop(expiry)[1], None), now)
 
     def _trim(self, model, now: float) -> None:  # every change of a sum ends here (`record` too)
-        super()._trim(model, now)
+        events = self._events.get(model)
+        if events:
+            cutoff = now - self._window
+            if events[0][0] > cutoff:
+                if type(model) is tuple:
+                    self._sync(model)
+                return  # nothing left the window (most calls: one per record and read)
+            total = self._sums[model]
+            while events and events[0][0] <= cutoff:
+                total -= heapq.heappop(events)[1]
+            self._sums[model] = total
+        if events is not None and not events:
+            # an empty window sums to exactly 0: a running sum's rounding residue (1e-15) must
+            # not read as work kept there (the retirement rule compares it with > 0)
+            self._sums[model] = 0.0
         if type(model) is tuple:
             self._sync(model)
 

@@ -66,6 +66,24 @@ def test_recent_work_of_other_models_counts_when_nothing_of_theirs_runs_now():
     assert cand(d, "b").contention_s == 0.0 and d.instance == "b"
 
 
+def test_a_long_call_keeps_its_instance_busy_until_a_window_after_it_would_end():
+    """Work counts from its forward until a window after its predicted end: a 25 s decode
+    placed at t = 0 still makes its instance busy at t = 40 (booked at the forward, it left
+    the 30 s window at t = 30 while the instance was still decoding it), and no longer at 56."""
+    r, snaps = _two_models()
+    r.observe(_idle(snaps, "a", 0.0), 0.0)
+    r.observe(_idle(snaps, "b", 0.0), 0.0)
+    long = r.place(call("o1", session="o1", prompt=1000, max_tokens=2500, model=OTHER), 0.0)
+    assert long.instance == "a"  # 0.1 s prefill + 25 s decode: predicted to end at 25.1
+    for now, busy in ((40.0, True), (56.0, False)):
+        r.observe(_idle(snaps, "a", now), now)  # nothing runs or waits there in the snapshot
+        r.observe(_idle(snaps, "b", now), now)
+        assert (r._cost.spare_s("a", now) < 30.0) is busy
+        d = r.place(call(f"c{now:g}", session=None), now)
+        assert (cand(d, "a").contention_s > 0.0) is busy
+        assert d.instance == ("b" if busy else "a")
+
+
 def _burst_on_a(r, snaps, n, queued_tokens=0):
     """`a` serves MODEL (in rotation), `b` does not hold it; n calls of MODEL arrive at once."""
     a_models = {MODEL: ModelResidency(ModelState.ACTIVE, queued_tokens=queued_tokens)}
