@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from talariad.router import POLICIES, DecisionKind, Router, RouterKnobs
-from tests.router.router_factories import Snaps, call, cluster, router
+from tests.router.router_factories import Snaps, call, cand, cluster, router
 
 
 def _full(**knobs):
-    """Two instances whose rounds are full (round_load 9 s > γ·TTFT 8 s)."""
+    """Two instances whose rounds are full (round_load 9 s > γ·TTFT 8 s), neither serving the
+    model yet (a replica must open, and neither round admits the open)."""
     r, snaps = router(**knobs), Snaps()
-    cluster(r, snaps, ("a", "b"), round_load_s=9.0, round_remaining_s=0.7)
+    cluster(r, snaps, ("a", "b"), round_load_s=9.0, round_remaining_s=0.7, models={})
     return r, snaps
 
 
@@ -121,11 +122,16 @@ def test_unknown_policy_lists_valid_names():
     assert all(name in str(err.value) for name in POLICIES.names())
 
 
-def test_talaria_holds_a_call_at_most_one_round_bound_then_queues_it_where_the_model_is_served():
-    r, snaps = _full(overload="queue")  # both rounds over γ·TTFT = 8 s, the model active on both
-    assert r.place(call("c1"), 0.1).kind is DecisionKind.OVERLOAD_QUEUE
-    assert r.place(call("c1"), 7.0).kind is DecisionKind.OVERLOAD_QUEUE  # within a round bound
-    cluster(r, snaps, ("a", "b"), now=8.0, round_load_s=9.0, round_remaining_s=0.7)
-    d = r.place(call("c1"), 8.2)
-    assert d.kind is DecisionKind.COST and d.instance == "a" and "held a round bound" in d.reason
+def test_talaria_queues_a_call_where_its_model_is_served_instead_of_holding_it():
+    """Both replicas serving the model are over their round budget: under "queue" the call
+    waits in the cheapest one's queue at once (no gateway hold); "reject" still answers 429."""
+    r, snaps = router(overload="queue"), Snaps()
+    cluster(r, snaps, ("a", "b"), round_load_s=9.0, round_remaining_s=0.7)  # the model active
+    d = r.place(call("c1"), 0.1)
+    assert cand(d, "a").reason == cand(d, "b").reason == "round"
+    assert d.kind is DecisionKind.COST and d.instance == "a"
+    assert "queued where the model is served" in d.reason
     assert r.held() == () and r.in_flight() == {"c1": "a"}
+    r, snaps = router(overload="reject"), Snaps()
+    cluster(r, snaps, ("a", "b"), round_load_s=9.0, round_remaining_s=0.7)
+    assert r.place(call("c1"), 0.1).kind is DecisionKind.OVERLOAD_REJECT

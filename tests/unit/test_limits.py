@@ -243,7 +243,8 @@ async def test_a_held_call_is_rejected_when_shutdown_closes_the_shell():
         RouterKnobs(queue_timeout_s=60, staleness_s=1e9, heartbeat_s=1e9), {MODEL: PROFILE}
     )
     shell._changed, shell._expired_at = asyncio.Event(), float("-inf")
-    shell.router.observe(Snaps()("a", 0.0, hbm_free_bytes=0), 0.0)  # no HBM: the call is held
+    # the model not open there and its round full: nowhere to queue it, so the call is held
+    shell.router.observe(Snaps()("a", 0.0, models={}, round_load_s=9.0), 0.0)
     t0 = time.monotonic()
     held = asyncio.create_task(shell.place(call("c1"), lambda: time.monotonic() - t0))
     await asyncio.sleep(0.3)

@@ -124,7 +124,8 @@ async def test_a_held_call_is_rejected_after_the_queue_timeout_even_if_expire_ra
     shell = _shell(queue_timeout_s=0.6, staleness_s=1e9, heartbeat_s=1e9)
     t0 = time.monotonic()
     clock = lambda: time.monotonic() - t0  # noqa: E731
-    shell.router.observe(Snaps()("a", 0.0, hbm_free_bytes=0), 0.0)  # no HBM: nothing is feasible
+    # the model not open there and its round full: nothing is feasible, nowhere to queue it
+    shell.router.observe(Snaps()("a", 0.0, models={}, round_load_s=9.0), 0.0)
     shell._expired_at = -10.0
     decision = await shell.place(call("c1"), clock)
     assert decision.kind is DecisionKind.OVERLOAD_REJECT and "queue timeout" in decision.reason

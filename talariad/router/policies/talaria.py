@@ -5,8 +5,9 @@
 2. Otherwise every placeable instance is scored by Eq. (1); the round-admission (Eq. 5) and HBM
    checks filter them, and a candidate that needs a fresh replica must also pass Eq. (2).
 3. The cheapest survivor wins; with none, the router applies the configured overload policy.
-   A call held for a whole round bound while every instance serving its model is only over its
-   round budget joins the cheapest such instance's queue (see `_held_a_round`).
+   Under "queue", a call whose model's serving replicas are only over their round budget (or
+   short of KV room for it) waits in the cheapest one's queue, not at the gateway
+   (`_waits_where_served`).
    The hot pool is for its models: when a cold instance would win, a feasible hot instance
    allowed the model wins instead (a tie in Eq. (1) is not a reason to time-share a cold slot
    while the instance pinning the model idles); the cold pool takes a hot model's calls only
@@ -71,13 +72,13 @@ class TalariaPolicy(Policy):
             # allows concentrating the model, so the cheapest retired replica reopens
             best = ranking.retired
             why = "in-rotation replicas infeasible"
-        if best is None and self._held_a_round(plan, view, now):
+        if best is None and self._waits_where_served():
             best = min(
                 (c for c in cands if c.reason in _QUEUES and not c.needs_replica),
                 key=_total,
                 default=None,
             )
-            why = "held a round bound; queued where the model is served"
+            why = "queued where the model is served"
         if best is None:
             why = prefix + "no feasible instance"
             return Choice(None, DecisionKind.COST, cands, why, spill, plan=plan)
@@ -89,20 +90,20 @@ class TalariaPolicy(Policy):
         why = f"{prefix}{why}; {_lifecycle(best, view, plan)}"
         return Choice(best.instance, kind, cands, why, best=best, plan=plan)
 
-    def _held_a_round(self, plan: CallPlan, view: ClusterView, now: float) -> bool:
-        """The call has waited at the gateway for a whole round bound (γ·TTFT). A hold is for
-        an instance that frees within a round; past that, holding longer only starves new
-        sessions behind the leased returns (which skip the round check), so the call joins the
-        queue of an instance serving its model, whose scheduler admits it at the next slot (or,
-        refused for HBM, when KV room frees there)."""
-        since = view.held.get(plan.call.call_id)
-        return since is not None and now - since >= self.knobs.round_budget_s
+    def _waits_where_served(self) -> bool:
+        """Under the "queue" overload policy a call that only the serving replicas' round budget
+        (Eq. 5) or KV room refuses waits in the cheapest one's queue rather than at the gateway.
+        Round admission chooses among instances; with none to choose it only delays the call:
+        the replica's scheduler starts it at its model's next slot (or when KV room frees),
+        while a gateway hold re-places it at retry intervals, after that slot may have opened,
+        and the leased returns (which skip the round check) keep the round over budget."""
+        return self.knobs.overload == "queue"
 
     def _cheaper_to_wait(self, best: CandidateCost, cands: Sequence[CandidateCost]) -> bool:
         """`best`'s price beyond Eq. (1) (a replica open, the delay it imposes on other models'
         calls) exceeds a round bound, and an in-rotation replica refused only by the round check
-        costs less even after a whole round bound of waiting: the call is held for it (a held
-        call joins that queue after a round bound, see `_held_a_round`)."""
+        costs less even after a whole round bound of waiting: the call waits for it (in its
+        queue, see `_waits_where_served`, or at the gateway under the other overload policies)."""
         bound = self.knobs.round_budget_s
         if best.replica_s + best.contention_s <= bound:
             return False  # cheap: skip reading (rendering) the other candidates
