@@ -51,7 +51,6 @@ class Router:
             knobs, self._instances, self._sessions, self._leases, self._cost, self._demand
         )
         self._queued: OrderedDict[str, float] = OrderedDict()  # call id -> first held at
-        self._view.held = self._queued
         self._drained: set[str] = set()  # instances that get no new leases
         self._decisions: OrderedDict[str, Decision] = OrderedDict()
         # NOTE: freeing a decision frees what its explanation kept (its candidates, the cost

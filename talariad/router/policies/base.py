@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from typing import ClassVar, NamedTuple
 
 from talariad.router.cost import CallPlan, CostModel
@@ -51,8 +50,6 @@ class ClusterView:
     ) -> None:
         self.knobs, self.instances, self.sessions = knobs, instances, sessions
         self.leases, self.cost, self.demand = leases, cost, demand
-        self.held: Mapping[str, float] = {}
-        """Calls the overload policy holds at the gateway: call id -> when it was first held."""
         self._eligible: dict[str, tuple] = {}  # model -> (key, built at, oldest stamps, list)
 
     def eligible(self, model: str, now: float) -> list[InstanceState]:
