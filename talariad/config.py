@@ -190,7 +190,9 @@ class PolicyConfig(_Strict):
     mem_fraction_bump: float = Field(default=0.8, gt=0, le=1)
     """Fraction of device memory handed to the bump-managed layout (App. E: 0.8)."""
     overload: Literal["queue", "reject", "spill"] = "queue"
-    """What the gateway does when no instance is feasible: queue (bounded), reject (429), spill."""
+    """What the gateway does when no instance is feasible: queue (bounded), reject (429), spill.
+    Under queue, the talaria router sends a call that only its model's serving instances' round
+    budget or KV room refuses to the cheapest one's own queue; the gateway holds the rest."""
     queue_limit: int = Field(default=256, ge=1)
     """Most calls waiting at the gateway under the queue overload policy."""
     queue_timeout_s: float = Field(default=30.0, gt=0)

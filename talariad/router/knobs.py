@@ -60,7 +60,9 @@ class RouterKnobs:
 
     overload: Literal["queue", "reject", "spill"] = "queue"
     """What happens when no candidate is feasible: hold at the gateway, HTTP 429, or send to
-    the cheapest eligible instance ignoring feasibility."""
+    the cheapest eligible instance ignoring feasibility. Under "queue" the talaria policy sends a
+    call that only its serving replicas' round budget or KV room refuses to the cheapest one's
+    queue instead of holding it (`TalariaPolicy._waits_where_served`)."""
 
     queue_limit: int = 256
     """Most calls held at the gateway under `overload="queue"`; beyond it calls are rejected."""
