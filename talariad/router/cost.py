@@ -524,9 +524,6 @@ class PlacedWork(DemandTracker):
     - `busy`: instance -> its (instance, None) sum, current as of the last `advance`
     (`held_kept`, `held_busy`: their states now).
 
-    Events end in any order (a short call placed after a long one ends first), so each window is
-    a heap on the event's end, not a queue in arrival order.
-
     NOTE: a window sum is a running float sum, and its last bits depend on when it was trimmed;
     a sum whose events all left the window reads exactly 0.0 (`_trim`), so whether an instance
     is busy (kept in rotation) never depends on a residue. The (instance, model) and model sums
@@ -538,7 +535,6 @@ class PlacedWork(DemandTracker):
 
     def __init__(self, window_s: float) -> None:
         super().__init__(window_s)
-        self._events: defaultdict = defaultdict(list)  # key -> heap of (until, work)
         self._kept: dict[str, LoggedDict] = {}
         self.kept: dict[str, dict[str, float]] = {}  # model -> its `_kept` entry's live dict
         self._logged_busy = LoggedDict()
@@ -550,13 +546,9 @@ class PlacedWork(DemandTracker):
         self._expiry: list[tuple[float, str]] = []  # heap of (until, instance): (instance, None)
 
     def record(self, model, now: float, work_s: float, until: float | None = None) -> None:
-        """`work_s` placed at `now` that counts until a window after `until` (default: `now`)."""
-        until = now if until is None or until < now else until
-        heapq.heappush(self._events[model], (until, work_s))
-        self._sums[model] += work_s
         if type(model) is tuple and model[1] is None:
-            heapq.heappush(self._expiry, (until, model[0]))
-        self._trim(model, now)
+            heapq.heappush(self._expiry, (now if until is None or until < now else until, model[0]))
+        super().record(model, now, work_s, until)
 
     def held_kept(self, model: str) -> tuple | None:
         """The state of `kept[model]` now, for a caller that keeps it (`logged.thaw`)."""
@@ -574,21 +566,7 @@ class PlacedWork(DemandTracker):
             self._trim((heapq.heappop(expiry)[1], None), now)
 
     def _trim(self, model, now: float) -> None:  # every change of a sum ends here (`record` too)
-        events = self._events.get(model)
-        if events:
-            cutoff = now - self._window
-            if events[0][0] > cutoff:
-                if type(model) is tuple:
-                    self._sync(model)
-                return  # nothing left the window (most calls: one per record and read)
-            total = self._sums[model]
-            while events and events[0][0] <= cutoff:
-                total -= heapq.heappop(events)[1]
-            self._sums[model] = total
-        if events is not None and not events:
-            # an empty window sums to exactly 0: a running sum's rounding residue (1e-15) must
-            # not read as work kept there (the retirement rule compares it with > 0)
-            self._sums[model] = 0.0
+        super()._trim(model, now)
         if type(model) is tuple:
             self._sync(model)
 

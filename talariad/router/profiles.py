@@ -7,7 +7,8 @@ control window, taken as the prediction for the next one.
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict, deque
+import heapq
+from collections import defaultdict
 
 from talariad.router.messages import RoundMeasurement
 from talariad.types import LatencyProfile, SwitchPath
@@ -71,15 +72,19 @@ def switch_estimate(prof: LatencyProfile, staged_fraction: float) -> float:
 
 
 class DemandTracker:
-    """Work (seconds) of arrivals per model over a sliding window; O(1) amortised per event."""
+    """Work (seconds) per key over a sliding window; O(log n) per event. An event counts until a
+    window after its `until` (default: when it is recorded). Events may end in any order (a short
+    call placed after a long one ends first), so each window is a heap on the event's end."""
 
     def __init__(self, window_s: float) -> None:
         self._window = window_s
-        self._events: defaultdict[str, deque[tuple[float, float]]] = defaultdict(deque)
+        self._events: defaultdict[str, list[tuple[float, float]]] = defaultdict(list)
         self._sums: defaultdict[str, float] = defaultdict(float)
 
-    def record(self, model: str, now: float, work_s: float) -> None:
-        self._events[model].append((now, work_s))
+    def record(self, model: str, now: float, work_s: float, until: float | None = None) -> None:
+        """`work_s` recorded at `now` that counts until a window after `until`."""
+        until = now if until is None or until < now else until
+        heapq.heappush(self._events[model], (until, work_s))
         self._sums[model] += work_s
         self._trim(model, now)
 
@@ -99,7 +104,7 @@ class DemandTracker:
                 return  # nothing left the window (most calls: one per record and read)
             total = self._sums[model]
             while events and events[0][0] <= cutoff:
-                total -= events.popleft()[1]
+                total -= heapq.heappop(events)[1]
             self._sums[model] = total
         if events is not None and not events:
             # an empty window sums to exactly 0: a running sum's rounding residue (1e-15) must
