@@ -5,6 +5,12 @@ Talaria router against the best peer: SCT p95 and avoidable opens.
 A peer is every registered policy but `talaria`; "best" is the lowest SCT p95 (for the SCT check)
 and the fewest avoidable opens (for the opens check), each taken over all peers separately.
 
+"Best" is chosen per cell after the fact, and each measure's best may be a different peer, so the
+grid also prints two summaries that compare Talaria with one peer at a time: the head-to-head
+table (per peer, the cells where Talaria's SCT p95 is lower, equal or higher, the geometric mean of
+the ratio, and the cells where Talaria's avoidable opens are no more) and `dominated_by`, the
+peers at least as good as Talaria on both SCT p95 and avoidable opens and better on one.
+
 Beside them, each row's longest schedule-aware TTFT (`ttft_max_s`): a peer can win SCT p95 by
 holding one model's new sessions until a worker drains (llama-swap's swap rule), and this column
 shows what that cost the calls held. The daemon would have answered such a call with a 429 once
@@ -17,8 +23,8 @@ Run: .venv/bin/python bench/router_acceptance.py [--seeds 0-4] [--traces fixed,s
 from __future__ import annotations
 
 import argparse
-import math
 import json
+import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -110,6 +116,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
         peers = [r for r in group if r["policy"] != "talaria"]
         best_sct = min(peers, key=lambda r: r["sct_p95_s"])
         best_open = min(peers, key=lambda r: r["avoidable_opens"])
+        dominated_by = sorted(r["policy"] for r in peers if dominates(r, ours))
         out.append(
             {
                 "trace": trace + (" full" if full else ""),
@@ -124,9 +131,62 @@ def verdicts(rows: list[dict]) -> list[dict]:
                 "best_peer_ttft_max_s": best_sct["ttft_max_s"],
                 "sct_ok": ours["sct_p95_s"] <= best_sct["sct_p95_s"] + 1e-9,
                 "opens_ok": ours["avoidable_opens"] <= best_open["avoidable_opens"],
+                "dominated_by": dominated_by,
             }
         )
     return out
+
+
+def dominates(a: dict, b: dict) -> bool:
+    """`a` is no worse than `b` on SCT p95 and avoidable opens, and better on one of them."""
+    sct, opens = (a["sct_p95_s"], b["sct_p95_s"]), (a["avoidable_opens"], b["avoidable_opens"])
+    no_worse = sct[0] <= sct[1] + 1e-9 and opens[0] <= opens[1]
+    return no_worse and (sct[0] < sct[1] - 1e-9 or opens[0] < opens[1])
+
+
+def head_to_head(rows: list[dict]) -> list[dict]:
+    """Talaria against each peer over every cell: SCT p95 wins, ties and losses, the geometric
+    mean of Talaria's SCT p95 over the peer's, and the cells where its avoidable opens are no more."""
+    cells: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        cells.setdefault((r["trace"], r["full"], r["seed"], r["load"]), {})[r["policy"]] = r
+    peers = sorted({r["policy"] for r in rows} - {"talaria"})
+    out = []
+    for peer in peers:
+        pairs = [(c["talaria"], c[peer]) for c in cells.values() if "talaria" in c and peer in c]
+        ratios = [t["sct_p95_s"] / p["sct_p95_s"] for t, p in pairs]
+        finite = [x for x in ratios if 0 < x < math.inf]
+        out.append(
+            {
+                "policy": peer,
+                "cells": len(pairs),
+                "sct_wins": sum(t["sct_p95_s"] < p["sct_p95_s"] - 1e-9 for t, p in pairs),
+                "sct_ties": sum(abs(t["sct_p95_s"] - p["sct_p95_s"]) <= 1e-9 for t, p in pairs),
+                "sct_losses": sum(t["sct_p95_s"] > p["sct_p95_s"] + 1e-9 for t, p in pairs),
+                "sct_p95_ratio_geomean": (
+                    math.exp(sum(map(math.log, finite)) / len(finite)) if finite else None
+                ),
+                "opens_no_more": sum(
+                    t["avoidable_opens"] <= p["avoidable_opens"] for t, p in pairs
+                ),
+            }
+        )
+    return out
+
+
+def head_to_head_table(h2h: list[dict]) -> Table:
+    table = Table(title="talaria against each peer, over every cell")
+    for col in ("peer", "SCT p95 wins/ties/losses", "geomean talaria/peer", "opens no more"):
+        table.add_column(col)
+    for h in h2h:
+        ratio = h["sct_p95_ratio_geomean"]
+        table.add_row(
+            h["policy"],
+            f"{h['sct_wins']}/{h['sct_ties']}/{h['sct_losses']}",
+            "-" if ratio is None else f"{ratio:.3f}",
+            f"{h['opens_no_more']}/{h['cells']}",
+        )
+    return table
 
 
 def seeds(text: str) -> list[int]:
@@ -193,8 +253,20 @@ def main() -> int:
         f"SCT lost to a peer that held a call past the gateway's {QUEUE_TIMEOUT_S:g} s queue"
         f" timeout: {len(held)} of {sum(not v['sct_ok'] for v in result)}"
     )
+    dominated = [v for v in result if v["dominated_by"]]
+    print(
+        "talaria dominated (a peer as good on SCT p95 and avoidable opens, better on one):"
+        f" {len(dominated)} of {len(result)}"
+        + "".join(
+            f"; {v['trace']} {v['seed']} {v['load']} by {', '.join(v['dominated_by'])}"
+            for v in dominated
+        )
+    )
+    h2h = head_to_head(rows)
+    Console(width=160).print(head_to_head_table(h2h))
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "verdicts": result}, indent=1))
+        doc = {"rows": rows, "verdicts": result, "head_to_head": h2h}
+        Path(args.json).write_text(json.dumps(doc, indent=1))
     return 0
 
 
