@@ -105,17 +105,25 @@ def one(job: tuple[str, int, bool, str, float]) -> list[dict]:
     return out
 
 
+def cells(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """(trace, full, seed, load) -> policy -> its row, in sorted cell order."""
+    out: dict[tuple, dict[str, dict]] = {}
+    for r in sorted(rows, key=lambda r: (r["trace"], r["full"], r["seed"], r["load"])):
+        out.setdefault((r["trace"], r["full"], r["seed"], r["load"]), {})[r["policy"]] = r
+    return out
+
+
+def sct_order(a: dict, b: dict) -> int:
+    """-1, 0 or 1 as `a`'s SCT p95 is below, within 1e-9 s of, or above `b`'s."""
+    x, y = a["sct_p95_s"], b["sct_p95_s"]
+    return -1 if x < y - 1e-9 else (1 if x > y + 1e-9 else 0)
+
+
 def verdicts(rows: list[dict]) -> list[dict]:
     out = []
-    keys = sorted({(r["trace"], r["full"], r["seed"], r["load"]) for r in rows})
-    for trace, full, seed, load in keys:
-        group = [
-            r
-            for r in rows
-            if (r["trace"], r["full"], r["seed"], r["load"]) == (trace, full, seed, load)
-        ]
-        ours = next(r for r in group if r["policy"] == "talaria")
-        peers = [r for r in group if r["policy"] != "talaria"]
+    for (trace, full, seed, load), group in cells(rows).items():
+        ours = group["talaria"]
+        peers = [r for p, r in group.items() if p != "talaria"]
         best_sct = min(peers, key=lambda r: r["sct_p95_s"])
         best_open = min(peers, key=lambda r: r["avoidable_opens"])
         dominated_by = sorted(r["policy"] for r in peers if dominates(r, ours))
@@ -133,13 +141,13 @@ def verdicts(rows: list[dict]) -> list[dict]:
                 "best_peer_avoidable_opens": best_open["avoidable_opens"],
                 "talaria_ttft_max_s": ours["ttft_max_s"],
                 "best_peer_ttft_max_s": best_sct["ttft_max_s"],
-                "sct_ok": ours["sct_p95_s"] <= best_sct["sct_p95_s"] + 1e-9,
+                "sct_ok": sct_order(ours, best_sct) <= 0,
                 "opens_ok": ours["avoidable_opens"] <= best_open["avoidable_opens"],
                 "dominated_by": dominated_by,
                 "best_prompt_peer_sct": best_prompt["policy"] if best_prompt else None,
                 "best_prompt_peer_sct_p95_s": best_prompt["sct_p95_s"] if best_prompt else None,
                 "sct_ok_prompt": ours["ttft_max_s"] <= QUEUE_TIMEOUT_S
-                and (best_prompt is None or ours["sct_p95_s"] <= best_prompt["sct_p95_s"] + 1e-9),
+                and (best_prompt is None or sct_order(ours, best_prompt) <= 0),
             }
         )
     return out
@@ -147,32 +155,30 @@ def verdicts(rows: list[dict]) -> list[dict]:
 
 def dominates(a: dict, b: dict) -> bool:
     """`a` is no worse than `b` on SCT p95 and avoidable opens, and better on one of them."""
-    sct, opens = (a["sct_p95_s"], b["sct_p95_s"]), (a["avoidable_opens"], b["avoidable_opens"])
-    no_worse = sct[0] <= sct[1] + 1e-9 and opens[0] <= opens[1]
-    return no_worse and (sct[0] < sct[1] - 1e-9 or opens[0] < opens[1])
+    sct, opens = sct_order(a, b), (a["avoidable_opens"], b["avoidable_opens"])
+    return sct <= 0 and opens[0] <= opens[1] and (sct < 0 or opens[0] < opens[1])
 
 
 def head_to_head(rows: list[dict]) -> list[dict]:
     """Talaria against each peer over every cell: SCT p95 wins, ties and losses, the geometric
     mean of Talaria's SCT p95 over the peer's, and the cells where its avoidable opens are no more."""
-    cells: dict[tuple, dict[str, dict]] = {}
-    for r in rows:
-        cells.setdefault((r["trace"], r["full"], r["seed"], r["load"]), {})[r["policy"]] = r
+    groups = cells(rows).values()
     peers = sorted({r["policy"] for r in rows} - {"talaria"})
     out = []
     for peer in peers:
-        pairs = [(c["talaria"], c[peer]) for c in cells.values() if "talaria" in c and peer in c]
+        pairs = [(c["talaria"], c[peer]) for c in groups if "talaria" in c and peer in c]
+        order = [sct_order(t, p) for t, p in pairs]
         ratios = [t["sct_p95_s"] / p["sct_p95_s"] for t, p in pairs]
         finite = [x for x in ratios if 0 < x < math.inf]
         out.append(
             {
                 "policy": peer,
                 "cells": len(pairs),
-                "sct_wins": sum(t["sct_p95_s"] < p["sct_p95_s"] - 1e-9 for t, p in pairs),
-                "sct_ties": sum(abs(t["sct_p95_s"] - p["sct_p95_s"]) <= 1e-9 for t, p in pairs),
-                "sct_losses": sum(t["sct_p95_s"] > p["sct_p95_s"] + 1e-9 for t, p in pairs),
+                "sct_wins": order.count(-1),
+                "sct_ties": order.count(0),
+                "sct_losses": order.count(1),
                 "sct_p95_ratio_geomean": (
-                    math.exp(sum(map(math.log, finite)) / len(finite)) if finite else None
+                    math.exp(math.fsum(map(math.log, finite)) / len(finite)) if finite else None
                 ),
                 "opens_no_more": sum(
                     t["avoidable_opens"] <= p["avoidable_opens"] for t, p in pairs

@@ -547,7 +547,7 @@ class PlacedWork(DemandTracker):
 
     def record(self, model, now: float, work_s: float, until: float | None = None) -> None:
         if type(model) is tuple and model[1] is None:
-            heapq.heappush(self._expiry, (now if until is None or until < now else until, model[0]))
+            heapq.heappush(self._expiry, (self.end_of(now, until), model[0]))
         super().record(model, now, work_s, until)
 
     def held_kept(self, model: str) -> tuple | None:

@@ -81,10 +81,14 @@ class DemandTracker:
         self._events: defaultdict[str, list[tuple[float, float]]] = defaultdict(list)
         self._sums: defaultdict[str, float] = defaultdict(float)
 
+    @staticmethod
+    def end_of(now: float, until: float | None) -> float:
+        """When an event recorded at `now` with `until` ends: never before it was recorded."""
+        return now if until is None or until < now else until
+
     def record(self, model: str, now: float, work_s: float, until: float | None = None) -> None:
         """`work_s` recorded at `now` that counts until a window after `until`."""
-        until = now if until is None or until < now else until
-        heapq.heappush(self._events[model], (until, work_s))
+        heapq.heappush(self._events[model], (self.end_of(now, until), work_s))
         self._sums[model] += work_s
         self._trim(model, now)
 
