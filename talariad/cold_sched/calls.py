@@ -143,7 +143,10 @@ class SessionLedger:
     def set(self, session: str, model: str, state: KVState, kv_len: int, now: float) -> None:
         if state.__class__ is not KVState:  # hot path: every decode step sets every running call
             state = KVState(state)
-        kv_len = 0 if state is KVState.MISSING or kv_len < 0 else kv_len
+        if state is KVState.MISSING:  # a prefix that lives nowhere is no entry (see `get`)
+            self._remove(session, model)
+            return
+        kv_len = max(kv_len, 0)
         entry = self.entries.get((session, model))
         delta = kv_len if state is KVState.DEVICE else 0
         if entry is None:
@@ -155,6 +158,17 @@ class SessionLedger:
             entry.state, entry.kv_len, entry.updated_at = state, kv_len, now
         if delta:
             self.device_tokens[model] = self.device_tokens.get(model, 0) + delta
+
+    def _remove(self, session: str, model: str) -> None:
+        entry = self.entries.pop((session, model), None)
+        if entry is None:
+            return
+        if entry.state is KVState.DEVICE and entry.kv_len:
+            self.device_tokens[model] -= entry.kv_len
+        models = self._models_of[session]
+        models.remove(model)
+        if not models:
+            del self._models_of[session]
 
     def drop(self, session: str) -> int:
         """Forget every prefix of `session` here; how many entries there were."""
@@ -180,7 +194,7 @@ class SessionLedger:
     ) -> None:
         """A switch away from `model` releases its device KV: it is saved to host or lost, except
         for the sessions in `keep` (calls parked mid-decode, whose rows stay on device)."""
-        for key, entry in self.entries.items():
+        for key, entry in list(self.entries.items()):
             if key[1] == model and entry.state is KVState.DEVICE and key[0] not in keep:
                 self.set(key[0], model, to, entry.kv_len, now)
 

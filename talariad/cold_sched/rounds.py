@@ -3,6 +3,7 @@ wall = active + switch decomposition, and the switch-cost estimates refined from
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 from talariad.types import LatencyProfile, SwitchPath
@@ -31,14 +32,21 @@ class RoundLog:
     def __init__(self, round_bound_s: float, risk: RiskCounters) -> None:
         self.bound_s = round_bound_s
         self.risk = risk
-        self.closed: list[RoundSummary] = []
+        self.closed: deque[RoundSummary] = deque()
+        """The latest closed rounds, oldest first (all of them unless `keep` bounds them)."""
+        self.count = 0
+        """Rounds closed so far (the next round's index)."""
         self.current: RoundSummary | None = None
+
+    def keep(self, rounds: int | None) -> None:
+        """Keep only the latest `rounds` closed rounds (a long-running instance); None: all."""
+        self.closed = deque(self.closed, maxlen=rounds)
 
     def round_for(self, model: str, now: float) -> RoundSummary:
         """The round of a slot of `model` opening now: a model already served starts a new round."""
         if self.current is None or model in self.current.models:
             self.close(now)
-            self.current = RoundSummary(index=len(self.closed), started_at=now)
+            self.current = RoundSummary(index=self.count, started_at=now)
         return self.current
 
     def close(self, now: float) -> None:
@@ -48,10 +56,11 @@ class RoundLog:
         if self.current.wall_s > self.bound_s + 1e-9:
             self.risk.round_overrun += 1
         self.closed.append(self.current)
+        self.count += 1
         self.current = None
 
     def next_index(self) -> int:
-        return self.current.index if self.current else len(self.closed)
+        return self.current.index if self.current else self.count
 
 
 class SwitchCosts:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import islice
+
 from typing import TYPE_CHECKING
 
 
@@ -86,7 +88,7 @@ def round_load_s(s: ColdScheduler) -> float:
 def deadline_risk_share(s: ColdScheduler, window: int = 10) -> float:
     """Share of the last `window` closed rounds whose wall time overran gamma*T_TTFT (the router
     inflates the instance's predicted load by it)."""
-    recent = s.rounds.closed[-window:]
+    recent = list(islice(reversed(s.rounds.closed), window))
     bound = s.knobs.round_bound_s
     return sum(r.wall_s > bound + 1e-9 for r in recent) / len(recent) if recent else 0.0
 

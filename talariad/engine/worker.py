@@ -20,7 +20,7 @@ from talariad.engine.events import done_event, refusal_event, token_event
 from talariad.engine.stream import Wakeup
 from talariad.engine.messages import ErrorEvent, GenerateRequest, StreamEvent, Telemetry, TokenEvent
 from talariad.instance import Executor, InstanceCall, InstanceCore, Refusal, StepPlan, StepResult
-from talariad.instance.rounds import RoundRecorder
+from talariad.instance.rounds import HISTORY, RoundRecorder
 from talariad.knobs import config_sched_knobs
 
 log = logging.getLogger("talariad.engine")
@@ -77,6 +77,7 @@ class Worker:
             executor=executor,
             max_context=limits,
             recorder=RoundRecorder(),
+            history=HISTORY,
         )
         self.queues: dict[str, EventSink] = {}
         self.deltas = SessionDeltas()  # the telemetry consumer's view (the gateway's)

@@ -103,12 +103,15 @@ class InstanceCore:
         prewarm: bool = False,
         scheduler: ColdScheduler | None = None,
         recorder: RoundRecorder | None = None,
+        history: int | None = None,
     ) -> None:
         """executor: its `ExecutorState` members are called (sync; `admit` also encodes with it);
         None in pure tests.
         prewarm: every model counts as switched in once (the paper's runs exclude warm-up).
         scheduler: one already built for these models and knobs (scripted scheduler tests).
-        recorder: keeps per-slot and per-switch records of every finished action (admin API)."""
+        recorder: keeps per-slot and per-switch records of every finished action (admin API).
+        history: switch records and closed rounds kept (a daemon's instance runs for weeks); None
+        keeps them all (the simulator reports a whole run)."""
         self.name, self.pool, self.models = name, Pool(pool), list(models)
         self.configured = list(models)
         """The models the config gives this instance; `models` is the rotation served now."""
@@ -116,11 +119,12 @@ class InstanceCore:
         self.profiles, self.executor = profiles, executor
         mode = "pinned" if self.pool is Pool.HOT else "time_shared"
         self.sched = scheduler or ColdScheduler(knobs, profiles, self.models, mode=mode)
+        self.sched.rounds.keep(history)
         self.max_context = max_context or {}
         self.calls: dict[str, InstanceCall] = {}
         self.opened: set[str] = set(self.models) if prewarm or mode == "pinned" else set()
         """Models switched in here at least once: switching one in again is no full open."""
-        self.switches: list[SwitchRecord] = []
+        self.switches: deque[SwitchRecord] = deque(maxlen=history)
         self.switch_count = 0
         self.version = 0
         """Bumped on every change (a shell republishes telemetry when it moved)."""
@@ -402,7 +406,7 @@ class InstanceCore:
 
     def round_measurements(self) -> list[RoundReport]:
         """Per-model measurements since the last closed round (pinned: since the last read)."""
-        closed = len(self.sched.rounds.closed)
+        closed = self.sched.rounds.count
         if self.sched.mode == "time_shared" and closed == self._rounds_sent:
             return []
         self._rounds_sent = closed

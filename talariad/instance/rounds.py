@@ -39,10 +39,14 @@ def _round_dict(r: RoundSummary) -> dict:
     }
 
 
+HISTORY = 4096
+"""Rounds and switches a running instance keeps for the admin API (older ones are dropped)."""
+
+
 class RoundRecorder:
     """Slot phase durations per round and the latest switch records (bounded)."""
 
-    def __init__(self, keep_rounds: int = 4096, keep_switches: int = 4096) -> None:
+    def __init__(self, keep_rounds: int = HISTORY, keep_switches: int = HISTORY) -> None:
         self.keep_rounds = keep_rounds
         self.slots: dict[int, list[dict]] = {}
         self.switches: deque[dict] = deque(maxlen=keep_switches)

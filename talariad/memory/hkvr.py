@@ -7,12 +7,17 @@ shared `SlabPool`. Three invariants (App. B):
 - A block is committed to the shared `PrefixAgreement` only once its copy completed, and a prefix
   is exposed only as far as every TP rank has committed the same hashes; the rest stays private.
 - `pending(model)` lists the outgoing model's in-flight saves so a switch can drain exactly those.
+
+Per-call work and memory do not grow with the calls served: eviction pops an LRU heap, the
+sessions it remembers are bounded (least recently saved forgotten first), and a session whose
+pages are evicted is cut back to what is left (`take_shrunk` tells the executor).
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
+import heapq
 from dataclasses import dataclass, field
 
 from talariad.memory.kv_layout import KVLayout
@@ -97,13 +102,26 @@ class PrefixAgreement:
 
 
 class HostKVRegistry:
-    def __init__(self, slabs: SlabPool, agreement: PrefixAgreement, rank: int = 0) -> None:
+    def __init__(
+        self,
+        slabs: SlabPool,
+        agreement: PrefixAgreement,
+        rank: int = 0,
+        max_sessions: int | None = None,
+    ) -> None:
+        """`max_sessions`: sessions remembered at once (default: one per slab, at least 64)."""
         self.pool = slabs
         self.agreement = agreement
         self.rank = rank
         self.blocks: dict[Key, Block] = {}
-        self.sessions: dict[tuple[str, str], list[str]] = {}  # (model, session) -> page hashes
+        # (model, session) -> page hashes, least recently saved first
+        self.sessions: dict[tuple[str, str], list[str]] = {}
+        self.max_sessions = max_sessions or max(slabs.num_slabs, 64)
         self._tick = 0
+        self._pinned_slabs = 0  # slabs of blocks with a DMA pin: what eviction cannot free
+        # eviction order (referenced, last_use, key); stale entries are skipped when popped
+        self._lru: list[tuple[bool, int, Key]] = []
+        self._shrunk: dict[tuple[str, str], int] = {}
 
     # ---- lookup ------------------------------------------------------------------------
     def restorable(self, model: str, hashes: list[str], family: str = "mha") -> int:
@@ -146,9 +164,9 @@ class HostKVRegistry:
             block = self.blocks.get((model, h)) or self._new_block(model, h, i, layout)
             if block is None:
                 break
-            block.radix_refs.add(session)
+            self._ref(block, session)
             if block.state is BlockState.PENDING and block.dma_pins == 0:
-                block.dma_pins = 1
+                self._pin(block, 1)
                 todo.append((i, block))
         self.unpin(held)
         self._touch(model, hashes)
@@ -171,22 +189,29 @@ class HostKVRegistry:
         )
         block = Block((model, h), desc, slabs)
         self.blocks[block.key] = block
+        self._queue(block)
         return block
 
     def complete_save(self, block: Block) -> None:
         """The block's D2H copy finished: unpin it and commit it for agreement."""
-        block.dma_pins -= 1
+        self._pin(block, -1)
         block.state = BlockState.READY
         self.agreement.commit(self.rank, block.key)
 
     # ---- restore -------------------------------------------------------------------------
     def pin(self, blocks: list[Block]) -> None:
         for b in blocks:
-            b.dma_pins += 1
+            self._pin(b, 1)
 
     def unpin(self, blocks: list[Block]) -> None:
         for b in blocks:
-            b.dma_pins -= 1
+            self._pin(b, -1)
+
+    def _pin(self, block: Block, delta: int) -> None:
+        before = block.dma_pins > 0
+        block.dma_pins += delta
+        if (block.dma_pins > 0) != before and self.blocks.get(block.key) is block:
+            self._pinned_slabs += len(block.slabs) if not before else -len(block.slabs)
 
     def blocks_for(self, model: str, hashes: list[str]) -> list[Block]:
         out = []
@@ -201,13 +226,40 @@ class HostKVRegistry:
     # ---- sessions, LRU -----------------------------------------------------------------
     def _set_session(self, model: str, session: str, hashes: list[str]) -> None:
         self.drop_session(model, session)
+        self._shrunk.pop((model, session), None)
         self.sessions[(model, session)] = list(hashes)
+        while len(self.sessions) > self.max_sessions:
+            self._forget_oldest_session()
+
+    def _forget_oldest_session(self) -> None:
+        model, session = next(iter(self.sessions))
+        self.drop_session(model, session)
+        self._shrunk[(model, session)] = 0
 
     def drop_session(self, model: str, session: str) -> None:
         for h in self.sessions.pop((model, session), []):
             block = self.blocks.get((model, h))
             if block is not None:
-                block.radix_refs.discard(session)
+                self._unref(block, session)
+
+    def take_shrunk(self) -> dict[tuple[str, str], int]:
+        """(model, session) -> pages still listed, for sessions cut back since the last call
+        (their pages were evicted, or the session was forgotten to keep the bound)."""
+        shrunk, self._shrunk = self._shrunk, {}
+        return shrunk
+
+    def _ref(self, block: Block, session: str) -> None:
+        if not block.radix_refs:
+            block.radix_refs.add(session)
+            self._queue(block)
+        else:
+            block.radix_refs.add(session)
+
+    def _unref(self, block: Block, session: str) -> None:
+        if session in block.radix_refs:
+            block.radix_refs.discard(session)
+            if not block.radix_refs:
+                self._queue(block)
 
     def _touch(self, model: str, hashes: list[str]) -> None:
         # Deeper pages get older stamps so LRU eviction trims prefixes from the tail.
@@ -215,19 +267,33 @@ class HostKVRegistry:
             self._tick += 1
             if (block := self.blocks.get((model, h))) is not None:
                 block.last_use = self._tick
+                self._queue(block)
+
+    def _queue(self, block: Block) -> None:
+        """Enter the block's current eviction rank; its older entries go stale."""
+        heapq.heappush(self._lru, (bool(block.radix_refs), block.last_use, block.key))
+        if len(self._lru) > 4 * len(self.blocks) + 1024:
+            self._lru = [(bool(b.radix_refs), b.last_use, b.key) for b in self.blocks.values()]
+            heapq.heapify(self._lru)
 
     def _evict_for(self, n: int) -> list[int] | None:
-        victims = sorted(
-            (b for b in self.blocks.values() if b.dma_pins == 0),
-            key=lambda b: (bool(b.radix_refs), b.last_use),
-        )
-        freeable = self.pool.num_free + sum(len(b.slabs) for b in victims)
-        if freeable < n:
+        """Free slabs by evicting unpinned blocks, unreferenced before referenced, least recently
+        used first; None (nothing evicted) when even that cannot make room."""
+        if self.pool.num_slabs - self._pinned_slabs < n:
             return None
-        for block in victims:
-            if self.pool.can_alloc(n):
-                break
+        skipped = []
+        while not self.pool.can_alloc(n):
+            entry = heapq.heappop(self._lru)
+            referenced, last_use, key = entry
+            block = self.blocks.get(key)
+            if block is None or block.last_use != last_use or bool(block.radix_refs) != referenced:
+                continue  # stale: the block moved in the order or is gone
+            if block.dma_pins:
+                skipped.append(entry)
+                continue
             self.evict(block)
+        for entry in skipped:
+            heapq.heappush(self._lru, entry)
         return self.pool.alloc(n)
 
     def evict(self, block: Block) -> bool:
@@ -236,7 +302,26 @@ class HostKVRegistry:
         self.agreement.retract(self.rank, block.key)
         self.pool.free(block.slabs)
         del self.blocks[block.key]
+        for session in block.radix_refs:
+            self._cut_session(block, session)
+        block.radix_refs = set()
         return True
+
+    def _cut_session(self, block: Block, session: str) -> None:
+        """The session's prefix now ends before `block`: drop its refs from the deeper pages."""
+        model, h = block.key
+        hashes = self.sessions.get((model, session), [])
+        index = block.desc.tokens // block.desc.page_size - 1
+        if index >= len(hashes) or hashes[index] != h:
+            index = hashes.index(h) if h in hashes else len(hashes)
+        for deeper in hashes[index + 1 :]:
+            if (other := self.blocks.get((model, deeper))) is not None:
+                self._unref(other, session)
+        if index:
+            self.sessions[(model, session)] = hashes[:index]
+        else:
+            self.sessions.pop((model, session), None)
+        self._shrunk[(model, session)] = index
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()
@@ -252,3 +337,9 @@ class HostKVRegistry:
                 raise AssertionError(f"block {b.key} {b.state.value} with {b.dma_pins} pins")
             if self.agreement.committed(self.rank, b.key) != (b.state is BlockState.READY):
                 raise AssertionError(f"block {b.key} committed before (or without) its copy")
+        if self._pinned_slabs != sum(len(b.slabs) for b in self.blocks.values() if b.dma_pins):
+            raise AssertionError(f"pinned slab count {self._pinned_slabs} is stale")
+        if len(self.sessions) > self.max_sessions:
+            raise AssertionError(
+                f"{len(self.sessions)} sessions over the bound {self.max_sessions}"
+            )

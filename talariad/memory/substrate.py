@@ -5,6 +5,7 @@ move only through the `Device`. Switching lives in `switch.py`."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,10 @@ from talariad.memory.slabs import SlabPool
 from talariad.memory.staging import StagingBitmap
 from talariad.memory.switch import PointerCheck, SwitchTiming, run_switch
 from talariad.types import KVState
+
+
+SWITCH_RECORDS = 4096
+"""Switch timings kept (the memory report shows the latest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +92,7 @@ class Substrate:
         self.staging: StagingBitmap | None = None
         self.sessions: dict[str, list[int]] = {}  # session -> its pages in logical order
         self.shells: dict[str, KVGeometry] = {}
-        self.records: list[SwitchTiming] = []
+        self.records: deque[SwitchTiming] = deque(maxlen=SWITCH_RECORDS)  # newest last
         self.last_pointer_check: PointerCheck | None = None
         self._stage_events: list[tuple[int, CopyEvent]] = []
         # pages freed while a copy still reads them
@@ -217,7 +222,9 @@ class Substrate:
             return 0
         hashes = hashes[: len(pages)] if self.geometry.layout.family != "mamba" else hashes
         events = self.host_kv.save(self.geometry, self.buffer, self.active, session, hashes, pages)
-        self._save_events.setdefault(session, []).extend(events)
+        # keep only copies still in flight: a session that stays on device checkpoints every call
+        pending = [e for e in self._save_events.get(session, []) if not e.query()]
+        self._save_events[session] = pending + events
         return len(events)
 
     def poll(self, now: float = 0.0) -> int:

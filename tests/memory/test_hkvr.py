@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from talariad.memory import BlockState, HostKVRegistry, KVLayout, PrefixAgreement, prefix_hashes
 from talariad.memory.slabs import SlabPool
@@ -89,3 +91,77 @@ def test_mamba_restorable_is_the_deepest_agreed_state():
     reg.complete_save(todo[0][1])
     assert reg.restorable("m", ["h1", "h2", "h3"], family="mamba") == 3
     assert reg.restorable("m", ["h1", "h2", "h3", "h4"], family="mamba") == 3
+
+
+class SortedEviction(HostKVRegistry):
+    """The plain reading of the rule: sort every unpinned block, unreferenced first, then LRU."""
+
+    def _evict_for(self, n: int) -> list[int] | None:
+        victims = sorted(
+            (b for b in self.blocks.values() if b.dma_pins == 0),
+            key=lambda b: (bool(b.radix_refs), b.last_use),
+        )
+        if self.pool.num_free + sum(len(b.slabs) for b in victims) < n:
+            return None
+        for block in victims:
+            if self.pool.can_alloc(n):
+                break
+            self.evict(block)
+        return self.pool.alloc(n)
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["save", "save", "save", "drop", "pin", "unpin"]),
+        st.integers(0, 7),  # session
+        st.integers(1, 5),  # pages
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS)
+def test_heap_eviction_evicts_what_the_sorted_rule_evicts(ops):
+    fast = HostKVRegistry(SlabPool(24, 256), PrefixAgreement(1), max_sessions=5)
+    slow = SortedEviction(SlabPool(24, 256), PrefixAgreement(1), max_sessions=5)
+    pinned: dict[int, list] = {}
+    for op, s, pages in ops:
+        # sessions share their first page(s) as agents share a system prompt
+        hashes = [f"head{p}" if p < s % 3 else f"s{s}p{p}" for p in range(pages)]
+        for name, reg in (("fast", fast), ("slow", slow)):
+            if op == "save":
+                for _, block in reg.begin_save("m", f"s{s}", hashes, LAY):
+                    reg.complete_save(block)
+            elif op == "drop":
+                reg.drop_session("m", f"s{s}")
+            elif op == "pin" and (id(reg), s) not in pinned:
+                pinned[(id(reg), s)] = reg.blocks_for("m", hashes)
+                reg.pin(pinned[(id(reg), s)])
+            elif op == "unpin" and (id(reg), s) in pinned:
+                reg.unpin(pinned.pop((id(reg), s)))
+            reg.check_integrity()
+        assert fast.blocks.keys() == slow.blocks.keys()
+        assert fast.sessions == slow.sessions
+        assert fast.take_shrunk() == slow.take_shrunk()
+
+
+def test_sessions_are_bounded_and_evicted_pages_cut_them_back():
+    def five_sessions(max_sessions):
+        reg = HostKVRegistry(SlabPool(8, 256), PrefixAgreement(1), max_sessions=max_sessions)
+        for i in range(5):  # a shared head page and a private one each; 4 blocks fit
+            for _, block in reg.begin_save("m", f"s{i}", ["head", f"s{i}"], LAY):
+                reg.complete_save(block)
+            reg.check_integrity()
+        return reg
+
+    # every session remembered: the oldest private pages go, their sessions cut back to the head
+    reg = five_sessions(10)
+    assert reg.sessions[("m", "s0")] == ["head"] == reg.sessions[("m", "s1")]
+    assert reg.take_shrunk() == {("m", "s0"): 1, ("m", "s1"): 1}
+    assert reg.restorable("m", ["head", "s0"]) == 1 and reg.restorable("m", ["head", "s4"]) == 2
+    # three sessions at most: the least recently saved are forgotten, so their pages go first
+    reg = five_sessions(3)
+    assert list(reg.sessions) == [("m", "s2"), ("m", "s3"), ("m", "s4")]
+    assert reg.take_shrunk() == {("m", "s0"): 0, ("m", "s1"): 0}
+    assert set(reg.blocks) == {("m", h) for h in ("head", "s2", "s3", "s4")}

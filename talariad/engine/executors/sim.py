@@ -26,6 +26,7 @@ from talariad.engine.messages import ChatMessage, GenerateRequest
 from talariad.replay.dists import OUTPUT_TOKENS
 from talariad.instance import CallOutput, InstanceCall, KVUpdate, MemoryStats, StepPlan, StepResult
 from talariad.sim.model import SimModel
+from talariad.types import KVState
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _WORDS = (
@@ -147,6 +148,9 @@ class SimExecutor:
         seconds = self.model.begin(plan, self._now())
         await self.sleep(seconds * self.time_scale)
         result = self.model.end(plan, self._now())
+        for update in result.kv_updates:  # a prefix the model lost: its context goes with it
+            if update.state is KVState.MISSING:
+                self.contexts.pop((update.session_id, update.model), None)
         if result.switch_path is not None:
             return result
         outs = {cid: self._next_word(call) for cid, call in plan.calls.items()}  # one word each

@@ -119,6 +119,7 @@ class TorchExecutor:
             return self._where(call.session_id, model)
         if self.host_kv and self.sub.active == model:
             self._checkpoint(st.owner, model, st.rec)
+        self.book.settle(st.owner, model)
         return None
 
     def _where(self, session: str, model: str) -> KVUpdate:
@@ -151,6 +152,7 @@ class TorchExecutor:
             else:
                 result = self._decode(action, calls)
             self._stage_some()
+            result.kv_updates = [*result.kv_updates, *self._host_losses()]
             if isinstance(action, Switch):  # the substrate's record, after this step's staging
                 result.switch_report = record_dict(self.sub.records[-1])
             stats = memory_stats(self.sub)
@@ -227,6 +229,15 @@ class TorchExecutor:
         blocks = self.sub.registry.blocks
         saved = next((i for i, h in enumerate(hashes) if (model, h) not in blocks), len(hashes))
         rec.host_tokens = saved * self.page_size
+
+    def _host_losses(self) -> list[KVUpdate]:
+        """Ledger updates for sessions whose host pages were evicted since the last step."""
+        updates = []
+        for (model, owner), pages in self.sub.registry.take_shrunk().items():
+            update = self.book.host_lost(owner, model, pages)
+            if update is not None and owner not in self.private:
+                updates.append(update)
+        return updates
 
     def _free(self, owner: str, model: str) -> None:
         self.sub.free_session(owner)

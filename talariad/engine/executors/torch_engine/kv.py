@@ -6,6 +6,7 @@ prompt can be matched against them: on device any common prefix counts, on host 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,10 +34,17 @@ class TokenContext:
         return self.valid > 0
 
 
+KVLESS_RECORDS = 1024
+"""Records kept after their KV is gone everywhere, most recent first: a return to one of them is
+labelled a recompute (its context existed) rather than a new prefix."""
+
+
 class KVBook:
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, kvless_records: int = KVLESS_RECORDS) -> None:
         self.page_size = page_size
         self.records: dict[tuple[str, str], TokenContext] = {}
+        self.kvless_records = kvless_records
+        self._kvless: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._tick = 0
 
     def get(self, owner: str, model: str) -> TokenContext | None:
@@ -45,6 +53,7 @@ class KVBook:
     def open(self, owner: str, model: str, call_id: str) -> TokenContext:
         """The owner's record for a call about to run (created empty the first time)."""
         rec = self.records.setdefault((owner, model), TokenContext([]))
+        self._kvless.pop((owner, model), None)
         rec.busy = call_id
         self.touch(rec)
         return rec
@@ -55,6 +64,30 @@ class KVBook:
 
     def drop(self, owner: str, model: str) -> None:
         self.records.pop((owner, model), None)
+        self._kvless.pop((owner, model), None)
+
+    def settle(self, owner: str, model: str) -> None:
+        """Bound the records whose KV is gone: keep the latest `kvless_records` of them."""
+        rec = self.records.get((owner, model))
+        if rec is None or rec.on_device or rec.host_tokens or rec.busy is not None:
+            return
+        self._kvless[(owner, model)] = None
+        self._kvless.move_to_end((owner, model))
+        while len(self._kvless) > self.kvless_records:
+            self.records.pop(self._kvless.popitem(last=False)[0], None)
+
+    def host_lost(self, owner: str, model: str, pages: int) -> KVUpdate | None:
+        """The host registry cut the owner's prefix to `pages`: the ledger update, if the ledger
+        speaks of its host copy (not while the owner is on device or in a call)."""
+        rec = self.records.get((owner, model))
+        if rec is None:
+            return None
+        rec.host_tokens = min(rec.host_tokens, pages * self.page_size)
+        if rec.on_device or rec.busy is not None:
+            return None
+        self.settle(owner, model)
+        state = KVState.HOST if rec.host_tokens else KVState.MISSING
+        return KVUpdate(owner, model, state, rec.host_tokens)
 
     def reusable(self, owner: str, model: str, prompt: Sequence[int], host_kv: bool) -> int:
         """Prompt tokens whose KV this instance holds: any device prefix, or whole host pages."""
@@ -79,7 +112,10 @@ class KVBook:
         """The owner's pages are gone: where its prefix now lives, as a scheduler ledger update."""
         rec = self.records[(owner, model)]
         rec.valid = 0
-        if host_kv and rec.host_tokens > 0:
+        if not host_kv:
+            rec.host_tokens = 0
+        self.settle(owner, model)
+        if rec.host_tokens > 0:
             return KVUpdate(owner, model, KVState.HOST, rec.host_tokens)
         return KVUpdate(owner, model, KVState.MISSING, 0)
 

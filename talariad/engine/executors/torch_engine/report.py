@@ -36,7 +36,7 @@ def memory_report(sub: Substrate, last: int = 50) -> dict:
         "capacity_bytes": sub.config.capacity_bytes,
         "device": str(getattr(sub.device, "name", "")),
         "layout": rows,
-        "switches": [record_dict(r) for r in sub.records[-last:]],
+        "switches": [record_dict(r) for r in list(sub.records)[-last:]],
         "host_kv_by_model": host_kv_by_model(sub),
         **memory_stats(sub),
     }
