@@ -403,6 +403,13 @@ def instance_memory(
     data = _fetch(lambda: ctx.obj.memory(name))
     if as_json:
         return _json(data)
+    proc = data.get("process") or {}
+    if proc.get("pid"):
+        print(
+            f"{name}: process {proc['pid']}, rss {_mib(proc['rss_bytes'])} MiB, "
+            f"{proc['open_files']} open files, {proc['asyncio_tasks']} asyncio tasks, "
+            f"{proc['gc_objects']} tracked objects"
+        )
     if not data.get("managed"):
         print(f"{name}: this executor keeps no managed device memory")
         return

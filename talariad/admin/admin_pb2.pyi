@@ -386,6 +386,7 @@ class MemoryReply(_message.Message):
         "host_kv_bytes",
         "host_kv_capacity_bytes",
         "host_kv_by_model",
+        "process",
     )
     class HostKvByModelEntry(_message.Message):
         __slots__ = ("key", "value")
@@ -406,6 +407,7 @@ class MemoryReply(_message.Message):
     HOST_KV_BYTES_FIELD_NUMBER: _ClassVar[int]
     HOST_KV_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     HOST_KV_BY_MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
     instance: str
     managed: bool
     active_model: str
@@ -417,6 +419,7 @@ class MemoryReply(_message.Message):
     host_kv_bytes: int
     host_kv_capacity_bytes: int
     host_kv_by_model: _containers.ScalarMap[str, int]
+    process: ProcessStats
     def __init__(
         self,
         instance: _Optional[str] = ...,
@@ -430,6 +433,28 @@ class MemoryReply(_message.Message):
         host_kv_bytes: _Optional[int] = ...,
         host_kv_capacity_bytes: _Optional[int] = ...,
         host_kv_by_model: _Optional[_Mapping[str, int]] = ...,
+        process: _Optional[_Union[ProcessStats, _Mapping]] = ...,
+    ) -> None: ...
+
+class ProcessStats(_message.Message):
+    __slots__ = ("pid", "rss_bytes", "open_files", "asyncio_tasks", "gc_objects")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FILES_FIELD_NUMBER: _ClassVar[int]
+    ASYNCIO_TASKS_FIELD_NUMBER: _ClassVar[int]
+    GC_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    rss_bytes: int
+    open_files: int
+    asyncio_tasks: int
+    gc_objects: int
+    def __init__(
+        self,
+        pid: _Optional[int] = ...,
+        rss_bytes: _Optional[int] = ...,
+        open_files: _Optional[int] = ...,
+        asyncio_tasks: _Optional[int] = ...,
+        gc_objects: _Optional[int] = ...,
     ) -> None: ...
 
 class InstanceRequest(_message.Message):

@@ -79,11 +79,13 @@ def leases(router: Router, now: float) -> admin_pb2.LeasesReply:
 
 def memory(instance: str, report: dict) -> admin_pb2.MemoryReply:
     """An instance's `/internal/memory` report as the admin message (empty when unmanaged)."""
+    process = admin_pb2.ProcessStats(**report.get("process", {}))
     if not report.get("layout"):
-        return admin_pb2.MemoryReply(instance=instance, managed=False)
+        return admin_pb2.MemoryReply(instance=instance, managed=False, process=process)
     return admin_pb2.MemoryReply(
         instance=instance,
         managed=True,
+        process=process,
         active_model=report.get("active_model") or "",
         capacity_bytes=report.get("capacity_bytes", 0),
         hbm_free_bytes=report.get("hbm_free_bytes", 0),

@@ -21,6 +21,7 @@ from talariad.engine.stream import Wakeup
 from talariad.engine.messages import ErrorEvent, GenerateRequest, StreamEvent, Telemetry, TokenEvent
 from talariad.instance import Executor, InstanceCall, InstanceCore, Refusal, StepPlan, StepResult
 from talariad.instance.rounds import HISTORY, RoundRecorder
+from talariad.procstats import process_stats
 from talariad.knobs import config_sched_knobs
 
 log = logging.getLogger("talariad.engine")
@@ -193,7 +194,11 @@ class Worker:
 
     def memory_report(self) -> dict:
         """HBM layout rows and switch records of an executor that owns a memory substrate."""
-        return {"instance": self.inst.name, **self.executor.memory_report()}
+        return {
+            "instance": self.inst.name,
+            **self.executor.memory_report(),
+            "process": process_stats(),
+        }
 
     def set_rotation(self, model: str, serve: bool) -> str | None:
         """Load or unload a configured model at run time (the core's decision); the reason it

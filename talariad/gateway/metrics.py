@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import asyncio
+import gc
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.metrics import MetricWrapperBase
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
@@ -60,6 +63,16 @@ class GatewayMetrics:
             registry=r,
         )
         self._models: dict[str, ModelSeries] = {}
+        # the daemon's own process: flat over weeks in a daemon that ages well
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ...
+        Gauge(
+            "talaria_process_asyncio_tasks", "Asyncio tasks of the daemon", registry=r
+        ).set_function(_asyncio_tasks)
+        Gauge(
+            "talaria_process_gc_objects",
+            "Objects the daemon's cyclic garbage collector tracks (counted at scrape)",
+            registry=r,
+        ).set_function(lambda: len(gc.get_objects()))
 
     def model(self, name: str) -> ModelSeries:
         """The model's series, looked up once (`labels()` costs a lock and a tuple per call)."""
@@ -67,6 +80,13 @@ class GatewayMetrics:
         if series is None:
             series = self._models[name] = ModelSeries(self, name)
         return series
+
+
+def _asyncio_tasks() -> int:
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:  # scraped off the event loop's thread
+        return 0
 
 
 class ModelSeries:
