@@ -221,10 +221,8 @@ class SessionTable:
     def forget(self, session_id: str) -> bool:
         """Drop one session's row and KV records; False if it had neither."""
         row = self._rows.pop(session_id, None)
-        keys = [k for k in self._kv if k[0] == session_id]
-        for k in keys:
-            del self._kv[k]
-        return row is not None or bool(keys)
+        records = self._kv.pop(session_id, None)
+        return row is not None or bool(records)
 
     def entries(self, leases: LeaseBook) -> tuple[SessionEntry, ...]:
         return tuple(self._entry(sid, row, leases) for sid, row in self._rows.items())

@@ -62,6 +62,17 @@ def test_session_table_forgets_idle_rows_in_last_use_order():
     assert table.kv_record("s1", "m").kv_len == 20
 
 
+def test_session_table_forget_drops_the_sessions_kv_records():
+    table = SessionTable()
+    table.completed("s1", "m", "a", KVState.DEVICE, 10, 1.0)
+    table.completed("s1", "n", "a", KVState.HOST, 12, 1.5)
+    table.completed("s2", "m", "a", KVState.HOST, 10, 2.0)  # another session starting with "s"
+    assert table.forget("s1") is True
+    assert table.kv_record("s1", "m") is None and table.kv_record("s1", "n") is None
+    assert table.kv_record("s2", "m").kv_len == 10
+    assert table.forget("s1") is False
+
+
 def test_router_expire_forgets_long_idle_sessions():
     r, snaps = router(session_idle_s=10.0), Snaps()
     cluster(r, snaps, ("a",))

@@ -34,7 +34,7 @@ class TokenContext:
         return self.valid > 0
 
 
-KVLESS_RECORDS = 1024
+KVLESS_RECORDS = 256
 """Records kept after their KV is gone everywhere, most recent first: a return to one of them is
 labelled a recompute (its context existed) rather than a new prefix."""
 
