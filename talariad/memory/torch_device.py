@@ -49,11 +49,18 @@ class TorchDevice:
         if self.is_cuda:
             self._streams = {k: torch.cuda.Stream(self.device) for k in ("h2d", "d2h", "d2d")}
 
+    # CUDA memory and pinned host memory are committed when allocated; plain CPU pages only when
+    # first written. Zeroing them commits the footprint at start, as on a GPU, so a process does
+    # not grow into its buffers over hours and an arena too large fails at start-up.
     def alloc(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        if self.is_cuda:
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return torch.zeros(nbytes, dtype=torch.uint8)
 
     def alloc_host(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.is_cuda)
+        if self.is_cuda:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        return torch.zeros(nbytes, dtype=torch.uint8)
 
     def view(
         self,
