@@ -62,6 +62,12 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document")
 InstanceArg = Annotated[str, typer.Argument(help="Instance name")]
 ModelArg = Annotated[str, typer.Argument(help="Model name")]
 OnOpt = Annotated[str, typer.Option("--on", help="Instance name")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force", help="Even when it leaves a model with no instance to take its calls (503)"
+    ),
+]
 
 
 def _version(value: bool) -> None:
@@ -284,17 +290,22 @@ def instance_show(ctx: typer.Context, name: InstanceArg, as_json: JsonOpt = Fals
     _table(name, INSTANCE_COLUMNS, [_instance_row(rows[0])])
 
 
-def _instance_action(ctx: typer.Context, verb: str, name: str, as_json: bool) -> None:
-    data = _fetch(lambda: ctx.obj.instance_action(verb, name))
+def _instance_action(
+    ctx: typer.Context, verb: str, name: str, as_json: bool, force: bool = False
+) -> None:
+    data = _fetch(lambda: ctx.obj.instance_action(verb, name, force))
     if as_json:
         return _json(data)
     _table(f"{verb.lower()} {name}", INSTANCE_COLUMNS, [_instance_row(data)])
 
 
 @instance_app.command("drain")
-def instance_drain(ctx: typer.Context, name: InstanceArg, as_json: JsonOpt = False) -> None:
-    """Finish in-flight and queued calls, place nothing new; its leases lapse."""
-    _instance_action(ctx, "Drain", name, as_json)
+def instance_drain(
+    ctx: typer.Context, name: InstanceArg, as_json: JsonOpt = False, force: ForceOpt = False
+) -> None:
+    """Finish in-flight and queued calls, place nothing new; its leases lapse. The last instance
+    taking a model's calls needs --force."""
+    _instance_action(ctx, "Drain", name, as_json, force)
 
 
 @instance_app.command("undrain")
@@ -304,9 +315,12 @@ def instance_undrain(ctx: typer.Context, name: InstanceArg, as_json: JsonOpt = F
 
 
 @instance_app.command("cordon")
-def instance_cordon(ctx: typer.Context, name: InstanceArg, as_json: JsonOpt = False) -> None:
-    """Place nothing new on the instance, but keep serving its leases."""
-    _instance_action(ctx, "Cordon", name, as_json)
+def instance_cordon(
+    ctx: typer.Context, name: InstanceArg, as_json: JsonOpt = False, force: ForceOpt = False
+) -> None:
+    """Place nothing new on the instance, but keep serving its leases. The last instance taking
+    a model's calls needs --force."""
+    _instance_action(ctx, "Cordon", name, as_json, force)
 
 
 @instance_app.command("restart")
@@ -488,11 +502,13 @@ def pool_move(
         str, typer.Option(help="Moving to hot: the model to pin (default: the active one)")
     ] = "",
     as_json: JsonOpt = False,
+    force: ForceOpt = False,
 ) -> None:
-    """Drain the instance, restart it in the other pool, and place calls on it again."""
+    """Drain the instance, restart it in the other pool, and place calls on it again. The last
+    instance taking a model's calls needs --force."""
     if to not in ("hot", "cold"):
         raise typer.BadParameter(f"--to must be hot or cold, not {to!r}")
-    data = _fetch(lambda: ctx.obj.move(name, to, model))
+    data = _fetch(lambda: ctx.obj.move(name, to, model, force))
     if as_json:
         return _json(data)
     _table(f"moved {name}", INSTANCE_COLUMNS, [_instance_row(data)])
@@ -535,23 +551,37 @@ def model_show(ctx: typer.Context, model: ModelArg, as_json: JsonOpt = False) ->
     _table(model, MODEL_COLUMNS, [_model_row(rows[0])])
 
 
-def _model_action(ctx: typer.Context, verb: str, model: str, on: str, as_json: bool) -> None:
-    data = _fetch(lambda: ctx.obj.model_action(verb, model, on))
+def _model_action(
+    ctx: typer.Context, verb: str, model: str, on: str, as_json: bool, force: bool = False
+) -> None:
+    data = _fetch(lambda: ctx.obj.model_action(verb, model, on, force))
     if as_json:
         return _json(data)
     _table(f"{verb.lower()} {model} on {on}", MODEL_COLUMNS, [_model_row(data)])
 
 
 @model_app.command("pin")
-def model_pin(ctx: typer.Context, model: ModelArg, on: OnOpt, as_json: JsonOpt = False) -> None:
+def model_pin(
+    ctx: typer.Context,
+    model: ModelArg,
+    on: OnOpt,
+    as_json: JsonOpt = False,
+    force: ForceOpt = False,
+) -> None:
     """Make a hot instance serve MODEL (it drains and restarts when it pins another)."""
-    _model_action(ctx, "Pin", model, on, as_json)
+    _model_action(ctx, "Pin", model, on, as_json, force)
 
 
 @model_app.command("unpin")
-def model_unpin(ctx: typer.Context, model: ModelArg, on: OnOpt, as_json: JsonOpt = False) -> None:
+def model_unpin(
+    ctx: typer.Context,
+    model: ModelArg,
+    on: OnOpt,
+    as_json: JsonOpt = False,
+    force: ForceOpt = False,
+) -> None:
     """Return a hot instance to the model its config pins."""
-    _model_action(ctx, "Unpin", model, on, as_json)
+    _model_action(ctx, "Unpin", model, on, as_json, force)
 
 
 @model_app.command("load")
@@ -561,9 +591,16 @@ def model_load(ctx: typer.Context, model: ModelArg, on: OnOpt, as_json: JsonOpt 
 
 
 @model_app.command("unload")
-def model_unload(ctx: typer.Context, model: ModelArg, on: OnOpt, as_json: JsonOpt = False) -> None:
-    """Remove MODEL from a cold instance's rotation and free its staged region."""
-    _model_action(ctx, "Unload", model, on, as_json)
+def model_unload(
+    ctx: typer.Context,
+    model: ModelArg,
+    on: OnOpt,
+    as_json: JsonOpt = False,
+    force: ForceOpt = False,
+) -> None:
+    """Remove MODEL from a cold instance's rotation and free its staged region. The last instance
+    taking MODEL's calls needs --force."""
+    _model_action(ctx, "Unload", model, on, as_json, force)
 
 
 # ---- leases, sessions, config ------------------------------------------------------------------

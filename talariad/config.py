@@ -209,8 +209,8 @@ class PolicyConfig(_Strict):
     max_sessions: int = Field(default=100_000, ge=1)
     """Most sessions the router and gateway remember; past it the least recently used is forgotten."""
     unready_after_polls: int = Field(default=3, ge=1)
-    """Readiness hysteresis: an instance counts as not ready after this many consecutive failed
-    telemetry polls (one late or failed poll does not flip `/ready`)."""
+    """Readiness hysteresis: an instance turns unready at exactly this many consecutive failed
+    telemetry polls, counted in polls, not seconds (one late or failed poll does not flip `/ready`)."""
 
 
 class AblationConfig(_Strict):

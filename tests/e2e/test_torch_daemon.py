@@ -209,7 +209,7 @@ def test_unload_frees_the_models_region_and_load_brings_it_back(torch_daemon):
         }
 
     assert "tiny-code" in owners()
-    _ctl_json(torch_daemon, "model", "unload", "tiny-code", "--on", "cold0")
+    _ctl_json(torch_daemon, "model", "unload", "tiny-code", "--on", "cold0", "--force")
     deadline = time.monotonic() + 20  # the idle instance switches away; staging skips the model
     while "tiny-code" in owners() and time.monotonic() < deadline:
         time.sleep(0.2)
