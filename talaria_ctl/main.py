@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 import typer
+import yaml
 
 from talariad.cliutil import run_app
 from rich import box
@@ -407,13 +408,39 @@ def _dash_mib(n) -> str:
     return "-" if n is None or int(n) < 0 else _mib(n)
 
 
+def _disjoint(layout: list[dict]) -> list[dict]:
+    """Layout rows with the KV pool cut around the staged chunks that lie inside it, so every
+    byte is in one row (the API lists the pool whole and its staged chunks as sub-regions)."""
+    inner = sorted(
+        (r for r in layout if r["region"].startswith("staged[")), key=lambda r: int(r["offset"])
+    )
+    out = []
+    for row in layout:
+        if row["region"].startswith("staged["):
+            continue
+        if row["region"] != "kv_pool":
+            out.append(row)
+            continue
+        at, end = int(row["offset"]), int(row["offset"]) + int(row["size"])
+        for chunk in (c for c in inner if at <= int(c["offset"]) < end):
+            if int(chunk["offset"]) > at:
+                out.append({**row, "offset": at, "size": int(chunk["offset"]) - at})
+            out.append(chunk)
+            at = int(chunk["offset"]) + int(chunk["size"])
+        if at < end:
+            out.append({**row, "offset": at, "size": end - at})
+    return out
+
+
 @instance_app.command("memory")
 def instance_memory(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Instance name")],
     as_json: JsonOpt = False,
 ) -> None:
-    """HBM layout (region, offset, size, owner) and the latest switch records with their phases."""
+    """HBM layout (region, offset, size, owner) and the latest switch records with their phases.
+    A switch's total is the wall time its round paid for it (as `instance rounds` shows it); the
+    five phases are the memory substrate's part of it."""
     data = _fetch(lambda: ctx.obj.memory(name))
     if as_json:
         return _json(data)
@@ -426,7 +453,7 @@ def instance_memory(
         ("region", "offset MiB", "size MiB", "owner"),
         [
             (r["region"], _mib(r["offset"]), _mib(r["size"]), r["owner"])
-            for r in data.get("layout", [])
+            for r in _disjoint(data.get("layout", []))
         ],
     )
     _table(
@@ -613,7 +640,8 @@ def lease_revoke(
     model: Annotated[str, typer.Option(help="Only the lease for this model")] = "",
     as_json: JsonOpt = False,
 ) -> None:
-    """Drop a session's live lease(s); prints the session's leases left."""
+    """Drop a session's live lease(s); prints the session's leases left. An unknown session is
+    refused (exit 3)."""
     rows = _fetch(lambda: ctx.obj.revoke(session_id, model)).get("leases", [])
     if as_json:
         return _json(rows)
@@ -658,7 +686,8 @@ def session_forget(
     session_id: Annotated[str, typer.Argument(help="Session id")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Forget a session: its row, leases, and its KV on every instance."""
+    """Forget a session: its row, leases, and its KV on every instance. An unknown session is
+    refused (exit 3)."""
     data = _fetch(lambda: ctx.obj.forget(session_id))
     if as_json:
         return _json(data)
@@ -670,10 +699,10 @@ def session_forget(
 
 @config_app.command("show")
 def config_show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """The config in effect (with run-time pool moves and pins) as YAML."""
+    """The config in effect (with run-time pool moves and pins) as YAML (--json: as JSON)."""
     data = _fetch(ctx.obj.config)
     if as_json:
-        return _json(data)
+        return _json(yaml.safe_load(data["yaml"]))
     print(f"# {data['path']}\n{data['yaml']}", end="")
 
 

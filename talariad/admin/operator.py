@@ -296,7 +296,10 @@ class Operator:
             raise ActionRefused("invalid_argument", "session_id is empty")
         if model:
             self._model(model)
-        self.d.routing.router.revoke(session_id, model or None)
+        router = self.d.routing.router
+        dropped = router.revoke(session_id, model or None)
+        if not dropped and all(e.session_id != session_id for e in router.sessions()):
+            raise ActionRefused("not_found", f"no session {session_id!r} in the router's table")
         now = time.monotonic()
         return admin_pb2.LeasesReply(
             leases=[lease for lease in _live_leases(self.d, now) if lease.session_id == session_id]
@@ -314,6 +317,10 @@ class Operator:
             r = await self._post(name, "/internal/forget", {"session_id": session_id})
             if r.status_code == 200 and r.json().get("freed"):
                 freed.append(name)
+        if not known and not freed:
+            raise ActionRefused(
+                "not_found", f"no session {session_id!r} in the router's table or on any instance"
+            )
         return admin_pb2.ForgetReply(
             session_id=session_id,
             known=known or bool(freed),

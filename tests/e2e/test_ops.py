@@ -238,6 +238,10 @@ def test_lease_revoke(daemon):
     assert ctl_json(daemon, "lease", "revoke", "s-revoke") == []
     assert not [le for le in ctl_json(daemon, "lease", "list") if le["session_id"] == "s-revoke"]
     assert call(daemon, "tiny-code", "s-revoke").json()["usage"]["talaria"]["route"] != "lease_hit"
+    unknown = ctl_process(daemon, "lease", "revoke", "s-never-seen")
+    assert unknown.returncode == 3 and unknown.stderr.strip().splitlines() == [
+        "talaria-ctl: no session 's-never-seen' in the router's table"
+    ], unknown.stderr
 
 
 def test_session_forget_frees_its_kv(daemon):
@@ -250,6 +254,10 @@ def test_session_forget_frees_its_kv(daemon):
     assert all(s["session_id"] != "s-forget" for s in ctl_json(daemon, "session", "list"))
     after = call(daemon, "tiny-code", "s-forget")
     assert after.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    unknown = ctl(daemon, "session", "forget", "s-never-seen", ok=False)
+    assert unknown.returncode == 3 and unknown.stderr.strip().splitlines() == [
+        "talaria-ctl: no session 's-never-seen' in the router's table or on any instance"
+    ], unknown.stderr
 
 
 def test_pool_move_and_back(daemon):
@@ -295,6 +303,11 @@ def test_config_reload_applies_tau(daemon):
     lease = next(le for le in ctl_json(daemon, "lease", "list") if le["session_id"] == "s-tau")
     assert lease["expires_in_s"] > 10.0  # τ = 30 s now; it was 2 s
     assert "tau_s: 30.0" in ctl(daemon, "config", "show").stdout
+    shown = ctl_json(daemon, "config", "show")  # the config itself, as JSON
+    assert (
+        shown["policy"]["tau_s"] == 30.0 and shown["listen"]["admin_socket"] == daemon.socket_path
+    )
+    assert [i["name"] for i in shown["instances"]] == ["hot0", "cold0", "agent0"]
     daemon.config_path.write_text("models: [")
     broken = ctl(daemon, "config", "reload", ok=False)
     assert broken.returncode == 3 and "invalid YAML" in broken.stderr

@@ -231,3 +231,39 @@ def test_a_model_whose_instances_cannot_take_calls_is_unavailable_with_the_reaso
     assert "hot0" in chat.takers and chat.why is None
     assert availability("tiny-code", [hot, _view()]).takers == ["cold0"]
     assert availability("ghost", views).why == "no instance serves it"
+
+
+def test_ctl_memory_layout_rows_never_overlap(tmp_path):
+    """Staged chunks lie inside the KV pool: the table shows the pool's pieces around them, so
+    every byte of the buffer is in exactly one row."""
+    from typer.testing import CliRunner
+
+    from talaria_ctl.main import app
+    from tests.tui.fake_admin import serve
+
+    server, _ = serve(str(tmp_path / "admin.sock"))
+    try:
+        r = CliRunner().invoke(
+            app, ["--socket", str(tmp_path / "admin.sock"), "instance", "memory", "cold0"]
+        )
+    finally:
+        server.stop(grace=None)
+    assert r.exit_code == 0, r.output
+    rows = []
+    for line in r.stdout.splitlines():
+        cells = line.split()
+        if len(cells) == 4 and cells[0].startswith(
+            ("weights", "kv_pool", "staged", "graph", "run")
+        ):
+            rows.append((cells[0], float(cells[1]), float(cells[2])))
+    assert [n for n, _, _ in rows] == [
+        "weights",
+        "kv_pool",
+        "staged[0]",
+        "staged[1]",
+        "graph_pool",
+        "runtime",
+    ]
+    for (_, offset, size), (_, nxt, _) in zip(rows, rows[1:]):
+        assert offset + size == nxt, rows  # each row ends where the next begins
+    assert rows[-1][1] + rows[-1][2] == 256.0
