@@ -104,24 +104,32 @@ class AdminClient:
     def config(self) -> admin_pb2.ConfigReply:
         return self._call("ShowConfig", admin_pb2.ConfigRequest())
 
-    def instance_action(self, verb: str, instance: str) -> admin_pb2.InstanceStatus:
-        """verb: Drain | Undrain | Cordon | Restart."""
+    def instance_action(
+        self, verb: str, instance: str, force: bool = False
+    ) -> admin_pb2.InstanceStatus:
+        """verb: Drain | Undrain | Cordon | Restart. `force`: drain or cordon even the last
+        instance that takes a model's calls."""
         return self._call(
-            f"{verb}Instance", admin_pb2.InstanceRequest(instance=instance), action=True
-        )
-
-    def move(self, instance: str, to: str, model: str = "") -> admin_pb2.InstanceStatus:
-        return self._call(
-            "MoveInstance",
-            admin_pb2.MoveRequest(instance=instance, to=to, model=model),
+            f"{verb}Instance",
+            admin_pb2.InstanceRequest(instance=instance, force=force),
             action=True,
         )
 
-    def model_action(self, verb: str, model: str, instance: str) -> admin_pb2.ModelStatus:
-        """verb: Pin | Unpin | Load | Unload."""
+    def move(
+        self, instance: str, to: str, model: str = "", force: bool = False
+    ) -> admin_pb2.InstanceStatus:
         return self._call(
-            f"{verb}Model", admin_pb2.ModelRequest(model=model, instance=instance), action=True
+            "MoveInstance",
+            admin_pb2.MoveRequest(instance=instance, to=to, model=model, force=force),
+            action=True,
         )
+
+    def model_action(
+        self, verb: str, model: str, instance: str, force: bool = False
+    ) -> admin_pb2.ModelStatus:
+        """verb: Pin | Unpin | Load | Unload."""
+        request = admin_pb2.ModelRequest(model=model, instance=instance, force=force)
+        return self._call(f"{verb}Model", request, action=True)
 
     def revoke(self, session_id: str, model: str = "") -> admin_pb2.LeasesReply:
         return self._call(

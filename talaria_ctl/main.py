@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 import typer
+import yaml
 
 from talariad.cliutil import run_app
 from rich import box
@@ -62,6 +63,12 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document")
 InstanceArg = Annotated[str, typer.Argument(help="Instance name")]
 ModelArg = Annotated[str, typer.Argument(help="Model name")]
 OnOpt = Annotated[str, typer.Option("--on", help="Instance name")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force", help="Even when it leaves a model with no instance to take its calls (503)"
+    ),
+]
 
 
 def _version(value: bool) -> None:
@@ -284,17 +291,22 @@ def instance_show(ctx: typer.Context, name: InstanceArg, as_json: JsonOpt = Fals
     _table(name, INSTANCE_COLUMNS, [_instance_row(rows[0])])
 
 
-def _instance_action(ctx: typer.Context, verb: str, name: str, as_json: bool) -> None:
-    data = _fetch(lambda: ctx.obj.instance_action(verb, name))
+def _instance_action(
+    ctx: typer.Context, verb: str, name: str, as_json: bool, force: bool = False
+) -> None:
+    data = _fetch(lambda: ctx.obj.instance_action(verb, name, force))
     if as_json:
         return _json(data)
     _table(f"{verb.lower()} {name}", INSTANCE_COLUMNS, [_instance_row(data)])
 
 
 @instance_app.command("drain")
-def instance_drain(ctx: typer.Context, name: InstanceArg, as_json: JsonOpt = False) -> None:
-    """Finish in-flight and queued calls, place nothing new; its leases lapse."""
-    _instance_action(ctx, "Drain", name, as_json)
+def instance_drain(
+    ctx: typer.Context, name: InstanceArg, as_json: JsonOpt = False, force: ForceOpt = False
+) -> None:
+    """Finish in-flight and queued calls, place nothing new; its leases lapse. The last instance
+    taking a model's calls needs --force."""
+    _instance_action(ctx, "Drain", name, as_json, force)
 
 
 @instance_app.command("undrain")
@@ -304,9 +316,12 @@ def instance_undrain(ctx: typer.Context, name: InstanceArg, as_json: JsonOpt = F
 
 
 @instance_app.command("cordon")
-def instance_cordon(ctx: typer.Context, name: InstanceArg, as_json: JsonOpt = False) -> None:
-    """Place nothing new on the instance, but keep serving its leases."""
-    _instance_action(ctx, "Cordon", name, as_json)
+def instance_cordon(
+    ctx: typer.Context, name: InstanceArg, as_json: JsonOpt = False, force: ForceOpt = False
+) -> None:
+    """Place nothing new on the instance, but keep serving its leases. The last instance taking
+    a model's calls needs --force."""
+    _instance_action(ctx, "Cordon", name, as_json, force)
 
 
 @instance_app.command("restart")
@@ -393,13 +408,39 @@ def _dash_mib(n) -> str:
     return "-" if n is None or int(n) < 0 else _mib(n)
 
 
+def _disjoint(layout: list[dict]) -> list[dict]:
+    """Layout rows with the KV pool cut around the staged chunks that lie inside it, so every
+    byte is in one row (the API lists the pool whole and its staged chunks as sub-regions)."""
+    inner = sorted(
+        (r for r in layout if r["region"].startswith("staged[")), key=lambda r: int(r["offset"])
+    )
+    out = []
+    for row in layout:
+        if row["region"].startswith("staged["):
+            continue
+        if row["region"] != "kv_pool":
+            out.append(row)
+            continue
+        at, end = int(row["offset"]), int(row["offset"]) + int(row["size"])
+        for chunk in (c for c in inner if at <= int(c["offset"]) < end):
+            if int(chunk["offset"]) > at:
+                out.append({**row, "offset": at, "size": int(chunk["offset"]) - at})
+            out.append(chunk)
+            at = int(chunk["offset"]) + int(chunk["size"])
+        if at < end:
+            out.append({**row, "offset": at, "size": end - at})
+    return out
+
+
 @instance_app.command("memory")
 def instance_memory(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Instance name")],
     as_json: JsonOpt = False,
 ) -> None:
-    """HBM layout (region, offset, size, owner) and the latest switch records with their phases."""
+    """HBM layout (region, offset, size, owner) and the latest switch records with their phases.
+    A switch's total is the wall time its round paid for it (as `instance rounds` shows it); the
+    five phases are the memory substrate's part of it."""
     data = _fetch(lambda: ctx.obj.memory(name))
     if as_json:
         return _json(data)
@@ -419,7 +460,7 @@ def instance_memory(
         ("region", "offset MiB", "size MiB", "owner"),
         [
             (r["region"], _mib(r["offset"]), _mib(r["size"]), r["owner"])
-            for r in data.get("layout", [])
+            for r in _disjoint(data.get("layout", []))
         ],
     )
     _table(
@@ -495,11 +536,13 @@ def pool_move(
         str, typer.Option(help="Moving to hot: the model to pin (default: the active one)")
     ] = "",
     as_json: JsonOpt = False,
+    force: ForceOpt = False,
 ) -> None:
-    """Drain the instance, restart it in the other pool, and place calls on it again."""
+    """Drain the instance, restart it in the other pool, and place calls on it again. The last
+    instance taking a model's calls needs --force."""
     if to not in ("hot", "cold"):
         raise typer.BadParameter(f"--to must be hot or cold, not {to!r}")
-    data = _fetch(lambda: ctx.obj.move(name, to, model))
+    data = _fetch(lambda: ctx.obj.move(name, to, model, force))
     if as_json:
         return _json(data)
     _table(f"moved {name}", INSTANCE_COLUMNS, [_instance_row(data)])
@@ -542,23 +585,37 @@ def model_show(ctx: typer.Context, model: ModelArg, as_json: JsonOpt = False) ->
     _table(model, MODEL_COLUMNS, [_model_row(rows[0])])
 
 
-def _model_action(ctx: typer.Context, verb: str, model: str, on: str, as_json: bool) -> None:
-    data = _fetch(lambda: ctx.obj.model_action(verb, model, on))
+def _model_action(
+    ctx: typer.Context, verb: str, model: str, on: str, as_json: bool, force: bool = False
+) -> None:
+    data = _fetch(lambda: ctx.obj.model_action(verb, model, on, force))
     if as_json:
         return _json(data)
     _table(f"{verb.lower()} {model} on {on}", MODEL_COLUMNS, [_model_row(data)])
 
 
 @model_app.command("pin")
-def model_pin(ctx: typer.Context, model: ModelArg, on: OnOpt, as_json: JsonOpt = False) -> None:
+def model_pin(
+    ctx: typer.Context,
+    model: ModelArg,
+    on: OnOpt,
+    as_json: JsonOpt = False,
+    force: ForceOpt = False,
+) -> None:
     """Make a hot instance serve MODEL (it drains and restarts when it pins another)."""
-    _model_action(ctx, "Pin", model, on, as_json)
+    _model_action(ctx, "Pin", model, on, as_json, force)
 
 
 @model_app.command("unpin")
-def model_unpin(ctx: typer.Context, model: ModelArg, on: OnOpt, as_json: JsonOpt = False) -> None:
+def model_unpin(
+    ctx: typer.Context,
+    model: ModelArg,
+    on: OnOpt,
+    as_json: JsonOpt = False,
+    force: ForceOpt = False,
+) -> None:
     """Return a hot instance to the model its config pins."""
-    _model_action(ctx, "Unpin", model, on, as_json)
+    _model_action(ctx, "Unpin", model, on, as_json, force)
 
 
 @model_app.command("load")
@@ -568,9 +625,16 @@ def model_load(ctx: typer.Context, model: ModelArg, on: OnOpt, as_json: JsonOpt 
 
 
 @model_app.command("unload")
-def model_unload(ctx: typer.Context, model: ModelArg, on: OnOpt, as_json: JsonOpt = False) -> None:
-    """Remove MODEL from a cold instance's rotation and free its staged region."""
-    _model_action(ctx, "Unload", model, on, as_json)
+def model_unload(
+    ctx: typer.Context,
+    model: ModelArg,
+    on: OnOpt,
+    as_json: JsonOpt = False,
+    force: ForceOpt = False,
+) -> None:
+    """Remove MODEL from a cold instance's rotation and free its staged region. The last instance
+    taking MODEL's calls needs --force."""
+    _model_action(ctx, "Unload", model, on, as_json, force)
 
 
 # ---- leases, sessions, config ------------------------------------------------------------------
@@ -583,7 +647,8 @@ def lease_revoke(
     model: Annotated[str, typer.Option(help="Only the lease for this model")] = "",
     as_json: JsonOpt = False,
 ) -> None:
-    """Drop a session's live lease(s); prints the session's leases left."""
+    """Drop a session's live lease(s); prints the session's leases left. An unknown session is
+    refused (exit 3)."""
     rows = _fetch(lambda: ctx.obj.revoke(session_id, model)).get("leases", [])
     if as_json:
         return _json(rows)
@@ -628,7 +693,8 @@ def session_forget(
     session_id: Annotated[str, typer.Argument(help="Session id")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Forget a session: its row, leases, and its KV on every instance."""
+    """Forget a session: its row, leases, and its KV on every instance. An unknown session is
+    refused (exit 3)."""
     data = _fetch(lambda: ctx.obj.forget(session_id))
     if as_json:
         return _json(data)
@@ -640,10 +706,10 @@ def session_forget(
 
 @config_app.command("show")
 def config_show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """The config in effect (with run-time pool moves and pins) as YAML."""
+    """The config in effect (with run-time pool moves and pins) as YAML (--json: as JSON)."""
     data = _fetch(ctx.obj.config)
     if as_json:
-        return _json(data)
+        return _json(yaml.safe_load(data["yaml"]))
     print(f"# {data['path']}\n{data['yaml']}", end="")
 
 

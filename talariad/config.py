@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
+import os
 import pathlib
 from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+GIB = 1 << 30
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
 
@@ -206,8 +209,8 @@ class PolicyConfig(_Strict):
     max_sessions: int = Field(default=100_000, ge=1)
     """Most sessions the router and gateway remember; past it the least recently used is forgotten."""
     unready_after_polls: int = Field(default=3, ge=1)
-    """Readiness hysteresis: an instance counts as not ready after this many consecutive failed
-    telemetry polls (one late or failed poll does not flip `/ready`)."""
+    """Readiness hysteresis: an instance turns unready at exactly this many consecutive failed
+    telemetry polls, counted in polls, not seconds (one late or failed poll does not flip `/ready`)."""
 
 
 class AblationConfig(_Strict):
@@ -484,6 +487,77 @@ def _checkpoint_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[s
                         f"{path!r} is not a checkpoint directory (no config.json there)",
                     )
                 )
+    return problems
+
+
+def machine_memory_gib() -> float:
+    """Physical memory of this machine in GiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+
+
+def serving_lines(
+    cfg: TalariaConfig, config_dir: pathlib.Path, machine_gib: float | None = None
+) -> list[tuple[str, str]]:
+    """What makes a valid config unable to serve: a model no instance serves, host KV the machine
+    cannot hold, a device buffer smaller than a model, an API keys file `run` cannot read.
+    `check-config` and `run` both refuse on these (exit 2)."""
+    machine_gib = machine_memory_gib() if machine_gib is None else machine_gib
+    problems = _unserved_lines(cfg) + _memory_lines(cfg, machine_gib)
+    if cfg.listen.api_keys_file:
+        from talariad.gateway.auth import load_keys
+
+        try:
+            load_keys(config_dir / cfg.listen.api_keys_file)
+        except ValueError as err:  # its message starts with the field's name
+            problems.append(tuple(str(err).split(": ", 1)))
+    return problems
+
+
+def _unserved_lines(cfg: TalariaConfig) -> list[tuple[str, str]]:
+    served = {m for inst in cfg.instances for m in inst.models}
+    return [
+        (
+            f"models[{i}].name",
+            f"no instance serves {m.name!r}: add it to an instance's models or remove it "
+            "(/ready would stay 503)",
+        )
+        for i, m in enumerate(cfg.models)
+        if m.name not in served
+    ]
+
+
+def _memory_lines(cfg: TalariaConfig, machine_gib: float) -> list[tuple[str, str]]:
+    """torch instances: host KV within the machine's memory, a device buffer that holds each model."""
+    torch = [(i, inst) for i, inst in enumerate(cfg.instances) if inst.executor == "torch"]
+    problems, too_big = [], False
+    for i, inst in torch:
+        if inst.host_kv_gib > machine_gib:
+            too_big = True
+            problems.append(
+                (
+                    f"instances[{i}].host_kv_gib",
+                    f"{inst.host_kv_gib:g} GiB is more than this machine's memory "
+                    f"({machine_gib:.3g} GiB)",
+                )
+            )
+        largest = max((cfg.model(m) for m in inst.models), key=lambda m: m.size_gib)
+        if inst.memory_gib is not None and inst.memory_gib < largest.size_gib:
+            problems.append(
+                (
+                    f"instances[{i}].memory_gib",
+                    f"{inst.memory_gib:g} GiB is below the size_gib of {largest.name!r} "
+                    f"({largest.size_gib:g} GiB): its weights can never be loaded",
+                )
+            )
+    total = sum(inst.host_kv_gib for _, inst in torch)
+    if not too_big and total > machine_gib:  # each fits alone, not all together
+        problems.append(
+            (
+                "instances",
+                f"host_kv_gib of the torch instances adds up to {total:g} GiB, "
+                f"more than this machine's memory ({machine_gib:.3g} GiB)",
+            )
+        )
     return problems
 
 

@@ -24,7 +24,7 @@ from talariad.admin.sockets import daemon_socket
 from talariad.config import ConfigError, TalariaConfig, load_config, parse_config
 from talariad.gateway.app import Gateway, build_app
 from talariad.gateway.auth import load_keys
-from talariad.gateway.health import Readiness
+from talariad.gateway.health import Availability, InstanceView, Readiness, availability
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import InstanceMetrics
 from talariad.gc_tuning import settle_gc
@@ -67,7 +67,7 @@ class Daemon:
         self.started = time.monotonic()
         self.supervisor = Supervisor(cfg, config_path)
         self.routing = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
-        self.readiness = Readiness(cfg.policy.unready_after_polls, cfg.policy.staleness_s)
+        self.readiness = Readiness(cfg.policy.unready_after_polls)
         self.directory = InstanceDirectory(
             self._urls,
             cfg.policy.telemetry_interval_s,
@@ -79,6 +79,8 @@ class Daemon:
             on_payload=self._telemetry_payload,
         )
         self.gateway = Gateway(cfg, self.directory, self.routing, self._ready, self._describe)
+        self.gateway.availability = self.availability
+        self.routing.unavailable = lambda model: self.availability(model).why
         self.gateway.api_keys = self._keys(cfg)
         self.endpoint = ""
         self.operator = Operator(self)
@@ -105,20 +107,41 @@ class Daemon:
 
     def _observed(self, telemetry, now: float) -> None:
         self.routing.observe(telemetry, now)
-        self.readiness.polled(telemetry.instance, True, now)
+        if self.readiness.polled(telemetry.instance, True, now):
+            log.info("instance %s is ready", telemetry.instance)
 
     def _missed(self, name: str, now: float) -> None:
         self.routing.unhealthy(name, now)
-        self.readiness.polled(name, False, now)
+        if self.readiness.polled(name, False, now):
+            log.warning(
+                "instance %s is not ready: %d telemetry polls failed in a row "
+                "(policy.unready_after_polls)",
+                name,
+                self.readiness.failed_polls(name),
+            )
 
     def _down(self, name: str, now: float) -> None:
         self.routing.instance_down(name, now)
         self.readiness.down(name)
 
     def _ready(self, name: str) -> bool:
-        return self.supervisor.procs[name].state == ProcState.READY and self.readiness.ready(
-            name, time.monotonic()
+        return self.supervisor.procs[name].state == ProcState.READY and self.readiness.ready(name)
+
+    def instance_view(self, name: str) -> InstanceView:
+        m = self.supervisor.procs[name]
+        return InstanceView(
+            name,
+            hosts=tuple((m.role or {}).get("models", m.inst.models)),
+            serving=tuple(self.serving_models(name)),
+            state=m.state.value,
+            ready=self.readiness.ready(name),
+            admission=self.admission(name, self.directory.snapshot(name)),
+            failed_polls=self.readiness.failed_polls(name),
         )
+
+    def availability(self, model: str) -> Availability:
+        """Which instances take `model`'s new calls now, and why the others do not."""
+        return availability(model, [self.instance_view(n) for n in self.supervisor.procs])
 
     def _describe(self) -> list[dict]:
         now = time.monotonic()
@@ -287,10 +310,7 @@ class Daemon:
         self.gateway.api_keys = keys
         self.routing.router.retune(config_router_knobs(cfg))
         self.directory.interval_s = cfg.policy.telemetry_interval_s
-        self.readiness.unready_after, self.readiness.stale_after_s = (
-            cfg.policy.unready_after_polls,
-            cfg.policy.staleness_s,
-        )
+        self.readiness.unready_after = cfg.policy.unready_after_polls
         if self._http is not None:
             self._http.config.timeout_graceful_shutdown = (
                 cfg.supervisor.shutdown_grace_s + _HTTP_BACKSTOP_S
@@ -315,11 +335,21 @@ class Daemon:
             log.warning("second SIGINT: exiting without draining")
             self.supervisor.kill_now()
             os._exit(FAST_EXIT)
+        self._begin_drain("SIGINT")
+
+    def _begin_drain(self, signame: str) -> None:
+        if not self._stop.is_set():
+            log.info(
+                "%s: draining: no new connections; calls in flight and queued may run for up "
+                "to %gs (supervisor.shutdown_grace_s)",
+                signame,
+                self.cfg.supervisor.shutdown_grace_s,
+            )
         self._stop.set()
 
     def _signals(self) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        loop.add_signal_handler(signal.SIGTERM, self._begin_drain, "SIGTERM")
         loop.add_signal_handler(signal.SIGINT, self._on_interrupt)
         loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
 

@@ -458,21 +458,29 @@ class ProcessStats(_message.Message):
     ) -> None: ...
 
 class InstanceRequest(_message.Message):
-    __slots__ = ("instance",)
+    __slots__ = ("instance", "force")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     instance: str
-    def __init__(self, instance: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, instance: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class MoveRequest(_message.Message):
-    __slots__ = ("instance", "to", "model")
+    __slots__ = ("instance", "to", "model", "force")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     TO_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     instance: str
     to: str
     model: str
+    force: bool
     def __init__(
-        self, instance: _Optional[str] = ..., to: _Optional[str] = ..., model: _Optional[str] = ...
+        self,
+        instance: _Optional[str] = ...,
+        to: _Optional[str] = ...,
+        model: _Optional[str] = ...,
+        force: _Optional[bool] = ...,
     ) -> None: ...
 
 class ModelsRequest(_message.Message):
@@ -512,12 +520,19 @@ class ModelsReply(_message.Message):
     ) -> None: ...
 
 class ModelRequest(_message.Message):
-    __slots__ = ("model", "instance")
+    __slots__ = ("model", "instance", "force")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     model: str
     instance: str
-    def __init__(self, model: _Optional[str] = ..., instance: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(
+        self,
+        model: _Optional[str] = ...,
+        instance: _Optional[str] = ...,
+        force: _Optional[bool] = ...,
+    ) -> None: ...
 
 class PoolsRequest(_message.Message):
     __slots__ = ()

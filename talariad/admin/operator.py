@@ -72,15 +72,27 @@ class Operator:
     def status(self, name: str) -> admin_pb2.InstanceStatus:
         return self.d.instance_status(name)
 
+    def _keep_a_taker(self, name: str, models: list[str], doing: str, force: bool) -> None:
+        """Refuse to leave a model with no instance that takes its calls, unless forced."""
+        for model in [] if force else models:
+            if self.d.availability(model).takers == [name]:
+                raise ActionRefused(
+                    "failed_precondition",
+                    f"{name} is the last instance that takes {model!r} calls; {doing} leaves "
+                    "them failing with 503: repeat with --force to do it anyway",
+                )
+
     # ---- instances -------------------------------------------------------------------------
 
-    def drain(self, name: str) -> admin_pb2.InstanceStatus:
+    def drain(self, name: str, force: bool = False) -> admin_pb2.InstanceStatus:
         self._inst(name)
+        self._keep_a_taker(name, self.d.serving_models(name), "draining it", force)
         self.d.routing.router.close_instance(name, drain=True)
         return self.status(name)
 
-    def cordon(self, name: str) -> admin_pb2.InstanceStatus:
+    def cordon(self, name: str, force: bool = False) -> admin_pb2.InstanceStatus:
         self._inst(name)
+        self._keep_a_taker(name, self.d.serving_models(name), "cordoning it", force)
         self.d.routing.router.close_instance(name, drain=False)
         return self.status(name)
 
@@ -135,7 +147,9 @@ class Operator:
                 )
             await asyncio.sleep(0.1)
 
-    async def move(self, name: str, to: str, model: str = "") -> admin_pb2.InstanceStatus:
+    async def move(
+        self, name: str, to: str, model: str = "", force: bool = False
+    ) -> admin_pb2.InstanceStatus:
         """Drain, restart in the new pool, place calls on it again (the paper's future-work
         dynamic pool reallocation, done by hand)."""
         m = self._inst(name)
@@ -147,6 +161,7 @@ class Operator:
         if name in self._moving:
             raise ActionRefused("failed_precondition", f"instance {name} is already moving")
         role = self._role(name, to, model)
+        self._keep_a_taker(name, self.d.serving_models(name), "moving it", force)
         was_closed = name in self.d.routing.router.closed_instances()
         self._moving.add(name)
         try:
@@ -208,15 +223,15 @@ class Operator:
                 f"use `model load` for a cold instance's rotation",
             )
 
-    async def pin(self, model: str, name: str) -> admin_pb2.ModelStatus:
+    async def pin(self, model: str, name: str, force: bool = False) -> admin_pb2.ModelStatus:
         self._model(model)
         self._inst(name)
         self._hot(name)
         if self._models_of(name) != [model]:
-            await self.move(name, "hot", model)
+            await self.move(name, "hot", model, force)
         return self.model_status(model)
 
-    async def unpin(self, model: str, name: str) -> admin_pb2.ModelStatus:
+    async def unpin(self, model: str, name: str, force: bool = False) -> admin_pb2.ModelStatus:
         self._model(model)
         m = self._inst(name)
         self._hot(name)
@@ -236,16 +251,20 @@ class Operator:
                 f"{name} is a cold instance moved to the hot pool; "
                 f"move it back with `pool move {name} --to cold`",
             )
-        await self.move(name, "hot", m.inst.models[0])  # back to the model the config pins
+        await self.move(name, "hot", m.inst.models[0], force)  # back to the model the config pins
         return self.model_status(model)
 
-    async def rotation(self, model: str, name: str, serve: bool) -> admin_pb2.ModelStatus:
+    async def rotation(
+        self, model: str, name: str, serve: bool, force: bool = False
+    ) -> admin_pb2.ModelStatus:
         self._model(model)
         self._inst(name)
         if self.d.pool_of(name) != "cold":
             raise ActionRefused(
                 "failed_precondition", f"instance {name} is a hot instance; use `model pin`"
             )
+        if not serve:
+            self._keep_a_taker(name, [model], f"unloading {model} from it", force)
         r = await self._post(name, "/internal/rotation", {"model": model, "serve": serve})
         if r.status_code == 409:
             raise ActionRefused("failed_precondition", r.json()["error"])
@@ -277,7 +296,10 @@ class Operator:
             raise ActionRefused("invalid_argument", "session_id is empty")
         if model:
             self._model(model)
-        self.d.routing.router.revoke(session_id, model or None)
+        router = self.d.routing.router
+        dropped = router.revoke(session_id, model or None)
+        if not dropped and all(e.session_id != session_id for e in router.sessions()):
+            raise ActionRefused("not_found", f"no session {session_id!r} in the router's table")
         now = time.monotonic()
         return admin_pb2.LeasesReply(
             leases=[lease for lease in _live_leases(self.d, now) if lease.session_id == session_id]
@@ -295,6 +317,10 @@ class Operator:
             r = await self._post(name, "/internal/forget", {"session_id": session_id})
             if r.status_code == 200 and r.json().get("freed"):
                 freed.append(name)
+        if not known and not freed:
+            raise ActionRefused(
+                "not_found", f"no session {session_id!r} in the router's table or on any instance"
+            )
         return admin_pb2.ForgetReply(
             session_id=session_id,
             known=known or bool(freed),

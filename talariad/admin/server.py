@@ -122,7 +122,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     async def DrainInstance(self, request, context):  # noqa: N802
         op = await self._operator(context)
-        return await _act(context, lambda: op.drain(request.instance))
+        return await _act(context, lambda: op.drain(request.instance, request.force))
 
     async def UndrainInstance(self, request, context):  # noqa: N802
         op = await self._operator(context)
@@ -130,7 +130,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     async def CordonInstance(self, request, context):  # noqa: N802
         op = await self._operator(context)
-        return await _act(context, lambda: op.cordon(request.instance))
+        return await _act(context, lambda: op.cordon(request.instance, request.force))
 
     async def RestartInstance(self, request, context):  # noqa: N802
         op = await self._operator(context)
@@ -138,7 +138,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     async def MoveInstance(self, request, context):  # noqa: N802
         op = await self._operator(context)
-        return await _act(context, lambda: op.move(request.instance, request.to, request.model))
+        return await _act(
+            context, lambda: op.move(request.instance, request.to, request.model, request.force)
+        )
 
     async def Models(self, request, context):  # noqa: N802
         op = await self._operator(context)
@@ -146,11 +148,11 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     async def PinModel(self, request, context):  # noqa: N802
         op = await self._operator(context)
-        return await _act(context, lambda: op.pin(request.model, request.instance))
+        return await _act(context, lambda: op.pin(request.model, request.instance, request.force))
 
     async def UnpinModel(self, request, context):  # noqa: N802
         op = await self._operator(context)
-        return await _act(context, lambda: op.unpin(request.model, request.instance))
+        return await _act(context, lambda: op.unpin(request.model, request.instance, request.force))
 
     async def LoadModel(self, request, context):  # noqa: N802
         op = await self._operator(context)
@@ -158,7 +160,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     async def UnloadModel(self, request, context):  # noqa: N802
         op = await self._operator(context)
-        return await _act(context, lambda: op.rotation(request.model, request.instance, False))
+        return await _act(
+            context, lambda: op.rotation(request.model, request.instance, False, request.force)
+        )
 
     async def Pools(self, request, context):  # noqa: N802
         op = await self._operator(context)

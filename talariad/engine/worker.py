@@ -193,12 +193,17 @@ class Worker:
         return self.core.rounds(self.now(), limit)
 
     def memory_report(self) -> dict:
-        """HBM layout rows and switch records of an executor that owns a memory substrate."""
-        return {
-            "instance": self.inst.name,
-            **self.executor.memory_report(),
-            "process": process_stats(),
-        }
+        """HBM layout rows and switch records of an executor that owns a memory substrate, and
+        the process's figures. A switch's total is the wall time its round paid, as in the rounds
+        report; the executor's phases are the substrate's part of it."""
+        report = {"instance": self.inst.name, **self.executor.memory_report()}
+        recorder = self.core.recorder
+        for record in report.get("switches", []) if recorder is not None else ():
+            wall = recorder.wall_s(record)
+            if wall is not None:
+                record["total_s"] = wall
+        report["process"] = process_stats()
+        return report
 
     def set_rotation(self, model: str, serve: bool) -> str | None:
         """Load or unload a configured model at run time (the core's decision); the reason it

@@ -32,7 +32,8 @@ from talariad.gateway.auth import APIKeys
 from talariad.gateway.errors import APIError
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import Children, GatewayMetrics
-from talariad.gateway.routing import RouterShell
+from talariad.gateway.health import Availability
+from talariad.gateway.routing import ModelUnavailable, RouterShell
 from talariad.router import CallRequest
 from talariad.gateway.schemas import ChatCompletionRequest, CompletionRequest, body_field
 from talariad.gateway.session import SESSION_FIELDS, session_headers, session_id
@@ -59,6 +60,10 @@ class Gateway:
         """Each instance's state and telemetry age, for /health and /ready."""
         self.api_keys: frozenset[str] | None = None
         """When set, every /v1/ call needs one of these keys."""
+        self.availability: Callable[[str], Availability] = lambda model: Availability(
+            [i.name for i in cfg.instances if model in i.models and ready(i.name)], []
+        )
+        """Which instances take a model's new calls now (the daemon's view replaces this one)."""
         self.metrics = GatewayMetrics()
         self.stored = responses.ResponseStore(cfg.responses.store_max)
         self._dropped_logged: set[str] = set()
@@ -224,7 +229,17 @@ class _Call:
         self.done = True  # nothing to release until placed
 
     async def place(self) -> None:
-        decision = await self.gw.routing.place(self.info, self.gw.clock)
+        try:
+            decision = await self.gw.routing.place(self.info, self.gw.clock)
+        except ModelUnavailable as why:
+            raise APIError(
+                503,
+                f"no instance can take {self.body.model!r} calls now: {why}",
+                type="api_error",
+                param="model",
+                code="model_unavailable",
+                headers={"Retry-After": "5"},
+            ) from None
         if decision.instance is None:
             retry = str(max(1, round(decision.retry_after_s or 1)))
             raise APIError(
@@ -848,19 +863,18 @@ def build_app(gw: Gateway) -> FastAPI:
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        """Readiness: 200 when every configured model has at least one ready instance."""
-        serving = {
-            m.name: [i.name for i in gw.cfg.instances if m.name in i.models and gw.ready(i.name)]
-            for m in gw.cfg.models
-        }
-        ok = all(serving.values())
+        """Readiness: 200 when every configured model has an instance that takes its calls;
+        `unavailable` says why each other model has none."""
+        found = {m.name: gw.availability(m.name) for m in gw.cfg.models}
+        unavailable = {m: a.why for m, a in found.items() if a.why is not None}
         return JSONResponse(
             {
-                "status": "ready" if ok else "not_ready",
-                "models": serving,
+                "status": "not_ready" if unavailable else "ready",
+                "models": {m: a.takers for m, a in found.items()},
+                "unavailable": unavailable,
                 "instances": gw.describe(),
             },
-            status_code=200 if ok else 503,
+            status_code=503 if unavailable else 200,
         )
 
     @app.get("/v1/models")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 
 from talariad.config import TalariaConfig
 from talariad.engine.messages import Telemetry
@@ -20,7 +21,12 @@ from talariad.knobs import config_router_knobs as router_knobs
 from talariad.router import CallRequest, Decision, DecisionKind, Router, SessionKV
 from talariad.types import KVState, LatencyProfile
 
-__all__ = ["PrefixTracker", "RouterShell", "router_knobs", "snapshot"]
+__all__ = ["ModelUnavailable", "PrefixTracker", "RouterShell", "router_knobs", "snapshot"]
+
+
+class ModelUnavailable(Exception):
+    """No instance can take the model's calls now (drained, cordoned, unloaded, dead, unready):
+    the call is refused at once instead of waiting out the queue timeout."""
 
 
 class PrefixTracker:
@@ -165,6 +171,9 @@ class RouterShell:
     closing = False
     """Set when shutdown's grace ran out: calls still held in the overload queue are rejected."""
 
+    unavailable: Callable[[str], str | None] = staticmethod(lambda model: None)
+    """Why no instance can take `model`'s calls now (None: some can); the daemon sets it."""
+
     def close(self) -> None:
         self.closing = True
         self._changed.set()
@@ -219,12 +228,16 @@ class RouterShell:
     async def place(self, call: CallRequest, clock) -> Decision:
         """Place now, or wait while the router holds the call under the queue overload policy;
         past `queue_timeout_s` of waiting here the call is rejected, whatever the router's queue
-        bookkeeping says (its `expire` may have dropped the entry and a re-hold would restart it)."""
+        bookkeeping says (its `expire` may have dropped the entry and a re-hold would restart it).
+        Raises ModelUnavailable, held or not, once no instance can take the call's model."""
         deadline = clock() + self.router.knobs.queue_timeout_s
         try:
             while True:
                 self._changed.clear()
                 decision = self.router.place(call, clock())
+                if not decision.kind.places and (why := self.unavailable(call.model)):
+                    self.router.failed(call.call_id, clock())
+                    raise ModelUnavailable(why)
                 if decision.kind != DecisionKind.OVERLOAD_QUEUE:
                     return decision
                 if self.closing:

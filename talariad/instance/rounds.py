@@ -43,6 +43,11 @@ HISTORY = 4096
 """Rounds and switches a running instance keeps for the admin API (older ones are dropped)."""
 
 
+def _record_key(record: dict) -> tuple:
+    """An executor's switch record, named by its target and its own timestamp."""
+    return record.get("to_model"), record.get("now"), tuple(record.get("phase_s") or ())
+
+
 class RoundRecorder:
     """Slot phase durations per round and the latest switch records (bounded)."""
 
@@ -50,6 +55,7 @@ class RoundRecorder:
         self.keep_rounds = keep_rounds
         self.slots: dict[int, list[dict]] = {}
         self.switches: deque[dict] = deque(maxlen=keep_switches)
+        self._walls: dict[tuple, float] = {}  # executor record key -> the switch's wall time
         self._parked_seen = 0
         self._seq = 0
 
@@ -91,6 +97,10 @@ class RoundRecorder:
         current = sched.rounds.current
         self._seq += 1
         phases = measured.get("phase_s") if measured else None
+        if measured is not None:
+            self._walls[_record_key(measured)] = measured_s
+            while len(self._walls) > (self.switches.maxlen or 0):
+                del self._walls[next(iter(self._walls))]
         self.switches.append(
             {
                 "seq": self._seq,
@@ -105,6 +115,11 @@ class RoundRecorder:
                 "at": now,
             }
         )
+
+    def wall_s(self, record: dict) -> float | None:
+        """The wall time the round paid for the switch of an executor's switch record (what a
+        switch's total means everywhere); None for a switch no step ran, such as the first open."""
+        return self._walls.get(_record_key(record))
 
     def report(self, sched, now: float, limit: int) -> dict:
         """The latest `limit` rounds (closed, then the open one) and switch records, JSON-ready."""

@@ -4,10 +4,14 @@ executor), each checked by its effect. The tests share one daemon and run in fil
 from __future__ import annotations
 
 import json
+import os
+import queue
+import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import grpc
 import httpx
@@ -79,6 +83,37 @@ def instance(d, name: str) -> dict:
     return next(i for i in ctl_json(d, "instance", "list") if i["name"] == name)
 
 
+def refused_without_force(d, *args) -> None:
+    """Emptying the last instance of a model is refused without --force: one line, exit 3."""
+    r = ctl(d, *args, ok=False)
+    assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "last instance" in r.stderr and "--force" in r.stderr, r.stderr
+
+
+def unready_models(d) -> dict:
+    """/ready's models without a taker (empty when it answers 200)."""
+    r = httpx.get(f"{d.endpoint}/ready", timeout=10)
+    assert (r.status_code == 200) == (not r.json()["unavailable"]), r.text
+    return r.json()["unavailable"]
+
+
+def assert_unavailable_at_once(d, model: str, why: str) -> None:
+    """A call for `model` gets 503 now, in the OpenAI and the Anthropic error shapes (new
+    sessions: no lease of an earlier call may place them)."""
+    session = f"s-{uuid.uuid4().hex}"
+    r = call(d, model, session)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable", r.text
+    assert why in r.json()["error"]["message"] and r.headers["retry-after"]
+    r = httpx.post(
+        f"{d.endpoint}/v1/messages",
+        headers={"x-session-id": session},
+        timeout=60,
+        json={"model": model, "max_tokens": 4, "messages": CHAT},
+    )
+    assert r.status_code == 503 and r.json()["type"] == "error", r.text
+    assert why in r.json()["error"]["message"]
+
+
 def test_drain_cold0_finishes_in_flight_and_places_nothing_new(daemon):
     # a long tiny-code call is in flight on cold0 (the only instance serving tiny-code) when it drains
     results: dict[str, httpx.Response] = {}
@@ -89,48 +124,55 @@ def test_drain_cold0_finishes_in_flight_and_places_nothing_new(daemon):
     deadline = time.monotonic() + 10
     while instance(daemon, "cold0")["running"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
-    drained = ctl_json(daemon, "instance", "drain", "cold0")
+    assert unready_models(daemon) == {}
+    refused_without_force(daemon, "instance", "drain", "cold0")
+    assert instance(daemon, "cold0")["admission"] == "open"
+    drained = ctl_json(daemon, "instance", "drain", "cold0", "--force")
     assert drained["admission"] in ("draining", "drained")
     assert ctl_json(daemon, "instance", "drain", "cold0")["admission"] in (
         "draining",
         "drained",
-    )  # idempotent
-    # a new tiny-chat call goes to hot0; a new tiny-code call queues at the gateway
+    )  # idempotent: it takes no new calls already
+    # a new tiny-chat call goes to hot0; a new tiny-code call is refused now, not held
     assert served_by(call(daemon, "tiny-chat")) == "hot0"
-    queued = threading.Thread(
-        target=lambda: results.setdefault("queued", call(daemon, "tiny-code"))
-    )
-    queued.start()
+    assert set(unready_models(daemon)) == {"tiny-code"}
+    assert_unavailable_at_once(daemon, "tiny-code", "cold0 is drain")
     long.join(60)
     assert results["long"].status_code == 200 and served_by(results["long"]) == "cold0"
     assert results["long"].json()["usage"]["completion_tokens"] == 120
-    time.sleep(0.5)
-    assert "queued" not in results  # held while cold0 is drained
+    deadline = time.monotonic() + 10  # drained once its telemetry shows nothing running
+    while instance(daemon, "cold0")["admission"] != "drained" and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert instance(daemon, "cold0")["admission"] == "drained"
     assert ctl_json(daemon, "instance", "undrain", "cold0")["admission"] == "open"
-    queued.join(30)
-    assert served_by(results["queued"]) == "cold0"
+    assert unready_models(daemon) == {}
+    assert served_by(call(daemon, "tiny-code")) == "cold0"
 
 
 def test_cordon_keeps_serving_leases(daemon):
     first = call(daemon, "tiny-code", "s-cordon")
     assert served_by(first) == "cold0"
-    assert ctl_json(daemon, "instance", "cordon", "cold0")["admission"] == "cordoned"
+    refused_without_force(daemon, "instance", "cordon", "cold0")
+    assert ctl_json(daemon, "instance", "cordon", "cold0", "--force")["admission"] == "cordoned"
     turn2 = call(daemon, "tiny-code", "s-cordon")  # the lease still lands on cold0
     assert served_by(turn2) == "cold0" and turn2.json()["usage"]["talaria"]["route"] == "lease_hit"
+    assert set(unready_models(daemon)) == {"tiny-code"}
+    assert_unavailable_at_once(daemon, "tiny-code", "cold0 is cordoned")  # no lease: refused
     ctl(daemon, "instance", "undrain", "cold0")
 
 
 def test_unload_and_load_a_model(daemon):
     assert served_by(call(daemon, "tiny-code")) == "cold0"
     assert instance(daemon, "cold0")["active_model"] == "tiny-code"
-    status = ctl_json(daemon, "model", "unload", "tiny-code", "--on", "cold0")
+    refused_without_force(daemon, "model", "unload", "tiny-code", "--on", "cold0")
+    status = ctl_json(daemon, "model", "unload", "tiny-code", "--on", "cold0", "--force")
     assert status["status"] == "unserved" and status["instances"] == []
     assert (
         ctl_json(daemon, "model", "unload", "tiny-code", "--on", "cold0")["instances"] == []
     )  # idempotent
     r = call(daemon, "tiny-code")
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded"
+    assert set(unready_models(daemon)) == {"tiny-code"}
     assert instance(daemon, "cold0")["rotation"] == ["tiny-chat"]
     deadline = time.monotonic() + 10  # the idle instance switched away from the unloaded model
     while instance(daemon, "cold0")["active_model"] != "tiny-chat" and time.monotonic() < deadline:
@@ -142,6 +184,50 @@ def test_unload_and_load_a_model(daemon):
     assert ctl(daemon, "model", "unload", "nope", "--on", "cold0", ok=False).returncode == 3
     loaded = ctl_json(daemon, "model", "load", "tiny-code", "--on", "cold0")
     assert loaded["instances"] == ["cold0"]
+    assert unready_models(daemon) == {}
+    assert served_by(call(daemon, "tiny-code")) == "cold0"
+
+
+def _health_row(d, name: str) -> dict:
+    rows = httpx.get(f"{d.endpoint}/health", timeout=10).json()["instances"]
+    return next(r for r in rows if r["name"] == name)
+
+
+def _log_line(d, words: str, timeout_s: float = 30) -> str:
+    """The daemon's next output line containing `words`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            line = d.lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        if words in line:
+            return line
+    raise AssertionError(f"no log line with {words!r}")
+
+
+def test_a_stalled_instance_is_unready_at_its_third_failed_poll_not_before(daemon):
+    """cold0 stops answering (SIGSTOP): it stays ready through two failed telemetry polls and
+    turns unready at the third (policy.unready_after_polls: 3), with a log line; its models'
+    calls then get 503 at once."""
+    pid = instance(daemon, "cold0")["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        seen = []
+        deadline = time.monotonic() + 60
+        while (row := _health_row(daemon, "cold0"))["ready"] and time.monotonic() < deadline:
+            seen.append(row["failed_polls"])
+            time.sleep(0.05)
+        assert not row["ready"] and 2 in seen, seen
+        assert row["failed_polls"] == 3, (row, seen)
+        assert "failed" in _log_line(daemon, "cold0 is not ready")
+        assert set(unready_models(daemon)) == {"tiny-code"}
+        assert_unavailable_at_once(daemon, "tiny-code", "cold0 is unready")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while unready_models(daemon) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert served_by(call(daemon, "tiny-code")) == "cold0"
 
 
@@ -152,6 +238,10 @@ def test_lease_revoke(daemon):
     assert ctl_json(daemon, "lease", "revoke", "s-revoke") == []
     assert not [le for le in ctl_json(daemon, "lease", "list") if le["session_id"] == "s-revoke"]
     assert call(daemon, "tiny-code", "s-revoke").json()["usage"]["talaria"]["route"] != "lease_hit"
+    unknown = ctl_process(daemon, "lease", "revoke", "s-never-seen")
+    assert unknown.returncode == 3 and unknown.stderr.strip().splitlines() == [
+        "talaria-ctl: no session 's-never-seen' in the router's table"
+    ], unknown.stderr
 
 
 def test_session_forget_frees_its_kv(daemon):
@@ -164,10 +254,17 @@ def test_session_forget_frees_its_kv(daemon):
     assert all(s["session_id"] != "s-forget" for s in ctl_json(daemon, "session", "list"))
     after = call(daemon, "tiny-code", "s-forget")
     assert after.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    unknown = ctl(daemon, "session", "forget", "s-never-seen", ok=False)
+    assert unknown.returncode == 3 and unknown.stderr.strip().splitlines() == [
+        "talaria-ctl: no session 's-never-seen' in the router's table or on any instance"
+    ], unknown.stderr
 
 
 def test_pool_move_and_back(daemon):
-    moved = ctl_json(daemon, "pool", "move", "cold0", "--to", "hot", "--model", "tiny-code")
+    refused_without_force(daemon, "pool", "move", "cold0", "--to", "hot", "--model", "tiny-code")
+    moved = ctl_json(
+        daemon, "pool", "move", "cold0", "--to", "hot", "--model", "tiny-code", "--force"
+    )
     assert (
         moved["pool"] == "hot" and moved["rotation"] == ["tiny-code"] and moved["state"] == "ready"
     )
@@ -175,7 +272,7 @@ def test_pool_move_and_back(daemon):
     pools = {p["name"]: p for p in ctl_json(daemon, "pool", "list")}
     assert "cold0" in pools["hot"]["instances"] and pools["cold"]["instances"] == []
     assert served_by(call(daemon, "tiny-code")) == "cold0"
-    back = ctl_json(daemon, "pool", "move", "cold0", "--to", "cold")
+    back = ctl_json(daemon, "pool", "move", "cold0", "--to", "cold", "--force")
     assert back["pool"] == "cold" and back["rotation"] == ["tiny-chat", "tiny-code"]
     assert (
         ctl_json(daemon, "pool", "move", "cold0", "--to", "cold")["restarts"] == back["restarts"]
@@ -206,6 +303,11 @@ def test_config_reload_applies_tau(daemon):
     lease = next(le for le in ctl_json(daemon, "lease", "list") if le["session_id"] == "s-tau")
     assert lease["expires_in_s"] > 10.0  # τ = 30 s now; it was 2 s
     assert "tau_s: 30.0" in ctl(daemon, "config", "show").stdout
+    shown = ctl_json(daemon, "config", "show")  # the config itself, as JSON
+    assert (
+        shown["policy"]["tau_s"] == 30.0 and shown["listen"]["admin_socket"] == daemon.socket_path
+    )
+    assert [i["name"] for i in shown["instances"]] == ["hot0", "cold0", "agent0"]
     daemon.config_path.write_text("models: [")
     broken = ctl(daemon, "config", "reload", ok=False)
     assert broken.returncode == 3 and "invalid YAML" in broken.stderr

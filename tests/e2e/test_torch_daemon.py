@@ -129,6 +129,26 @@ def test_ctl_shows_the_cold_instances_memory_layout_and_switches(torch_daemon):
     assert any(w["to_model"] == "tiny-code" and len(w["phase_ms"]) == 5 for w in data["switches"])
 
 
+def test_a_switch_has_one_total_in_instance_memory_and_instance_rounds(torch_daemon):
+    """The total of a switch is the wall time the round paid for it (its phases are the memory
+    substrate's part of that), whether `instance memory` or `instance rounds` shows it."""
+    client = _client(torch_daemon)
+    for model in ("tiny-code", "tiny-chat", "tiny-code"):  # cold0 switches between its models
+        client.chat.completions.create(model=model, messages=CHAT, max_tokens=1)
+    memory = _ctl_json(torch_daemon, "instance", "memory", "cold0")["switches"]
+    rounds = _ctl_json(torch_daemon, "instance", "rounds", "cold0")["switches"]
+    pairs = [
+        (m, r)
+        for m in memory
+        for r in rounds
+        if (m["to_model"], m["phase_ms"]) == (r["to_model"], [p["ms"] for p in r["phases"]])
+    ]
+    assert pairs, (memory, rounds)
+    for m, r in pairs:
+        assert m["total_ms"] == r["total_ms"], (m, r)
+        assert m["total_ms"] >= sum(m["phase_ms"]) * (1 - 1e-9)
+
+
 def test_tools_render_through_the_template_and_count_tokens_is_exact(torch_daemon):
     """Anthropic body with tools, a mid-conversation system turn and a tool result on the real engine:
     count_tokens agrees with what the call used, and the tools are in the prompt."""
@@ -209,7 +229,7 @@ def test_unload_frees_the_models_region_and_load_brings_it_back(torch_daemon):
         }
 
     assert "tiny-code" in owners()
-    _ctl_json(torch_daemon, "model", "unload", "tiny-code", "--on", "cold0")
+    _ctl_json(torch_daemon, "model", "unload", "tiny-code", "--on", "cold0", "--force")
     deadline = time.monotonic() + 20  # the idle instance switches away; staging skips the model
     while "tiny-code" in owners() and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -87,6 +87,7 @@ def test_grace_that_runs_out_ends_calls_with_an_error_in_each_api_shape(daemons,
     try:
         wait_running(d.endpoint, 10)
         d.proc.send_signal(signal.SIGTERM)
+        assert "up to 1s" in _wait_line(d, "SIGTERM: draining")  # the log says the drain began
         results = [f.result(timeout=60) for f in futures]
     finally:
         pool.shutdown(cancel_futures=True)

@@ -245,3 +245,71 @@ def test_check_config_reads_the_api_keys_file(tmp_path):
     assert result.exit_code == 2 and "holds no key" in result.stderr
     (tmp_path / "keys.txt").write_text("sk-1\n")
     assert CliRunner().invoke(app, ["check-config", str(f)]).exit_code == 0
+
+
+class _NoDaemon:
+    """Stands in for the daemon: `run` that got past its checks returns at once."""
+
+    def __init__(self, cfg, path):
+        pass
+
+    async def run(self):
+        return None
+
+
+def _unserved(d):
+    d["instances"][1]["models"] = ["tiny-chat"]  # tiny-code was served by cold0 alone
+
+
+@pytest.mark.parametrize("command", [["check-config"], ["run", "--config"]])
+@pytest.mark.parametrize(
+    "mutate, path, words",
+    [
+        (_unserved, "models[1].name", "no instance serves 'tiny-code'"),
+        (
+            lambda d: d["instances"][1].update(host_kv_gib=100000),
+            "instances[1].host_kv_gib",
+            "more than this machine's memory",
+        ),
+        (
+            lambda d: d["instances"][1].update(memory_gib=0.01),
+            "instances[1].memory_gib",
+            "below the size_gib of 'tiny-chat' (0.05 GiB)",
+        ),
+        (
+            lambda d: d["listen"].update(api_keys_file="no-such-keys.txt"),
+            "listen.api_keys_file",
+            "cannot read",
+        ),
+    ],
+)
+def test_a_config_that_can_never_serve_is_refused_by_check_config_and_run_alike(
+    tmp_path, monkeypatch, command, mutate, path, words
+):
+    monkeypatch.setattr("talariad.daemon.Daemon", _NoDaemon)
+    data = _base()
+    mutate(data)
+    f = _write(tmp_path, data)
+    result = CliRunner().invoke(app, [*command, str(f)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f": {path}: " in lines[0] and words in lines[0], lines
+    assert "Traceback" not in result.output
+
+
+def test_host_kv_of_all_torch_instances_together_must_fit_the_machine(tmp_path):
+    from talariad.config import serving_lines
+
+    data = _base()
+    data["instances"].append({**data["instances"][1], "name": "cold1", "host_kv_gib": 6})
+    data["instances"][1]["host_kv_gib"] = 6
+    cfg = load_config(_write(tmp_path, data))
+    assert serving_lines(cfg, tmp_path, machine_gib=16) == []
+    lines = serving_lines(cfg, tmp_path, machine_gib=10)
+    assert lines == [
+        (
+            "instances",
+            "host_kv_gib of the torch instances adds up to 12.125 GiB, "
+            "more than this machine's memory (10 GiB)",
+        )
+    ]

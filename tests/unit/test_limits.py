@@ -176,19 +176,18 @@ def test_a_4mb_prompt_is_refused_from_its_size():
 
 
 def test_readiness_needs_n_consecutive_misses_and_one_success_to_return():
-    r = Readiness(unready_after=3, stale_after_s=2.0)
-    assert not r.ready("a", 0.0)  # never polled
-    r.polled("a", True, 0.0)
-    r.polled("a", False, 0.25)
+    r = Readiness(unready_after=3)
+    assert not r.ready("a")  # never polled
+    assert r.polled("a", True, 0.0)  # the first good poll makes it ready
+    assert not r.polled("a", False, 0.25)
     r.polled("a", False, 0.5)
-    assert r.ready("a", 0.6) and r.failed_polls("a") == 2
-    r.polled("a", False, 0.75)
-    assert not r.ready("a", 0.8)
+    assert r.ready("a") and r.failed_polls("a") == 2
+    assert r.polled("a", False, 0.75)  # the third miss in a row flips it
+    assert not r.ready("a")
     r.polled("a", True, 1.0)
-    assert r.ready("a", 1.0)
-    assert not r.ready("a", 1.0 + 3 * 2.0)  # no poll at all for N staleness periods
+    assert r.ready("a")
     r.down("a")
-    assert not r.ready("a", 1.1)
+    assert not r.ready("a")
 
 
 def test_second_lock_holder_is_refused_with_the_first_pid(tmp_path):

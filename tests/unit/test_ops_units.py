@@ -179,3 +179,91 @@ def test_ctl_status_shows_the_models_the_router_retired_beside_the_rotation():
     assert _rotation({"rotation": ["a", "b"], "retired": ["b"]}) == "a, b (retired: b)"
     assert _rotation({"rotation": ["a"], "retired": []}) == "a"
     assert _rotation({"rotation": []}) == "-"
+
+
+def test_readiness_counts_failed_polls_not_seconds():
+    """A stalled instance's polls each run to the poll timeout (2 s): it stays ready until the
+    N-th of them has failed, however long they took."""
+    from talariad.gateway.health import Readiness
+
+    r = Readiness(unready_after=3)
+    r.polled("cold0", True, 0.0)
+    r.polled("cold0", False, 2.25)
+    r.polled("cold0", False, 4.5)
+    assert r.ready("cold0") and r.failed_polls("cold0") == 2  # the third poll still runs
+    r.polled("cold0", False, 6.75)
+    assert not r.ready("cold0")
+
+
+def _view(name="cold0", **kw):
+    from talariad.gateway.health import InstanceView
+
+    base = dict(
+        hosts=("tiny-chat", "tiny-code"),
+        serving=("tiny-chat", "tiny-code"),
+        state="ready",
+        ready=True,
+        admission="open",
+        failed_polls=0,
+    )
+    return InstanceView(name, **{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"admission": "drained"}, "cold0 is drained"),
+        ({"admission": "draining"}, "cold0 is draining"),
+        ({"admission": "cordoned"}, "cold0 is cordoned"),
+        ({"serving": ("tiny-chat",)}, "cold0 has tiny-code unloaded"),
+        ({"state": "backoff", "ready": False}, "cold0 is not running (backoff)"),
+        ({"ready": False, "failed_polls": 3}, "cold0 is unready (3 failed telemetry polls)"),
+    ],
+)
+def test_a_model_whose_instances_cannot_take_calls_is_unavailable_with_the_reason(change, why):
+    from talariad.gateway.health import availability
+
+    hot = _view("hot0", hosts=("tiny-chat",), serving=("tiny-chat",))
+    views = [hot, _view(**change)]
+    code = availability("tiny-code", views)
+    assert code.takers == [] and code.why == why
+    chat = availability("tiny-chat", views)
+    assert "hot0" in chat.takers and chat.why is None
+    assert availability("tiny-code", [hot, _view()]).takers == ["cold0"]
+    assert availability("ghost", views).why == "no instance serves it"
+
+
+def test_ctl_memory_layout_rows_never_overlap(tmp_path):
+    """Staged chunks lie inside the KV pool: the table shows the pool's pieces around them, so
+    every byte of the buffer is in exactly one row."""
+    from typer.testing import CliRunner
+
+    from talaria_ctl.main import app
+    from tests.tui.fake_admin import serve
+
+    server, _ = serve(str(tmp_path / "admin.sock"))
+    try:
+        r = CliRunner().invoke(
+            app, ["--socket", str(tmp_path / "admin.sock"), "instance", "memory", "cold0"]
+        )
+    finally:
+        server.stop(grace=None)
+    assert r.exit_code == 0, r.output
+    rows = []
+    for line in r.stdout.splitlines():
+        cells = line.split()
+        if len(cells) == 4 and cells[0].startswith(
+            ("weights", "kv_pool", "staged", "graph", "run")
+        ):
+            rows.append((cells[0], float(cells[1]), float(cells[2])))
+    assert [n for n, _, _ in rows] == [
+        "weights",
+        "kv_pool",
+        "staged[0]",
+        "staged[1]",
+        "graph_pool",
+        "runtime",
+    ]
+    for (_, offset, size), (_, nxt, _) in zip(rows, rows[1:]):
+        assert offset + size == nxt, rows  # each row ends where the next begins
+    assert rows[-1][1] + rows[-1][2] == 256.0
