@@ -308,15 +308,19 @@ class Operator:
     async def forget(self, session_id: str) -> admin_pb2.ForgetReply:
         if not session_id:
             raise ActionRefused("invalid_argument", "session_id is empty")
-        known, dropped = self.d.routing.router.forget_session(session_id)
-        self.d.routing.prefixes.forget(session_id)
+        known, dropped = False, []
         freed = []
-        for name, m in self.d.supervisor.procs.items():
-            if m.base_url is None:
-                continue
-            r = await self._post(name, "/internal/forget", {"session_id": session_id})
-            if r.status_code == 200 and r.json().get("freed"):
-                freed.append(name)
+        # the session and its side-call branches (`S~<head>`): each is a session to the router
+        # and the instances
+        for branch in self.d.routing.branches.forget(session_id):
+            was_known, gone = self.d.routing.router.forget_session(branch)
+            known, dropped = known or was_known, dropped + gone
+            for name, m in self.d.supervisor.procs.items():
+                if m.base_url is None:
+                    continue
+                r = await self._post(name, "/internal/forget", {"session_id": branch})
+                if r.status_code == 200 and r.json().get("freed") and name not in freed:
+                    freed.append(name)
         if not known and not freed:
             raise ActionRefused(
                 "not_found", f"no session {session_id!r} in the router's table or on any instance"

@@ -155,6 +155,16 @@ class PrefixBranches:
         """The session's branches, least recently used first."""
         return list(self._branches.get((session, model), ()))
 
+    def forget(self, session: str) -> list[str]:
+        """Drop every branch of `session` (all models) and their text; the names it had, the
+        session's own name always among them."""
+        names = {session}
+        for key in [k for k in self._branches if k[0] == session]:
+            names.update(self._branches.pop(key))
+        for name in names:
+            self.tracker.forget(name)
+        return sorted(names)
+
 
 class RouterShell:
     def __init__(self, cfg: TalariaConfig, profiles: dict[str, LatencyProfile]):

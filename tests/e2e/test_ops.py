@@ -260,6 +260,32 @@ def test_session_forget_frees_its_kv(daemon):
     ], unknown.stderr
 
 
+def test_session_forget_drops_its_side_call_branches(daemon):
+    call(daemon, "tiny-code", "s-tree")
+    side = httpx.post(  # another system prompt under the same session: a branch of its own
+        f"{daemon.endpoint}/v1/chat/completions",
+        headers={"x-session-id": "s-tree"},
+        timeout=60,
+        json={
+            "model": "tiny-code",
+            "messages": [
+                {"role": "system", "content": "Write a five-word title for this conversation."},
+                {"role": "user", "content": "hello"},
+            ],
+            "max_tokens": 4,
+        },
+    )
+    branch = side.json()["usage"]["talaria"]["branch"]
+    assert side.status_code == 200 and branch.startswith("s-tree~"), side.text
+    listed = {s["session_id"] for s in ctl_json(daemon, "session", "list")}
+    assert {"s-tree", branch} <= listed
+    ctl_json(daemon, "session", "forget", "s-tree")
+    listed = {s["session_id"] for s in ctl_json(daemon, "session", "list")}
+    assert not {s for s in listed if s.startswith("s-tree")}, listed
+    again = call(daemon, "tiny-code", "s-tree")
+    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
 def test_pool_move_and_back(daemon):
     refused_without_force(daemon, "pool", "move", "cold0", "--to", "hot", "--model", "tiny-code")
     moved = ctl_json(

@@ -14,6 +14,7 @@ from talariad.engine.build import model_profile
 from talariad.engine.executors.torch_engine.factory import build_torch_executor
 from talariad.engine.messages import ChatMessage, GenerateRequest, TokenEvent
 from talariad.engine.worker import Worker
+from talariad.instance.rounds import RoundRecorder
 
 CONTAINERS = (dict, list, set, frozenset, tuple, deque)
 
@@ -95,6 +96,7 @@ def test_no_structure_grows_with_the_calls_served():
     worker = make_worker(host_kv_gib=0.002)
     worker.executor.book.kvless_records = 24
     worker.executor.sub.registry.max_sessions = 24
+    worker.core.recorder = RoundRecorder(keep_rounds=8, keep_switches=8)
     rounds: list[dict[str, int]] = []
 
     async def main() -> None:
