@@ -10,7 +10,9 @@ import socket
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.dependencies.utils import get_typed_return_annotation
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import ValidationError
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
@@ -152,11 +154,14 @@ def fastapi_app(**kwargs) -> FastAPI:
 
 class JSONBodyRoute(APIRoute):
     """A route whose one body model is validated straight from the request's bytes by pydantic's
-    JSON parser when the body comes as `application/json` and is valid: the endpoint is called with
-    it at once, without FastAPI's generic body handling (content-type parsing, `json.loads`, then
-    validation) and dependency solving, which cost more than the rest of the framework per call.
-    Any other body takes FastAPI's own path, which answers it exactly as before (its errors, its
-    content types). The endpoint takes the body and, optionally, the `Request`, and returns a
+    JSON parser whenever the body is JSON (`application/json`, `application/*+json`, or no content
+    type): the endpoint is called with it at once, without FastAPI's generic body handling
+    (content-type parsing, `json.loads`, then validation) and dependency solving, which cost more
+    than the rest of the framework per call. That parser is also the strict one: it refuses what
+    `json.loads` lets through (bytes that are not UTF-8, encoded surrogates included, a `\\ud800`
+    escape without its pair, nesting past 200 levels), so such a body is a validation error
+    (`json_invalid`), never text an endpoint could fail on. Any other content type takes
+    FastAPI's own path. The endpoint takes the body and, optionally, the `Request`, and returns a
     `Response`; any other endpoint is served by FastAPI's path alone."""
 
     def get_route_handler(self):
@@ -171,15 +176,26 @@ class JSONBodyRoute(APIRoute):
         endpoint = self.endpoint
 
         async def handler(request: Request):
-            if request.headers.get("content-type") == "application/json":
-                try:
-                    body = model.model_validate_json(await request.body())
-                except Exception:  # invalid or unreadable: FastAPI's path answers it, as before
-                    return await standard(request)
-                return await endpoint(**{name: body}, **({given: request} if given else {}))
-            return await standard(request)
+            raw = await request.body()
+            if not raw or not _is_json(request.headers.get("content-type")):
+                return await standard(request)  # no body at all: FastAPI names the missing one
+            try:
+                body = model.model_validate_json(raw)
+            except ValidationError as err:
+                raise RequestValidationError(err.errors(include_url=False)) from None
+            return await endpoint(**{name: body}, **({given: request} if given else {}))
 
         return handler
+
+
+def _is_json(content_type: str | None) -> bool:
+    """The body is JSON by its content type, as FastAPI judges it (none at all counts)."""
+    if content_type is None or content_type == "application/json":
+        return True
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
 
 
 def _body_and_request_only(dependant) -> bool:

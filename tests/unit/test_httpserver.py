@@ -94,7 +94,7 @@ class _Body(BaseModel):
     n: int = Field(default=1, ge=1)
 
 
-async def test_a_json_body_route_answers_every_body_as_fastapis_own_route_does():
+def _echo_app():
     app = httpserver.fastapi_app()
     errors.install(app)
 
@@ -103,18 +103,21 @@ async def test_a_json_body_route_answers_every_body_as_fastapis_own_route_does()
 
     httpserver.post_json(app, "/fast")(echo)
     app.post("/plain")(echo)
+    return app
+
+
+async def test_a_json_body_route_answers_every_valid_body_as_fastapis_own_route_does():
     bodies = [
         (b'{"model": "m", "n": 2}', "application/json"),
         (b'{"model": "m", "n": 0}', "application/json"),  # a validation error
         (b'{"n": 2}', "application/json"),  # a missing field
-        (b'{"model": "m", "n": 2', "application/json"),  # not JSON
-        (b'{"model": "\\ud800"}', "application/json"),  # a lone surrogate escape
-        (b'{"model": "a\xff"}', "application/json"),  # not UTF-8
+        (b'{"model": "\\ud83d\\ude00"}', "application/json"),  # an escaped surrogate pair
         (b"", "application/json"),
         (b'{"model": "m"}', "application/json; charset=utf-8"),
+        (b'{"model": "m"}', "application/vnd.talaria+json"),
         (b'{"model": "m"}', "text/plain"),
     ]
-    transport = httpx.ASGITransport(app=app)
+    transport = httpx.ASGITransport(app=_echo_app())
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         for content, kind in bodies:
             headers = {"content-type": kind}
@@ -125,6 +128,26 @@ async def test_a_json_body_route_answers_every_body_as_fastapis_own_route_does()
                 assert fast.json() == {**plain.json(), "path": "/fast"}, content
             else:
                 assert fast.json() == plain.json(), content
+
+
+async def test_a_json_body_route_decodes_strictly_whatever_the_json_content_type():
+    """What `json.loads` would take (or fail on deep inside) is a 400 naming the problem."""
+    bodies = {
+        b'{"model": "m", "n": 2': "not valid JSON",
+        b'{"model": "\\ud800"}': "lone surrogate",  # an escape without its pair
+        b'{"model": "a\xed\xa0\x80"}': "not valid UTF-8",  # an encoded surrogate
+        b'{"model": "a\xff"}': "not valid UTF-8",
+        '{"model": "m"}'.encode("utf-16"): "not valid",
+        b'{"model": "m", "x": ' + b"[" * 10_000 + b"]" * 10_000 + b"}": "nested more than",
+    }
+    transport = httpx.ASGITransport(app=_echo_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        for content, problem in bodies.items():
+            for kind in ("application/json", "application/json; charset=utf-8", None):
+                headers = {"content-type": kind} if kind else {}
+                r = await client.post("/fast", content=content, headers=headers)
+                assert r.status_code == 400, (content[:40], kind)
+                assert problem in r.json()["error"]["message"], (content[:40], kind)
 
 
 async def test_a_json_body_route_with_other_parameters_is_fastapis_own():
