@@ -9,9 +9,6 @@ import json
 
 import pytest
 
-from talariad.engine.messages import ErrorEvent, GenerateRequest
-from tests.e2e.scripted import LocalDirectory, local_gateway
-
 CHAT = [{"role": "user", "content": "hi"}]
 RAW_SURROGATE = b"a\xed\xa0\x80b"  # U+D800 encoded as if it were a character: not UTF-8
 BODIES = {
@@ -26,39 +23,9 @@ BODIES = {
 }
 
 
-def _wire(req: GenerateRequest) -> GenerateRequest:
-    """The request as the instance receives it over the hop (ValueError: it cannot be sent)."""
-    return GenerateRequest.model_validate_json(req.model_dump_json().encode())
-
-
-@pytest.fixture
-async def client(monkeypatch):
-    calls: list[str] = []
-    local_generate, local_count = LocalDirectory.generate, LocalDirectory.count_tokens
-
-    async def generate(self, instance, req):
-        try:
-            req = _wire(req)
-        except ValueError as err:
-            yield ErrorEvent(message=f"instance {instance} failed: {err!r}")
-            return
-        async for event in local_generate(self, instance, req):
-            yield event
-
-    async def count_tokens(self, instance, req):
-        calls.append(instance)
-        return await local_count(self, instance, _wire(req))
-
-    monkeypatch.setattr(LocalDirectory, "generate", generate)
-    monkeypatch.setattr(LocalDirectory, "count_tokens", count_tokens)
-    async with local_gateway() as c:
-        c.counted = calls
-        yield c
-
-
-async def _post(client, path: str, body: bytes | dict, content_type: str = "application/json"):
+async def _post(hop_client, path: str, body: bytes | dict, content_type: str = "application/json"):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return await client.post(path, content=content, headers={"content-type": content_type})
+    return await hop_client.post(path, content=content, headers={"content-type": content_type})
 
 
 def refused(r, path: str) -> dict:
@@ -75,21 +42,21 @@ def refused(r, path: str) -> dict:
 
 @pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8"])
 @pytest.mark.parametrize("path", list(BODIES))
-async def test_raw_surrogate_bytes_are_400_on_every_api(client, path, content_type):
-    error = refused(await _post(client, path, BODIES[path] % RAW_SURROGATE, content_type), path)
+async def test_raw_surrogate_bytes_are_400_on_every_api(hop_client, path, content_type):
+    error = refused(await _post(hop_client, path, BODIES[path] % RAW_SURROGATE, content_type), path)
     assert "UTF-8" in error["message"]
 
 
 @pytest.mark.parametrize("path", list(BODIES))
-async def test_escaped_lone_surrogates_are_400_on_every_api(client, path):
-    refused(await _post(client, path, BODIES[path] % b"a\\udc80b"), path)
+async def test_escaped_lone_surrogates_are_400_on_every_api(hop_client, path):
+    refused(await _post(hop_client, path, BODIES[path] % b"a\\udc80b"), path)
 
 
 @pytest.mark.parametrize("path", list(BODIES))
-async def test_deeply_nested_bodies_are_400_on_every_api(client, path):
+async def test_deeply_nested_bodies_are_400_on_every_api(hop_client, path):
     body = BODIES[path] % b"hi"
     deep = body[:-1] + b', "extra": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    error = refused(await _post(client, path, deep), path)
+    error = refused(await _post(hop_client, path, deep), path)
     assert "nest" in error["message"]
 
 
@@ -106,10 +73,10 @@ def _user_id(value: str) -> dict:
     ids=["lone-surrogate", "deep"],
 )
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/chat/completions"])
-async def test_bad_json_inside_metadata_user_id_names_no_session(client, path, user_id):
+async def test_bad_json_inside_metadata_user_id_names_no_session(hop_client, path, user_id):
     """A `user_id` that is not strict JSON carries no session, as any other non-JSON one: the call
     is served with the session of its prompt."""
-    r = await _post(client, path, _user_id(user_id))
+    r = await _post(hop_client, path, _user_id(user_id))
     assert r.status_code == 200, r.text[:300]
     assert r.headers["x-talaria-session-id"].startswith("anon-")
 
@@ -119,14 +86,14 @@ async def test_bad_json_inside_metadata_user_id_names_no_session(client, path, u
     [json.dumps({"a": "\ud800"}), '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"],
     ids=["lone-surrogate", "deep"],
 )
-async def test_bad_json_inside_tool_call_arguments_is_kept_as_text(client, arguments):
+async def test_bad_json_inside_tool_call_arguments_is_kept_as_text(hop_client, arguments):
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
     body = {
         "model": "tiny-chat",
         "max_tokens": 2,
         "messages": CHAT + [{"role": "assistant", "tool_calls": [call]}],
     }
-    r = await _post(client, "/v1/chat/completions", body)
+    r = await _post(hop_client, "/v1/chat/completions", body)
     assert r.status_code in (200, 400), r.text[:300]
     if r.status_code == 400:  # the deep one's text is too long for tiny-chat's context
         assert refused(r, "/v1/chat/completions")["code"] == "context_length_exceeded"
@@ -140,27 +107,27 @@ async def test_bad_json_inside_tool_call_arguments_is_kept_as_text(client, argum
         ("/v1/responses", {"model": "tiny-chat", "max_output_tokens": 2, "input": "hi"}),
     ],
 )
-async def test_a_messages_field_of_any_type_is_never_a_5xx(client, path, body, messages):
-    r = await _post(client, path, {**body, "messages": messages})
+async def test_a_messages_field_of_any_type_is_never_a_5xx(hop_client, path, body, messages):
+    r = await _post(hop_client, path, {**body, "messages": messages})
     assert r.status_code in (200, 400), r.text[:300]
     if r.status_code == 400:
         refused(r, path)
 
 
-async def test_count_tokens_refuses_a_prompt_that_cannot_fit_without_tokenizing_it(client):
+async def test_count_tokens_refuses_a_prompt_that_cannot_fit_without_tokenizing_it(hop_client):
     # tiny-chat's context is 8192 tokens: 1 MB of text cannot fit whatever the tokenizer
     body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "word " * 200_000}]}
-    error = refused(await _post(client, "/v1/messages/count_tokens", body), "/v1/messages")
-    assert "context" in error["message"] and client.counted == []
+    error = refused(await _post(hop_client, "/v1/messages/count_tokens", body), "/v1/messages")
+    assert "context" in error["message"] and hop_client.counted == []
 
 
-async def test_count_tokens_applies_the_string_and_message_limits(client):
+async def test_count_tokens_applies_the_string_and_message_limits(hop_client):
     body = {"model": "tiny-chat", "messages": CHAT * 10_001}
-    refused(await _post(client, "/v1/messages/count_tokens", body), "/v1/messages")
-    assert client.counted == []
+    refused(await _post(hop_client, "/v1/messages/count_tokens", body), "/v1/messages")
+    assert hop_client.counted == []
 
 
-async def test_count_tokens_still_counts_a_good_prompt(client):
+async def test_count_tokens_still_counts_a_good_prompt(hop_client):
     body = {"model": "tiny-chat", "messages": CHAT}
-    r = await _post(client, "/v1/messages/count_tokens", body)
-    assert r.status_code == 200 and r.json()["input_tokens"] > 0 and client.counted
+    r = await _post(hop_client, "/v1/messages/count_tokens", body)
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0 and hop_client.counted
