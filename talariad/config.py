@@ -91,6 +91,14 @@ class LimitsConfig(_Strict):
     header_timeout_s: float = Field(default=15.0, gt=0)
     """An HTTP connection that has not completed a request head this long after it opened (or after
     its previous response) is closed, however slowly it trickles bytes."""
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    """A request body must arrive whole within this long of its head (60 s: a body of the default
+    `max_body_bytes` needs about 1.1 Mbit/s); a connection still trickling one then gets 408 and
+    is closed."""
+    max_connections: int = Field(default=512, ge=1)
+    """Most HTTP connections open at once: one over it is closed as soon as it is accepted, so
+    clients that trickle bytes cannot hold more of the daemon's file descriptors than this. Keep
+    it well under the process's open-file limit (`ulimit -n`, LimitNOFILE)."""
 
 
 class ModelConfig(_Strict):

@@ -368,6 +368,8 @@ class Daemon:
             sock,
             keep_alive_s=self.cfg.limits.keep_alive_timeout_s,
             head_timeout_s=self.cfg.limits.header_timeout_s,
+            body_timeout_s=self.cfg.limits.body_timeout_s,
+            max_connections=self.cfg.limits.max_connections,
             graceful_s=self.cfg.supervisor.shutdown_grace_s + _HTTP_BACKSTOP_S,
         )
         self._http = http

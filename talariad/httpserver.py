@@ -10,7 +10,10 @@ import socket
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.dependencies.utils import get_typed_return_annotation
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
@@ -21,26 +24,39 @@ class Server(uvicorn.Server):
         yield
 
 
-class _HeadTimeout(HttpToolsProtocol):
-    """httptools with a request-head timeout and size bound: once the first byte of a request head
+class _Bounded(HttpToolsProtocol):
+    """httptools with bounds on what a client may hold open. Once the first byte of a request head
     arrives, the whole head must follow within `head_timeout_s`, however slowly the client trickles
-    it (uvicorn's keep-alive timer stops at the first byte, so a partial head was held forever),
-    and an unfinished head may not grow past `max_head_bytes` (httptools, unlike h11, buffers a
-    head without bound). The timer is armed by the first byte rather than at connect: a connection
-    with no byte yet is idle and is the keep-alive timer's, which is longer than clients' pool
-    expiry, so it is not closed just as a client reuses it.
+    it (uvicorn's keep-alive timer stops at the first byte, so a partial head was held forever). A
+    head may not grow past `max_head_bytes`, whether it trickles or comes whole in one read
+    (httptools, unlike h11, buffers a head without bound): 431. Once the head is whole, its body
+    must follow within `body_timeout_s` (408 and closed, else a trickled body holds the connection
+    for as long as the client likes). A connection over `max_connections` open at once is closed
+    as soon as it is accepted, so clients cannot hold more of the daemon's file descriptors than
+    that. The head timer is armed by the first byte rather than at connect: a connection with no
+    byte yet is idle and is the keep-alive timer's, which is longer than clients' pool expiry, so
+    it is not closed just as a client reuses it.
 
     httptools rather than h11: it parses and writes HTTP/1.1 in C, which halves the per-call cost
     of the HTTP layer (bench/front_bench.py)."""
 
     head_timeout_s = 15.0
     max_head_bytes = 16 * 1024  # h11's bound, which uvicorn's h11 server applied
+    body_timeout_s = 60.0
+    max_connections = 512
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes: int | None = 0
     """Bytes received since the current request head began; None while no head is unfinished."""
+    _body_timer: asyncio.TimerHandle | None = None
+    _body_due = False
+    """A request head is whole and its body is not."""
+    _head_too_large = False
 
     def connection_made(self, transport) -> None:
         super().connection_made(_Corked(transport, self.loop))
+        if len(self.connections) > self.max_connections:
+            self.transport.close()  # before it is read from: nothing of it is held past this step
+            return
         # a connection that never sends a byte is idle: uvicorn arms its keep-alive timer only
         # after a first response, so arm it now (the first byte disarms it, as after a response)
         self.timeout_keep_alive_task = self.loop.call_later(
@@ -51,10 +67,15 @@ class _HeadTimeout(HttpToolsProtocol):
         if self._head_bytes is not None:
             self._head_bytes += len(data)
         super().data_received(data)
-        if self._head_bytes is None or self.transport.is_closing():
+        if self.transport.is_closing():
             return
-        if self._head_bytes > self.max_head_bytes:
-            self.send_400_response("Invalid HTTP request received.")
+        if self._body_due:
+            if self._body_timer is None:  # a body that comes with its head costs no timer
+                self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_timeout)
+        elif self._head_bytes is None:
+            return
+        elif self._head_bytes > self.max_head_bytes:
+            self._refuse_head()
         elif self._head_timer is None and self._idle():
             # armed after the read, and only if it left a head unfinished: a head that comes
             # whole in one read (nearly every one) costs no timer
@@ -63,9 +84,18 @@ class _HeadTimeout(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self._head_bytes = None
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > self.max_head_bytes:  # whole in one read: the unfinished-head count never saw it
+            self._head_too_large = True
+            raise _HeadTooLarge  # stops the parser, whose error uvicorn answers: send_400_response
+        self._body_due = True
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
+        self._body_due = False
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
         super().on_message_complete()
         self._head_bytes = 0  # the next byte begins the next head
 
@@ -76,7 +106,14 @@ class _HeadTimeout(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm()
+        if self._body_timer is not None:
+            self._body_timer.cancel()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        if self._head_too_large:  # the parser stopped at our own refusal
+            return self._refuse_head()
+        super().send_400_response(msg)
 
     def _idle(self) -> bool:
         """No call is running on the connection (a pipelined head waits for it, untimed)."""
@@ -91,6 +128,39 @@ class _HeadTimeout(HttpToolsProtocol):
         self._head_timer = None
         if self._head_bytes is not None and self._idle() and not self.transport.is_closing():
             self.transport.close()
+
+    def _body_timeout(self) -> None:
+        self._body_timer = None
+        if not self._body_due or self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_started:
+            self._answer_and_close(408, b"the request body did not arrive in time")
+        self.transport.close()
+
+    def _refuse_head(self) -> None:
+        self._answer_and_close(
+            431, b"the request head is larger than %d bytes" % self.max_head_bytes
+        )
+
+    def _answer_and_close(self, status: int, text: bytes) -> None:
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])]
+        head += [
+            name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers
+        ]
+        head += [
+            b"content-type: text/plain; charset=utf-8\r\n",
+            b"content-length: %d\r\n" % len(text),
+            b"connection: close\r\n\r\n",
+        ]
+        self.transport.write(b"".join(head) + text)
+        self.transport.close()
+
+
+class _HeadTooLarge(Exception):
+    """Raised from the parser's head callback to stop it at a head over the bound."""
+
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
 class _Corked:
@@ -152,11 +222,14 @@ def fastapi_app(**kwargs) -> FastAPI:
 
 class JSONBodyRoute(APIRoute):
     """A route whose one body model is validated straight from the request's bytes by pydantic's
-    JSON parser when the body comes as `application/json` and is valid: the endpoint is called with
-    it at once, without FastAPI's generic body handling (content-type parsing, `json.loads`, then
-    validation) and dependency solving, which cost more than the rest of the framework per call.
-    Any other body takes FastAPI's own path, which answers it exactly as before (its errors, its
-    content types). The endpoint takes the body and, optionally, the `Request`, and returns a
+    JSON parser whenever the body is JSON (`application/json`, `application/*+json`, or no content
+    type): the endpoint is called with it at once, without FastAPI's generic body handling
+    (content-type parsing, `json.loads`, then validation) and dependency solving, which cost more
+    than the rest of the framework per call. That parser is also the strict one: it refuses what
+    `json.loads` lets through (bytes that are not UTF-8, encoded surrogates included, a `\\ud800`
+    escape without its pair, nesting past 200 levels), so such a body is a validation error
+    (`json_invalid`), never text an endpoint could fail on. Any other content type takes
+    FastAPI's own path. The endpoint takes the body and, optionally, the `Request`, and returns a
     `Response`; any other endpoint is served by FastAPI's path alone."""
 
     def get_route_handler(self):
@@ -171,15 +244,29 @@ class JSONBodyRoute(APIRoute):
         endpoint = self.endpoint
 
         async def handler(request: Request):
-            if request.headers.get("content-type") == "application/json":
-                try:
-                    body = model.model_validate_json(await request.body())
-                except Exception:  # invalid or unreadable: FastAPI's path answers it, as before
-                    return await standard(request)
-                return await endpoint(**{name: body}, **({given: request} if given else {}))
-            return await standard(request)
+            try:
+                raw = await request.body()
+            except ClientDisconnect:  # gone (or cut off by the body timeout): no one to answer
+                return Response(status_code=400)
+            if not raw or not _is_json(request.headers.get("content-type")):
+                return await standard(request)  # no body at all: FastAPI names the missing one
+            try:
+                body = model.model_validate_json(raw)
+            except ValidationError as err:
+                raise RequestValidationError(err.errors(include_url=False)) from None
+            return await endpoint(**{name: body}, **({given: request} if given else {}))
 
         return handler
+
+
+def _is_json(content_type: str | None) -> bool:
+    """The body is JSON by its content type, as FastAPI judges it (none at all counts)."""
+    if content_type is None or content_type == "application/json":
+        return True
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
 
 
 def _body_and_request_only(dependant) -> bool:
@@ -210,11 +297,19 @@ async def start(
     keep_alive_s: float = 30.0,
     head_timeout_s: float = 15.0,
     graceful_s: float = 2.0,
+    body_timeout_s: float = 60.0,
+    max_connections: int = 512,
 ) -> tuple[Server, asyncio.Task]:
     """Start serving `app` on an already bound socket; returns once it accepts connections.
     keep_alive_s: idle timeout; head_timeout_s: request-head timeout; graceful_s: how long a stop
-    waits for running requests before uvicorn cancels them."""
-    protocol = type("HeadTimeout", (_HeadTimeout,), {"head_timeout_s": head_timeout_s})
+    waits for running requests before uvicorn cancels them; body_timeout_s: request-body timeout;
+    max_connections: connections open at once (`_Bounded`)."""
+    bounds = {
+        "head_timeout_s": head_timeout_s,
+        "body_timeout_s": body_timeout_s,
+        "max_connections": max_connections,
+    }
+    protocol = type("Bounded", (_Bounded,), bounds)
     server = Server(
         uvicorn.Config(
             app,

@@ -45,7 +45,11 @@ class ContentBlock(OpenBody):
             return self.text or ""
         if self.type == "tool_result":
             if isinstance(self.content, list):
-                return "".join(c.get("text", "") for c in self.content if isinstance(c, dict))
+                return "".join(
+                    c["text"]
+                    for c in self.content
+                    if isinstance(c, dict) and isinstance(c.get("text"), str)
+                )
             return self.content or ""
         return ""
 

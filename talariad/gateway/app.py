@@ -768,6 +768,16 @@ def _responses_call(
     return call
 
 
+def _count_request(gw: Gateway, body: anthropic.CountTokensRequest, raw: bytes) -> GenerateRequest:
+    """A count_tokens call, screened by the limits of a generation call: a prompt that cannot fit
+    the model is refused from its size, never tokenized."""
+    limits.screen(body, gw.cfg.limits, raw)
+    spec = gw.resolve(body.model, "anthropic")
+    messages, tools = body.chat(), body.tool_defs()
+    limits.check_context(_canonical(messages, None, tools), 1, spec.max_context, gw.cfg.limits)
+    return GenerateRequest(call_id=_call_id(), model=spec.name, messages=messages, tools=tools)
+
+
 class _CountResponses:
     """Count responses by status code (a bare ASGI wrapper: no per-request task or body copy)."""
 
@@ -818,26 +828,20 @@ def build_app(gw: Gateway) -> FastAPI:
         gw.log_dropped(call.session, body.dropped_tools())
         return await _respond(call, _anthropic_stream, _message_body)
 
-    @app.post("/v1/messages/count_tokens")
-    async def count_tokens(body: anthropic.CountTokensRequest, request: Request) -> dict:
+    @post_json(app, "/v1/messages/count_tokens")
+    async def count_tokens(body: anthropic.CountTokensRequest, request: Request) -> Response:
         """The exact prompt length (system, messages and tools) as the serving model tokenizes it."""
-        spec = gw.resolve(body.model, "anthropic")
-        req = GenerateRequest(
-            call_id=_call_id(),
-            model=spec.name,
-            messages=body.chat(),
-            tools=body.tool_defs(),
-        )
+        req = _count_request(gw, body, await request.body())
         for inst in gw.cfg.instances:
-            if spec.name in inst.models and gw.ready(inst.name):
+            if req.model in inst.models and gw.ready(inst.name):
                 count = await gw.directory.count_tokens(inst.name, req)
                 if isinstance(count, int):
-                    return {"input_tokens": count}
+                    return _JSON({"input_tokens": count})
                 if isinstance(count, str):
                     raise APIError(400, count, param="messages")
         raise APIError(
             503,
-            f"no instance of {spec.name!r} is ready to count tokens",
+            f"no instance of {req.model!r} is ready to count tokens",
             type="api_error",
             code="instance_unavailable",
             headers={"Retry-After": "1"},

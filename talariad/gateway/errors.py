@@ -59,10 +59,7 @@ def _param(loc: tuple) -> str | None:
 def validation_error(exc: RequestValidationError) -> APIError:
     first = exc.errors()[0]
     if first["type"] == "json_invalid":
-        return APIError(
-            400,
-            f"request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
-        )
+        return APIError(400, json_problem(first.get("ctx", {}).get("error", first["msg"])))
     param = _param(tuple(first["loc"]))
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "missing":
@@ -75,6 +72,27 @@ def validation_error(exc: RequestValidationError) -> APIError:
         param=param,
         code="invalid_value" if first["type"] != "missing" else "missing_parameter",
     )
+
+
+MAX_JSON_DEPTH = 200
+"""Deepest nesting of JSON the gateway takes: the bound of pydantic's JSON parser, which decodes
+every request body and every JSON text inside one."""
+
+_JSON_PROBLEMS = (
+    ("invalid unicode code point", "is not valid UTF-8"),
+    ("surrogate", "is not valid Unicode: a \\u escape is a lone surrogate"),
+    ("hex escape", "is not valid Unicode: a \\u escape is a lone surrogate or incomplete"),
+    ("recursion limit", f"is nested more than {MAX_JSON_DEPTH} levels deep"),
+)
+
+
+def json_problem(error: str, what: str = "request body") -> str:
+    """The strict JSON parser's `error` said plainly: what is wrong with `what`, and where."""
+    for marker, problem in _JSON_PROBLEMS:
+        if marker in error:
+            where = error[error.find(" at line ") :] if " at line " in error else ""
+            return f"{what} {problem}{where}"
+    return f"{what} is not valid JSON: {error}"
 
 
 def error_response(path: str, err: APIError) -> JSONResponse:

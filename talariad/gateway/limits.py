@@ -109,7 +109,8 @@ def screen(body, limits: LimitsConfig, raw: bytes | None = None) -> None:
     for field, (used, why) in UNSUPPORTED.items():
         if used(body_field(body, field)):  # a declared field or an extra one; None if absent
             raise APIError(400, f"{field}: {why}", param=field, code="unsupported_parameter")
-    count = len(body_field(body, "messages") or ())
+    messages = body_field(body, "messages")  # an extra field on some APIs: any JSON value
+    count = len(messages) if isinstance(messages, list) else 0
     if count > limits.max_messages:
         raise APIError(
             400,

@@ -80,7 +80,7 @@ class ResponseTools:
         kind = tool.get("type")
         if kind == "namespace":
             self._name(tool, where)
-            for j, inner in enumerate(tool.get("tools") or []):
+            for j, inner in enumerate(_list(tool, "tools", where)):
                 self.add(inner, f"{where}.tools.{j}", prefix=f"{prefix}{tool['name']}.")
         elif kind == "function":
             fn = (
@@ -115,9 +115,11 @@ def _text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(
-            p.get("text") or ""
+            p["text"]
             for p in content
-            if isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text")
+            if isinstance(p, dict)
+            and p.get("type") in ("input_text", "output_text", "text")
+            and isinstance(p.get("text"), str)
         )
     return ""
 
@@ -148,9 +150,10 @@ def convert(body: ResponsesRequest) -> tuple[list[ChatMessage], ResponseTools]:
 def _item(
     item: dict, where: str, out: list[ChatMessage], tools: ResponseTools, names: dict[str, str]
 ) -> None:
-    kind = item.get("type") or ("message" if "role" in item else None)
+    kind = _string(item, "type", where) or ("message" if "role" in item else None)
     if kind == "message":
-        role = {"developer": "system"}.get(item.get("role"), item.get("role"))
+        role = _string(item, "role", where)
+        role = {"developer": "system"}.get(role, role)
         if role not in ("system", "user", "assistant"):
             raise APIError(
                 400,
@@ -159,8 +162,9 @@ def _item(
             )
         out.append(ChatMessage(role=role, content=_text(item.get("content"))))
     elif kind in ("function_call", "custom_tool_call"):
-        call_id, name = item.get("call_id") or item.get("id") or "", item.get("name")
-        if not isinstance(name, str) or not name:
+        call_id = _string(item, "call_id", where) or _string(item, "id", where)
+        name = _string(item, "name", where)
+        if not name:
             raise APIError(
                 400,
                 f"missing required parameter: '{where}.name'",
@@ -169,13 +173,13 @@ def _item(
             )
         names[call_id] = name
         args = (
-            parse_arguments(item.get("arguments") or "")
+            parse_arguments(_arguments(item, where))
             if kind == "function_call"
             else {"input": item.get("input", "")}
         )
         _assistant(out).tool_calls.append(ToolCall(id=call_id, name=name, arguments=args))
     elif kind in ("function_call_output", "custom_tool_call_output"):
-        call_id = item.get("call_id") or ""
+        call_id = _string(item, "call_id", where)
         out.append(
             ChatMessage(
                 role="tool",
@@ -185,7 +189,7 @@ def _item(
             )
         )
     elif kind == "additional_tools":
-        for j, t in enumerate(item.get("tools") or []):
+        for j, t in enumerate(_list(item, "tools", where)):
             tools.add(t, f"{where}.tools.{j}")
     elif kind is None:
         raise APIError(
@@ -193,6 +197,34 @@ def _item(
         )
     else:  # reasoning and items of hosted tools carry nothing the model reads back
         log.debug("dropped input item of type %s", kind)
+
+
+def _string(item: dict, key: str, where: str) -> str:
+    """`item[key]` when it is a string, "" when absent or null; anything else is the client's 400."""
+    value = item.get(key)
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise _wrong_type(f"{where}.{key}", "a string")
+
+
+def _list(item: dict, key: str, where: str) -> list:
+    value = item.get(key)
+    if value is None or isinstance(value, list):
+        return value or []
+    raise _wrong_type(f"{where}.{key}", "an array")
+
+
+def _arguments(item: dict, where: str) -> str | dict:
+    value = item.get("arguments")
+    if value is None or isinstance(value, str | dict):
+        return value or ""
+    raise _wrong_type(f"{where}.arguments", "a string or an object")
+
+
+def _wrong_type(param: str, expected: str) -> APIError:
+    return APIError(
+        400, f"invalid parameter {param!r}: must be {expected}", param=param, code="invalid_value"
+    )
 
 
 class ResponseStore:

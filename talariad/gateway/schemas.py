@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import from_json
 
 from talariad.engine.messages import ChatMessage, ToolCall
 from talariad.tools import function_tool
@@ -74,12 +74,21 @@ class Message(OpenBody):
         )
 
 
+def parse_json(text: str) -> Any:
+    """JSON text found inside a request body, decoded as strictly as the body itself (pydantic's
+    parser: no lone surrogate, nesting bounded); ValueError when it is not such JSON."""
+    try:
+        return from_json(text)
+    except TypeError as err:  # text that cannot be encoded (a lone surrogate character)
+        raise ValueError(str(err)) from None
+
+
 def parse_arguments(arguments: str | dict[str, Any]) -> dict[str, Any] | str:
     """Tool-call arguments as the template wants them: a JSON object, or the text when it is not one."""
     if isinstance(arguments, dict):
         return arguments
     try:
-        value = json.loads(arguments) if arguments else {}
+        value = parse_json(arguments) if arguments else {}
     except ValueError:
         return arguments
     return value if isinstance(value, dict) else arguments

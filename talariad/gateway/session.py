@@ -11,9 +11,10 @@ than sharing one with every such call).
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from collections.abc import Mapping
+
+from talariad.gateway.schemas import parse_json
 
 HEADERS = (
     "x-session-id",
@@ -57,8 +58,8 @@ def session_id(headers: Mapping[str, str], body: Mapping, messages: list[tuple[s
 
 def _user_id_session(user_id: str) -> str | None:
     if user_id.startswith("{"):
-        try:
-            data = json.loads(user_id)
+        try:  # strictly: a lone surrogate or runaway nesting is no session, as any non-JSON is
+            data = parse_json(user_id)
         except ValueError:
             return None
         value = data.get("session_id") if isinstance(data, dict) else None

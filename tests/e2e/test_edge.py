@@ -20,6 +20,7 @@ from tests.e2e.conftest import ROOT, start_daemon, stop_daemon
 pytestmark = pytest.mark.e2e
 
 HEAD_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 1.0
 SURROGATE = "a\ud800b"
 CHAT = [{"role": "user", "content": "Fix the failing test."}]
 
@@ -28,7 +29,7 @@ CHAT = [{"role": "user", "content": "Fix the failing test."}]
 def edge(tmp_path_factory):
     d = start_daemon(
         tmp_path_factory.mktemp("edge"),
-        {"limits": {"header_timeout_s": HEAD_TIMEOUT_S}},
+        {"limits": {"header_timeout_s": HEAD_TIMEOUT_S, "body_timeout_s": BODY_TIMEOUT_S}},
         executor="sim",
     )
     yield d
@@ -83,7 +84,8 @@ def test_lone_surrogate_is_400_on_every_api(edge, path, stream, session):
     if path == "/v1/messages":
         assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     else:
-        assert body["error"]["type"] == "invalid_request_error" and body["error"]["param"]
+        assert body["error"]["type"] == "invalid_request_error"
+    assert "lone surrogate" in body["error"]["message"]  # found where the body is decoded
     assert _served(edge) == before  # nothing reached an instance
 
 
@@ -95,6 +97,60 @@ def test_invalid_utf8_bytes_are_400(edge):
         content=b'{"model": "tiny-chat", "messages": [{"role": "user", "content": "a\xff\xfe"}]}',
     )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+RAW_BODIES = {
+    "/v1/chat/completions": b'{"model": "tiny-chat", "max_tokens": 2, "messages": '
+    b'[{"role": "user", "content": "a\xed\xa0\x80b"}]}',
+    "/v1/completions": b'{"model": "tiny-chat", "max_tokens": 2, "prompt": "a\xed\xa0\x80b"}',
+    "/v1/messages": b'{"model": "tiny-chat", "max_tokens": 2, "messages": '
+    b'[{"role": "user", "content": "a\xed\xa0\x80b"}]}',
+    "/v1/messages/count_tokens": b'{"model": "tiny-chat", "messages": '
+    b'[{"role": "user", "content": "a\xed\xa0\x80b"}]}',
+    "/v1/responses": b'{"model": "tiny-chat", "max_output_tokens": 2, "input": "a\xed\xa0\x80b"}',
+}
+
+
+@pytest.mark.parametrize("path", list(RAW_BODIES))
+def test_encoded_surrogate_bytes_are_400_on_every_api(edge, path):
+    """U+D800 encoded as if it were a character: not UTF-8, so refused before any instance."""
+    before = _served(edge)
+    r = httpx.post(
+        f"{edge.endpoint}{path}",
+        content=RAW_BODIES[path],
+        timeout=30,
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and "retry-after" not in r.headers, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and "UTF-8" in error["message"]
+    assert _served(edge) == before
+
+
+def test_count_tokens_refuses_a_lone_surrogate_and_a_prompt_that_cannot_fit(edge):
+    for content in ("a\ud800b", "word " * 200_000):  # 1 MB cannot fit tiny-chat's 8192 tokens
+        body = {"model": "tiny-chat", "messages": [{"role": "user", "content": content}]}
+        r = _raw(edge, "/v1/messages/count_tokens", body)
+        assert r.status_code == 400 and "retry-after" not in r.headers, r.text
+        assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_trickled_body_is_408_after_the_body_timeout(edge):
+    host, port = edge.endpoint.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10 * BODY_TIMEOUT_S) as s:
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{"
+        )
+        answer, deadline = b"", time.monotonic() + 10 * BODY_TIMEOUT_S  # a guard only
+        s.settimeout(BODY_TIMEOUT_S / 4)
+        while not answer and time.monotonic() < deadline:  # a body byte at a time
+            try:
+                s.sendall(b" ")
+                answer = s.recv(1024)
+            except TimeoutError:
+                continue
+        assert answer.startswith(b"HTTP/1.1 408")
 
 
 def _head_only(d, path: str, length: int, sent: bytes) -> tuple[int, bytes]:

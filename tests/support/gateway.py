@@ -1,0 +1,40 @@
+"""The gateway in-process over sim workers, with the instance hop's serialization kept: a request
+the hop cannot encode fails there, as it does over the socket."""
+
+from __future__ import annotations
+
+import pytest
+
+from talariad.engine.messages import ErrorEvent, GenerateRequest
+from tests.e2e.scripted import LocalDirectory, local_gateway
+
+
+def _wire(req: GenerateRequest) -> GenerateRequest:
+    """The request as the instance receives it over the hop (ValueError: it cannot be sent)."""
+    return GenerateRequest.model_validate_json(req.model_dump_json().encode())
+
+
+@pytest.fixture
+async def hop_client(monkeypatch):
+    """An httpx client on the gateway; `.counted`: the instances asked to count tokens."""
+    calls: list[str] = []
+    local_generate, local_count = LocalDirectory.generate, LocalDirectory.count_tokens
+
+    async def generate(self, instance, req):
+        try:
+            req = _wire(req)
+        except ValueError as err:
+            yield ErrorEvent(message=f"instance {instance} failed: {err!r}")
+            return
+        async for event in local_generate(self, instance, req):
+            yield event
+
+    async def count_tokens(self, instance, req):
+        calls.append(instance)
+        return await local_count(self, instance, _wire(req))
+
+    monkeypatch.setattr(LocalDirectory, "generate", generate)
+    monkeypatch.setattr(LocalDirectory, "count_tokens", count_tokens)
+    async with local_gateway() as c:
+        c.counted = calls
+        yield c
