@@ -98,7 +98,7 @@ def json_problem(error: str, what: str = "request body") -> str:
 def error_response(path: str, err: APIError) -> JSONResponse:
     """`err` in the error shape of the API that `path` belongs to."""
     if path.startswith("/v1/messages"):  # Anthropic clients expect their own error shape
-        from talariad.gateway.anthropic import error_body
+        from talariad.gateway.dialects.messages import error_body
 
         return JSONResponse(
             error_body(err.status, err.message), status_code=err.status, headers=err.headers

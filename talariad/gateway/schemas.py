@@ -1,14 +1,14 @@
-"""OpenAI request bodies the gateway accepts (unknown fields are allowed, as OpenAI clients send many)."""
+"""The parts of OpenAI request bodies the dialects share (unknown fields are allowed, as OpenAI
+clients send many)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import from_json
 
 from talariad.engine.messages import ChatMessage, ToolCall
-from talariad.tools import function_tool
 
 
 class OpenBody(BaseModel):
@@ -109,7 +109,9 @@ class StreamOptions(OpenBody):
     include_usage: bool = False
 
 
-class _Sampling(OpenBody):
+class SamplingBody(OpenBody):
+    """What chat and completions bodies share: the model, sampling and streaming fields."""
+
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0, le=2)
@@ -130,39 +132,3 @@ class _Sampling(OpenBody):
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
-
-
-class ChatCompletionRequest(_Sampling):
-    messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[ChatTool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-
-    def limit(self, default: int) -> int:
-        return self.max_completion_tokens or self.max_tokens or default
-
-    def tool_defs(self) -> list[dict]:
-        if self.tool_choice == "none":
-            return []
-        return [
-            function_tool(t.function.name, t.function.description, t.function.parameters)
-            for t in self.tools or []
-            if t.type == "function" and t.function is not None
-        ]
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[str]
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, v: str | list[str]) -> str | list[str]:
-        if isinstance(v, list) and len(v) != 1:
-            raise ValueError("exactly one prompt is supported")
-        return v
-
-    def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
-    def limit(self, default: int) -> int:
-        return self.max_tokens or default

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from talariad.gateway.app import _Streamed
+from talariad.gateway.call import Streamed
 
 SCOPE = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
 
@@ -45,7 +45,7 @@ async def test_a_client_that_leaves_mid_stream_ends_it_and_the_response_returns(
         finally:
             closed.set()
 
-    call = asyncio.create_task(_Streamed(body())(SCOPE, client.receive, client.send))
+    call = asyncio.create_task(Streamed(body())(SCOPE, client.receive, client.send))
     await blocked.wait()
     client.leave()
     await asyncio.wait_for(call, 5)  # returns normally: no CancelledError escapes
@@ -61,7 +61,7 @@ async def test_a_stream_that_ends_leaves_no_watch_behind():
         yield "data: [DONE]\n\n"
 
     before = asyncio.all_tasks()
-    await _Streamed(body())(SCOPE, client.receive, client.send)
+    await Streamed(body())(SCOPE, client.receive, client.send)
     await asyncio.sleep(0)
     assert asyncio.all_tasks() == before
     assert client.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
@@ -77,7 +77,7 @@ async def test_a_cancellation_from_elsewhere_still_cancels_the_stream():
         await asyncio.Event().wait()
         yield "data: never\n\n"
 
-    call = asyncio.create_task(_Streamed(body())(SCOPE, client.receive, client.send))
+    call = asyncio.create_task(Streamed(body())(SCOPE, client.receive, client.send))
     await blocked.wait()
     call.cancel()  # the server stopping, not the client leaving
     with pytest.raises(asyncio.CancelledError):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from talariad import lockfile
 from talariad.config import LimitsConfig
 from talariad.daemon import _flatten, _live
-from talariad.gateway.anthropic import MessagesRequest
+from talariad.gateway.dialects.messages import MessagesRequest
 from talariad.gateway.errors import APIError
 from talariad.gateway.health import Readiness
 from talariad.gateway.limits import (
@@ -25,7 +25,8 @@ from talariad.gateway.limits import (
     min_prompt_tokens,
     screen,
 )
-from talariad.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from talariad.gateway.dialects.chat import ChatCompletionRequest
+from talariad.gateway.dialects.completions import CompletionRequest
 
 LIMITS = LimitsConfig()
 

@@ -16,9 +16,10 @@ from talariad.engine.model.tokenizer import (
     _render_fallback,
     build_tiny_tokenizer,
 )
-from talariad.gateway import anthropic, responses
+from talariad.gateway.dialects import messages as anthropic
+from talariad.gateway.dialects import responses
 from talariad.gateway.errors import APIError
-from talariad.gateway.schemas import ChatCompletionRequest
+from talariad.gateway.dialects.chat import ChatCompletionRequest
 from talariad.tools import ToolStream, function_tool, parse
 
 HERMES = (

@@ -10,12 +10,24 @@ back in Anthropic's shapes (named SSE events, `tool_use` blocks, `cache_read_inp
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from pydantic import Field
 
-from talariad.engine.messages import ChatMessage, DoneEvent, ToolCall
-from talariad.gateway.schemas import OpenBody
+from talariad.engine.messages import (
+    ChatMessage,
+    DoneEvent,
+    GenerateRequest,
+    StreamEvent,
+    TokenEvent,
+    ToolCall,
+)
+from talariad.gateway import limits
+from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer, canonical
+from talariad.gateway.call import make_call_id
+from talariad.gateway.schemas import OpenBody, body_field
+from talariad.gateway.session import SESSION_FIELDS
 from talariad.tools import arguments_json, function_tool
 
 ERROR_TYPES = {
@@ -285,3 +297,57 @@ def end_events(done: DoneEvent, calls: list[ToolCall], talaria: dict) -> list[st
         ),
         event("message_stop", {}),
     ]
+
+
+# ---- the call: spec, stream, body ----------------------------------------------------------------
+
+
+def spec(body: MessagesRequest) -> CallSpec:
+    return CallSpec(
+        api="anthropic",
+        requested=body.model,
+        messages=body.chat(),
+        tools=body.tool_defs(),
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=body.stop_list(),
+        ignore_eos=body_field(body, "ignore_eos", False),
+        stream=body.stream,
+        session_fields={k: body_field(body, k) for k in SESSION_FIELDS},
+        context_error=context_message,
+    )
+
+
+async def stream(call: Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
+    tokened = isinstance(first, TokenEvent)
+    exact = tokened and first.prompt_tokens is not None
+    prompt = first.prompt_tokens if exact else call.info.prompt_tokens
+    cached = first.cached_tokens or 0 if tokened else 0
+    for line in start_events(call.id, call.spec.requested, prompt, cached):
+        yield line
+    async for item in answer(call, first, rest):
+        if isinstance(item, TextPiece):
+            yield text_event(str(item))
+        elif isinstance(item, Answer):
+            for line in end_events(item.done, item.calls, call.talaria(item.done)):
+                yield line
+        else:
+            yield event("error", {"error": error_body(503, item.message)["error"]})
+
+
+def body(call: Call, text: str, end: Answer) -> dict:
+    return message_body(
+        call.id, call.spec.requested, text, end.calls, end.done, call.talaria(end.done)
+    )
+
+
+def count_request(gw, body: CountTokensRequest, raw: bytes) -> GenerateRequest:
+    """A count_tokens call, screened by the limits of a generation call: a prompt that cannot fit
+    the model is refused from its size, never tokenized."""
+    limits.screen(body, gw.cfg.limits, raw)
+    model = gw.resolve(body.model, "anthropic")
+    messages, tools = body.chat(), body.tool_defs()
+    limits.check_context(canonical(messages, None, tools), 1, model.max_context, gw.cfg.limits)
+    return GenerateRequest(call_id=make_call_id(), model=model.name, messages=messages, tools=tools)

@@ -16,13 +16,17 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from talariad.engine.messages import ChatMessage, DoneEvent, ToolCall
+from talariad.engine.messages import ChatMessage, DoneEvent, ErrorEvent, StreamEvent, ToolCall
+from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer
 from talariad.gateway.errors import APIError
-from talariad.gateway.schemas import parse_arguments
+from talariad.gateway.schemas import body_field, parse_arguments
+from talariad.gateway.session import SESSION_FIELDS
 from talariad.tools import arguments_json, function_tool
 
 log = logging.getLogger("talariad.gateway")
@@ -364,3 +368,178 @@ class EventWriter:
 
 def new_id() -> str:
     return uuid.uuid4().hex[:24]
+
+
+# ---- the call: spec, stream, body ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Turn:
+    """What rendering a Responses answer needs beyond the call: the body, the conversation the
+    store keeps, and which tool names are custom (free-form) ones."""
+
+    body: ResponsesRequest
+    conversation: list[ChatMessage]
+    custom: set[str]
+    dropped: list[str]
+
+
+def spec(body: ResponsesRequest, stored: ResponseStore) -> tuple[CallSpec, Turn]:
+    messages, tools = convert(body)
+    if body.previous_response_id:
+        messages = stored.get(body.previous_response_id) + messages
+    if body.tool_choice == "none":
+        tools.defs = []
+    call = CallSpec(
+        api="responses",
+        requested=body.model,
+        messages=messages,
+        tools=tools.defs,
+        max_tokens=body.limit(0) or None,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        ignore_eos=body_field(body, "ignore_eos", False),
+        stream=body.stream,
+        session_fields={k: body_field(body, k) for k in SESSION_FIELDS},
+    )
+    return call, Turn(body, messages, tools.custom, tools.dropped)
+
+
+def _open_message(ev, call_id: str, msg_id: str) -> tuple:
+    """The two events that open the message item and its text part (before its first text, or
+    before an empty answer's done events)."""
+    return (
+        ev(
+            "response.output_item.added",
+            {"output_index": 0, "item": message_item(call_id, "", "in_progress")},
+        ),
+        ev(
+            "response.content_part.added",
+            {
+                "item_id": msg_id,
+                "output_index": 0,
+                "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []},
+            },
+        ),
+    )
+
+
+async def stream(turn: Turn, call: Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
+    ev = EventWriter()
+    body = turn.body
+    shell = response_object(call.id, body, "in_progress", [])
+    yield ev("response.created", {"response": shell})
+    yield ev("response.in_progress", {"response": shell})
+    output: list[dict] = []
+    msg_id = f"msg_{call.id}"
+    text = ""
+    async for item in answer(call, first, rest):
+        if isinstance(item, TextPiece):
+            if not text:
+                for event in _open_message(ev, call.id, msg_id):
+                    yield event
+            text += item
+            yield ev(
+                "response.output_text.delta",
+                {"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": str(item)},
+            )
+        elif isinstance(item, ErrorEvent):
+            failed = response_object(
+                call.id,
+                body,
+                "failed",
+                output,
+                error={"code": "server_error", "message": item.message},
+            )
+            yield ev("response.failed", {"response": failed})
+            return
+        else:
+            if text or not item.calls:
+                if not text:
+                    for event in _open_message(ev, call.id, msg_id):
+                        yield event
+                part = {"type": "output_text", "text": text, "annotations": []}
+                yield ev(
+                    "response.output_text.done",
+                    {"item_id": msg_id, "output_index": 0, "content_index": 0, "text": text},
+                )
+                yield ev(
+                    "response.content_part.done",
+                    {"item_id": msg_id, "output_index": 0, "content_index": 0, "part": part},
+                )
+                output.append(message_item(call.id, text))
+                yield ev("response.output_item.done", {"output_index": 0, "item": output[-1]})
+            for c in item.calls:
+                for line in _tool_item_events(ev, c, turn.custom, len(output)):
+                    yield line
+                output.append(tool_item(c, turn.custom))
+            _store(turn, call, text, item)
+            final = response_object(
+                call.id,
+                body,
+                status_of(item.done, item.calls),
+                output,
+                item.done,
+                call.talaria(item.done),
+            )
+            yield ev(
+                "response.completed" if final["status"] == "completed" else "response.incomplete",
+                {"response": final},
+            )
+
+
+def _tool_item_events(ev: EventWriter, c: ToolCall, custom: set[str], index: int) -> list[str]:
+    done = tool_item(c, custom)
+    added = tool_item(c, custom, "in_progress")
+    lines = [ev("response.output_item.added", {"output_index": index, "item": added})]
+    if done["type"] == "custom_tool_call":
+        lines += [
+            ev(
+                "response.custom_tool_call_input.delta",
+                {"item_id": done["id"], "output_index": index, "delta": done["input"]},
+            ),
+            ev(
+                "response.custom_tool_call_input.done",
+                {"item_id": done["id"], "output_index": index, "input": done["input"]},
+            ),
+        ]
+    else:
+        lines += [
+            ev(
+                "response.function_call_arguments.delta",
+                {"item_id": done["id"], "output_index": index, "delta": done["arguments"]},
+            ),
+            ev(
+                "response.function_call_arguments.done",
+                {
+                    "item_id": done["id"],
+                    "output_index": index,
+                    "name": c.name,
+                    "arguments": done["arguments"],
+                },
+            ),
+        ]
+    return lines + [ev("response.output_item.done", {"output_index": index, "item": done})]
+
+
+def _store(turn: Turn, call: Call, text: str, end: Answer) -> None:
+    if turn.body.store is not False:
+        reply = ChatMessage(role="assistant", content=text, tool_calls=end.calls)
+        call.gw.stored.put(f"resp_{call.id}", turn.conversation + [reply])
+
+
+def body(turn: Turn, call: Call, text: str, end: Answer) -> dict:
+    _store(turn, call, text, end)
+    output = output_items(call.id, text, end.calls, turn.custom)
+    out = response_object(
+        call.id,
+        turn.body,
+        status_of(end.done, end.calls),
+        output,
+        end.done,
+        call.talaria(end.done),
+    )
+    out["output_text"] = text
+    return out

@@ -1,0 +1,146 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`): the body, its `CallSpec`, and the
+answer as one `chat.completion` or as `chat.completion.chunk` events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import Field
+
+from talariad.engine.messages import DoneEvent, ErrorEvent, StreamEvent, ToolCall
+from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer, sse
+from talariad.gateway.errors import APIError
+from talariad.gateway.schemas import ChatTool, Message, SamplingBody, body_field
+from talariad.gateway.session import SESSION_FIELDS
+from talariad.tools import arguments_json, function_tool
+
+
+class ChatCompletionRequest(SamplingBody):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ChatTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    def limit(self, default: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or default
+
+    def tool_defs(self) -> list[dict]:
+        if self.tool_choice == "none":
+            return []
+        return [
+            function_tool(t.function.name, t.function.description, t.function.parameters)
+            for t in self.tools or []
+            if t.type == "function" and t.function is not None
+        ]
+
+
+def openai_spec(body: SamplingBody, messages, prompt: str | None = None, tools=()) -> CallSpec:
+    """The spec of a chat or completions body."""
+    return CallSpec(
+        api="openai",
+        requested=body.model,
+        messages=messages,
+        prompt=prompt,
+        tools=list(tools),
+        max_tokens=body.limit(0) or None,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=body.stop_list(),
+        ignore_eos=body_field(body, "ignore_eos", False),
+        stream=body.stream,
+        include_usage=body.include_usage(),
+        session_fields={k: body_field(body, k) for k in SESSION_FIELDS},
+    )
+
+
+def spec(body: ChatCompletionRequest) -> CallSpec:
+    return openai_spec(body, [m.chat() for m in body.messages], tools=body.tool_defs())
+
+
+def usage(call: Call, done: DoneEvent) -> dict:
+    """OpenAI's usage object, with the cached tokens and the `talaria` extension."""
+    u = done.usage
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "talaria": call.talaria(done),
+    }
+
+
+def error_event(ev: ErrorEvent) -> dict:
+    """An error after the stream started: OpenAI's error body as the last event."""
+    return APIError(503, ev.message, type="api_error", code="instance_unavailable").body()
+
+
+def finish_reason(end: Answer) -> str:
+    return "tool_calls" if end.calls else end.done.finish_reason
+
+
+def tool_calls(calls: list[ToolCall]) -> list[dict]:
+    return [
+        {
+            "id": c.id,
+            "type": "function",
+            "function": {"name": c.name, "arguments": arguments_json(c)},
+        }
+        for c in calls
+    ]
+
+
+def chunk(call: Call, delta: dict, finish: str | None) -> dict:
+    return {
+        "id": f"chatcmpl-{call.id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": call.spec.requested,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def _tool_call_chunks(call: Call, calls: list[ToolCall]) -> list[str]:
+    lines = []
+    for i, c in enumerate(calls):
+        head = {"index": i, "id": c.id, "type": "function"}
+        head["function"] = {"name": c.name, "arguments": ""}
+        args = {"index": i, "function": {"arguments": arguments_json(c)}}
+        lines.append(sse(chunk(call, {"tool_calls": [head]}, None)))
+        lines.append(sse(chunk(call, {"tool_calls": [args]}, None)))
+    return lines
+
+
+async def stream(call: Call, first: StreamEvent, rest: AsyncIterator[StreamEvent]):
+    yield sse(chunk(call, {"role": "assistant", "content": ""}, None))
+    async for item in answer(call, first, rest):
+        if isinstance(item, TextPiece):
+            yield sse(chunk(call, {"content": str(item)}, None))
+        elif isinstance(item, Answer):
+            for line in _tool_call_chunks(call, item.calls):
+                yield line
+            yield sse(chunk(call, {}, finish_reason(item)))
+            if call.spec.include_usage:
+                yield sse({**chunk(call, {}, None), "choices": [], "usage": usage(call, item.done)})
+        else:
+            yield sse(error_event(item))
+    yield sse("[DONE]")
+
+
+def body(call: Call, text: str, end: Answer) -> dict:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": text if text or not end.calls else None,
+    }
+    if end.calls:
+        message["tool_calls"] = tool_calls(end.calls)
+    return {
+        "id": f"chatcmpl-{call.id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": call.spec.requested,
+        "usage": usage(call, end.done),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(end)}],
+    }
