@@ -122,8 +122,10 @@ async def test_cold_switches_follow_the_safe_sequence(model_dir, tmp_path):
         }
         # recompute: a switched-out model's sessions are reported missing, not host-restorable
         active = worker.telemetry().active_model
-        parked = [e for (_, m), e in worker.core.sched.ledger.entries.items() if m != active]
-        assert parked and all(e.state.value == "missing" for e in parked)
+        ledger = worker.core.sched.ledger
+        parked = [(f"s{i}-{m}", m) for i in range(3) for m in ("m1", "m2") if m != active]
+        assert parked and all(ledger.get(*key).state.value == "missing" for key in parked)
+        assert all(m == active for _, m in ledger.entries)  # a missing prefix is no entry
     events = read_log(log)
     check_safe_sequence(events)
     assert (
@@ -158,7 +160,7 @@ async def test_a_session_prefix_across_a_switch_is_recomputed_or_restored(
         assert again.usage.cached_tokens > 0 and again.usage.kv_source == "host"
         assert (tmp_path / "hicache" / "cold0").is_dir()
     else:  # the release flushed the radix tree: nothing to reuse, and the router was told so
-        assert sess[("s1", "m1")] == "missing"
+        assert ("s1", "m1") not in sess  # a prefix that lives nowhere is no ledger entry
         assert again.usage.cached_tokens == 0 and again.usage.kv_source == "recompute"
     starts = [e for e in read_log(log) if e["event"] == "start"]
     assert all(("--hicache-storage-backend" in e["argv"]) == (kv_host == "storage") for e in starts)
