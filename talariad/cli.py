@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pathlib
 import sys
 from typing import Annotated
 
@@ -12,7 +11,8 @@ import typer
 
 from talariad.cliutil import run_app
 
-from talariad.config import ConfigError, TalariaConfig, load_config, serving_lines
+from talariad.checks import load_checked
+from talariad.config import ConfigError, TalariaConfig
 
 DEFAULT_CONFIG = "etc/talaria.yaml"
 
@@ -29,11 +29,7 @@ def _load(path: str) -> TalariaConfig:
     """The config at `path`, or exit 2 with one line per problem: what the schema refuses, and
     what would keep a valid config from ever serving (the same for `check-config` and `run`)."""
     try:
-        cfg = load_config(path)
-        lines = serving_lines(cfg, pathlib.Path(path).parent)
-        if lines:
-            raise ConfigError([f"{path}: {where}: {what}" for where, what in lines])
-        return cfg
+        return load_checked(path)
     except ConfigError as err:
         for line in err.lines:
             print(f"talariad: {line}", file=sys.stderr)

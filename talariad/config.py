@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
-import os
 import pathlib
 from typing import Annotated, Literal
 
@@ -357,8 +356,8 @@ def _alias_lines(models: list[dict], data: dict) -> list[tuple[str, str]]:
         m["name"]: m["name"] for m in models if isinstance(m.get("name"), str)
     }
     problems, globs = [], []
-    for i, m in enumerate(_list(data.get("models"))):
-        for j, alias in enumerate(_list(m.get("aliases")) if isinstance(m, dict) else []):
+    for i, m in enumerate(as_list(data.get("models"))):
+        for j, alias in enumerate(as_list(m.get("aliases")) if isinstance(m, dict) else []):
             if not isinstance(alias, str):
                 continue
             if alias in owner and owner[alias] != m.get("name"):
@@ -378,19 +377,19 @@ def _alias_lines(models: list[dict], data: dict) -> list[tuple[str, str]]:
     return problems
 
 
-def _semantic_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str, str]]:
+def _semantic_lines(data: dict) -> list[tuple[str, str]]:
     """Cross-field checks on the parsed YAML, so they run even when the schema check failed
     (every problem of a file is reported in one pass); malformed parts are the schema's to
     report."""
-    models = [m for m in _list(data.get("models")) if isinstance(m, dict)]
-    instances = [i for i in _list(data.get("instances")) if isinstance(i, dict)]
+    models = [m for m in as_list(data.get("models")) if isinstance(m, dict)]
+    instances = [i for i in as_list(data.get("instances")) if isinstance(i, dict)]
     names = [m.get("name") for m in models if isinstance(m.get("name"), str)]
     problems = _duplicates(names, "models") + _alias_lines(models, data)
     inst_names = [i.get("name") for i in instances if isinstance(i.get("name"), str)]
     problems += _duplicates(inst_names, "instances")
     defined = set(names)
-    for i, inst in enumerate(_list(data.get("instances"))):
-        hosted = _list(inst.get("models")) if isinstance(inst, dict) else []
+    for i, inst in enumerate(as_list(data.get("instances"))):
+        hosted = as_list(inst.get("models")) if isinstance(inst, dict) else []
         for j, m in enumerate(hosted):
             if isinstance(m, str) and defined and m not in defined:
                 problems.append(
@@ -402,11 +401,6 @@ def _semantic_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str
         if isinstance(inst, dict) and inst.get("pool") == "hot" and len(hosted) != 1:
             problems.append((f"instances[{i}].models", "a hot instance pins exactly one model"))
     policy = data.get("policy") if isinstance(data.get("policy"), dict) else {}
-    valid = _policy_names()
-    if isinstance(policy.get("router"), str) and policy["router"] not in valid:
-        problems.append(
-            ("policy.router", f"unknown policy {policy['router']!r} (valid: {', '.join(valid)})")
-        )
     stale, interval = policy.get("staleness_s", 2.0), policy.get("telemetry_interval_s", 0.25)
     if _num(stale) and _num(interval) and 0 < stale <= interval:
         problems.append(
@@ -441,135 +435,10 @@ def _semantic_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str
                 "listen.api_keys_file, or listen.allow_unauthenticated: true",
             )
         )
-    return problems + _build_lines(data, base_dir)
-
-
-def _build_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str, str]]:
-    """What `run` would fail on when it builds the instances: a profile no bundled set defines, an
-    executor this build cannot run, devices it cannot use, a checkpoint directory that is not
-    there (relative to `base_dir`, the config file's folder)."""
-    from talariad.engine.build import executor_problem
-    from talariad.sim.profiles import available, find_model
-
-    problems = []
-    for i, m in enumerate(_list(data.get("models"))):
-        name = m.get("profile", "tiny") if isinstance(m, dict) else None
-        if isinstance(name, str) and find_model(name) is None:
-            problems.append(
-                (
-                    f"models[{i}].profile",
-                    f"no bundled latency profile named {name!r} (sets: {', '.join(available())})",
-                )
-            )
-    for i, inst in enumerate(_list(data.get("instances"))):
-        if not isinstance(inst, dict) or not isinstance(inst.get("executor", "sim"), str):
-            continue
-        found = executor_problem(inst.get("executor", "sim"), inst.get("devices", "cpu"))
-        if found is not None:
-            problems.append((f"instances[{i}].{found[0]}", found[1]))
-        if inst.get("executor") == "sglang":
-            from talariad.engine.executors.sglang.checks import config_problems
-
-            problems += config_problems(data, i)
-    return problems + _checkpoint_lines(data, base_dir)
-
-
-def _checkpoint_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str, str]]:
-    """A `path` a torch instance would load must be a checkpoint directory (config.json)."""
-    if base_dir is None:
-        return []
-    torch_models = {
-        m
-        for inst in _list(data.get("instances"))
-        if isinstance(inst, dict) and inst.get("executor") == "torch"
-        for m in _list(inst.get("models"))
-    }
-    problems = []
-    for i, m in enumerate(_list(data.get("models"))):
-        path = m.get("path") if isinstance(m, dict) else None
-        if isinstance(path, str) and m.get("name") in torch_models:
-            if not (base_dir / path / "config.json").is_file():
-                problems.append(
-                    (
-                        f"models[{i}].path",
-                        f"{path!r} is not a checkpoint directory (no config.json there)",
-                    )
-                )
     return problems
 
 
-def machine_memory_gib() -> float:
-    """Physical memory of this machine in GiB."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-
-
-def serving_lines(
-    cfg: TalariaConfig, config_dir: pathlib.Path, machine_gib: float | None = None
-) -> list[tuple[str, str]]:
-    """What makes a valid config unable to serve: a model no instance serves, host KV the machine
-    cannot hold, a device buffer smaller than a model, an API keys file `run` cannot read.
-    `check-config` and `run` both refuse on these (exit 2)."""
-    machine_gib = machine_memory_gib() if machine_gib is None else machine_gib
-    problems = _unserved_lines(cfg) + _memory_lines(cfg, machine_gib)
-    if cfg.listen.api_keys_file:
-        from talariad.gateway.auth import load_keys
-
-        try:
-            load_keys(config_dir / cfg.listen.api_keys_file)
-        except ValueError as err:  # its message starts with the field's name
-            problems.append(tuple(str(err).split(": ", 1)))
-    return problems
-
-
-def _unserved_lines(cfg: TalariaConfig) -> list[tuple[str, str]]:
-    served = {m for inst in cfg.instances for m in inst.models}
-    return [
-        (
-            f"models[{i}].name",
-            f"no instance serves {m.name!r}: add it to an instance's models or remove it "
-            "(/ready would stay 503)",
-        )
-        for i, m in enumerate(cfg.models)
-        if m.name not in served
-    ]
-
-
-def _memory_lines(cfg: TalariaConfig, machine_gib: float) -> list[tuple[str, str]]:
-    """torch instances: host KV within the machine's memory, a device buffer that holds each model."""
-    torch = [(i, inst) for i, inst in enumerate(cfg.instances) if inst.executor == "torch"]
-    problems, too_big = [], False
-    for i, inst in torch:
-        if inst.host_kv_gib > machine_gib:
-            too_big = True
-            problems.append(
-                (
-                    f"instances[{i}].host_kv_gib",
-                    f"{inst.host_kv_gib:g} GiB is more than this machine's memory "
-                    f"({machine_gib:.3g} GiB)",
-                )
-            )
-        largest = max((cfg.model(m) for m in inst.models), key=lambda m: m.size_gib)
-        if inst.memory_gib is not None and inst.memory_gib < largest.size_gib:
-            problems.append(
-                (
-                    f"instances[{i}].memory_gib",
-                    f"{inst.memory_gib:g} GiB is below the size_gib of {largest.name!r} "
-                    f"({largest.size_gib:g} GiB): its weights can never be loaded",
-                )
-            )
-    total = sum(inst.host_kv_gib for _, inst in torch)
-    if not too_big and total > machine_gib:  # each fits alone, not all together
-        problems.append(
-            (
-                "instances",
-                f"host_kv_gib of the torch instances adds up to {total:g} GiB, "
-                f"more than this machine's memory ({machine_gib:.3g} GiB)",
-            )
-        )
-    return problems
-
-
-def _list(value: object) -> list:
+def as_list(value: object) -> list:
     return value if isinstance(value, list) else []
 
 
@@ -577,32 +446,32 @@ def _num(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _policy_names() -> list[str]:
-    from talariad.router import POLICIES
-
-    return sorted(POLICIES.names())
-
-
-def parse_config(data: object, source: str, base_dir: pathlib.Path | None = None) -> TalariaConfig:
-    """Validate already-parsed YAML data; raises ConfigError naming `source`. `base_dir`: where
-    relative model paths start (the file's folder); None skips the checkpoint check."""
+def schema_lines(data: object) -> tuple[TalariaConfig | None, list[tuple[str, str]]]:
+    """The config of already-parsed YAML data, or None, and every problem the schema and the
+    cross-field rules find in one pass: (where, what) pairs."""
     if not isinstance(data, dict):
-        raise ConfigError(
-            [f"{source}: (top level): expected a mapping of sections, got {type(data).__name__}"]
-        )
+        return None, [("(top level)", f"expected a mapping of sections, got {type(data).__name__}")]
     problems, cfg = [], None
     try:
         cfg = TalariaConfig.model_validate(data)
     except ValidationError as err:
         problems = _pydantic_lines(err)
     seen = set(problems)
-    problems += [p for p in _semantic_lines(data, base_dir) if p not in seen]
+    problems += [p for p in _semantic_lines(data) if p not in seen]
+    return (None if problems else cfg), problems
+
+
+def parse_config(data: object, source: str) -> TalariaConfig:
+    """Validate already-parsed YAML data against the schema; raises ConfigError naming `source`.
+    What needs the rest of the house (profiles, executors, memory) is `checks.py`'s."""
+    cfg, problems = schema_lines(data)
     if problems:
         raise ConfigError([f"{source}: {p}: {m}" for p, m in problems])
     return cfg
 
 
-def load_config(path: str | pathlib.Path) -> TalariaConfig:
+def read_config_data(path: str | pathlib.Path) -> object:
+    """The YAML data of a config file; ConfigError with one line when it cannot be read."""
     path = pathlib.Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -611,11 +480,15 @@ def load_config(path: str | pathlib.Path) -> TalariaConfig:
             [f"{path}: cannot read: {getattr(err, 'strerror', None) or err}"]
         ) from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(top level)"
         raise ConfigError(
             [f"{path}: {where}: invalid YAML: {getattr(err, 'problem', None) or err}"]
         ) from None
-    return parse_config(data, str(path), path.resolve().parent)
+
+
+def load_config(path: str | pathlib.Path) -> TalariaConfig:
+    """A config file checked against the schema (an instance process reads what `run` checked)."""
+    return parse_config(read_config_data(path), str(path))

@@ -21,7 +21,8 @@ from talariad import __version__, httpserver, lockfile, sdnotify
 from talariad.admin import admin_pb2, server as admin_server
 from talariad.admin.operator import Operator
 from talariad.admin.sockets import daemon_socket
-from talariad.config import ConfigError, TalariaConfig, load_config, parse_config
+from talariad.checks import load_checked, parse_checked
+from talariad.config import ConfigError, TalariaConfig
 from talariad.gateway.app import Gateway, build_app
 from talariad.gateway.auth import load_keys
 from talariad.gateway.health import Availability, InstanceView, Readiness, availability
@@ -285,7 +286,7 @@ class Daemon:
         """Re-read the config file and apply what can change live (LIVE_FIELDS): router knobs,
         limits, API keys, supervisor timings, model aliases. Returns (applied, needs_restart) as
         dotted field paths. Raises ConfigError (nothing applied) when the file is invalid."""
-        new = load_config(self.config_path)
+        new = load_checked(self.config_path, serving=False)
         old_flat, new_flat = _flatten(self.cfg.model_dump()), _flatten(new.model_dump())
         changed = sorted(
             k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k)
@@ -298,7 +299,7 @@ class Daemon:
             merged = self.cfg.model_dump()
             for k in applied:
                 _assign(merged, k, new_flat.get(k))
-            new = parse_config(merged, self.config_path)
+            new = parse_checked(merged, self.config_path)
         keys = self._keys(new)  # re-read even when the path is unchanged: keys may have rotated
         if keys != self.gateway.api_keys and "listen.api_keys_file" not in applied:
             applied.append("listen.api_keys_file (keys re-read)")

@@ -15,7 +15,8 @@ from talariad.replay.progress import progress_bar
 from talariad.replay.report import print_report, to_json
 from talariad.replay.swebv import load_swebv
 from talariad.replay.trace import Trace, TraceError, read_jsonl
-from talariad.config import ConfigError, load_config
+from talariad.checks import load_checked
+from talariad.config import ConfigError
 from talariad.sim.configs import SUITES, SimConfig, config_models, from_config, map_models, suite
 from talariad.sim.profiles import ProfileSet, load_set
 from talariad.sim.simulator import simulate
@@ -91,7 +92,7 @@ def config_plan(
     trace: Trace, suites: list[str], path: str, full: bool, console: Console
 ) -> list[Run]:
     """Runs over an operator's config: its instances, models, pools, knobs and named profiles."""
-    cfg = load_config(path)
+    cfg = load_checked(path, serving=False)
     trace = on_models(trace, config_models(cfg), console)
     small = trace if full else router_subset(trace)
     out: list[Run] = []

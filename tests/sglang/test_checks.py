@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from talariad.cli import app
-from talariad.config import ConfigError, load_config, parse_config
+from talariad.checks import load_checked, parse_checked
+from talariad.config import ConfigError
 from talariad.engine.executors.sglang import checks
 from talariad.engine.executors.sglang.launcher import server_args, server_env
 from talariad.engine.executors.sglang.client import sampling_params
@@ -35,12 +36,12 @@ def _cfg(**inst) -> dict:
 
 def _lines(data: dict) -> list[str]:
     with pytest.raises(ConfigError) as err:
-        parse_config(data, "t.yaml")
+        parse_checked(data, "t.yaml")
     return err.value.lines
 
 
 def test_a_complete_sglang_instance_passes():
-    cfg = parse_config(_cfg(), "t.yaml")
+    cfg = parse_checked(_cfg(), "t.yaml")
     assert cfg.instances[0].sglang.kv_host == "recompute"
 
 
@@ -96,13 +97,13 @@ def test_check_config_on_the_h200_example_names_only_the_missing_sglang(monkeypa
     monkeypatch.setattr(checks, "sglang_importable", lambda: True)
     result = CliRunner().invoke(app, ["check-config", str(EXAMPLE)])
     assert result.exit_code == 0, result.stderr
-    cfg = load_config(EXAMPLE)
+    cfg = load_checked(EXAMPLE)
     assert [len(i.devices) for i in cfg.instances] == [4, 4]
 
 
 def test_launch_flags_of_hot_and_cold_servers(monkeypatch):
     monkeypatch.setattr(checks, "sglang_importable", lambda: True)
-    cfg = load_config(EXAMPLE)
+    cfg = load_checked(EXAMPLE)
     hot, cold = cfg.instances
     args = server_args(hot, "qwen3-coder-480b", "/m", 31000, "k")
     assert args[:8] == [

@@ -7,7 +7,8 @@ import yaml
 from typer.testing import CliRunner
 
 from talariad.cli import app
-from talariad.config import ConfigError, load_config
+from talariad.checks import load_checked
+from talariad.config import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "etc" / "talaria.yaml"
@@ -24,7 +25,7 @@ def _base() -> dict:
 
 
 def test_default_config_loads_with_paper_defaults():
-    cfg = load_config(DEFAULT)
+    cfg = load_checked(DEFAULT)
     assert {i.pool for i in cfg.instances} == {"hot", "cold"}
     assert cfg.policy.tau_s == 1.0 and cfg.policy.mem_fraction_bump == 0.8 and cfg.policy.gamma < 1
     assert all([cfg.ablations.sp, cfg.ablations.host_kv, cfg.ablations.d2d])
@@ -91,7 +92,7 @@ def test_bad_config_names_file_field_and_problem(tmp_path, mutate, path, words):
     mutate(data)
     f = _write(tmp_path, data)
     with pytest.raises(ConfigError) as info:
-        load_config(f)
+        load_checked(f)
     line = next(ln for ln in info.value.lines if f": {path}:" in ln)
     assert line.startswith(str(f)) and words in line
 
@@ -99,7 +100,7 @@ def test_bad_config_names_file_field_and_problem(tmp_path, mutate, path, words):
 def test_yaml_syntax_error_names_line(tmp_path):
     f = _write(tmp_path, "models: [\n  - name: a\n")
     with pytest.raises(ConfigError) as info:
-        load_config(f)
+        load_checked(f)
     assert (
         str(f) in str(info.value)
         and "line" in str(info.value)
@@ -109,7 +110,7 @@ def test_yaml_syntax_error_names_line(tmp_path):
 
 def test_top_level_must_be_mapping(tmp_path):
     with pytest.raises(ConfigError, match="expected a mapping"):
-        load_config(_write(tmp_path, "- 1\n- 2\n"))
+        load_checked(_write(tmp_path, "- 1\n- 2\n"))
 
 
 @pytest.mark.parametrize("command", [["check-config"], ["run", "--config"]])
@@ -198,7 +199,7 @@ def test_model_aliases_resolve_exact_names_then_globs(tmp_path):
     data["instances"] = [i for i in data["instances"] if "tiny-agent" not in i["models"]]
     data["models"][0]["aliases"] = ["claude-sonnet-4-5", "claude-*"]
     data["models"][1]["aliases"] = ["claude-haiku-*"]
-    cfg = load_config(_write(tmp_path, data))
+    cfg = load_checked(_write(tmp_path, data))
     first, second = data["models"][0]["name"], data["models"][1]["name"]
     assert cfg.resolve_model("claude-sonnet-4-5").name == first
     assert cfg.resolve_model("claude-haiku-4-5-20251001").name == first  # globs in config order
@@ -210,7 +211,7 @@ def test_alias_naming_another_model_and_unknown_default_model_are_refused(tmp_pa
     data["models"][0]["aliases"] = [data["models"][1]["name"]]
     data["anthropic"] = {"default_model": "nope"}
     with pytest.raises(ConfigError) as err:
-        load_config(_write(tmp_path, data))
+        load_checked(_write(tmp_path, data))
     text = "\n".join(err.value.lines)
     assert (
         "models[0].aliases[0]" in text
@@ -230,7 +231,7 @@ def test_alias_naming_another_model_and_unknown_default_model_are_refused(tmp_pa
 def test_non_loopback_bind_is_allowed_with_keys_or_an_explicit_opt_out(tmp_path, listen):
     data = _base()
     data["listen"].update(listen)
-    assert load_config(_write(tmp_path, data)).listen.http == listen["http"]
+    assert load_checked(_write(tmp_path, data), serving=False).listen.http == listen["http"]
 
 
 def test_check_config_reads_the_api_keys_file(tmp_path):
@@ -298,12 +299,12 @@ def test_a_config_that_can_never_serve_is_refused_by_check_config_and_run_alike(
 
 
 def test_host_kv_of_all_torch_instances_together_must_fit_the_machine(tmp_path):
-    from talariad.config import serving_lines
+    from talariad.checks import serving_lines
 
     data = _base()
     data["instances"].append({**data["instances"][1], "name": "cold1", "host_kv_gib": 6})
     data["instances"][1]["host_kv_gib"] = 6
-    cfg = load_config(_write(tmp_path, data))
+    cfg = load_checked(_write(tmp_path, data))
     assert serving_lines(cfg, tmp_path, machine_gib=16) == []
     lines = serving_lines(cfg, tmp_path, machine_gib=10)
     assert lines == [
