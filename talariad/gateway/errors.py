@@ -95,13 +95,32 @@ def json_problem(error: str, what: str = "request body") -> str:
     return f"{what} is not valid JSON: {error}"
 
 
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    return {
+        "type": "error",
+        "error": {"type": ANTHROPIC_ERROR_TYPES.get(status, "api_error"), "message": message},
+    }
+
+
 def error_response(path: str, err: APIError) -> JSONResponse:
     """`err` in the error shape of the API that `path` belongs to."""
     if path.startswith("/v1/messages"):  # Anthropic clients expect their own error shape
-        from talariad.gateway.dialects.messages import error_body
-
         return JSONResponse(
-            error_body(err.status, err.message), status_code=err.status, headers=err.headers
+            anthropic_error_body(err.status, err.message),
+            status_code=err.status,
+            headers=err.headers,
         )
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 

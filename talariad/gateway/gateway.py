@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable
 
 from talariad.config import ModelConfig, TalariaConfig
-from talariad.gateway.dialects import responses
 from talariad.gateway.errors import APIError
 from talariad.gateway.health import Availability
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import GatewayMetrics
 from talariad.gateway.routing import RouterShell
+from talariad.gateway.store import ResponseStore
 
 log = logging.getLogger("talariad.gateway")
 
@@ -41,7 +41,7 @@ class Gateway:
         )
         """Which instances take a model's new calls now (the daemon's view replaces this one)."""
         self.metrics = GatewayMetrics()
-        self.stored = responses.ResponseStore(cfg.responses.store_max)
+        self.stored = ResponseStore(cfg.responses.store_max)
         self._dropped_logged: set[str] = set()
 
     @staticmethod

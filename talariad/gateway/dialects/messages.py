@@ -26,20 +26,10 @@ from talariad.engine.messages import (
 from talariad.gateway import limits
 from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer, canonical
 from talariad.gateway.call import make_call_id
+from talariad.gateway.errors import anthropic_error_body as error_body
 from talariad.gateway.schemas import OpenBody, body_field
 from talariad.gateway.session import SESSION_FIELDS
 from talariad.tools import arguments_json, function_tool
-
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-}
 
 
 class ContentBlock(OpenBody):
@@ -211,13 +201,6 @@ def message_body(
 
 def event(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n"
-
-
-def error_body(status: int, message: str) -> dict:
-    return {
-        "type": "error",
-        "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message},
-    }
 
 
 def context_message(prompt: int, max_tokens: int, limit: int) -> str:

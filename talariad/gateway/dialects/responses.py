@@ -15,7 +15,6 @@ import json
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from talariad.engine.messages import ChatMessage, DoneEvent, ErrorEvent, StreamE
 from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer
 from talariad.gateway.errors import APIError
 from talariad.gateway.schemas import body_field, parse_arguments
+from talariad.gateway.store import ResponseStore
 from talariad.gateway.session import SESSION_FIELDS
 from talariad.tools import arguments_json, function_tool
 
@@ -229,36 +229,6 @@ def _wrong_type(param: str, expected: str) -> APIError:
     return APIError(
         400, f"invalid parameter {param!r}: must be {expected}", param=param, code="invalid_value"
     )
-
-
-class ResponseStore:
-    """Recent answers for `previous_response_id`: the conversation up to and including each."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[str, list[ChatMessage]] = OrderedDict()
-
-    def get(self, response_id: str) -> list[ChatMessage]:
-        found = self._items.get(response_id) if self.size else None
-        if found is None:
-            why = (
-                "is not stored (responses.store_max is 0)"
-                if not self.size
-                else "is unknown or expired"
-            )
-            raise APIError(
-                400,
-                f"previous response {response_id!r} {why}",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
-        return list(found)
-
-    def put(self, response_id: str, conversation: list[ChatMessage]) -> None:
-        if self.size:
-            self._items[response_id] = conversation
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
 
 
 def output_items(call_id: str, text: str, calls: list[ToolCall], custom: set[str]) -> list[dict]:
