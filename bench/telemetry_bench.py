@@ -79,8 +79,8 @@ def payload_gauge(port: int) -> int | None:
 def whole_telemetry(instance: psutil.Process) -> bytes | None:
     """The instance's whole telemetry, asked for on its call socket (its HTTP API answers only the
     daemon, which holds its token); None where the instance answers no `Query` frames."""
-    from talariad.engine.messages import Query
-    from talariad.engine.stream import StreamClient
+    from talariad.wire.messages import Query
+    from talariad.wire.stream import StreamClient
 
     path = next(c.laddr for c in instance.net_connections(kind="unix") if c.laddr)
 

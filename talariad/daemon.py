@@ -247,7 +247,7 @@ class Daemon:
         for name, m in self.supervisor.procs.items():
             if m.base_url is None:
                 continue
-            data = await self.directory.rounds(name, 256)
+            data = await self.directory.client.rounds(name, 256)
             if data is None:
                 continue
             pid, last_round, last_seq = self._marks.get(name, (None, -1, 0))
@@ -262,7 +262,7 @@ class Daemon:
                     self.instance_metrics.observe_switch(name, sw)
                     last_seq = sw["seq"]
             self._marks[name] = (m.pid, last_round, last_seq)
-            report = await self.directory.memory(name)
+            report = await self.directory.client.memory(name)
             if report and report.get("layout"):
                 self._hbm[name] = _regions(report)
                 self._host_kv[name] = report.get("host_kv_bytes", 0)
@@ -379,7 +379,7 @@ class Daemon:
             admin_server.AdminService(
                 self.status,
                 self.routing.router,
-                memory=self.directory.memory,
+                memory=self.directory.client.memory,
                 operator=self.operator,
             ),
             group=self.cfg.listen.admin_group,
@@ -431,7 +431,7 @@ class Daemon:
         done, _ = await asyncio.wait([http_task], timeout=grace)
         if not done:
             self.routing.close()
-            ended = await self.directory.abort_all()
+            ended = await self.directory.client.abort_all()
             log.warning(
                 "shutdown grace of %gs ran out: ended %d call(s) with an error", grace, ended
             )

@@ -54,7 +54,7 @@ class Managed:
 
     @property
     def call_socket(self) -> str | None:
-        """The instance's call-stream unix socket (`engine/stream.py`), when it is ready."""
+        """The instance's call-stream unix socket (`wire/stream.py`), when it is ready."""
         return self.socket if self.state == ProcState.READY else None
 
 

@@ -9,9 +9,9 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Literal
 
-import httpx
 
 from talariad.admin import admin_pb2
+from talariad.wire.client import InstanceUnreachable
 
 if TYPE_CHECKING:
     from talariad.daemon import Daemon
@@ -50,24 +50,12 @@ class Operator:
                 f"no model named {name!r} (models: {', '.join(m.name for m in self.d.cfg.models)})",
             )
 
-    def _url(self, name: str) -> str:
-        url = self.d.supervisor.procs[name].base_url
-        if url is None:
+    def _ready(self, name: str) -> None:
+        proc = self.d.supervisor.procs[name]
+        if proc.base_url is None:
             raise ActionRefused(
-                "failed_precondition",
-                f"instance {name} is not ready (state {self.d.supervisor.procs[name].state.value})",
+                "failed_precondition", f"instance {name} is not ready (state {proc.state.value})"
             )
-        return url
-
-    async def _post(self, name: str, path: str, body: dict) -> httpx.Response:
-        try:
-            return await self.d.directory.client.post(
-                f"{self._url(name)}{path}", json=body, timeout=10.0
-            )
-        except httpx.HTTPError as err:
-            raise ActionRefused(
-                "failed_precondition", f"instance {name} did not answer: {err}"
-            ) from None
 
     def status(self, name: str) -> admin_pb2.InstanceStatus:
         return self.d.instance_status(name)
@@ -265,10 +253,13 @@ class Operator:
             )
         if not serve:
             self._keep_a_taker(name, [model], f"unloading {model} from it", force)
-        r = await self._post(name, "/internal/rotation", {"model": model, "serve": serve})
-        if r.status_code == 409:
-            raise ActionRefused("failed_precondition", r.json()["error"])
-        r.raise_for_status()
+        self._ready(name)
+        try:
+            refused = await self.d.directory.client.rotation(name, model, serve)
+        except InstanceUnreachable as err:
+            raise ActionRefused("failed_precondition", str(err)) from None
+        if refused is not None:
+            raise ActionRefused("failed_precondition", refused)
         await self.d.directory.poll_once()  # the router sees the new rotation before we answer
         return self.model_status(model)
 
@@ -318,9 +309,11 @@ class Operator:
             for name, m in self.d.supervisor.procs.items():
                 if m.base_url is None:
                     continue
-                r = await self._post(name, "/internal/forget", {"session_id": branch})
-                if r.status_code == 200 and r.json().get("freed") and name not in freed:
-                    freed.append(name)
+                try:
+                    if await self.d.directory.client.forget(name, branch) and name not in freed:
+                        freed.append(name)
+                except InstanceUnreachable as err:
+                    raise ActionRefused("failed_precondition", str(err)) from None
         if not known and not freed:
             raise ActionRefused(
                 "not_found", f"no session {session_id!r} in the router's table or on any instance"
@@ -344,7 +337,7 @@ class Operator:
             self._inst(instance)
         reply = admin_pb2.RoundsReply()
         for name in names:
-            data = await self.d.directory.rounds(name, limit)
+            data = await self.d.directory.client.rounds(name, limit)
             if data is None:
                 continue
             reply.rounds.extend(round_record(name, x) for x in data.get("rounds", []))

@@ -1,6 +1,6 @@
 """`python -m talariad.engine --config FILE --instance NAME`: one instance process.
 
-It binds a loopback port and a unix socket for the call stream (`engine/stream.py`), prints one JSON
+It binds a loopback port and a unix socket for the call stream (`wire/stream.py`), prints one JSON
 ready line (`{"ready": true, "port": N, "socket": PATH, "token": T}`) on stdout for the supervisor,
 serves the internal API to holders of the per-start token T only, and exits with status 0 on
 SIGTERM or SIGINT.
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from talariad import httpserver
-from talariad.engine import stream
+from talariad.wire import stream
 from talariad.config import ConfigError, InstanceConfig, TalariaConfig, load_config
 from talariad.engine.api import build_app
 from talariad.engine.build import build_worker

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
-from talariad.engine.messages import GenerateRequest, Telemetry
+from talariad.wire.messages import GenerateRequest, Telemetry
 from talariad.httpserver import fastapi_app
 from talariad.engine.worker import ROUNDS_LIMIT, Worker
 

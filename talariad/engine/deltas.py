@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from talariad.engine.messages import KVEntry, Telemetry
+from talariad.wire.messages import KVEntry, Telemetry
 
 Row = tuple[tuple[str, str], str, int]
 """One session as ((session_id, model), state, kv_len) (`InstanceCore.session_rows`)."""

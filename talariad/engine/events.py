@@ -1,9 +1,9 @@
-"""The instance core's results as the internal API's stream events (`engine.messages`)."""
+"""The instance core's results as the internal API's stream events (`wire.messages`)."""
 
 from __future__ import annotations
 
 from talariad.cold_sched import Prefill
-from talariad.engine.messages import DoneEvent, ErrorEvent, TokenEvent, Usage
+from talariad.wire.messages import DoneEvent, ErrorEvent, TokenEvent, Usage
 from talariad.instance import CallOutput, Done, Refusal, StepPlan
 
 

@@ -69,7 +69,7 @@ def build_app(gw: Gateway) -> FastAPI:
         req = messages.count_request(gw, body, await request.body())
         for inst in gw.cfg.instances:
             if req.model in inst.models and gw.ready(inst.name):
-                count = await gw.directory.count_tokens(inst.name, req)
+                count = await gw.directory.client.count_tokens(inst.name, req)
                 if isinstance(count, int):
                     return JSONBody({"input_tokens": count})
                 if isinstance(count, str):

@@ -19,7 +19,7 @@ from urllib.parse import quote
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic_core import to_json
 
-from talariad.engine.messages import (
+from talariad.wire.messages import (
     ChatMessage,
     DoneEvent,
     ErrorEvent,
@@ -186,7 +186,7 @@ class Call:
         }
 
     def events(self) -> AsyncIterator[StreamEvent]:
-        return self.gw.directory.generate(self.instance, self.req)
+        return self.gw.directory.client.generate(self.instance, self.req)
 
     def on_token(self, ev: TokenEvent) -> None:
         self.answer.append(ev.text)

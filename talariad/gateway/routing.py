@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from talariad.config import TalariaConfig
-from talariad.engine.messages import Telemetry
+from talariad.wire.messages import Telemetry
 from talariad.instance.telemetry import round_measurement
 from talariad.instance.telemetry import router_snapshot as snapshot
 from talariad.knobs import config_router_knobs as router_knobs

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import from_json
 
-from talariad.engine.messages import ChatMessage, ToolCall
+from talariad.wire.messages import ChatMessage, ToolCall
 
 
 class OpenBody(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from talariad.engine.messages import ChatMessage
+from talariad.wire.messages import ChatMessage
 from talariad.gateway.errors import APIError
 
 

@@ -27,7 +27,7 @@ from talariad.cold_sched.snapshot import (
     round_load_s,
     round_remaining_s,
 )
-from talariad.engine.messages import GenerateRequest, KVEntry, ModelLoad, RoundReport, Telemetry
+from talariad.wire.messages import GenerateRequest, KVEntry, ModelLoad, RoundReport, Telemetry
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath, SwitchRecord
 
 from .calls import InstanceCall, Refusal

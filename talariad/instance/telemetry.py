@@ -1,10 +1,10 @@
-"""The one mapping from an instance's telemetry (`engine.messages.Telemetry`, built only by
+"""The one mapping from an instance's telemetry (`wire.messages.Telemetry`, built only by
 `InstanceCore.telemetry`) to what the router reads: an `InstanceSnapshot` on the router's clock and
 `RoundMeasurement`s for its profile EWMA. The daemon's gateway and the simulator both use it."""
 
 from __future__ import annotations
 
-from talariad.engine.messages import RoundReport, Telemetry
+from talariad.wire.messages import RoundReport, Telemetry
 from talariad.router import (
     InstanceSnapshot,
     ModelResidency,

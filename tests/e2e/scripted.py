@@ -22,6 +22,7 @@ from talariad.engine.executors.sim import SimExecutor
 from talariad.engine.worker import Worker
 from talariad.gateway.app import Gateway, build_app
 from talariad.gateway.instances import InstanceDirectory
+from talariad.wire.client import InstanceClient
 from talariad.gateway.routing import RouterShell
 from talariad.instance import CallOutput
 from talariad.knobs import model_profile
@@ -43,9 +44,11 @@ class ScriptedExecutor(SimExecutor):
         )
 
 
-class LocalDirectory(InstanceDirectory):
+class LocalClient(InstanceClient):
+    """The instance client over in-process workers."""
+
     def __init__(self, workers: dict[str, Worker]):
-        super().__init__(lambda: {n: f"local://{n}" for n in workers}, 0.05)
+        super().__init__(lambda: {n: f"local://{n}" for n in workers})
         self.workers = workers
 
     async def generate(self, instance, req):
@@ -57,6 +60,13 @@ class LocalDirectory(InstanceDirectory):
             return self.workers[instance].count_tokens(req)
         except ValueError as err:
             return str(err)
+
+
+class LocalDirectory(InstanceDirectory):
+    def __init__(self, workers: dict[str, Worker]):
+        super().__init__(lambda: {n: f"local://{n}" for n in workers}, 0.05)
+        self.workers = workers
+        self.client = LocalClient(workers)
 
 
 def config(overrides: dict | None = None):

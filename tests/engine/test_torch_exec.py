@@ -15,7 +15,7 @@ from talariad.engine.api import build_app
 from talariad.engine.build import model_profile
 from talariad.engine.executors.torch_engine.hosted import model_seed
 from talariad.engine.executors.torch_engine.factory import build_torch_executor
-from talariad.engine.messages import ChatMessage, DoneEvent, GenerateRequest, TokenEvent
+from talariad.wire.messages import ChatMessage, DoneEvent, GenerateRequest, TokenEvent
 from talariad.engine.model import (
     ModelRunner,
     SamplingParams,

@@ -13,7 +13,7 @@ from talariad.config import ConfigError
 from talariad.engine.executors.sglang import checks
 from talariad.engine.executors.sglang.launcher import server_args, server_env
 from talariad.engine.executors.sglang.client import sampling_params
-from talariad.engine.messages import GenerateRequest
+from talariad.wire.messages import GenerateRequest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "etc" / "examples" / "h200x8.yaml"

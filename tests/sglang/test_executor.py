@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from talariad.engine.build import build_worker
-from talariad.engine.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
+from talariad.wire.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
 from tests.fakes.sglang_server import FakeGpu
 from tests.sglang.conftest import check_safe_sequence, read_log, sglang_config
 

@@ -14,7 +14,7 @@ import pathlib
 from talariad.cold_sched import Idle
 from talariad.config import load_config
 from talariad.engine.build import build_worker
-from talariad.engine.messages import GenerateRequest
+from talariad.wire.messages import GenerateRequest
 from talariad.instance import InstanceCall
 from talariad.replay.generate import fixed_replay
 from talariad.replay.trace import Trace

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from talariad.engine.messages import ErrorEvent, GenerateRequest
-from tests.e2e.scripted import LocalDirectory, local_gateway
+from talariad.wire.messages import ErrorEvent, GenerateRequest
+from tests.e2e.scripted import LocalClient, local_gateway
 
 
 def _wire(req: GenerateRequest) -> GenerateRequest:
@@ -18,7 +18,7 @@ def _wire(req: GenerateRequest) -> GenerateRequest:
 async def hop_client(monkeypatch):
     """An httpx client on the gateway; `.counted`: the instances asked to count tokens."""
     calls: list[str] = []
-    local_generate, local_count = LocalDirectory.generate, LocalDirectory.count_tokens
+    local_generate, local_count = LocalClient.generate, LocalClient.count_tokens
 
     async def generate(self, instance, req):
         try:
@@ -33,8 +33,8 @@ async def hop_client(monkeypatch):
         calls.append(instance)
         return await local_count(self, instance, _wire(req))
 
-    monkeypatch.setattr(LocalDirectory, "generate", generate)
-    monkeypatch.setattr(LocalDirectory, "count_tokens", count_tokens)
+    monkeypatch.setattr(LocalClient, "generate", generate)
+    monkeypatch.setattr(LocalClient, "count_tokens", count_tokens)
     async with local_gateway() as c:
         c.counted = calls
         yield c

@@ -13,9 +13,9 @@ import pytest
 
 from talariad import httpserver
 from talariad.config import load_config
-from talariad.engine import stream
+from talariad.wire import stream
 from talariad.engine.build import build_worker
-from talariad.engine.messages import (
+from talariad.wire.messages import (
     ChatMessage,
     DoneEvent,
     ErrorEvent,
@@ -283,15 +283,15 @@ async def test_the_directory_polls_an_instance_with_a_socket_on_its_call_stream(
         on_payload=lambda n, size: sizes.append(size),
     )
     try:
-        await _all(directory.streams, path, _req("c1"))
+        await _all(directory.client.streams, path, _req("c1"))
         await directory.poll_once()
         await directory.poll_once()  # the second carries changes since the first: none
         assert [t.sessions_base for t in seen] == [None, seen[0].sessions_epoch]
         assert len(seen[0].sessions) == 1 and seen[1].sessions == [] and sizes[1] < sizes[0]
         assert directory.snapshot(name) is seen[1] and missed == []
-        assert (await directory.rounds(name, 5))["instance"] == name
-        assert (await directory.memory(name))["instance"] == name
-        assert await directory.rounds(name, 10_000) is None  # past the internal API's bound
+        assert (await directory.client.rounds(name, 5))["instance"] == name
+        assert (await directory.client.memory(name))["instance"] == name
+        assert await directory.client.rounds(name, 10_000) is None  # past the internal API's bound
         sockets[name] = str(pathlib.Path(path).with_name("gone.sock"))
         await directory.poll_once()
         assert missed == [name] and len(seen) == 2

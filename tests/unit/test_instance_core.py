@@ -4,7 +4,7 @@ cancellation, and the executor contract's per-call outputs."""
 from __future__ import annotations
 
 from talariad.cold_sched import Idle, Prefill, SchedKnobs, Switch
-from talariad.engine.messages import GenerateRequest
+from talariad.wire.messages import GenerateRequest
 from talariad.instance import (
     CallOutput,
     InstanceCall,

@@ -128,7 +128,7 @@ def test_worker_rotation_unload_retires_the_active_model():
 
     from talariad.config import parse_config
     from talariad.engine.build import build_worker
-    from talariad.engine.messages import GenerateRequest
+    from talariad.wire.messages import GenerateRequest
 
     cfg = parse_config(
         {

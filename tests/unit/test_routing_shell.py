@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from talariad.config import load_config
-from talariad.engine.messages import ModelLoad, KVEntry, Telemetry
+from talariad.wire.messages import ModelLoad, KVEntry, Telemetry
 from talariad.gateway.routing import PrefixBranches, PrefixTracker, router_knobs, snapshot
 from talariad.router import ModelState
 from talariad.types import KVState
@@ -68,7 +68,7 @@ def test_router_knobs_follow_config_and_ablations():
 
 
 def test_round_measurements_in_telemetry_refine_the_router_profile_once():
-    from talariad.engine.messages import RoundReport
+    from talariad.wire.messages import RoundReport
     from talariad.gateway.routing import RouterShell
     from talariad.knobs import model_profile
 

@@ -7,7 +7,7 @@ import pathlib
 from talariad.config import load_config
 from talariad.engine.build import build_worker
 from talariad.engine.executors.sim import answer_length
-from talariad.engine.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
+from talariad.wire.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import httpx
 from talariad.config import load_config
 from talariad.engine.api import build_app
 from talariad.engine.build import build_worker, model_profile
-from talariad.engine.messages import ChatMessage, GenerateRequest
+from talariad.wire.messages import ChatMessage, GenerateRequest
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.routing import PrefixTracker, RouterShell, router_knobs
 from talariad.router.sessions import SessionTable
@@ -39,7 +39,7 @@ def _setup():
         on_telemetry=shell.observe,
         on_payload=lambda name, n: seen.append(n),
     )
-    directory.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(worker)))
+    directory.client.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(worker)))
     return cfg, inst, worker, shell, directory, seen
 
 
@@ -97,7 +97,7 @@ async def test_a_consumer_whose_view_is_not_the_latest_gets_the_whole_list():
         await _serve(worker, inst.models[0], range(20))
         await directory.poll_once()
         other = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=directory.client._transport.app)
+            transport=httpx.ASGITransport(app=directory.client.http._transport.app)
         )
         await other.get(
             "http://instance/internal/telemetry"
@@ -140,7 +140,7 @@ def test_session_bounds_come_from_the_config():
 
 def test_session_deltas_report_changes_and_removals_against_the_consumers_view():
     from talariad.engine.deltas import SessionDeltas
-    from talariad.engine.messages import KVEntry as Msg, Telemetry
+    from talariad.wire.messages import KVEntry as Msg, Telemetry
 
     def tel(*rows):
         return Telemetry(

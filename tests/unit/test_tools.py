@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from talariad.engine.executors.sim import render_request
-from talariad.engine.messages import ChatMessage, GenerateRequest, ToolCall
+from talariad.wire.messages import ChatMessage, GenerateRequest, ToolCall
 from talariad.engine.model.tokenizer import (
     FALLBACK_CHAT_TEMPLATE,
     TextTokenizer,

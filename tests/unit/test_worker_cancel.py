@@ -5,7 +5,7 @@ import pathlib
 
 from talariad.config import load_config
 from talariad.engine.build import build_worker
-from talariad.engine.messages import ChatMessage, GenerateRequest, TokenEvent
+from talariad.wire.messages import ChatMessage, GenerateRequest, TokenEvent
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from talariad.engine.executors.base import common_prefix
 import numpy as np
 
-from talariad.engine.messages import ChatMessage, GenerateRequest
+from talariad.wire.messages import ChatMessage, GenerateRequest
 from talariad.replay.dists import OUTPUT_TOKENS
 from talariad.instance import CallOutput, InstanceCall, KVUpdate, MemoryStats, StepPlan, StepResult
 from talariad.sim.model import SimModel

@@ -23,7 +23,7 @@ from talariad.engine.executors.base import common_prefix
 from talariad.engine.executors.torch_engine import HostedModel, KVBook, TokenContext, TextStream
 from talariad.engine.executors.torch_engine.calls import CallState
 from talariad.engine.executors.torch_engine.report import memory_report, memory_stats, record_dict
-from talariad.engine.messages import GenerateRequest
+from talariad.wire.messages import GenerateRequest
 from talariad.instance import CallOutput, InstanceCall, KVUpdate, MemoryStats, StepPlan, StepResult
 from talariad.engine.model import DecodeSeq, ModelRunner, PrefillSeq, SamplingParams
 from talariad.engine.model.sampling import make_generator, sample

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field
 
-from talariad.engine.messages import DoneEvent, ErrorEvent, StreamEvent, ToolCall
+from talariad.wire.messages import DoneEvent, ErrorEvent, StreamEvent, ToolCall
 from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer, sse
 from talariad.gateway.errors import APIError
 from talariad.gateway.schemas import ChatTool, Message, SamplingBody, body_field

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from talariad.engine.messages import (
+from talariad.wire.messages import (
     ChatMessage,
     DoneEvent,
     GenerateRequest,

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from talariad.engine.messages import ChatMessage, DoneEvent, ErrorEvent, StreamEvent, ToolCall
+from talariad.wire.messages import ChatMessage, DoneEvent, ErrorEvent, StreamEvent, ToolCall
 from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer
 from talariad.gateway.errors import APIError
 from talariad.gateway.schemas import body_field, parse_arguments

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from talariad.engine.messages import GenerateRequest
+from talariad.wire.messages import GenerateRequest
 
 
 class SGLangError(RuntimeError):

@@ -27,7 +27,7 @@ from talariad.engine.executors.sglang.swap import (
     SwapSequence,
     SwapViolation,
 )
-from talariad.engine.messages import GenerateRequest
+from talariad.wire.messages import GenerateRequest
 from talariad.engine.model.tokenizer import TextTokenizer
 from talariad.instance import CallOutput, InstanceCall, KVUpdate, MemoryStats, StepPlan, StepResult
 from talariad.types import KVState, SwitchPath

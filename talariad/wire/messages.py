@@ -47,7 +47,7 @@ class ChatMessage(BaseModel):
 
 
 class Query(BaseModel):
-    """A report the gateway asks an instance for on its call stream (`engine/stream.py`), answered
+    """A report the gateway asks an instance for on its call stream (`wire/stream.py`), answered
     with one JSON frame: what the internal API's `GET /internal/<query>` answers with these
     parameters (`since`, `limit`: its query parameters; None: not given)."""
 

@@ -13,7 +13,7 @@ uvicorn, FastAPI) cost more than a millisecond of CPU per call in Python; this c
 that (bench/front_bench.py). Both ends are one `asyncio.Protocol` (`FrameConnection`) rather than
 streams: frames are cut out of each read as it arrives, so a call's token and done frames, which
 usually come in one read, cost one wake-up. The frames are JSON written by pydantic's serializer,
-so the event schema stays the one in `engine/messages.py`.
+so the event schema stays the one in `wire/messages.py`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Annotated
 from pydantic import Field, TypeAdapter, ValidationError
 from pydantic_core import to_json
 
-from talariad.engine.messages import ErrorEvent, GenerateRequest, Query, StreamEvent, TokenEvent
+from talariad.wire.messages import ErrorEvent, GenerateRequest, Query, StreamEvent, TokenEvent
 
 log = logging.getLogger("talariad.stream")
 
