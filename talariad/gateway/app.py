@@ -121,6 +121,13 @@ def _call_id() -> str:
     return os.urandom(12).hex()
 
 
+def _sampling(body, field: str, model_default: float | None) -> float:
+    """The client's value; when it sent none, the model's configured default, else the API's."""
+    if model_default is None or field in body.model_fields_set:
+        return getattr(body, field)
+    return model_default
+
+
 def _estimate_tokens(chars: int) -> int:
     return chars // 4 + 1
 
@@ -211,8 +218,8 @@ class _Call:
             tools=self.tools,
             max_tokens=max_tokens,
             clamp_max_tokens=clamp,
-            temperature=body.temperature,
-            top_p=body.top_p,
+            temperature=_sampling(body, "temperature", spec.temperature),
+            top_p=_sampling(body, "top_p", spec.top_p),
             seed=body.seed,
             stop=body.stop_list(),
             ignore_eos=body_field(body, "ignore_eos", False),
