@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import torch
@@ -113,7 +114,7 @@ def build_torch_executor(
     device = instance_device(inst)
     models = load_models(cfg, inst, device, config_dir, dtype)
     substrate = build_substrate(cfg, inst, device, models)
-    return TorchExecutor(
+    executor = TorchExecutor(
         substrate,
         models,
         page_size=PAGE_SIZE,
@@ -122,3 +123,15 @@ def build_torch_executor(
         pinned=inst.pool == "hot",
         threads=inst.torch_threads,
     )
+    trim_heap()
+    return executor
+
+
+def trim_heap() -> None:
+    """Hand the heap pages freed while loading back to the OS. glibc keeps them otherwise: the
+    float32 copies a GGUF is dequantized through stayed resident for a bfloat16 SmolLM2
+    (742 MiB against 520 MiB after the trim)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim this way
+        pass
