@@ -33,6 +33,14 @@ except importlib.metadata.PackageNotFoundError:
 DEFAULT = yaml.safe_load((ROOT / "etc" / "talaria.yaml").read_text())
 SMOL = next(m for m in DEFAULT["models"] if m["name"] == "smol-chat")
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +97,11 @@ def test_the_served_prompt_is_the_files_own_template_rendered(daemon):
     )
     answer = chat(daemon, messages, "real-3", max_tokens=1)
     assert answer["usage"]["prompt_tokens"] == len(tok.encode(own))
+    # tools reach the prompt (SmolLM2's own template would drop them without a word)
+    with_tools = chat(daemon, messages, "real-3b", max_tokens=1, tools=[WEATHER])
+    tools = tok.render_chat(messages, tools=[WEATHER])
+    assert "get_weather" in tools
+    assert with_tools["usage"]["prompt_tokens"] == len(tok.encode(tools))
 
 
 def test_turn_two_reuses_turn_ones_prefix(daemon):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from talariad.engine.executors.torch_engine.hosted import load_hosted
 from talariad.engine.model import ModelRunner, SamplingParams, tiny_config
@@ -148,9 +149,34 @@ def test_a_config_model_gets_its_path_dtype_and_template(tmp_path):
     assert hosted["a"].dtype == torch.bfloat16 and hosted["b"].dtype == torch.float32
     assert hosted["a"].tokenizer.render_chat([{"role": "user", "content": "hi"}]) == "hi"
     assert hosted["b"].tokenizer.chat_template == FALLBACK_CHAT_TEMPLATE
+    tiny = load_hosted("t", path=None, profile="tiny", seed=1, device="cpu", chat_template="T")
+    assert tiny.tokenizer.chat_template == "T"
+    assert (
+        load_hosted("u", path=None, profile="tiny", seed=1, device="cpu").tokenizer.chat_template
+        != "T"
+    )
     models[0]["chat_template"] = "gone.jinja"
     models[1]["path"] = "gone.gguf"
     with pytest.raises(ConfigError) as err:
         parse_config(data, "t", tmp_path)
     assert "models[0].chat_template: 'gone.jinja' is neither" in str(err.value.lines)
     assert "models[1].path: 'gone.gguf': no such GGUF file" in str(err.value.lines)
+
+
+def test_check_config_names_what_a_gguf_model_cannot_serve(tmp_path):
+    from typer.testing import CliRunner
+
+    from talariad.cli import app
+
+    tiny_llama_gguf(tmp_path / "g.gguf", CONFIG, **{"general.architecture": "gemma"})
+    cfg = {
+        "models": [{"name": "g", "path": "g.gguf"}],
+        "instances": [{"name": "h", "pool": "hot", "executor": "torch", "models": ["g"]}],
+    }
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(cfg))
+    result = CliRunner().invoke(app, ["check-config", str(tmp_path / "t.yaml")])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        f"talariad: {tmp_path / 't.yaml'}: models[0].path: g.gguf: architecture 'gemma' is not "
+        "supported (supported: llama, qwen2)"
+    ]

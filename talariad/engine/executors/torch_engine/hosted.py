@@ -110,4 +110,7 @@ def load_hosted(
         )
     config = ARCHITECTURES[arch]()
     params = random_weights(config, model_seed(name, seed), "cpu", dtype)
-    return HostedModel(name, config, tiny_tokenizer(config.vocab_size), params, dtype)
+    tok = tiny_tokenizer(config.vocab_size)  # shared: a model's own template gets its own wrapper
+    if chat_template is not None:
+        tok = TextTokenizer(tok.tokenizer, chat_template, tok.special)
+    return HostedModel(name, config, tok, params, dtype)
