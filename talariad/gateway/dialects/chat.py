@@ -12,7 +12,7 @@ from pydantic import Field
 from talariad.wire.messages import DoneEvent, ErrorEvent, StreamEvent, ToolCall
 from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer, sse
 from talariad.gateway.errors import APIError
-from talariad.gateway.schemas import ChatTool, Message, SamplingBody, body_field
+from talariad.gateway.schemas import ChatTool, Message, SamplingBody, body_field, sent
 from talariad.gateway.session import SESSION_FIELDS
 from talariad.tools import arguments_json, function_tool
 
@@ -45,8 +45,8 @@ def openai_spec(body: SamplingBody, messages, prompt: str | None = None, tools=(
         prompt=prompt,
         tools=list(tools),
         max_tokens=body.limit(0) or None,
-        temperature=body.temperature,
-        top_p=body.top_p,
+        temperature=sent(body, "temperature"),
+        top_p=sent(body, "top_p"),
         seed=body.seed,
         stop=body.stop_list(),
         ignore_eos=body_field(body, "ignore_eos", False),

@@ -27,7 +27,7 @@ from talariad.gateway import limits
 from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer, canonical
 from talariad.gateway.call import make_call_id
 from talariad.gateway.errors import anthropic_error_body as error_body
-from talariad.gateway.schemas import OpenBody, body_field
+from talariad.gateway.schemas import OpenBody, body_field, sent
 from talariad.gateway.session import SESSION_FIELDS
 from talariad.tools import arguments_json, function_tool
 
@@ -292,8 +292,8 @@ def spec(body: MessagesRequest) -> CallSpec:
         messages=body.chat(),
         tools=body.tool_defs(),
         max_tokens=body.max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
+        temperature=sent(body, "temperature"),
+        top_p=sent(body, "top_p"),
         seed=body.seed,
         stop=body.stop_list(),
         ignore_eos=body_field(body, "ignore_eos", False),

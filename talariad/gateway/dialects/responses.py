@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from talariad.wire.messages import ChatMessage, DoneEvent, ErrorEvent, StreamEvent, ToolCall
 from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer
 from talariad.gateway.errors import APIError
-from talariad.gateway.schemas import body_field, parse_arguments
+from talariad.gateway.schemas import body_field, sent, parse_arguments
 from talariad.gateway.store import ResponseStore
 from talariad.gateway.session import SESSION_FIELDS
 from talariad.tools import arguments_json, function_tool
@@ -366,8 +366,8 @@ def spec(body: ResponsesRequest, stored: ResponseStore) -> tuple[CallSpec, Turn]
         messages=messages,
         tools=tools.defs,
         max_tokens=body.limit(0) or None,
-        temperature=body.temperature,
-        top_p=body.top_p,
+        temperature=sent(body, "temperature"),
+        top_p=sent(body, "top_p"),
         seed=body.seed,
         ignore_eos=body_field(body, "ignore_eos", False),
         stream=body.stream,

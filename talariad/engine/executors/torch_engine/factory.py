@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import torch
@@ -9,9 +10,11 @@ import torch
 from talariad.config import InstanceConfig, TalariaConfig
 from talariad.engine.executors.torch_engine.hosted import HostedModel, load_hosted
 from talariad.engine.executors.torch_exec import TorchExecutor
+from talariad.engine.model.tokenizer import FALLBACK_CHAT_TEMPLATE
 from talariad.memory import Substrate, SubstrateConfig
 from talariad.memory.layout import align_up
 from talariad.memory.torch_device import TorchDevice
+from talariad.modelfiles import CHATML_TOOLS, resolve_model_path
 
 PAGE_SIZE = 16
 MIB = 1 << 20
@@ -39,14 +42,30 @@ def load_models(
     config_dir: Path | None,
     dtype: torch.dtype | None = None,
 ) -> dict[str, HostedModel]:
+    """`dtype` overrides every model's own `dtype`."""
     out = {}
     for name in inst.models:
         spec = cfg.model(name)
-        path = None if spec.path is None else (config_dir or Path.cwd()) / spec.path
+        path = None if spec.path is None else resolve_model_path(spec.path, config_dir)
         out[name] = load_hosted(
-            name, path=path, profile=spec.profile, seed=spec.seed, device=device, dtype=dtype
+            name,
+            path=path,
+            profile=spec.profile,
+            seed=spec.seed,
+            device=device,
+            dtype=dtype or (spec.dtype and getattr(torch, spec.dtype)),
+            chat_template=chat_template_text(spec.chat_template, config_dir),
         )
     return out
+
+
+def chat_template_text(template: str | None, config_dir: Path | None) -> str | None:
+    """A model's `chat_template` setting as template text (None: the model's own)."""
+    if template is None:
+        return None
+    if template == CHATML_TOOLS:
+        return FALLBACK_CHAT_TEMPLATE
+    return ((config_dir or Path.cwd()) / template).read_text()
 
 
 def substrate_config(
@@ -95,7 +114,7 @@ def build_torch_executor(
     device = instance_device(inst)
     models = load_models(cfg, inst, device, config_dir, dtype)
     substrate = build_substrate(cfg, inst, device, models)
-    return TorchExecutor(
+    executor = TorchExecutor(
         substrate,
         models,
         page_size=PAGE_SIZE,
@@ -104,3 +123,15 @@ def build_torch_executor(
         pinned=inst.pool == "hot",
         threads=inst.torch_threads,
     )
+    trim_heap()
+    return executor
+
+
+def trim_heap() -> None:
+    """Hand the heap pages freed while loading back to the OS. glibc keeps them otherwise: the
+    float32 copies a GGUF is dequantized through stayed resident for a bfloat16 SmolLM2
+    (742 MiB against 520 MiB after the trim)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim this way
+        pass

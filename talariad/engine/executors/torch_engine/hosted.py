@@ -19,9 +19,11 @@ from talariad.engine.model import (
     random_weights,
     tiny_config,
 )
+from talariad.engine.model.gguf_model import load_gguf
 from talariad.engine.model.loader import default_dtype
 from talariad.engine.model.tokenizer import FALLBACK_CHAT_TEMPLATE, build_tiny_tokenizer
 from talariad.memory import KVLayout
+from talariad.modelfiles import is_gguf
 
 ARCHITECTURES: dict[str, Callable[[], ArchConfig]] = {
     "tiny": tiny_config,  # 2 layers, hidden 64, GQA 4:2, vocab 320: the CPU default
@@ -87,11 +89,18 @@ def load_hosted(
     seed: int | None,
     device: str,
     dtype: torch.dtype | None = None,
+    chat_template: str | None = None,
 ) -> HostedModel:
-    """Load `path` (an HF-format directory) or build `profile`'s architecture with seeded weights."""
+    """Load `path` (an HF-format directory or a .gguf file) or build `profile`'s architecture with
+    seeded weights. `chat_template` (its text) replaces the model's own."""
     dtype = dtype or default_dtype(device)
     if path is not None:
-        ckpt = load_checkpoint(path, "cpu", dtype)
+        if is_gguf(path):
+            ckpt = load_gguf(path, dtype)
+        else:
+            ckpt = load_checkpoint(path, "cpu", dtype)
+        if chat_template is not None:
+            ckpt.tokenizer.chat_template = chat_template
         return HostedModel(name, ckpt.config, ckpt.tokenizer, ckpt.params, dtype)
     arch = profile or "tiny"
     if arch not in ARCHITECTURES:
@@ -101,4 +110,7 @@ def load_hosted(
         )
     config = ARCHITECTURES[arch]()
     params = random_weights(config, model_seed(name, seed), "cpu", dtype)
-    return HostedModel(name, config, tiny_tokenizer(config.vocab_size), params, dtype)
+    tok = tiny_tokenizer(config.vocab_size)  # shared: a model's own template gets its own wrapper
+    if chat_template is not None:
+        tok = TextTokenizer(tok.tokenizer, chat_template, tok.special)
+    return HostedModel(name, config, tok, params, dtype)
