@@ -32,7 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from talaria_ctl.client import AdminClient, as_dict  # noqa: E402
+from talariad.admin.client import AdminClient, as_dict  # noqa: E402
 
 MiB = 1 << 20
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from talaria_ctl.client import (
+from talariad.admin.client import (
     CANDIDATE_COLUMNS,
     AdminClient,
     Refused,

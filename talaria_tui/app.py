@@ -26,7 +26,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Static, TabbedContent, TabPane
 
-from talaria_ctl.client import (
+from talariad.admin.client import (
     CANDIDATE_COLUMNS,
     AdminClient,
     Refused,

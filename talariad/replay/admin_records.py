@@ -43,7 +43,7 @@ class HBMSampler:
         self._thread.join(5)
 
     def _run(self) -> None:
-        from talaria_ctl.client import Refused, Unreachable
+        from talariad.admin.client import Refused, Unreachable
 
         while not self._stop.is_set():
             try:
@@ -76,7 +76,7 @@ def settled_rounds(client, wait_s: float = 5.0):
 def fill(run: RunResult, client, hbm: HBMSampler | None = None) -> None:
     """Add the records of closed rounds and of switches that started within the run (by age);
     call it right after the run."""
-    from talaria_ctl.client import Refused, Unreachable
+    from talariad.admin.client import Refused, Unreachable
 
     ended = time.monotonic()
     try:
@@ -116,7 +116,7 @@ def fill(run: RunResult, client, hbm: HBMSampler | None = None) -> None:
 def _avoidable_opens(run: RunResult, client) -> bool:
     """Mark the opening calls whose decision shows another candidate with the model resident;
     False when some opening call's decision is no longer there to read."""
-    from talaria_ctl.client import Refused, Unreachable
+    from talariad.admin.client import Refused, Unreachable
 
     for i, call in enumerate(run.calls):
         if not call.opened_model:

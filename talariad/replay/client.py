@@ -444,7 +444,7 @@ def replay_measured(
     sessions: list[ScaledSession], opts: ReplayOptions, admin_socket: str | None
 ) -> ReplayResult:
     """Replay, then add what the daemon measured (rounds, switches, HBM peak) from its admin API."""
-    from talaria_ctl.client import AdminClient, default_socket
+    from talariad.admin.client import AdminClient, default_socket
     from talariad.replay.admin_records import REPLAY_UNMEASURED, HBMSampler, fill
 
     client = AdminClient(admin_socket or default_socket())

@@ -273,7 +273,7 @@ def test_ctl_unreachable_socket_is_one_line_exit_1(tmp_path):
 
 
 async def test_tui_shows_instances(daemon):
-    from talaria_ctl.client import AdminClient
+    from talariad.admin.client import AdminClient
     from talaria_tui.app import Dashboard
     from textual.widgets import DataTable
 

@@ -8,7 +8,7 @@ import datetime
 import pytest
 from textual.widgets import DataTable, Static, TabbedContent
 
-from talaria_ctl.client import AdminClient
+from talariad.admin.client import AdminClient
 from talaria_tui.app import Dashboard
 from tests.tui.fake_admin import serve
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from talaria_ctl.client import as_dict
+from talariad.admin.client import as_dict
 from talariad.admin import admin_pb2 as pb
 from talariad.admin.sockets import client_socket, daemon_socket
 from talariad.replay.admin_records import ADMIN_METRICS, REPLAY_UNMEASURED, fill
