@@ -174,7 +174,7 @@ def test_worker_rotation_unload_retires_the_active_model():
 
 
 def test_ctl_status_shows_the_models_the_router_retired_beside_the_rotation():
-    from talaria_ctl.main import _rotation
+    from talaria_ctl.instances import _rotation
 
     assert _rotation({"rotation": ["a", "b"], "retired": ["b"]}) == "a, b (retired: b)"
     assert _rotation({"rotation": ["a"], "retired": []}) == "a"
