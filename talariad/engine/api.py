@@ -48,7 +48,12 @@ def build_app(worker: Worker, token: str | None = None) -> FastAPI:
     app = fastapi_app(title=f"talaria instance {worker.inst.name}", docs_url=None, redoc_url=None)
     if token is not None:
         app.add_middleware(TokenCheck, token=token)
+    _report_routes(app, worker)
+    _action_routes(app, worker)
+    return app
 
+
+def _report_routes(app: FastAPI, worker: Worker) -> None:
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "instance": worker.inst.name}
@@ -76,6 +81,8 @@ def build_app(worker: Worker, token: str | None = None) -> FastAPI:
         """The latest round records (with per-slot phases) and switch records."""
         return worker.rounds(limit)
 
+
+def _action_routes(app: FastAPI, worker: Worker) -> None:
     @app.post("/internal/rotation")
     async def rotation(change: RotationChange) -> JSONResponse:
         """Load or unload a configured model at run time; 409 with the reason when it cannot."""
@@ -105,5 +112,3 @@ def build_app(worker: Worker, token: str | None = None) -> FastAPI:
                 "within supervisor.shutdown_grace_s"
             )
         }
-
-    return app

@@ -45,7 +45,12 @@ def build_app(gw: Gateway) -> FastAPI:
     app.add_middleware(limits.BodyLimit, max_bytes=lambda: gw.cfg.limits.max_body_bytes)
     app.add_middleware(APIKeys, keys=lambda: gw.api_keys)
     # routes match in the order they are added: the calls first, the probes after
+    _call_routes(app, gw)
+    _probe_routes(app, gw)
+    return app
 
+
+def _call_routes(app: FastAPI, gw: Gateway) -> None:
     @post_json(app, "/v1/chat/completions")
     async def chat_completions(body: chat.ChatCompletionRequest, request: Request) -> Response:
         call = Call(gw, chat.spec(body), body, request.headers, await request.body())
@@ -90,6 +95,8 @@ def build_app(gw: Gateway) -> FastAPI:
         gw.log_dropped(call.session, turn.dropped)
         return await respond(call, partial(responses.stream, turn), partial(responses.body, turn))
 
+
+def _probe_routes(app: FastAPI, gw: Gateway) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
         """Liveness: answered while the daemon's loop runs (readiness is /ready)."""
@@ -143,5 +150,3 @@ def build_app(gw: Gateway) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app

@@ -63,16 +63,7 @@ class GatewayMetrics:
             registry=r,
         )
         self._models: dict[str, ModelSeries] = {}
-        # the daemon's own process: flat over weeks in a daemon that ages well
-        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ...
-        Gauge(
-            "talaria_process_asyncio_tasks", "Asyncio tasks of the daemon", registry=r
-        ).set_function(_asyncio_tasks)
-        Gauge(
-            "talaria_process_gc_objects",
-            "Objects the daemon's cyclic garbage collector tracks (counted at scrape)",
-            registry=r,
-        ).set_function(lambda: len(gc.get_objects()))
+        _process_series(r)
 
     def model(self, name: str) -> ModelSeries:
         """The model's series, looked up once (`labels()` costs a lock and a tuple per call)."""
@@ -80,6 +71,19 @@ class GatewayMetrics:
         if series is None:
             series = self._models[name] = ModelSeries(self, name)
         return series
+
+
+def _process_series(r: CollectorRegistry) -> None:
+    """The daemon's own process: flat over weeks in a daemon that ages well."""
+    ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ...
+    Gauge("talaria_process_asyncio_tasks", "Asyncio tasks of the daemon", registry=r).set_function(
+        _asyncio_tasks
+    )
+    Gauge(
+        "talaria_process_gc_objects",
+        "Objects the daemon's cyclic garbage collector tracks (counted at scrape)",
+        registry=r,
+    ).set_function(lambda: len(gc.get_objects()))
 
 
 def _asyncio_tasks() -> int:

@@ -426,38 +426,31 @@ async def stream(turn: Turn, call: Call, first: StreamEvent, rest: AsyncIterator
             yield ev("response.failed", {"response": failed})
             return
         else:
-            if text or not item.calls:
-                if not text:
-                    for event in _open_message(ev, call.id, msg_id):
-                        yield event
-                part = {"type": "output_text", "text": text, "annotations": []}
-                yield ev(
-                    "response.output_text.done",
-                    {"item_id": msg_id, "output_index": 0, "content_index": 0, "text": text},
-                )
-                yield ev(
-                    "response.content_part.done",
-                    {"item_id": msg_id, "output_index": 0, "content_index": 0, "part": part},
-                )
-                output.append(message_item(call.id, text))
-                yield ev("response.output_item.done", {"output_index": 0, "item": output[-1]})
-            for c in item.calls:
-                for line in _tool_item_events(ev, c, turn.custom, len(output)):
-                    yield line
-                output.append(tool_item(c, turn.custom))
-            _store(turn, call, text, item)
-            final = response_object(
-                call.id,
-                body,
-                status_of(item.done, item.calls),
-                output,
-                item.done,
-                call.talaria(item.done),
-            )
-            yield ev(
-                "response.completed" if final["status"] == "completed" else "response.incomplete",
-                {"response": final},
-            )
+            for line in _end_events(ev, turn, call, item, text):
+                yield line
+
+
+def _end_events(ev: EventWriter, turn: Turn, call: Call, end: Answer, text: str) -> list[str]:
+    """The events that close an answer: its message item (unless it is only tool calls), one
+    item per tool call, and the final response."""
+    msg_id, lines, output = f"msg_{call.id}", [], []
+    if text or not end.calls:
+        if not text:
+            lines += _open_message(ev, call.id, msg_id)
+        part = {"type": "output_text", "text": text, "annotations": []}
+        where = {"item_id": msg_id, "output_index": 0, "content_index": 0}
+        lines.append(ev("response.output_text.done", {**where, "text": text}))
+        lines.append(ev("response.content_part.done", {**where, "part": part}))
+        output.append(message_item(call.id, text))
+        lines.append(ev("response.output_item.done", {"output_index": 0, "item": output[-1]}))
+    for c in end.calls:
+        lines += _tool_item_events(ev, c, turn.custom, len(output))
+        output.append(tool_item(c, turn.custom))
+    _store(turn, call, text, end)
+    status = status_of(end.done, end.calls)
+    final = response_object(call.id, turn.body, status, output, end.done, call.talaria(end.done))
+    done = "response.completed" if final["status"] == "completed" else "response.incomplete"
+    return lines + [ev(done, {"response": final})]
 
 
 def _tool_item_events(ev: EventWriter, c: ToolCall, custom: set[str], index: int) -> list[str]:

@@ -26,22 +26,9 @@ def _consecutive(devices: list) -> bool:
     )
 
 
-def config_problems(data: dict, i: int) -> list[tuple[str, str]]:
-    """(field path, what is missing) for instance `i` of the config `data`, an sglang instance."""
-    inst, where = data["instances"][i], f"instances[{i}]"
-    sg = inst.get("sglang") if isinstance(inst.get("sglang"), dict) else {}
-    url, pool, devices = sg.get("url"), inst.get("pool"), inst.get("devices", "cpu")
+def _server_lines(where: str, url, pool, devices) -> list[tuple[str, str]]:
+    """A server the operator runs (`sglang.url`), or the GPU group one is launched on."""
     out = []
-    if url is None and sg.get("launch_command") is None and not sglang_importable():
-        out.append(
-            (
-                f"{where}.executor",
-                f"executor 'sglang' needs the Python package 'sglang', which is not "
-                f"installed: install the gpu extra (pip install 'talaria[gpu]', which "
-                f"pins sglang=={SGLANG_VERSION}), or set sglang.launch_command or "
-                f"sglang.url",
-            )
-        )
     if url is not None:
         if pool != "hot":
             out.append(
@@ -69,6 +56,26 @@ def config_problems(data: dict, i: int) -> list[tuple[str, str]]:
                 f"be consecutive, got {devices}",
             )
         )
+    return out
+
+
+def config_problems(data: dict, i: int) -> list[tuple[str, str]]:
+    """(field path, what is missing) for instance `i` of the config `data`, an sglang instance."""
+    inst, where = data["instances"][i], f"instances[{i}]"
+    sg = inst.get("sglang") if isinstance(inst.get("sglang"), dict) else {}
+    url, pool, devices = sg.get("url"), inst.get("pool"), inst.get("devices", "cpu")
+    out = []
+    if url is None and sg.get("launch_command") is None and not sglang_importable():
+        out.append(
+            (
+                f"{where}.executor",
+                f"executor 'sglang' needs the Python package 'sglang', which is not "
+                f"installed: install the gpu extra (pip install 'talaria[gpu]', which "
+                f"pins sglang=={SGLANG_VERSION}), or set sglang.launch_command or "
+                f"sglang.url",
+            )
+        )
+    out += _server_lines(where, url, pool, devices)
     if sg.get("kv_host") == "storage" and pool != "cold":
         out.append(
             (
