@@ -138,7 +138,7 @@ def run_config(name: str, ablations: dict, args) -> object:
     return result
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--sessions", type=int, default=9, help="first N model-sessions of the fixed replay"
@@ -169,6 +169,11 @@ def main() -> None:
         default=",".join(CONFIGS),
         help=f"comma-separated subset of {', '.join(CONFIGS)}",
     )
+    return p
+
+
+def main() -> None:
+    p = _parser()
     args = p.parse_args()
     unknown = sorted(set(args.configs.split(",")) - set(CONFIGS))
     if unknown:
@@ -195,6 +200,12 @@ def main() -> None:
     print_report(
         [r.run for r in results], Console(width=200), title="Real-mode replay (wall clock)"
     )
+    _print_rows(results)
+    print(f"bench wall clock {time.monotonic() - wall:.1f} s")
+
+
+def _print_rows(results) -> None:
+    """Each configuration's SCT and what the daemon measured; the Round-only / Talaria ratio."""
     rows = {r.run.config: row_metrics(r.run) for r in results}
     for name, row in rows.items():
         print(
@@ -223,7 +234,6 @@ def main() -> None:
             f"Round-only / Talaria SCT ratio: p50 {b.sct_p50_s / t.sct_p50_s:.2f}x, "
             f"p95 {b.sct_p95_s / t.sct_p95_s:.2f}x"
         )
-    print(f"bench wall clock {time.monotonic() - wall:.1f} s")
 
 
 def results_wall(results, name: str) -> float:

@@ -307,6 +307,28 @@ def _cpu_s(procs: list) -> list[float]:
     return out
 
 
+def _report(rows: dict, cpu: dict, ttfc: dict, stream_calls: int) -> None:
+    print(
+        f"{'conns':>5} {'server':<9} {'p50 ms':>8} {'p99 ms':>8} {'rps':>9}  "
+        "CPU ms per call (talariad: gateway + instance)"
+    )
+    for (name, c), r in rows.items():
+        per = " + ".join(f"{x * 1e3:.3f}" for x in cpu[(name, c)])
+        print(f"{c:>5} {name:<9} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['rps']:9.0f}  {per}")
+    for c in sorted({c for _, c in rows}):
+        d, t = rows[("direct", c)], rows[("talariad", c)]
+        print(
+            f"c={c}: talariad adds p50 {t['p50_ms'] - d['p50_ms']:.3f} ms, p99 {t['p99_ms'] - d['p99_ms']:.3f} ms; "
+            f"throughput {t['rps'] / d['rps']:.2f}x direct"
+        )
+    d50, t50 = _pct(ttfc["direct"], 0.5) * 1e3, _pct(ttfc["talariad"], 0.5) * 1e3
+    d99, t99 = _pct(ttfc["direct"], 0.99) * 1e3, _pct(ttfc["talariad"], 0.99) * 1e3
+    print(
+        f"streaming, time to first chunk over {stream_calls} calls: direct p50 {d50:.3f} ms p99 {d99:.3f} ms; "
+        f"talariad p50 {t50:.3f} ms p99 {t99:.3f} ms; added p50 {t50 - d50:.3f} ms"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0)
@@ -356,25 +378,7 @@ def main() -> None:
                 p.terminate()
             for p in procs:
                 p.wait(timeout=30)
-    print(
-        f"{'conns':>5} {'server':<9} {'p50 ms':>8} {'p99 ms':>8} {'rps':>9}  "
-        "CPU ms per call (talariad: gateway + instance)"
-    )
-    for (name, c), r in rows.items():
-        per = " + ".join(f"{x * 1e3:.3f}" for x in cpu[(name, c)])
-        print(f"{c:>5} {name:<9} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['rps']:9.0f}  {per}")
-    for c in sorted({c for _, c in rows}):
-        d, t = rows[("direct", c)], rows[("talariad", c)]
-        print(
-            f"c={c}: talariad adds p50 {t['p50_ms'] - d['p50_ms']:.3f} ms, p99 {t['p99_ms'] - d['p99_ms']:.3f} ms; "
-            f"throughput {t['rps'] / d['rps']:.2f}x direct"
-        )
-    d50, t50 = _pct(ttfc["direct"], 0.5) * 1e3, _pct(ttfc["talariad"], 0.5) * 1e3
-    d99, t99 = _pct(ttfc["direct"], 0.99) * 1e3, _pct(ttfc["talariad"], 0.99) * 1e3
-    print(
-        f"streaming, time to first chunk over {args.stream_calls} calls: direct p50 {d50:.3f} ms p99 {d99:.3f} ms; "
-        f"talariad p50 {t50:.3f} ms p99 {t99:.3f} ms; added p50 {t50 - d50:.3f} ms"
-    )
+    _report(rows, cpu, ttfc, args.stream_calls)
     print("goals: added p50 <= 0.5 ms at c=1; c=32 throughput >= 0.5x direct")
 
 

@@ -82,6 +82,32 @@ events = st.lists(
 )
 
 
+def _switch(servers: Servers, sg: SGLangModel, active: str | None, model: str, k: int, ok: bool):
+    """Run one switch to `model` through the swap machine; the model active after it."""
+    seq = SwapSequence(servers, active, model)
+    resumed = 0
+    while (cmd := seq.next_command()) is not None:
+        if cmd.step is Step.DRAIN:
+            # a stale or busy loads read shows k running: the machine must poll again
+            sg.s[cmd.model].running = k
+            seq.done(cmd, running=k)
+            k = 0  # the next read sees the drained server
+            continue
+        if cmd.step is Step.MEMORY:
+            seq.done(cmd, ok=ok, error="not enough free memory")
+            continue
+        sg.apply(cmd)
+        resumed += cmd.step is Step.RESUME
+        seq.done(cmd)
+    assert resumed <= 1, "a switch never resumes twice"
+    assert len(servers.resident()) <= 1
+    if seq.failed:
+        assert not servers[model].serving or sg.s[model].alive
+        return None if not servers[model].serving else model
+    assert servers[model].serving
+    return model
+
+
 @settings(max_examples=300, deadline=None)
 @given(events, st.sampled_from(MODELS))
 def test_random_orders_never_kill_a_server(evs, first):
@@ -117,29 +143,7 @@ def test_random_orders_never_kill_a_server(evs, first):
             if active == model:
                 active = None
         elif kind == "switch":
-            seq = SwapSequence(servers, active, model)
-            resumed = 0
-            while (cmd := seq.next_command()) is not None:
-                if cmd.step is Step.DRAIN:
-                    # a stale or busy loads read shows k running: the machine must poll again
-                    sg.s[cmd.model].running = k
-                    seq.done(cmd, running=k)
-                    k = 0  # the next read sees the drained server
-                    continue
-                if cmd.step is Step.MEMORY:
-                    seq.done(cmd, ok=ok, error="not enough free memory")
-                    continue
-                sg.apply(cmd)
-                resumed += cmd.step is Step.RESUME
-                seq.done(cmd)
-            assert resumed <= 1, "a switch never resumes twice"
-            if seq.failed:
-                active = None if not servers[model].serving else model
-                assert not servers[model].serving or sg.s[model].alive
-            else:
-                active = model
-                assert servers[model].serving
-            assert len(servers.resident()) <= 1
+            active = _switch(servers, sg, active, model, k, ok)
         # invariant after every event: no server is released and accepting calls
         for m in MODELS:
             st_ = servers[m]

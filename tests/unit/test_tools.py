@@ -230,58 +230,60 @@ def test_openai_chat_messages_with_tool_calls():
     assert body.model_copy(update={"tool_choice": "none"}).tool_defs() == []
 
 
-def test_responses_input_items_and_tools():
-    body = responses.ResponsesRequest.model_validate(
+CODEX_INPUT = {
+    "model": "m",
+    "instructions": "sys",
+    "input": [
         {
-            "model": "m",
-            "instructions": "sys",
-            "input": [
+            "type": "additional_tools",
+            "tools": [
                 {
-                    "type": "additional_tools",
+                    "type": "namespace",
+                    "name": "fs",
                     "tools": [
                         {
-                            "type": "namespace",
-                            "name": "fs",
-                            "tools": [
-                                {
-                                    "type": "function",
-                                    "name": "read",
-                                    "parameters": {"type": "object"},
-                                },
-                                {"type": "custom", "name": "patch", "description": "apply"},
-                            ],
+                            "type": "function",
+                            "name": "read",
+                            "parameters": {"type": "object"},
                         },
-                        {"type": "web_search"},
+                        {"type": "custom", "name": "patch", "description": "apply"},
                     ],
                 },
-                {
-                    "type": "message",
-                    "role": "developer",
-                    "content": [{"type": "input_text", "text": "rules"}],
-                },
-                {"role": "user", "content": "go"},
-                {"type": "reasoning", "summary": []},
-                {
-                    "type": "function_call",
-                    "call_id": "c1",
-                    "name": "fs.read",
-                    "arguments": '{"p": "a"}',
-                },
-                {"type": "function_call_output", "call_id": "c1", "output": "text"},
-                {
-                    "type": "custom_tool_call",
-                    "call_id": "c2",
-                    "name": "fs.patch",
-                    "input": "*** patch",
-                },
-                {
-                    "type": "custom_tool_call_output",
-                    "call_id": "c2",
-                    "output": [{"type": "input_text", "text": "ok"}],
-                },
+                {"type": "web_search"},
             ],
-        }
-    )
+        },
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "rules"}],
+        },
+        {"role": "user", "content": "go"},
+        {"type": "reasoning", "summary": []},
+        {
+            "type": "function_call",
+            "call_id": "c1",
+            "name": "fs.read",
+            "arguments": '{"p": "a"}',
+        },
+        {"type": "function_call_output", "call_id": "c1", "output": "text"},
+        {
+            "type": "custom_tool_call",
+            "call_id": "c2",
+            "name": "fs.patch",
+            "input": "*** patch",
+        },
+        {
+            "type": "custom_tool_call_output",
+            "call_id": "c2",
+            "output": [{"type": "input_text", "text": "ok"}],
+        },
+    ],
+}
+"""A Codex turn: namespaced and custom tools, a hosted tool, reasoning, calls and their outputs."""
+
+
+def test_responses_input_items_and_tools():
+    body = responses.ResponsesRequest.model_validate(CODEX_INPUT)
     msgs, tools = responses.convert(body)
     assert [m.role for m in msgs] == [
         "system",
