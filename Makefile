@@ -16,7 +16,7 @@ export TORCH_SPEC TORCH_INDEX
 # used, and pinned by hash. A pyproject extra cannot skip a requirement's dependencies.
 MODELS  := etc/models.txt
 
-.PHONY: run test proto bench clean install unit
+.PHONY: run test test-fast proto bench clean install unit
 
 $(STAMP): pyproject.toml $(MODELS) scripts/install-torch.sh
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +32,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q
+
+# The pure cores and the in-process shells: no daemon, no child process (a minute on an idle box).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not e2e and not proc"
 
 # Regenerate the admin API's Python modules after editing talariad/admin/admin.proto.
 proto: $(STAMP)

@@ -12,6 +12,8 @@ import pytest
 
 import talariad
 
+pytestmark = pytest.mark.proc
+
 PACKAGE = Path(talariad.__file__).parent
 PURE = {
     "__future__",

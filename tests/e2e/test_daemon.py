@@ -15,7 +15,7 @@ import openai
 import psutil
 import pytest
 
-from tests.e2e.conftest import stop_daemon
+from tests.support.daemon import stop_daemon
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.e2e.conftest import ROOT, start_daemon, stop_daemon
+from tests.support.daemon import ROOT, start_daemon, stop_daemon
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from talaria_ctl.main import app
 
-from tests.e2e.conftest import start_daemon, stop_daemon
+from tests.support.daemon import start_daemon, stop_daemon
 
 pytestmark = pytest.mark.e2e
 

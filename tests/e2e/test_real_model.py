@@ -17,7 +17,7 @@ import yaml
 from talariad.engine.model.gguf_model import open_gguf
 from talariad.engine.model.tokenizer import FALLBACK_CHAT_TEMPLATE
 from talariad.modelfiles import resolve_model_path
-from tests.e2e.conftest import ROOT, start_daemon, stop_daemon
+from tests.support.daemon import ROOT, start_daemon, stop_daemon
 
 pytestmark = pytest.mark.e2e
 

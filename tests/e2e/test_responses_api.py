@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.scripted import local_gateway
+from tests.support.scripted import local_gateway
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.e2e.conftest import start_daemon, stop_daemon
+from tests.support.daemon import start_daemon, stop_daemon
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ import openai
 import pytest
 import yaml
 
-from tests.e2e.conftest import ROOT, start_daemon, stop_daemon
+from tests.support.daemon import ROOT, start_daemon, stop_daemon
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,9 @@ from talariad.replay.client import ReplayOptions, replay, served_models
 from talariad.replay.report import print_report
 from talariad.replay.scale import Conversation, ScaledCall, count_tokens, map_models, scale_trace
 from talariad.replay.trace import Trace, TraceCall
-from tests.e2e.conftest import start_daemon, stop_daemon
+from tests.support.daemon import start_daemon, stop_daemon
+
+pytestmark = pytest.mark.e2e
 
 # Two sessions on two trace models; prompts of thousands of tokens, scaled down by 50.
 TRACE = Trace(

@@ -10,8 +10,8 @@ import pytest
 
 from talariad.replay.client import ReplayOptions, replay
 from talariad.replay.scale import load_trace, scale_trace
-from tests.e2e.conftest import start_daemon, stop_daemon
-from tests.sglang.conftest import check_safe_sequence, fake_command, read_log
+from tests.support.daemon import start_daemon, stop_daemon
+from tests.support.sglang import check_safe_sequence, fake_command, read_log
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,9 @@ import pytest
 from talariad.engine.build import build_worker
 from talariad.wire.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
 from tests.fakes.sglang_server import FakeGpu
-from tests.sglang.conftest import check_safe_sequence, read_log, sglang_config
+from tests.support.sglang import check_safe_sequence, read_log, sglang_config
+
+pytestmark = pytest.mark.proc
 
 
 @contextlib.asynccontextmanager
@@ -226,7 +228,7 @@ async def test_url_serves_through_an_operator_run_server_and_leaves_it_running(m
 
     from talariad.engine.executors.sglang.client import SGLangClient
     from talariad.engine.executors.sglang.launcher import free_port
-    from tests.sglang.conftest import fake_command
+    from tests.support.sglang import fake_command
 
     port, log = free_port(), tmp_path / "op.jsonl"
     proc = subprocess.Popen(fake_command(log, "--model-path", str(model_dir), "--port", str(port)))

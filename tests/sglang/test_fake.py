@@ -12,7 +12,9 @@ import httpx
 import pytest
 
 from talariad.engine.executors.sglang.launcher import free_port
-from tests.sglang.conftest import fake_command, read_log
+from tests.support.sglang import fake_command, read_log
+
+pytestmark = pytest.mark.proc
 
 
 class Fake:

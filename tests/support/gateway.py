@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from talariad.wire.messages import ErrorEvent, GenerateRequest
-from tests.e2e.scripted import LocalClient, local_gateway
+from tests.support.scripted import LocalClient, local_gateway
 
 
 def _wire(req: GenerateRequest) -> GenerateRequest:

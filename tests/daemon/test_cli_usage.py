@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.proc
+
 
 @pytest.mark.parametrize(
     "argv, words",

@@ -14,8 +14,8 @@ from talariad.engine.executors.sglang.executor import SGLangExecutor
 from talariad.engine.executors.sim import SimExecutor
 from talariad.instance.contract import Executor, ExecutorState
 from talariad.sim.model import SimModel
-from tests.e2e.scripted import ScriptedExecutor
-from tests.unit.test_instance_core import Recorder, Words
+from tests.support.scripted import ScriptedExecutor
+from tests.instance.test_instance_core import Recorder, Words
 
 
 def methods(protocol) -> dict[str, bool]:

@@ -191,6 +191,7 @@ def test_readiness_needs_n_consecutive_misses_and_one_success_to_return():
     assert not r.ready("a")
 
 
+@pytest.mark.proc
 def test_second_lock_holder_is_refused_with_the_first_pid(tmp_path):
     sock = str(tmp_path / "admin.sock")
     fd = lockfile.acquire(sock)

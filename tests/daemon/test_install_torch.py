@@ -9,6 +9,8 @@ import subprocess
 
 import pytest
 
+pytestmark = pytest.mark.proc
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "install-torch.sh"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"

@@ -12,10 +12,13 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("systemd-analyze") is None or shutil.which("make") is None,
-    reason="systemd-analyze (Debian package systemd) or make is not installed",
-)
+pytestmark = [
+    pytest.mark.proc,
+    pytest.mark.skipif(
+        shutil.which("systemd-analyze") is None or shutil.which("make") is None,
+        reason="systemd-analyze (Debian package systemd) or make is not installed",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
