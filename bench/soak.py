@@ -5,7 +5,8 @@ process holds (RSS, open files, asyncio tasks, tracked Python objects).
 Each round runs `--sessions` concurrent sessions of `--calls` calls (half `tiny-chat`, half
 `tiny-code`, a short tool gap, the prompt growing by the answer and a tool result per call), with
 new session ids each round unless `--reuse-ids`. The daemon is started from `--config` (default
-the embedded one) on a free port, or `--url`/`--admin-socket` name one already running.
+the embedded one, its hot torch instance pinning `--hot-model`, default `tiny-chat`, so both
+pools serve the load) on a free port, or `--url`/`--admin-socket` name one already running.
 
 Run: .venv/bin/python bench/soak.py [--rounds 12] [--sessions 200] [--calls 10] [--json]
 """
@@ -62,9 +63,12 @@ def slope(ys: list[float]) -> float:
 
 
 @contextmanager
-def daemon(config: Path):
+def daemon(config: Path, hot_model: str | None):
     """A daemon on a free port and a private admin socket; yields (url, admin socket, pid)."""
     cfg = yaml.safe_load(config.read_text())
+    for inst in cfg.get("instances", []) if hot_model else []:
+        if inst.get("pool") == "hot" and inst.get("executor") == "torch":
+            inst["models"] = [hot_model]
     tmp = Path(tempfile.mkdtemp(prefix="talaria-soak-"))
     port = free_port()
     cfg["listen"] = {"http": f"127.0.0.1:{port}", "admin_socket": str(tmp / "admin.sock")}
@@ -263,6 +267,11 @@ def main() -> int:
     p.add_argument("--gap-s", type=float, default=0.3, help="tool gap between a session's calls")
     p.add_argument("--reuse-ids", action="store_true", help="the same session ids every round")
     p.add_argument("--config", type=Path, default=ROOT / "etc" / "talaria.yaml")
+    p.add_argument(
+        "--hot-model",
+        default="tiny-chat",
+        help="the model the config's hot torch instance pins ('' keeps the config's)",
+    )
     p.add_argument("--url", help="a running daemon (needs --admin-socket and --pid)")
     p.add_argument("--admin-socket")
     p.add_argument("--pid", type=int, help="the running daemon's process id")
@@ -277,7 +286,7 @@ def main() -> int:
     else:
         if not args.config.is_file():
             p.error(f"--config {args.config}: no such file")
-        with daemon(args.config) as (base, admin_socket, pid):
+        with daemon(args.config, args.hot_model) as (base, admin_socket, pid):
             rows = asyncio.run(soak(args, base, admin_socket, pid))
     result = {"rounds": rows, "summary": summary(rows), "cpus": os.cpu_count()}
     if args.json:
