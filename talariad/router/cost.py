@@ -23,9 +23,9 @@ import math
 from collections import defaultdict
 from typing import NamedTuple
 
-from talariad.router.bounds import BoundIndex, BoundOrder
+from talariad.router.search.bounds import BoundIndex, BoundOrder
 from talariad.router.knobs import RouterKnobs
-from talariad.router.logged import LoggedDict
+from talariad.router.search.logged import LoggedDict
 from talariad.router.messages import CallRequest, CandidateCost, ModelResidency, ModelState
 from talariad.router.profiles import DemandTracker, ProfileBook, switch_estimate
 from talariad.router.sessions import KVRecord, LeaseBook, SessionTable

@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from talariad.router.bounds import BoundOrder
+from talariad.router.search.bounds import BoundOrder
 from talariad.router.cost import (
     CallPlan,
     CostModel,
@@ -39,7 +39,7 @@ from talariad.router.cost import (
     contenders_of,
     spare_of,
 )
-from talariad.router.logged import thaw
+from talariad.router.search.logged import thaw
 from talariad.router.messages import CandidateCost, ModelState
 from talariad.router.profiles import DemandTracker
 from talariad.types import KVState, Pool

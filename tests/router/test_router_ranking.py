@@ -91,7 +91,7 @@ other_ev = st.one_of(
     st.tuples(st.just("fail"), st.integers(0, 50)),
     st.tuples(st.just("expire")),
     st.tuples(st.just("remove"), st.sampled_from(NAMES)),
-    # the bound order is rebuilt after these (`bounds.BoundIndex`)
+    # the bound order is rebuilt after these (`search.bounds.BoundIndex`)
     st.tuples(st.just("close"), st.sampled_from(NAMES), st.booleans()),
     st.tuples(st.just("reopen"), st.sampled_from(NAMES)),
     st.tuples(
