@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, NamedTuple
 from talariad.router.knobs import RouterKnobs
 from talariad.router.messages import CallRequest, CandidateCost, ModelResidency, ModelState
 from talariad.router.profiles import switch_estimate
-from talariad.router.sessions import KVRecord
 from talariad.types import KVState, LatencyProfile, Pool
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the books and the search: what `rank_all` is handed, never imported
     from talariad.router.profiles import DemandTracker
     from talariad.router.search.costmodel import CostModel
+    from talariad.router.sessions import KVRecord
     from talariad.router.telemetry import InstanceBook, InstanceState
 
 GIB = float(1 << 30)
@@ -157,18 +157,19 @@ def score(plan: CallPlan, x: Inputs, k: RouterKnobs) -> CandidateCost:
         slot_wait = 0.0  # SP admits a continuation with reusable KV mid-slot (§3.4)
     if not k.residency_terms:
         recovery, activation, needs_replica = 0.0, 0.0, False
+    # ΔR_req: the queue ahead of the call (inflated by deadline risk), its prefill, its decode
     risk, prefill = row[RISK], plan.prefill_s
     queue = risk * (slot_wait + prof.prefill_s_per_token * queued + x.leased_s)
     decode = plan.decode_s + call.max_tokens * prof.decode_s_per_seq * (batch + 1)
     base = risk * (row[ROUND_LOAD] + x.ov_work_s + x.leased_all_s)
-    round_load = base + prefill + recovery + activation
+    round_load = base + prefill + recovery + activation  # R_i of Eq. (5) with the call
     if base > 0.0 and round_load > k.round_budget_s:
         reason = "round"
     elif row[HBM_FREE] is not None and hbm_need > row[HBM_FREE] - x.ov_hbm:
         reason = "hbm"
     else:
         reason = "ok"
-    total = queue + prefill + decode + recovery + activation
+    total = queue + prefill + decode + recovery + activation  # Eq. (1)
     # the others wait out its time on the instance, not its own wait for a slot
     contention = x.contenders * (total - queue) if k.residency_terms else 0.0
     replica = 0.0

@@ -158,13 +158,8 @@ class CostModel:
         kept = self._keep.get(key)
         if kept is None or kept[0] is not row or kept[1] is not prof or kept[2] is not self.knobs:
             facts = replica_facts(inst.snapshot)
-            kept = (
-                row,
-                prof,
-                self.knobs,
-                keep_cost_s(self.knobs, model, prof, facts, row[ACTIVATION]),
-            )
-            self._keep[key] = kept
+            keep = keep_cost_s(self.knobs, model, prof, facts, row[ACTIVATION])
+            kept = self._keep[key] = (row, prof, self.knobs, keep)
         return kept[3]
 
     def kv_on(self, inst: InstanceState, call: CallRequest) -> tuple[KVState, int]:
