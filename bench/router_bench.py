@@ -34,7 +34,8 @@ from talariad.router import (
 )
 from talariad.gc_tuning import settle_gc  # noqa: E402
 from talariad.router.policies.talaria import TalariaPolicy  # noqa: E402
-from talariad.router.ranking import rank, rank_all  # noqa: E402
+from talariad.router.cost import rank_all  # noqa: E402
+from talariad.router.search.ranking import rank  # noqa: E402
 from talariad.types import KVState, LatencyProfile, Pool  # noqa: E402
 
 MODELS = ["qwen3-235b", "glm5", "qwen3.5-122b", "llama-70b"]

@@ -67,7 +67,9 @@ class Daemon:
         self.admin_socket = daemon_socket(cfg.listen.admin_socket)
         self.started = time.monotonic()
         self.supervisor = Supervisor(cfg, config_path)
-        self.routing = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
+        self.routing = RouterShell.from_config(
+            cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models}
+        )
         self.readiness = Readiness(cfg.policy.unready_after_polls)
         self.directory = InstanceDirectory(
             self._urls,

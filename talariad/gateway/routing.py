@@ -167,16 +167,25 @@ class PrefixBranches:
 
 
 class RouterShell:
-    def __init__(self, cfg: TalariaConfig, profiles: dict[str, LatencyProfile]):
-        self.router = Router(router_knobs(cfg), profiles, policy=cfg.policy.router)
-        self.prefixes = PrefixTracker(cfg.policy.max_sessions)
-        self.branches = PrefixBranches(
-            self.prefixes, cfg.sessions.max_branches, cfg.policy.max_sessions
-        )
+    """The router in real time: `router` places, `branches` (and its `prefixes`) name the
+    session branch of a call and how much of its prompt the branch's previous call covered."""
+
+    def __init__(self, router: Router, branches: PrefixBranches | None = None) -> None:
+        if branches is None:  # the config's defaults
+            branches = PrefixBranches(PrefixTracker(), max_branches=4)
+        self.router, self.branches, self.prefixes = router, branches, branches.tracker
         self._changed = asyncio.Event()
         self._expired_at = float("-inf")
         self._sessions: dict[str, dict[tuple[str, str], SessionKV]] = {}  # per instance, merged
         self._fed: dict[str, int] = {}
+
+    @classmethod
+    def from_config(cls, cfg: TalariaConfig, profiles: dict[str, LatencyProfile]) -> RouterShell:
+        """The shell an operator's config describes (`profiles`: per model, from the config)."""
+        router = Router(router_knobs(cfg), profiles, policy=cfg.policy.router)
+        prefixes = PrefixTracker(cfg.policy.max_sessions)
+        max_sessions = cfg.policy.max_sessions
+        return cls(router, PrefixBranches(prefixes, cfg.sessions.max_branches, max_sessions))
 
     closing = False
     """Set when shutdown's grace ran out: calls still held in the overload queue are rejected."""

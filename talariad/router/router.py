@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
-from talariad.router.cost import CostModel
 from talariad.router.knobs import RouterKnobs
 from talariad.router.messages import (
     CallRequest,
@@ -26,6 +25,7 @@ from talariad.router.messages import (
 )
 from talariad.router.policies import POLICIES, Choice, ClusterView
 from talariad.router.profiles import DemandTracker, ProfileBook
+from talariad.router.search.costmodel import CostModel
 from talariad.router.sessions import LeaseBook, SessionTable
 from talariad.router.telemetry import InstanceBook
 from talariad.types import KVState, LatencyProfile

@@ -11,7 +11,7 @@ import itertools
 from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass
 
-from talariad.router.logged import LoggedDict
+from talariad.router.search.logged import LoggedDict
 from talariad.router.messages import Lease, SessionEntry
 from talariad.types import KVState
 

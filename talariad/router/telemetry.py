@@ -216,7 +216,7 @@ class InstanceBook:
         self._indexed: dict[str, list[set[str]]] = {}  # instance -> the sets it is in
         # model -> instances with an overlay for it (forwards not yet in a snapshot), and
         # (session, model) -> instances whose snapshot holds that session's KV: where a call's
-        # cost depends on more than the snapshot row (`ranking.rank` scores those first)
+        # cost depends on more than the snapshot row (`search.ranking.rank` scores those first)
         self._overlaid: defaultdict[str, set[str]] = defaultdict(set)
         self._holders: dict[tuple[str, str], set[str]] = {}
         self._hot: set[str] = set()  # instances whose snapshot puts them in the hot pool

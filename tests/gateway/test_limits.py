@@ -239,11 +239,8 @@ async def test_a_held_call_is_rejected_when_shutdown_closes_the_shell():
     from talariad.router import DecisionKind, Router, RouterKnobs
     from tests.router.router_factories import MODEL, PROFILE, Snaps, call
 
-    shell = RouterShell.__new__(RouterShell)
-    shell.router = Router(
-        RouterKnobs(queue_timeout_s=60, staleness_s=1e9, heartbeat_s=1e9), {MODEL: PROFILE}
-    )
-    shell._changed, shell._expired_at = asyncio.Event(), float("-inf")
+    knobs = RouterKnobs(queue_timeout_s=60, staleness_s=1e9, heartbeat_s=1e9)
+    shell = RouterShell(Router(knobs, {MODEL: PROFILE}))
     # the model not open there and its round full: nowhere to queue it, so the call is held
     shell.router.observe(Snaps()("a", 0.0, models={}, round_load_s=9.0), 0.0)
     t0 = time.monotonic()

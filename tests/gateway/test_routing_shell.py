@@ -73,7 +73,7 @@ def test_round_measurements_in_telemetry_refine_the_router_profile_once():
     from talariad.knobs import model_profile
 
     cfg = load_config(ROOT / "etc" / "talaria.yaml")
-    shell = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
+    shell = RouterShell.from_config(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
     before = shell.router.profiles()["tiny-code"].decode_step_s
     rounds = [RoundReport(seq=1, model="tiny-code", decode_steps=10, decode_s=1.0)]
     t = Telemetry(
@@ -98,21 +98,11 @@ def test_round_measurements_in_telemetry_refine_the_router_profile_once():
 
 
 def _shell(**knobs):
-    import asyncio
-
     from talariad.gateway.routing import RouterShell
     from talariad.router import Router, RouterKnobs
     from tests.router.router_factories import MODEL, PROFILE
 
-    shell = RouterShell.__new__(RouterShell)  # the shell's methods over a hand-built router
-    shell.router = Router(RouterKnobs(**knobs), {MODEL: PROFILE})
-    shell.prefixes, shell._changed, shell._expired_at = (
-        PrefixTracker(),
-        asyncio.Event(),
-        float("-inf"),
-    )
-    shell._fed = {}
-    return shell
+    return RouterShell(Router(RouterKnobs(**knobs), {MODEL: PROFILE}))  # no config needed
 
 
 async def test_a_held_call_is_rejected_after_the_queue_timeout_even_if_expire_ran():

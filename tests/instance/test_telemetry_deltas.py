@@ -31,7 +31,7 @@ def _setup():
     )
     inst = next(i for i in cfg.instances if i.pool == "hot")
     worker = build_worker(cfg, inst)
-    shell = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
+    shell = RouterShell.from_config(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
     seen: list[int] = []  # payload bytes per poll
     directory = InstanceDirectory(
         lambda: {inst.name: "http://instance"},

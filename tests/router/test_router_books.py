@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from talariad.router import Lease
-from talariad.router.logged import LoggedDict, thaw
+from talariad.router.search.logged import LoggedDict, thaw
 from talariad.router.policies.prefix_index import RoutedPrefixIndex
 from talariad.router.sessions import LeaseBook, SessionTable
 from talariad.types import KVState

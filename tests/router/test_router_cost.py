@@ -257,3 +257,21 @@ def test_cost_rows_hold_only_values_the_collector_stops_walking():
     rows = [row for inst in r._instances.all() for row in inst.rows.values()]
     gc.collect()
     assert rows and not any(gc.is_tracked(row) for row in rows)
+
+
+def test_the_reference_imports_none_of_the_search_machinery():
+    """`talariad.router.cost` (Eq. (1), the filters, Eq. (2), `rank_all`) is read on its own: at
+    run time it imports neither the search machinery nor the books, only names them for types."""
+    import ast
+    from pathlib import Path
+
+    import talariad.router.cost as reference
+
+    tree = ast.parse(Path(reference.__file__).read_text())
+    imported = set()
+    for node in tree.body:  # module level, outside `if TYPE_CHECKING:`
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    assert imported
+    assert not {m for m in imported if m.startswith("talariad.router.search")}
+    assert not imported & {"talariad.router.sessions", "talariad.router.telemetry"}

@@ -1,6 +1,6 @@
-"""The pruned cost ranking (`ranking.rank`) decides exactly as scoring every instance
-(`ranking.rank_all`, the reference): two routers driven in lockstep by random event sequences
-give equal decisions, explanations included."""
+"""The pruned cost ranking (`talariad.router.search.ranking.rank`) decides exactly as the
+reference, `talariad.router.cost.rank_all`, which scores every instance: two routers driven in
+lockstep by random event sequences give equal decisions, explanations included."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from talariad.router import (
     RouterKnobs,
     SessionKV,
 )
-from talariad.router.ranking import LazyCandidates, rank_all
+from talariad.router.cost import rank_all  # the reference
+from talariad.router.search.lazy import LazyCandidates
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath
 from tests.router.router_factories import MODEL
 
@@ -91,7 +92,7 @@ other_ev = st.one_of(
     st.tuples(st.just("fail"), st.integers(0, 50)),
     st.tuples(st.just("expire")),
     st.tuples(st.just("remove"), st.sampled_from(NAMES)),
-    # the bound order is rebuilt after these (`bounds.BoundIndex`)
+    # the bound order is rebuilt after these (`search.bounds.BoundIndex`)
     st.tuples(st.just("close"), st.sampled_from(NAMES), st.booleans()),
     st.tuples(st.just("reopen"), st.sampled_from(NAMES)),
     st.tuples(
@@ -369,7 +370,7 @@ def test_busy_names_trim_and_match_reading_every_window(evs):
     window after it ends, in whatever order the events end), the in-rotation instances equal
     reading every instance's window, and a sum whose events all left the window reads exactly
     0.0 (not a residue such as 1e-16 of the subtractions, which would read as busy)."""
-    from talariad.router.cost import PlacedWork
+    from talariad.router.search.placed import PlacedWork
 
     fast, scan = PlacedWork(3.0), _Scan(3.0)
     book, now = _Book(NAMES[:3]), 0.0  # NAMES[3] is not in the book: never scanned
@@ -426,7 +427,7 @@ def test_an_explanation_read_later_shows_the_rotation_of_its_placement():
 def test_a_plan_without_a_placement_time_ranks_as_the_reference():
     """With no placement time nothing is judged retired and spare capacity is unbounded; a
     skipped instance that needs a replica is explained as the reference scores it."""
-    from talariad.router.ranking import rank
+    from talariad.router.search.ranking import rank
     from tests.router.router_factories import Snaps, call, router
 
     r, snaps = router(), Snaps()

@@ -90,7 +90,7 @@ async def local_gateway(script: str | None = None, overrides: dict | None = None
             executor = ScriptedExecutor(executor.model, inst.time_scale)
             executor.script = script
         workers[inst.name] = Worker(cfg, inst, executor, profiles)
-    routing = RouterShell(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
+    routing = RouterShell.from_config(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
     directory = LocalDirectory(workers)
     gw = Gateway(cfg, directory, routing, lambda name: True)
 

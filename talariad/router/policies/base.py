@@ -13,11 +13,12 @@ import random
 from abc import ABC, abstractmethod
 from typing import ClassVar, NamedTuple
 
-from talariad.router.cost import CallPlan, CostModel
+from talariad.router.cost import CallPlan
 from talariad.router.knobs import RouterKnobs
 from talariad.router.messages import CallRequest, CandidateCost, DecisionKind
 from talariad.router.profiles import DemandTracker
 from talariad.router.registry import Registry
+from talariad.router.search.costmodel import CostModel
 from talariad.router.sessions import LeaseBook, SessionTable
 from talariad.router.telemetry import InstanceBook, InstanceState
 from talariad.types import KVState

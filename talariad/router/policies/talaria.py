@@ -23,14 +23,14 @@ from collections.abc import Sequence
 from talariad.router.cost import CallPlan
 from talariad.router.messages import CandidateCost, DecisionKind, CallRequest, ModelState
 from talariad.router.policies.base import POLICIES, Choice, ClusterView, Policy
-from talariad.router.ranking import rank
+from talariad.router.search.ranking import rank
 from talariad.types import KVState, Pool
 
 
 @POLICIES.register("talaria")
 class TalariaPolicy(Policy):
     installs_leases = True
-    ranker = staticmethod(rank)  # `rank_all` scores every instance: the reference it must equal
+    ranker = staticmethod(rank)  # `cost.rank_all` scores every instance: the reference it equals
 
     def choose(self, call: CallRequest, view: ClusterView, now: float) -> Choice:
         plan = view.cost.plan(call, now)

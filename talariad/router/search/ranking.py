@@ -1,8 +1,7 @@
-"""Cost placement (Algorithm 1, step 2) without scoring every instance, and explanations rendered
-only when someone reads them.
+"""Cost placement (Algorithm 1, lines 11-24) without scoring every instance.
 
-`rank_all` is the reference: score every eligible instance (`CostModel.evaluate`), apply Eq. (2),
-take the cheapest feasible one (ties by name). `rank` returns the same winner and the same
+The reference, `cost.rank_all`, scores every eligible instance, applies Eq. (2) and takes the
+cheapest feasible one (ties by name). `rank` returns the same winner and the same
 explanation (a property test holds them equal on random states) but scores only
 - the instances whose cost depends on this call's session or on the router's own overlay: the
   session's KV is there (snapshot or a newer completion) or in-flight forwards of the model are,
@@ -16,72 +15,40 @@ explanation (a property test holds them equal on random states) but scores only
 The instances it skips are scored when the explanation is read, from values that are replaced
 rather than changed and so can be held by reference: each instance's `facts`, and the states of
 the lease book's charges and counts and of the placed-work sums, which share one base and log
-with the states around them (`logged.LoggedDict`; `LazyCandidates`): the placement keeps one list
-of references and four small tuples, and reads no skipped instance field by field; Eq. (2)'s gain, when only they need
-it, is kept as the facts it is worked out from (`CostModel.gain_facts`). The windows those reads
-would have trimmed (the retirement rule's, `CostModel.contenders`', the gain's) are trimmed at
-placement time.
+with the states around them (`logged.LoggedDict`; `lazy.LazyCandidates`): the placement keeps
+one list of references and four small tuples, and reads no skipped instance field by field;
+Eq. (2)'s gain, when only they need it, is kept as the facts it is worked out from
+(`CostModel.gain_facts`). The windows those reads would have trimmed (the retirement rule's,
+`CostModel.contenders`', the gain's) are trimmed at placement time.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import NamedTuple
 
-from talariad.router.bounds import BoundOrder
 from talariad.router.cost import (
+    ACTIVATION,
+    HBM_FREE,
+    ADDED_BYTES,
+    RISK,
+    ROUND_LOAD,
+    TAKEN_AT,
     CallPlan,
-    CostModel,
     GainFacts,
-    Inputs,
-    _recompute_s,
-    contenders_of,
-    spare_of,
+    Ranking,
+    gate,
+    rank_all,
+    recompute_s,
 )
-from talariad.router.logged import thaw
-from talariad.router.messages import CandidateCost, ModelState
+from talariad.router.messages import CandidateCost
 from talariad.router.profiles import DemandTracker
-from talariad.types import KVState, Pool
+from talariad.router.search.bounds import BoundOrder
+from talariad.router.search.costmodel import CostModel
+from talariad.router.search.lazy import LazyCandidates
 from talariad.router.telemetry import InstanceBook, InstanceState
 
-_RESIDENT = ModelState.RESIDENT.value  # as a cost row holds it
 _NO_NAMES: frozenset[str] = frozenset()
 _RELATIVE_SLACK = 1e-9  # the bound is summed in another order than the total: allow rounding
-
-
-class Ranking(NamedTuple):
-    best: CandidateCost | None  # the cheapest feasible candidate
-    candidates: Sequence[CandidateCost]  # every eligible instance, in name order
-    cheapest: str | None  # the cheapest candidate ignoring feasibility (where a spill goes)
-    retired: CandidateCost | None = None
-    """With no feasible candidate: the cheapest one refused only as a retired replica (the one
-    that reopens when the replicas in rotation are infeasible); read from this field, the
-    candidates are not rendered to find it."""
-
-
-def rank_all(
-    cost: CostModel,
-    plan: CallPlan,
-    insts: list[InstanceState],
-    every: InstanceBook,
-    demand: DemandTracker,
-    now: float,
-) -> Ranking:
-    """The reference: every eligible instance scored, Eq. (2) applied, the cheapest kept."""
-    cands = [cost.evaluate(plan, inst) for inst in insts]
-    if cost.knobs.residency_terms and any(c.needs_replica and c.feasible for c in cands):
-        gain = cost.replica_gain(plan, every, demand, now)
-        if not math.isinf(gain):
-            cands = [
-                c._replace(feasible=False, reason=_gate(cost, inst, plan))
-                if c.needs_replica and c.feasible and not cost.passes_eq2(plan, inst, c, gain)
-                else c
-                for c, inst in zip(cands, insts)
-            ]
-    best = min((c for c in cands if c.feasible), key=_rank, default=None)
-    retired = None if best is not None else min(_retired(cands), key=_rank, default=None)
-    return Ranking(best, tuple(cands), min(cands, key=_rank).instance if cands else None, retired)
 
 
 def rank(
@@ -101,7 +68,7 @@ def rank(
     search.score_special(order)
     common = plan.prefill_s + plan.decode_s + plan.call.max_tokens * prof.decode_s_per_seq
     if k.residency_terms:
-        common += _recompute_s(plan, plan.call.prefix_tokens)
+        common += recompute_s(plan, plan.call.prefix_tokens)
     scored, members, named = search.scored, search.members, order.named
     skipped, infeasible = False, None
     for bound, name in order.entries:  # ties in name order
@@ -172,7 +139,7 @@ class _Search:
             special += [every.get(name) for name in every.holders(key)]
         if rec is not None:
             inst = every.get(rec.instance)
-            if inst in members and rec.at > cost.row(inst, model, plan.profile)[11]:  # type: ignore[arg-type]
+            if inst in members and rec.at > cost.row(inst, model, plan.profile)[TAKEN_AT]:  # type: ignore[arg-type]
                 special.append(inst)
         special += members.difference(order.insts)  # none while the order is in step
         for inst in special:
@@ -185,7 +152,7 @@ class _Search:
         if cand.needs_replica and cand.feasible and cost.knobs.residency_terms:
             gain = self.gain()
             if not math.isinf(gain) and not cost.passes_eq2(plan, inst, cand, gain):
-                cand = cand._replace(feasible=False, reason=_gate(cost, inst, plan))
+                cand = cand._replace(feasible=False, reason=gate(cost, inst, plan))
         self.scored[inst] = cand
         if cand.feasible and _before(cand, self.best):
             self.best = cand
@@ -198,23 +165,23 @@ class _Search:
 
     def infeasible_test(self):
         """A test that the round or HBM check fails for a plain instance (no session KV, no
-        overlay for the model there), computed as `CostModel.score` does; what it reads of the
+        overlay for the model there), computed as `cost.score` does; what it reads of the
         call and the cost model is bound once (it runs per instance while nothing is feasible)."""
         cost, plan = self.cost, self.plan
         k, model, prefill, kv_bytes = cost.knobs, plan.call.model, plan.prefill_s, plan.kv_bytes
         leases, budget, terms = cost.leases.by_instance, k.round_budget_s, k.residency_terms
-        recovery = _recompute_s(plan, plan.call.prefix_tokens) if terms else 0.0
+        recovery = recompute_s(plan, plan.call.prefix_tokens) if terms else 0.0
 
         def infeasible(inst: InstanceState) -> bool:
             row = inst.rows[model]
             per_model = leases.get(inst.name)
             leased_all = per_model.get(None, 0.0) if per_model else 0.0
-            activation = row[4] if terms else 0.0
-            base = row[7] * (row[9] + inst.ov_work_s + leased_all)
+            activation = row[ACTIVATION] if terms else 0.0
+            base = row[RISK] * (row[ROUND_LOAD] + inst.ov_work_s + leased_all)
             if base > 0.0 and base + prefill + recovery + activation > budget:
                 return True
-            hbm_free = row[12]  # None: the instance does not measure its memory, no HBM check
-            return hbm_free is not None and kv_bytes + row[6] > hbm_free - inst.ov_hbm
+            hbm_free = row[HBM_FREE]  # None: the instance does not measure its memory, no HBM check
+            return hbm_free is not None and kv_bytes + row[ADDED_BYTES] > hbm_free - inst.ov_hbm
 
         return infeasible
 
@@ -325,141 +292,10 @@ class _Search:
         return self.retired if self.best is None else None
 
 
-class LazyCandidates(Sequence):
-    """The per-candidate breakdown of one placement, scored from captured inputs when first read."""
-
-    __slots__ = ("_cost", "_plan", "_entries", "_leases", "_counts", "_kept", "_busy")
-    __slots__ += ("_model_work", "_gain", "_rendered")
-
-    def __init__(
-        self,
-        cost: CostModel,
-        plan: CallPlan,
-        entries: list,
-        leases: tuple,
-        counts: tuple,
-        kept: tuple | None,
-        busy: tuple | None,
-        model_work: float | None,
-        gain: float | GainFacts | None,
-    ) -> None:
-        """entries: per instance its candidate, or where it was skipped its
-        `InstanceState.facts`; leases, counts, kept, busy: the states (`logged.thaw`) of the
-        lease charges and counts and the (instance, model) and (instance, None) work sums
-        (`LeaseBook.held`, `PlacedWork.held_kept`, `held_busy`; the sums None without a
-        placement time); model_work: the model's placed work where the
-        retirement rule applies, else None; gain: Eq. (2)'s gain, or the facts it is worked
-        out from (`CostModel.gain_facts`), None where no skipped candidate needs a replica."""
-        self._cost, self._plan, self._entries = cost, plan, entries
-        self._leases, self._counts, self._kept, self._busy = leases, counts, kept, busy
-        self._model_work, self._gain = model_work, gain
-        self._rendered: tuple[CandidateCost, ...] | None = None
-
-    def _all(self) -> tuple[CandidateCost, ...]:
-        if self._rendered is None:
-            self._leases, self._counts = thaw(self._leases), thaw(self._counts)
-            self._kept = thaw(self._kept) if self._kept is not None else None
-            self._busy = thaw(self._busy) if self._busy is not None else None
-            if type(self._gain) is GainFacts:
-                self._gain = self._cost.gain_of(self._plan, self._gain, self._busy)
-            self._rendered = tuple(
-                self._render(e) if type(e) is tuple else e for e in self._entries
-            )
-            self._entries, self._leases, self._counts = [], {}, {}
-            self._kept = self._busy = None
-        return self._rendered
-
-    def _render(self, facts: tuple) -> CandidateCost:
-        """`CostModel.evaluate` and Eq. (2) at placement time for an instance with no session KV
-        and no overlay for the model (`CostModel.retired`, `contenders` and `spare_s` included)."""
-        cost, plan, gain = self._cost, self._plan, self._gain
-        model, prof = plan.call.model, plan.profile
-        name, pool, rows, ov_work_s, ov_hbm, ov_calls = facts
-        kept, busy = self._kept, self._busy
-        row = rows[model]
-        retired = False
-        if row[3] == _RESIDENT and pool is not Pool.HOT and self._model_work is not None:
-            total = kept.get(name, 0.0) if kept else 0.0
-            keep = cost.keep_cost_s(model, prof, (row[13], row[14]), row[4])
-            retired = (0.0 if 0.0 > total else total) < keep
-        per_model = self._leases.get(name)
-        if per_model:
-            leased, leased_all = per_model.get(model, 0.0), per_model.get(None, 0.0)
-        else:
-            leased = leased_all = 0.0
-        contenders, held = 0.0, self._counts.get(name)
-        if row[15] is not None and not (held and held.get(model)):
-            # `CostModel.contenders`: no overlay call of the model here, so all of them are others'
-            calls = row[15] + ov_calls + (held.get(None, 0) if held else 0)
-            share = None  # no placement time
-            if busy is not None:
-                total, own = busy.get(name, 0.0), kept.get(name, 0.0) if kept else 0.0
-                share = (0.0 if 0.0 > total else total) - (0.0 if 0.0 > own else own)
-            contenders = contenders_of(calls, share, cost.knobs.retire_window_s)
-        cand = cost.score(
-            plan,
-            Inputs(
-                name,
-                row,
-                None,
-                KVState.MISSING,
-                0,
-                leased,
-                leased_all,
-                ov_work_s,
-                ov_hbm,
-                retired,
-                contenders,
-            ),
-        )
-        if cand.needs_replica and cand.feasible and gain is not None and not math.isinf(gain):
-            if plan.now is None:
-                spare = math.inf
-            else:
-                total = busy.get(name, 0.0)  # type: ignore[union-attr]
-                spare = spare_of(0.0 if 0.0 > total else total, cost.knobs.control_window_s)
-            facts = (row[13], row[14])  # `replica_facts`
-            state = ModelState(row[3])
-            if not cost.passes_eq2_on(plan, facts, state, cand, min(gain, spare)):
-                cand = cand._replace(feasible=False, reason="retired" if retired else "eq2")
-        return cand
-
-    def __getitem__(self, i):
-        return self._all()[i]
-
-    def __len__(self) -> int:
-        return len(self._entries) if self._rendered is None else len(self._rendered)
-
-    def __iter__(self):
-        return iter(self._all())
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Sequence) and tuple(self) == tuple(other)
-
-    def __hash__(self) -> int:
-        return hash(self._all())
-
-    def __repr__(self) -> str:
-        return repr(self._all())
-
-
 def _reads(inst: InstanceState | None, members: set, model: str) -> bool:
     """`CostModel.retired` reads the model's windows there (resident on a cold instance, which
     the caller checked, placeable, and no in-flight forward opens the model there)."""
     return inst in members and not inst.opening(model)  # type: ignore[union-attr]
-
-
-def _gate(cost: CostModel, inst: InstanceState, plan: CallPlan) -> str:
-    """Which Eq. (2) gate a candidate failed: a fresh replica's, or a retired one's reopening."""
-    return "eq2" if cost.model_state(inst, plan.call.model) is ModelState.ABSENT else "retired"
-
-
-def _retired(cands):
-    return (c for c in cands if c.reason == "retired")
-
-
-def _rank(c: CandidateCost) -> tuple[float, str]:
-    return (c.rank_s, c.instance)
 
 
 def _before(cand: CandidateCost, other: CandidateCost | None) -> bool:

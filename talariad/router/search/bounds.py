@@ -13,16 +13,17 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Callable
 
+from talariad.router.cost import ACTIVATION, QUEUED, RISK, SLOT_WAIT
 from talariad.router.telemetry import InstanceBook, InstanceState
 
 Entry = tuple[float, str]  # (bound, instance name): unique, so the order never compares more
 
 
 def lower_bound(row: tuple, prefill_s_per_token: float, residency_terms: bool) -> float:
-    """Queue without lease charges, plus activation (row: see `CostModel._row`); a NaN bound
-    reads as -inf, so that instance is always scored."""
-    activation = row[4] if residency_terms else 0.0
-    bound = row[7] * (row[8] + prefill_s_per_token * row[1]) + activation
+    """Queue without lease charges, plus activation (row: `cost.cost_row`); a NaN bound reads
+    as -inf, so that instance is always scored."""
+    activation = row[ACTIVATION] if residency_terms else 0.0
+    bound = row[RISK] * (row[SLOT_WAIT] + prefill_s_per_token * row[QUEUED]) + activation
     return bound if bound == bound else -math.inf
 
 

@@ -1,0 +1,120 @@
+"""The work the router placed, per (instance, model), (instance, None) and model, over a sliding
+window: what the retirement rule, spare capacity and contention read (`CostModel`), kept so that
+a lazy explanation can hold the sums of its moment for a small tuple (`logged.LoggedDict`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+
+from talariad.router.profiles import DemandTracker
+from talariad.router.search.logged import LoggedDict
+from talariad.router.telemetry import InstanceBook
+
+_NO_NAMES: frozenset[str] = frozenset()
+
+
+class PlacedWork(DemandTracker):
+    """The work placed per (instance, model), (instance, None) and model, each counted from its
+    forward until a window after its predicted end (`record`'s `until`), which also keeps, as
+    dicts whose past states a lazy explanation keeps (`logged.LoggedDict`):
+    - `kept[model]`: instance -> its (instance, model) sum, current where it was last read;
+    - `busy`: instance -> its (instance, None) sum, current as of the last `advance`
+    (`held_kept`, `held_busy`: their states now).
+
+    NOTE: a window sum is a running float sum, and its last bits depend on when it was trimmed;
+    a sum whose events all left the window reads exactly 0.0 (`_trim`), so whether an instance
+    is busy (kept in rotation) never depends on a residue. The (instance, model) and model sums
+    are trimmed exactly when reading them would have trimmed them (`trim_due`: the retirement
+    rule's and `CostModel.contenders`' reads); the (instance, None) sums, which spare capacity
+    and contention read, are trimmed as time passes (`advance`), which can change only the last
+    bits of a sum that still holds events.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        super().__init__(window_s)
+        self._kept: dict[str, LoggedDict] = {}
+        self.kept: dict[str, dict[str, float]] = {}  # model -> its `_kept` entry's live dict
+        self._logged_busy = LoggedDict()
+        self.busy: dict[str, float] = self._logged_busy.live
+        self._busy: defaultdict[str, set[str]] = defaultdict(set)  # model -> sum > 0 there
+        self._due: defaultdict[str, list[tuple[float, str]]] = defaultdict(list)
+        """model -> heap of (its oldest event's end, instance) over the (instance, model) windows"""
+        self._head: dict[tuple[str, str], float] = {}  # (instance, model) -> its entry in _due
+        self._expiry: list[tuple[float, str]] = []  # heap of (until, instance): (instance, None)
+
+    def record(self, model, now: float, work_s: float, until: float | None = None) -> None:
+        if type(model) is tuple and model[1] is None:
+            heapq.heappush(self._expiry, (self.end_of(now, until), model[0]))
+        super().record(model, now, work_s, until)
+
+    def held_kept(self, model: str) -> tuple | None:
+        """The state of `kept[model]` now, for a caller that keeps it (`logged.thaw`)."""
+        kept = self._kept.get(model)
+        return kept.frozen() if kept is not None else None
+
+    def held_busy(self) -> tuple:
+        """The state of `busy` now, for a caller that keeps it (`logged.thaw`)."""
+        return self._logged_busy.frozen()
+
+    def advance(self, now: float) -> None:
+        """Trim every (instance, None) window to `now`."""
+        expiry, cutoff = self._expiry, now - self._window
+        while expiry and expiry[0][0] <= cutoff:
+            self._trim((heapq.heappop(expiry)[1], None), now)
+
+    def _trim(self, model, now: float) -> None:  # every change of a sum ends here (`record` too)
+        super()._trim(model, now)
+        if type(model) is tuple:
+            self._sync(model)
+
+    def _sync(self, key: tuple) -> None:
+        inst, model = key
+        total = self._sums[key]
+        if model is None:
+            if self.busy.get(inst) != total:
+                self._logged_busy.set(inst, total)
+            return
+        if total > 0.0:
+            self._busy[model].add(inst)
+        else:
+            self._busy[model].discard(inst)
+        kept = self._kept.get(model)
+        if kept is None:
+            kept = self._kept[model] = LoggedDict()
+            self.kept[model] = kept.live
+        if kept.live.get(inst) != total:
+            kept.set(inst, total)
+        events = self._events[key]
+        head = events[0][0] if events else None
+        if head is not None and self._head.get(key) != head:
+            self._head[key] = head
+            heapq.heappush(self._due[model], (head, inst))
+
+    def trim_due(self, model: str, now: float, read) -> None:
+        """Trim the (instance, model) windows that reading `work_s((instance, model), now)` for
+        every instance with `read(instance)` would trim (those with an event past the window)."""
+        due, cutoff, parked = self._due.get(model), now - self._window, []
+        while due and due[0][0] <= cutoff:
+            head, inst = heapq.heappop(due)
+            key = (inst, model)
+            if self._head.get(key) != head:
+                continue  # that window was trimmed since: a newer entry stands for it
+            if not read(inst):
+                parked.append((head, inst))  # not read: left as it is
+                continue
+            del self._head[key]
+            self._trim(key, now)  # queues the window's new oldest event
+        for entry in parked:
+            heapq.heappush(due, entry)  # type: ignore[arg-type]
+
+    def busy_names(self, model: str, instances: InstanceBook, now: float):
+        """The names of `instances` with a positive window sum for `model` at `now`: those for
+        which `work_s((name, model), now) > 0.0` holds, trims included (a live set or a new
+        one: read it, do not keep it)."""
+        self.trim_due(model, now, instances.__contains__)
+        busy = self._busy.get(model)
+        if not busy or instances.names() >= busy:
+            return busy or _NO_NAMES
+        return {inst for inst in busy if inst in instances}
