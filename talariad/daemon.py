@@ -19,7 +19,7 @@ import time
 
 from talariad import __version__, httpserver, lockfile, sdnotify
 from talariad.admin import admin_pb2, server as admin_server
-from talariad.admin.operator import Operator
+from talariad.admin.operator import Operator, Services
 from talariad.admin.sockets import daemon_socket
 from talariad.checks import load_checked, parse_checked
 from talariad.config import ConfigError, TalariaConfig
@@ -86,7 +86,11 @@ class Daemon:
         self.routing.unavailable = lambda model: self.availability(model).why
         self.gateway.api_keys = self._keys(cfg)
         self.endpoint = ""
-        self.operator = Operator(self)
+        self.operator = Operator(
+            Services(
+                self, self.supervisor, self.routing.router, self.routing.branches, self.directory
+            )
+        )
         self.instance_metrics = InstanceMetrics(self.gateway.metrics.registry, self.metric_sample)
         self._marks: dict[
             str, tuple[int | None, int, int]
@@ -171,6 +175,9 @@ class Daemon:
             http_endpoint=self.endpoint,
             instances=[self.instance_status(i.name, now) for i in self.cfg.instances],
         )
+
+    def residency(self, model: str) -> str:
+        return self.gateway.residency(model)
 
     def pool_of(self, name: str) -> str:
         m = self.supervisor.procs[name]

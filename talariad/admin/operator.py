@@ -7,14 +7,52 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
 
 
-from talariad.admin import admin_pb2
+from talariad.admin import admin_pb2, views
 from talariad.wire.client import InstanceUnreachable
 
 if TYPE_CHECKING:
-    from talariad.daemon import Daemon
+    from talariad.config import TalariaConfig
+    from talariad.gateway.health import Availability
+    from talariad.gateway.instances import InstanceDirectory
+    from talariad.gateway.routing import PrefixBranches
+    from talariad.router import Router
+    from talariad.supervisor import Supervisor
+
+
+class DaemonState(Protocol):
+    """What the operator reads of the daemon's own books."""
+
+    cfg: TalariaConfig
+    config_path: str
+    admin_socket: str
+
+    def reload_config(self) -> tuple[list[str], list[str]]: ...
+
+    def pool_of(self, name: str) -> str: ...
+
+    def serving_models(self, name: str) -> list[str]: ...
+
+    def availability(self, model: str) -> Availability: ...
+
+    def instance_status(self, name: str) -> admin_pb2.InstanceStatus: ...
+
+    def residency(self, model: str) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """The narrow parts of the daemon the operator acts through."""
+
+    state: DaemonState
+    supervisor: Supervisor
+    router: Router
+    branches: PrefixBranches
+    directory: InstanceDirectory
+
 
 RefusalKind = Literal["not_found", "failed_precondition", "invalid_argument"]
 POOLS = ("hot", "cold")
@@ -27,43 +65,43 @@ class ActionRefused(Exception):
 
 
 class Operator:
-    def __init__(self, daemon: Daemon, drain_timeout_s: float = 120.0):
-        self.d = daemon
+    def __init__(self, services: Services, drain_timeout_s: float = 120.0):
+        self.s = services
         self.drain_timeout_s = drain_timeout_s
         self._moving: set[str] = set()
 
     # ---- helpers ---------------------------------------------------------------------------
 
     def _inst(self, name: str):
-        m = self.d.supervisor.procs.get(name)
+        m = self.s.supervisor.procs.get(name)
         if m is None:
             raise ActionRefused(
                 "not_found",
-                f"no instance named {name!r} (instances: {', '.join(self.d.supervisor.procs)})",
+                f"no instance named {name!r} (instances: {', '.join(self.s.supervisor.procs)})",
             )
         return m
 
     def _model(self, name: str) -> None:
-        if self.d.cfg.model(name) is None:
+        if self.s.state.cfg.model(name) is None:
             raise ActionRefused(
                 "not_found",
-                f"no model named {name!r} (models: {', '.join(m.name for m in self.d.cfg.models)})",
+                f"no model named {name!r} (models: {', '.join(m.name for m in self.s.state.cfg.models)})",
             )
 
     def _ready(self, name: str) -> None:
-        proc = self.d.supervisor.procs[name]
+        proc = self.s.supervisor.procs[name]
         if proc.base_url is None:
             raise ActionRefused(
                 "failed_precondition", f"instance {name} is not ready (state {proc.state.value})"
             )
 
     def status(self, name: str) -> admin_pb2.InstanceStatus:
-        return self.d.instance_status(name)
+        return self.s.state.instance_status(name)
 
     def _keep_a_taker(self, name: str, models: list[str], doing: str, force: bool) -> None:
         """Refuse to leave a model with no instance that takes its calls, unless forced."""
         for model in [] if force else models:
-            if self.d.availability(model).takers == [name]:
+            if self.s.state.availability(model).takers == [name]:
                 raise ActionRefused(
                     "failed_precondition",
                     f"{name} is the last instance that takes {model!r} calls; {doing} leaves "
@@ -74,28 +112,28 @@ class Operator:
 
     def drain(self, name: str, force: bool = False) -> admin_pb2.InstanceStatus:
         self._inst(name)
-        self._keep_a_taker(name, self.d.serving_models(name), "draining it", force)
-        self.d.routing.router.close_instance(name, drain=True)
+        self._keep_a_taker(name, self.s.state.serving_models(name), "draining it", force)
+        self.s.router.close_instance(name, drain=True)
         return self.status(name)
 
     def cordon(self, name: str, force: bool = False) -> admin_pb2.InstanceStatus:
         self._inst(name)
-        self._keep_a_taker(name, self.d.serving_models(name), "cordoning it", force)
-        self.d.routing.router.close_instance(name, drain=False)
+        self._keep_a_taker(name, self.s.state.serving_models(name), "cordoning it", force)
+        self.s.router.close_instance(name, drain=False)
         return self.status(name)
 
     def undrain(self, name: str) -> admin_pb2.InstanceStatus:
         self._inst(name)
         if name in self._moving:
             raise ActionRefused("failed_precondition", f"instance {name} is moving between pools")
-        self.d.routing.router.reopen_instance(name)
+        self.s.router.reopen_instance(name)
         return self.status(name)
 
     async def restart(
         self, name: str, role: dict | None = None, keep_role: bool = True
     ) -> admin_pb2.InstanceStatus:
         m = self._inst(name)
-        if not self.d.supervisor.restart(name, m.role if keep_role else role):
+        if not self.s.supervisor.restart(name, m.role if keep_role else role):
             raise ActionRefused(
                 "failed_precondition", f"instance {name} is not running (state {m.state.value})"
             )
@@ -103,28 +141,28 @@ class Operator:
         return self.status(name)
 
     async def _ready(self, name: str) -> None:
-        m = self.d.supervisor.procs[name]
+        m = self.s.supervisor.procs[name]
         try:
-            await asyncio.wait_for(m.ready.wait(), self.d.cfg.supervisor.ready_timeout_s)
+            await asyncio.wait_for(m.ready.wait(), self.s.state.cfg.supervisor.ready_timeout_s)
         except TimeoutError:
             raise ActionRefused(
                 "failed_precondition",
                 f"instance {name} did not come back within "
-                f"{self.d.cfg.supervisor.ready_timeout_s}s",
+                f"{self.s.state.cfg.supervisor.ready_timeout_s}s",
             ) from None
-        await self.d.directory.poll_once()
+        await self.s.directory.poll_once()
 
     async def _drained(self, name: str) -> None:
         """Wait until the instance has no call running or queued (telemetry says so)."""
         deadline = time.monotonic() + self.drain_timeout_s
         while True:
-            await self.d.directory.poll_once()
-            snap = self.d.directory.snapshot(name)
+            await self.s.directory.poll_once()
+            snap = self.s.directory.snapshot(name)
             if (
                 snap is not None
                 and snap.running == 0
                 and not any(snap.queued.values())
-                and not any(i == name for i in self.d.routing.router.in_flight().values())
+                and not any(i == name for i in self.s.router.in_flight().values())
             ):
                 return
             if time.monotonic() > deadline:
@@ -149,30 +187,30 @@ class Operator:
         if name in self._moving:
             raise ActionRefused("failed_precondition", f"instance {name} is already moving")
         role = self._role(name, to, model)
-        self._keep_a_taker(name, self.d.serving_models(name), "moving it", force)
-        was_closed = name in self.d.routing.router.closed_instances()
+        self._keep_a_taker(name, self.s.state.serving_models(name), "moving it", force)
+        was_closed = name in self.s.router.closed_instances()
         self._moving.add(name)
         try:
-            self.d.routing.router.close_instance(name, drain=True)
+            self.s.router.close_instance(name, drain=True)
             await self._drained(name)
             await self.restart(name, role, keep_role=False)
         finally:
             self._moving.discard(name)
             if not was_closed:
-                self.d.routing.router.reopen_instance(name)
+                self.s.router.reopen_instance(name)
         return self.status(name)
 
     def _models_of(self, name: str) -> list[str]:
-        m = self.d.supervisor.procs[name]
+        m = self.s.supervisor.procs[name]
         return list((m.role or {}).get("models", m.inst.models))
 
     def _role(self, name: str, to: str, model: str) -> dict | None:
-        inst = self.d.supervisor.procs[name].inst
+        inst = self.s.supervisor.procs[name].inst
         if to == "cold":
             if model:
                 raise ActionRefused("invalid_argument", "--model applies to a move to the hot pool")
             return None if inst.pool == "cold" else {"pool": "cold"}
-        snap = self.d.directory.snapshot(name)
+        snap = self.s.directory.snapshot(name)
         model = model or (
             snap.active_model if snap and snap.active_model else self._models_of(name)[0]
         )
@@ -188,23 +226,25 @@ class Operator:
     # ---- models ----------------------------------------------------------------------------
 
     def models(self) -> admin_pb2.ModelsReply:
-        return admin_pb2.ModelsReply(models=[self.model_status(m.name) for m in self.d.cfg.models])
+        return admin_pb2.ModelsReply(
+            models=[self.model_status(m.name) for m in self.s.state.cfg.models]
+        )
 
     def model_status(self, model: str) -> admin_pb2.ModelStatus:
-        serving = [n for n in self.d.supervisor.procs if model in self.d.serving_models(n)]
-        pinned = [n for n in serving if self.d.pool_of(n) == "hot"]
-        cfg = self.d.cfg.model(model)
+        serving = [n for n in self.s.supervisor.procs if model in self.s.state.serving_models(n)]
+        pinned = [n for n in serving if self.s.state.pool_of(n) == "hot"]
+        cfg = self.s.state.cfg.model(model)
         return admin_pb2.ModelStatus(
             name=model,
             instances=serving,
             pinned_on=pinned,
-            status=self.d.gateway.residency(model) if serving else "unserved",
+            status=self.s.state.residency(model) if serving else "unserved",
             max_context=cfg.max_context,
             profile=cfg.profile or "",
         )
 
     def _hot(self, name: str) -> None:
-        if self.d.pool_of(name) != "hot":
+        if self.s.state.pool_of(name) != "hot":
             raise ActionRefused(
                 "failed_precondition",
                 f"instance {name} is in the cold pool; "
@@ -247,7 +287,7 @@ class Operator:
     ) -> admin_pb2.ModelStatus:
         self._model(model)
         self._inst(name)
-        if self.d.pool_of(name) != "cold":
+        if self.s.state.pool_of(name) != "cold":
             raise ActionRefused(
                 "failed_precondition", f"instance {name} is a hot instance; use `model pin`"
             )
@@ -255,12 +295,12 @@ class Operator:
             self._keep_a_taker(name, [model], f"unloading {model} from it", force)
         self._ready(name)
         try:
-            refused = await self.d.directory.client.rotation(name, model, serve)
+            refused = await self.s.directory.client.rotation(name, model, serve)
         except InstanceUnreachable as err:
             raise ActionRefused("failed_precondition", str(err)) from None
         if refused is not None:
             raise ActionRefused("failed_precondition", refused)
-        await self.d.directory.poll_once()  # the router sees the new rotation before we answer
+        await self.s.directory.poll_once()  # the router sees the new rotation before we answer
         return self.model_status(model)
 
     # ---- pools, leases, sessions -------------------------------------------------------------
@@ -268,9 +308,9 @@ class Operator:
     def pools(self) -> admin_pb2.PoolsReply:
         out = []
         for pool in POOLS:
-            names = [n for n in self.d.supervisor.procs if self.d.pool_of(n) == pool]
-            snaps = [s for n in names if (s := self.d.directory.snapshot(n)) is not None]
-            models = sorted({m for n in names for m in self.d.serving_models(n)})
+            names = [n for n in self.s.supervisor.procs if self.s.state.pool_of(n) == pool]
+            snaps = [s for n in names if (s := self.s.directory.snapshot(n)) is not None]
+            models = sorted({m for n in names for m in self.s.state.serving_models(n)})
             out.append(
                 admin_pb2.Pool(
                     name=pool,
@@ -287,13 +327,17 @@ class Operator:
             raise ActionRefused("invalid_argument", "session_id is empty")
         if model:
             self._model(model)
-        router = self.d.routing.router
+        router = self.s.router
         dropped = router.revoke(session_id, model or None)
         if not dropped and all(e.session_id != session_id for e in router.sessions()):
             raise ActionRefused("not_found", f"no session {session_id!r} in the router's table")
         now = time.monotonic()
         return admin_pb2.LeasesReply(
-            leases=[lease for lease in _live_leases(self.d, now) if lease.session_id == session_id]
+            leases=[
+                lease
+                for lease in _live_leases(self.s.router, now)
+                if lease.session_id == session_id
+            ]
         )
 
     async def forget(self, session_id: str) -> admin_pb2.ForgetReply:
@@ -303,14 +347,14 @@ class Operator:
         freed = []
         # the session and its side-call branches (`S~<head>`): each is a session to the router
         # and the instances
-        for branch in self.d.routing.branches.forget(session_id):
-            was_known, gone = self.d.routing.router.forget_session(branch)
+        for branch in self.s.branches.forget(session_id):
+            was_known, gone = self.s.router.forget_session(branch)
             known, dropped = known or was_known, dropped + gone
-            for name, m in self.d.supervisor.procs.items():
+            for name, m in self.s.supervisor.procs.items():
                 if m.base_url is None:
                     continue
                 try:
-                    if await self.d.directory.client.forget(name, branch) and name not in freed:
+                    if await self.s.directory.client.forget(name, branch) and name not in freed:
                         freed.append(name)
                 except InstanceUnreachable as err:
                     raise ActionRefused("failed_precondition", str(err)) from None
@@ -325,19 +369,34 @@ class Operator:
             instances_freed=freed,
         )
 
+    # ---- config --------------------------------------------------------------------------------
+
+    def reload(self) -> tuple[list[str], list[str]]:
+        """Re-read the config file: (applied, needs restart); ConfigError when it is invalid."""
+        return self.s.state.reload_config()
+
+    def config(self) -> tuple[str, dict]:
+        """The config in effect: its path and data, with run-time pool moves and pins and the
+        admin socket in use (also when defaulted)."""
+        data = self.s.state.cfg.model_dump(mode="json")
+        data["listen"]["admin_socket"] = self.s.state.admin_socket
+        for inst in data["instances"]:
+            inst.update(self.s.supervisor.procs[inst["name"]].role or {})
+        return self.s.state.config_path, data
+
     # ---- rounds ------------------------------------------------------------------------------
 
     async def rounds(self, instance: str, limit: int) -> admin_pb2.RoundsReply:
         names = (
             [instance]
             if instance
-            else [n for n in self.d.supervisor.procs if self.d.pool_of(n) == "cold"]
+            else [n for n in self.s.supervisor.procs if self.s.state.pool_of(n) == "cold"]
         )
         if instance:
             self._inst(instance)
         reply = admin_pb2.RoundsReply()
         for name in names:
-            data = await self.d.directory.client.rounds(name, limit)
+            data = await self.s.directory.client.rounds(name, limit)
             if data is None:
                 continue
             reply.rounds.extend(round_record(name, x) for x in data.get("rounds", []))
@@ -345,10 +404,8 @@ class Operator:
         return reply
 
 
-def _live_leases(d: Daemon, now: float):
-    from talariad.admin import views
-
-    return views.leases(d.routing.router, now).leases
+def _live_leases(router: Router, now: float):
+    return views.leases(router, now).leases
 
 
 def round_record(instance: str, r: dict) -> admin_pb2.RoundRecord:

@@ -179,22 +179,15 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def ReloadConfig(self, request, context):  # noqa: N802
         op = await self._operator(context)
         try:
-            applied, needs_restart = op.d.reload_config()
+            applied, needs_restart = op.reload()
         except ConfigError as err:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "; ".join(err.lines))
         return admin_pb2.ReloadReply(applied=applied, needs_restart=needs_restart)
 
     async def ShowConfig(self, request, context):  # noqa: N802
         op = await self._operator(context)
-        data = op.d.cfg.model_dump(mode="json")
-        data["listen"]["admin_socket"] = (
-            op.d.admin_socket
-        )  # the path in effect, also when defaulted
-        for inst in data["instances"]:  # run-time pool moves and pins show as they are now
-            inst.update(op.d.supervisor.procs[inst["name"]].role or {})
-        return admin_pb2.ConfigReply(
-            path=op.d.config_path, yaml=yaml.safe_dump(data, sort_keys=False)
-        )
+        path, data = op.config()
+        return admin_pb2.ConfigReply(path=path, yaml=yaml.safe_dump(data, sort_keys=False))
 
     async def Rounds(self, request, context):  # noqa: N802
         op = await self._operator(context)
