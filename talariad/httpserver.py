@@ -25,20 +25,12 @@ class Server(uvicorn.Server):
 
 
 class _Bounded(HttpToolsProtocol):
-    """httptools with bounds on what a client may hold open. Once the first byte of a request head
-    arrives, the whole head must follow within `head_timeout_s`, however slowly the client trickles
-    it (uvicorn's keep-alive timer stops at the first byte, so a partial head was held forever). A
-    head may not grow past `max_head_bytes`, whether it trickles or comes whole in one read
-    (httptools, unlike h11, buffers a head without bound): 431. Once the head is whole, its body
-    must follow within `body_timeout_s` (408 and closed, else a trickled body holds the connection
-    for as long as the client likes). A connection over `max_connections` open at once is closed
-    as soon as it is accepted, so clients cannot hold more of the daemon's file descriptors than
-    that. The head timer is armed by the first byte rather than at connect: a connection with no
-    byte yet is idle and is the keep-alive timer's, which is longer than clients' pool expiry, so
-    it is not closed just as a client reuses it.
-
+    """httptools with bounds on what a client may hold open. A request head must be whole within
+    `head_timeout_s` of its first byte (else the connection is closed) and may not grow past
+    `max_head_bytes` (431); a whole head's body must follow within `body_timeout_s` (408 and
+    closed); a connection over `max_connections` open at once is closed as soon as it is accepted.
     httptools rather than h11: it parses and writes HTTP/1.1 in C, which halves the per-call cost
-    of the HTTP layer (bench/front_bench.py)."""
+    of the HTTP layer (bench/front_bench.py). Why each bound works as it does: docs/internals.md."""
 
     head_timeout_s = 15.0
     max_head_bytes = 16 * 1024  # h11's bound, which uvicorn's h11 server applied
@@ -222,15 +214,11 @@ def fastapi_app(**kwargs) -> FastAPI:
 
 class JSONBodyRoute(APIRoute):
     """A route whose one body model is validated straight from the request's bytes by pydantic's
-    JSON parser whenever the body is JSON (`application/json`, `application/*+json`, or no content
-    type): the endpoint is called with it at once, without FastAPI's generic body handling
-    (content-type parsing, `json.loads`, then validation) and dependency solving, which cost more
-    than the rest of the framework per call. That parser is also the strict one: it refuses what
-    `json.loads` lets through (bytes that are not UTF-8, encoded surrogates included, a `\\ud800`
-    escape without its pair, nesting past 200 levels), so such a body is a validation error
-    (`json_invalid`), never text an endpoint could fail on. Any other content type takes
-    FastAPI's own path. The endpoint takes the body and, optionally, the `Request`, and returns a
-    `Response`; any other endpoint is served by FastAPI's path alone."""
+    (strict) JSON parser, without FastAPI's generic body handling and dependency solving. It serves
+    JSON bodies (`application/json`, `application/*+json`, or no content type) of an endpoint that
+    takes the body and, optionally, the `Request`, and returns a `Response`; a body the parser
+    refuses is a validation error (`json_invalid`). An empty body, any other content type or any
+    other endpoint takes FastAPI's own path. Design: docs/internals.md."""
 
     def get_route_handler(self):
         standard = super().get_route_handler()

@@ -107,13 +107,11 @@ class _Digests:
 class PrefixBranches:
     """A bounded, least-recently-used set of prefix branches per (session, model).
 
-    Agents make side calls under their session id with other prompts (a title, a token count, a
-    sub-agent). Each distinct head of the prompt (its first `HEAD_CHARS` characters, about the
-    first pages) is its own branch, named `session` for the first one and `session~<head hash>`
-    after; that name is the session the router (table and leases) and the instance (KV) see, so a
-    side call adds a branch instead of replacing the main one. A call joins the branch whose
-    remembered context covers the longest prefix of its prompt, else the branch with its head.
-    """
+    A side call under a session id with another prompt (a title, a sub-agent) gets a branch of its
+    own: one per distinct head of the prompt (its first `HEAD_CHARS` characters), named `session`
+    for the first and `session~<head hash>` after; the router and the instance see the branch name
+    as the session. A call joins the branch whose remembered context covers the longest prefix of
+    its prompt, else the branch with its head. Design: docs/internals.md."""
 
     HEAD_CHARS = 1024
 

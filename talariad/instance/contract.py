@@ -1,11 +1,8 @@
-"""The contract between the instance core and an executor (`sim`, `torch`, later `sglang`), modelled
-on vLLM v1: a step plan goes in, a result object comes back. Nothing outside these Protocols is
-called: `ExecutorState` is what the core calls between steps (synchronously), `Executor` adds what
-the instance process calls.
-
-The core owns the scheduler, the calls and the session KV ledger; an executor owns tokens, bytes and
-time: it encodes prompts, says how much of a prompt a session's stored context covers, runs one
-planned action and reports what happened (per-call output, KV moves, the switch path taken).
+"""The contract between the instance core and an executor (`sim`, `torch`, `sglang`), modelled on
+vLLM v1: a step plan goes in, a result object comes back. Nothing outside these Protocols is
+called: `ExecutorState` is what the core calls between steps (synchronously), `Executor` adds
+what the instance process calls. The core owns the scheduler, the calls and the session KV
+ledger; an executor owns tokens, bytes and time. Design: docs/internals.md.
 """
 
 from __future__ import annotations

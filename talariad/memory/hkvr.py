@@ -1,16 +1,11 @@
 """Host KV registry metadata (§4.3, App. B, App. C; pure bookkeeping, one per TP rank).
 
 Blocks are keyed by (model, cumulative prefix hash) at page granularity and live in slabs of the
-shared `SlabPool`. Three invariants (App. B):
-- DMA pins (copies in flight) are counted apart from radix references (sessions whose prefix points
-  at the block); only unpinned blocks are evicted, least recently used first.
-- A block is committed to the shared `PrefixAgreement` only once its copy completed, and a prefix
-  is exposed only as far as every TP rank has committed the same hashes; the rest stays private.
-- `pending(model)` lists the outgoing model's in-flight saves so a switch can drain exactly those.
-
-Per-call work and memory do not grow with the calls served: eviction pops an LRU heap, the
-sessions it remembers are bounded (least recently saved forgotten first), and a session whose
-pages are evicted is cut back to what is left (`take_shrunk` tells the executor).
+shared `SlabPool`. Invariants (App. B): DMA pins are counted apart from radix references and only
+unpinned blocks are evicted; a block is committed to the `PrefixAgreement` only once its copy
+completed, and a prefix is exposed only as far as every TP rank agrees; `pending(model)` lists a
+model's in-flight saves for a switch to drain. Per-call work and memory stay bounded.
+Design: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Model switch orchestration (App. D): five ordered phases and one timing record per TP rank.
 
-1. save and teardown: drain the outgoing model's HKVR D2H saves, finish stale restores, release
-   its KV region (the bytes of staged chunks stay where they are);
-2. open target weights: finish staging writes, verify the bitmap, resize the weight region, gather
-   clean chunks D2D and reload dirty or missing ones H2D (or the whole image H2D);
+1. save and teardown of the outgoing model (its HKVR saves drained, its KV region released);
+2. open target weights: gather clean staged chunks D2D, reload the rest H2D (or the whole image);
 3. restore the KV shell over the new gap (a hit when geometry equals the cached shell);
 4. runtime and graph state: the pointer check says whether captured graphs stay valid;
-5. publish references (active model, pool, allocator).
+5. publish: the target becomes the active model.
+
+Each phase in full: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Copy plans between the device KV pool and HKVR slabs (App. C; pure).
 
-A host block is one page in page-first form: per component, whole layer fragments packed into
-slabs. The device side is the pool's own order (layer-first or page-first), so the same registry
-view is translated to either device layout by the strides of each `ViewSpec`.
-
-`run_copies` merges what `block_copies` plans page by page: a page's component runs that are
-adjacent on both sides become one copy, and consecutive pages whose copies advance by the same
-strides on both sides become one 3-D copy (a run of pages), so a save or restore issues a few
-large copies instead of one strided fragment per (page, component).
+A host block is one page in page-first form; the device side is the pool's own order (layer-first
+or page-first), translated by the strides of each `ViewSpec`. `run_copies` merges what
+`block_copies` plans page by page, so a save or restore issues a few large copies instead of one
+strided fragment per (page, component). How the merge works: docs/internals.md.
 """
 
 from __future__ import annotations

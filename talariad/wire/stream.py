@@ -1,19 +1,11 @@
 """The gateway → instance call stream: length-prefixed JSON frames over a unix socket.
 
 A connection carries one call at a time: the gateway sends one `GenerateRequest` frame, the
-instance answers with event frames (`TokenEvent`… then one `DoneEvent` or `ErrorEvent`), and the
-connection is ready for the next call. A gateway that goes away mid-call closes the connection; the
-instance sees the EOF and cancels the call, as it does when an HTTP client disconnects. Between
-calls a connection also carries reports: a `Query` frame (telemetry, rounds, memory: the internal
-API's GET endpoints, which the gateway polls every heartbeat) is answered at once with one JSON
-frame: no HTTP client or server to run at either end (an idle daemon's CPU about halves).
-
-Why not the internal HTTP API for this hop: on loopback TCP an HTTP client and server (httpx,
-uvicorn, FastAPI) cost more than a millisecond of CPU per call in Python; this costs a tenth of
-that (bench/front_bench.py). Both ends are one `asyncio.Protocol` (`FrameConnection`) rather than
-streams: frames are cut out of each read as it arrives, so a call's token and done frames, which
-usually come in one read, cost one wake-up. The frames are JSON written by pydantic's serializer,
-so the event schema stays the one in `wire/messages.py`.
+instance answers with event frames (`TokenEvent`… then one `DoneEvent` or `ErrorEvent`). A gateway
+that leaves mid-call closes the connection; the instance then cancels the call. Between calls a
+`Query` frame (telemetry, rounds, memory) is answered with one JSON frame. Cheaper than the
+internal HTTP API on this hop (bench/front_bench.py); the event schema stays the one in
+`wire/messages.py`. Design: docs/internals.md.
 """
 
 from __future__ import annotations

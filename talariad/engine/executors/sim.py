@@ -1,12 +1,11 @@
 """The `sim` executor: the shared `sim` cost and memory model (`talariad.sim.model.SimModel`) in
 real time, emitting deterministic placeholder text.
 
-It tokenizes by words and punctuation (so prefix reuse is measurable on real chat text), sleeps
-what the model charges for each step (scaled by the instance's `time_scale`), and generates words
-chosen by a hash of the prompt so the same call always yields the same answer.
-Like a real model it ends its turn: each call's answer length is drawn (from the same hash) from
-`OUTPUT_TOKENS`, the output-length distribution of the replay generator (its source is cited in
-`talariad.replay.dists`), capped by `max_tokens`; a client stop string ends it earlier.
+It tokenizes by words and punctuation, sleeps what the model charges for each step (scaled by the
+instance's `time_scale`) and generates words chosen by a hash of the prompt and seed, so the same
+call always yields the same answer. It ends its turn like a real model: the answer's length is
+drawn from `OUTPUT_TOKENS` (unless `ignore_eos`), capped by `max_tokens`; a client stop string
+ends it earlier. Design: docs/internals.md.
 """
 
 from __future__ import annotations

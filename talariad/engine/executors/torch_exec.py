@@ -1,11 +1,10 @@
 """The `torch` executor: real tokens from the built-in engine over the instance's memory substrate.
 
-Every hosted model is registered with one `Substrate`; its weights are views of the bump buffer
-and its KV pool is the substrate's pool, so a scheduler `Switch` moves real bytes (H2D from the
-host image, D2D from chunks staged while the previous model served). A finished call checkpoints
-its session's KV pages to the host KV registry; a returning session restores its agreed prefix
-from host and recomputes only the tail. Steps run on one worker thread so the event loop (the
-internal API) stays responsive; the scheduler core never waits on torch.
+Every hosted model is registered with one `Substrate` (weights are views of its bump buffer, KV
+lives in its pool), so a scheduler `Switch` moves real bytes. With `host_kv` (the default) a
+finished call checkpoints its session's KV pages to the host KV registry, and a returning session
+restores its agreed prefix from host and recomputes only the tail. Steps run on one worker thread
+so the event loop stays responsive. Design: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The OpenAI Responses endpoint (`POST /v1/responses`), the surface the Codex CLI speaks.
 
-`input` items become the same internal messages as chat: `developer` is a system turn,
-`function_call` / `custom_tool_call` items are the assistant's tool calls and their `*_output`
-items are `tool` messages; `reasoning` items are dropped and `additional_tools` items fold their
-tools into the tool list. Function tools, namespace tools (flattened to `namespace.name`) and
-custom (free-form) tools go into the prompt; hosted tools that cannot run here (`web_search` and
-the like) are dropped, logged once per session. Answers come back as `message`,
-`function_call` and `custom_tool_call` output items, streamed as Responses events.
+`input` items become the same internal messages as chat (`developer` is a system turn, tool-call
+items and their `*_output` items are assistant tool calls and `tool` messages); function,
+namespace and custom tools go into the prompt, hosted tools are dropped. Answers come back as
+`message`, `function_call` and `custom_tool_call` output items, streamed as Responses events.
+The full item and tool mapping: docs/internals.md.
 """
 
 from __future__ import annotations

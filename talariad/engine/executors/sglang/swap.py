@@ -1,15 +1,10 @@
 """The swap-sequence state machine of a cold SGLang instance (sans-IO; reference §0, §7).
 
-`Servers` tracks what each model's server is doing as far as the controller knows (paused,
-released tags, calls sent, running requests last observed) and refuses every move that would
-crash a stock SGLang server: releasing while requests run, resuming a tag twice, sending a call to
-a server whose memory is released. `SwapSequence` derives the safe steps of one switch A -> B:
-
-    pause A (retract) -> wait until A runs nothing -> release A -> memory check for B
-    -> resume B (or start it, when its process is down) -> continue B
-
+`Servers` tracks each model's server as the controller knows it and refuses every move that would
+crash a stock SGLang server. `SwapSequence` derives the safe steps of one switch A -> B (pause,
+drain, release A; memory check; resume and continue B, or start it when its process is down).
 The shell executes each `Command` and reports back with `done()`; nothing here reads a clock,
-sleeps or opens a socket.
+sleeps or opens a socket. Design: docs/internals.md.
 """
 
 from __future__ import annotations
