@@ -30,7 +30,7 @@ from talariad.router import (
     ModelState,
     Router,
     RouterKnobs,
-    SessionKV,
+    KVLocation,
 )
 from talariad.gc_tuning import settle_gc  # noqa: E402
 from talariad.router.policies.talaria import TalariaPolicy  # noqa: E402
@@ -65,14 +65,14 @@ class World:
         self.rng = random.Random(seed)
         self.instances = [f"inst{i:02d}" for i in range(instances)]
         self.version = 0
-        self.kv: dict[str, dict[tuple[str, str], SessionKV]] = {i: {} for i in self.instances}
+        self.kv: dict[str, dict[tuple[str, str], KVLocation]] = {i: {} for i in self.instances}
         self.home: dict[str, tuple[str, str, int]] = {}  # session -> (model, instance, kv_len)
         for s in range(SESSIONS):
             sid, model, inst = f"s{s}", self.rng.choice(MODELS), self.rng.choice(self.instances)
             kv_len = self.rng.randint(2_000, 60_000)
             self.home[sid] = (model, inst, kv_len)
             state = KVState.DEVICE if self.rng.random() < 0.6 else KVState.HOST
-            self.kv[inst][(sid, model)] = SessionKV(state, kv_len)
+            self.kv[inst][(sid, model)] = KVLocation(sid, model, state, kv_len)
 
     def snapshot(self, inst: str, idx: int, now: float) -> InstanceSnapshot:
         models = {

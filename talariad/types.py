@@ -14,6 +14,17 @@ class KVState(str, enum.Enum):
     MISSING = "missing"
 
 
+@dataclass(frozen=True, slots=True)
+class KVLocation:
+    """Where a session's prefix for a model lives on one instance, and its length in tokens: what
+    an executor reports, the ledger lists, telemetry carries and the router reads."""
+
+    session_id: str
+    model: str
+    state: KVState
+    kv_len: int
+
+
 class Pool(str, enum.Enum):
     HOT = "hot"
     COLD = "cold"

@@ -5,7 +5,7 @@ from .knobs import ABLATIONS, SchedKnobs, ablation
 from .messages import Action, Completion, Decode, Idle, Prefill, PrefillItem, SubmittedCall, Switch
 from .scheduler import ColdScheduler
 from .slot import SlotPhase
-from .telemetry import LedgerRow, ModelQueue, RiskCounters, RoundSummary, SchedTelemetry
+from .telemetry import KVLocation, ModelQueue, RiskCounters, RoundSummary, SchedTelemetry
 
 __all__ = [
     "ABLATIONS",
@@ -14,7 +14,7 @@ __all__ = [
     "Completion",
     "Decode",
     "Idle",
-    "LedgerRow",
+    "KVLocation",
     "ModelQueue",
     "Prefill",
     "PrefillItem",

@@ -7,7 +7,7 @@ from itertools import islice
 from typing import TYPE_CHECKING
 
 
-from .telemetry import LedgerRow, ModelQueue, SchedTelemetry
+from .telemetry import KVLocation, ModelQueue, SchedTelemetry
 
 if TYPE_CHECKING:
     from .scheduler import ColdScheduler
@@ -39,7 +39,7 @@ def build_telemetry(s: ColdScheduler, now: float) -> SchedTelemetry:
         kv_used_tokens=s.table.kv_used(),
         kv_capacity_tokens=s.knobs.kv_capacity_tokens,
         sessions=[
-            LedgerRow(k[0], k[1], e.state, e.kv_len) for k, e in sorted(s.ledger.entries.items())
+            KVLocation(k[0], k[1], e.state, e.kv_len) for k, e in sorted(s.ledger.entries.items())
         ],
         measured_switch_s=s.switch_costs.view(),
         phase_totals_s=dict(s.phase_totals),

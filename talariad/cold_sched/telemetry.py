@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from talariad.types import KVState
+from talariad.types import KVLocation
 
 PHASES = ("P", "D1", "D", "SP", "Dfin", "restore", "hold")
 
@@ -66,14 +66,6 @@ class ModelQueue:
 
 
 @dataclass(frozen=True)
-class LedgerRow:
-    session_id: str
-    model: str
-    state: KVState
-    kv_len: int
-
-
-@dataclass(frozen=True)
 class SchedTelemetry:
     now: float
     mode: str
@@ -96,7 +88,7 @@ class SchedTelemetry:
     tpot_infeasible: list[str]
     kv_used_tokens: int
     kv_capacity_tokens: int
-    sessions: list[LedgerRow]
+    sessions: list[KVLocation]
     measured_switch_s: dict[str, float]
     phase_totals_s: dict[str, float]
     """Measured seconds per phase since start (both modes; pinned mode has no rounds)."""

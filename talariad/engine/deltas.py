@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import random
 
-from talariad.wire.messages import KVEntry, Telemetry
+from talariad.types import KVLocation, KVState
+from talariad.wire.messages import Telemetry
 
-Row = tuple[tuple[str, str], str, int]
+Row = tuple[tuple[str, str], KVState, int]
 """One session as ((session_id, model), state, kv_len) (`InstanceCore.session_rows`)."""
 
 
@@ -20,8 +21,8 @@ class SessionDeltas:
         self.sent: dict[tuple[str, str], tuple[str, int]] = {}  # what the consumer holds
 
     def apply(self, t: Telemetry, since: int | None, rows: list[Row] | None = None) -> Telemetry:
-        """`rows`: the instance's sessions in place of `t.sessions`, whose `KVEntry` models cost
-        ten times the rows: only the rows sent become models."""
+        """`rows`: the instance's sessions in place of `t.sessions` (only the rows sent become
+        records)."""
         if rows is None:
             rows = [((s.session_id, s.model), s.state, s.kv_len) for s in t.sessions]
         base, self.epoch = self.epoch, self.epoch + 1
@@ -52,5 +53,5 @@ class SessionDeltas:
         )
 
 
-def _entry(key: tuple[str, str], state: str, kv_len: int) -> KVEntry:
-    return KVEntry(session_id=key[0], model=key[1], state=state, kv_len=kv_len)
+def _entry(key: tuple[str, str], state: KVState, kv_len: int) -> KVLocation:
+    return KVLocation(key[0], key[1], state, kv_len)

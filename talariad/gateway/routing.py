@@ -18,7 +18,7 @@ from talariad.wire.messages import Telemetry
 from talariad.instance.telemetry import round_measurement
 from talariad.instance.telemetry import router_snapshot as snapshot
 from talariad.knobs import config_router_knobs as router_knobs
-from talariad.router import CallRequest, Decision, DecisionKind, Router, SessionKV
+from talariad.router import CallRequest, Decision, DecisionKind, Router, KVLocation
 from talariad.types import KVState, LatencyProfile
 
 __all__ = ["ModelUnavailable", "PrefixTracker", "RouterShell", "router_knobs", "snapshot"]
@@ -174,7 +174,7 @@ class RouterShell:
         self.router, self.branches, self.prefixes = router, branches, branches.tracker
         self._changed = asyncio.Event()
         self._expired_at = float("-inf")
-        self._sessions: dict[str, dict[tuple[str, str], SessionKV]] = {}  # per instance, merged
+        self._sessions: dict[str, dict[tuple[str, str], KVLocation]] = {}  # per instance, merged
         self._fed: dict[str, int] = {}
 
     @classmethod
@@ -204,14 +204,14 @@ class RouterShell:
         self._feed_rounds(t, now)
         self._expire(now)
 
-    def _merge(self, t: Telemetry) -> dict[tuple[str, str], SessionKV]:
+    def _merge(self, t: Telemetry) -> dict[tuple[str, str], KVLocation]:
         view = self._sessions.setdefault(t.instance, {})
         if t.sessions_base is None:
             view.clear()
         for key in t.sessions_removed:
             view.pop(tuple(key), None)
         for s in t.sessions:
-            view[(s.session_id, s.model)] = SessionKV(KVState(s.state), s.kv_len)
+            view[(s.session_id, s.model)] = s  # the telemetry's own record
         return view
 
     def _feed_rounds(self, t: Telemetry, now: float) -> None:

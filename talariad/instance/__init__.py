@@ -4,7 +4,7 @@ KV state, round measurements and the telemetry snapshot. Two shells drive it: th
 (`talariad.sim.instance.SimInstance`, virtual time)."""
 
 from .calls import InstanceCall, Refusal
-from .contract import CallOutput, Executor, KVUpdate, MemoryStats, StepPlan, StepResult
+from .contract import CallOutput, Executor, KVLocation, MemoryStats, StepPlan, StepResult
 from .core import Done, InstanceCore
 
 __all__ = [
@@ -13,7 +13,7 @@ __all__ = [
     "Executor",
     "InstanceCall",
     "InstanceCore",
-    "KVUpdate",
+    "KVLocation",
     "MemoryStats",
     "Refusal",
     "StepPlan",

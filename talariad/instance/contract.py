@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from talariad.types import KVState, SwitchPath
+from talariad.types import KVLocation, SwitchPath
 
 if TYPE_CHECKING:
     from talariad.cold_sched import Action
@@ -51,22 +51,12 @@ class CallOutput:
     """The call failed in this step (its server crashed ...): the client gets this error, the call ends."""
 
 
-@dataclass(frozen=True, slots=True)
-class KVUpdate:
-    """Where a session's prefix for a model now lives on this instance, in truth."""
-
-    session_id: str
-    model: str
-    state: KVState
-    kv_len: int
-
-
 @dataclass(slots=True)
 class StepResult:
     calls: dict[str, CallOutput] | None = field(default_factory=dict)
     """Per call of the plan; a call absent here emitted nothing. None: every call of the plan
     emitted one token and nothing else (a modelled step)."""
-    kv_updates: list[KVUpdate] = field(default_factory=list)
+    kv_updates: list[KVLocation] = field(default_factory=list)
     """KV the step moved or dropped (a switch saved KV to host, an eviction dropped it)."""
     switch_path: SwitchPath | None = None
     """For a switch: how the target weights were actually opened."""
@@ -98,7 +88,7 @@ class ExecutorState(Protocol):
     """What the core calls on an executor between steps, synchronously: the per-session context
     and memory it keeps. The simulator's `SimModel` is one too (it keeps bytes, not tokens)."""
 
-    def remember(self, call: InstanceCall) -> KVUpdate | None:
+    def remember(self, call: InstanceCall) -> KVLocation | None:
         """Keep a finished call's prompt + output as its session's context; where its KV lives
         (None: where the scheduler's ledger says)."""
 

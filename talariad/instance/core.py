@@ -27,7 +27,7 @@ from talariad.cold_sched.snapshot import (
     round_load_s,
     round_remaining_s,
 )
-from talariad.wire.messages import GenerateRequest, KVEntry, ModelLoad, RoundReport, Telemetry
+from talariad.wire.messages import GenerateRequest, ModelLoad, RoundReport, Telemetry
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath, SwitchRecord
 
 from .calls import InstanceCall, Refusal
@@ -35,7 +35,7 @@ from .contract import (
     CallOutput,
     Executor,
     ExecutorState,
-    KVUpdate,
+    KVLocation,
     MemoryStats,
     StepPlan,
     StepResult,
@@ -376,7 +376,7 @@ class InstanceCore:
             m.switch_path, m.switch_s = path, seconds
         self._apply(result.kv_updates, now)
 
-    def _apply(self, updates: list[KVUpdate], now: float) -> None:
+    def _apply(self, updates: list[KVLocation], now: float) -> None:
         for u in updates:
             self.sched.set_kv_state(u.session_id, u.model, u.state, u.kv_len, now)
 
@@ -501,10 +501,7 @@ class InstanceCore:
             loaded_models=[s.active] if s.active else [],
             queued={m: len(s.table.waiting[m]) for m in s.models},
             running=len(s.table.running),
-            sessions=[  # validated construction: half the cost of model_construct here
-                KVEntry(session_id=k[0], model=k[1], state=state, kv_len=n)
-                for k, state, n in self.session_rows()
-            ]
+            sessions=[KVLocation(k[0], k[1], state, n) for k, state, n in self.session_rows()]
             if sessions
             else [],
             round_remaining_s=round_remaining_s(s, now) if s.mode == "time_shared" else 0.0,
@@ -521,11 +518,11 @@ class InstanceCore:
             # inspect.signature, ~65 µs a field (a simulated replay reads telemetry per arrival)
         )
 
-    def session_rows(self) -> list[tuple[tuple[str, str], str, int]]:
-        """The sessions `telemetry` lists, as ((session_id, model), state, kv_len) rows: a tenth
-        of the cost of their `KVEntry` models, for a caller that sends only what changed."""
+    def session_rows(self) -> list[tuple[tuple[str, str], KVState, int]]:
+        """The sessions `telemetry` lists, as ((session_id, model), state, kv_len) rows, for a
+        caller that sends only what changed (`engine/deltas.py`)."""
         return [
-            (k, e.state.value, e.kv_len)
+            (k, e.state, e.kv_len)
             for k, e in self.sched.ledger.entries.items()
             if e.state is not KVState.MISSING
         ]

@@ -10,11 +10,8 @@ from talariad.router import (
     ModelResidency,
     ModelState,
     RoundMeasurement,
-    SessionKV,
 )
-from talariad.types import KVState, Pool, SwitchPath
-
-_KV = {s.value: s for s in KVState}
+from talariad.types import Pool, SwitchPath
 
 
 def router_snapshot(
@@ -46,7 +43,7 @@ def router_snapshot(
             load.open_cost_s,
         )
     if sessions is None:
-        sessions = {(s.session_id, s.model): SessionKV(_KV[s.state], s.kv_len) for s in t.sessions}
+        sessions = {(s.session_id, s.model): s for s in t.sessions}
     return InstanceSnapshot(
         instance=t.instance,
         version=t.version,

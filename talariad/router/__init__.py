@@ -18,7 +18,7 @@ from talariad.router.messages import (
     ModelState,
     RoundMeasurement,
     SessionEntry,
-    SessionKV,
+    KVLocation,
 )
 from talariad.router.policies import POLICIES
 from talariad.router.router import Router
@@ -39,5 +39,5 @@ __all__ = [
     "Router",
     "RouterKnobs",
     "SessionEntry",
-    "SessionKV",
+    "KVLocation",
 ]

@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple
 
-from talariad.types import KVState, Pool, SwitchPath
+from talariad.types import KVLocation, KVState, Pool, SwitchPath
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +56,6 @@ class ModelResidency:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionKV:
-    """Where a session's prefix for one model lives on one instance, and its length."""
-
-    state: KVState
-    kv_len: int
-
-
-@dataclass(frozen=True, slots=True)
 class InstanceSnapshot:
     """Versioned telemetry from one instance (§4.1). A newer version replaces an older one.
 
@@ -82,7 +74,7 @@ class InstanceSnapshot:
     healthy: bool
     allowed_models: frozenset[str]
     models: Mapping[str, ModelResidency] = field(default_factory=dict)
-    sessions: Mapping[tuple[str, str], SessionKV] = field(default_factory=dict)
+    sessions: Mapping[tuple[str, str], KVLocation] = field(default_factory=dict)
     round_remaining_s: float = 0.0
     round_load_s: float = 0.0
     deadline_risk: float = 0.0

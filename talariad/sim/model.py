@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from talariad.cold_sched import Decode, Switch
 from talariad.cold_sched.rounds import staging_target
 from talariad.instance.calls import InstanceCall
-from talariad.instance.contract import KVUpdate, MemoryStats, StepPlan, StepResult
+from talariad.instance.contract import KVLocation, MemoryStats, StepPlan, StepResult
 from talariad.sim.costs import action_seconds, decode_seconds
 from talariad.sim.memory import SimMemory
 from talariad.types import KVState, LatencyProfile, SwitchPath
@@ -173,7 +173,7 @@ class SimModel:
 
     # ---- device KV pressure and host KV -----------------------------------------------------
 
-    def _relieve(self, plan: StepPlan, now: float) -> list[KVUpdate]:
+    def _relieve(self, plan: StepPlan, now: float) -> list[KVLocation]:
         """Device KV over the active model's budget once this prefill's tokens land: idle
         prefixes of the active model leave the device first, then rows of calls parked in other
         models' slots, least recently used first (to host with HKVR, else dropped)."""
@@ -211,7 +211,7 @@ class SimModel:
             if over <= 0:
                 break
             over -= self.mem.kv_bytes(key[1], kv_len)
-            updates.append(KVUpdate(key[0], key[1], state, kv_len))
+            updates.append(KVLocation(key[0], key[1], state, kv_len))
             moved.append((key, kv_len))
         after = {k: state for k, _ in moved} | {
             k: KVState.DEVICE for k in grown if k not in dict(moved)
@@ -220,13 +220,13 @@ class SimModel:
 
     def _forget(
         self, evicted: list[Key], plan: StepPlan, after: dict[Key, KVState]
-    ) -> list[KVUpdate]:
+    ) -> list[KVLocation]:
         """Host copies the arena evicted: a prefix that lived only there is gone."""
         out = []
         for key in evicted:
             state = after.get(key) or plan.ledger.get(*key).state
             if state is KVState.HOST:
-                out.append(KVUpdate(key[0], key[1], KVState.MISSING, 0))
+                out.append(KVLocation(key[0], key[1], KVState.MISSING, 0))
         return out
 
     def device_kv_bytes(self) -> int:

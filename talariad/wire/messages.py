@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from talariad.types import KVLocation
+
 
 class ToolCall(BaseModel):
     """A function call the model made (rendered back into the template on the next turn)."""
@@ -127,13 +129,6 @@ StreamEvent = TokenEvent | DoneEvent | ErrorEvent
 """One line of an instance's generate stream."""
 
 
-class KVEntry(BaseModel):
-    session_id: str
-    model: str
-    state: Literal["device", "host", "missing"]
-    kv_len: int
-
-
 class ModelLoad(BaseModel):
     queued_calls: int = 0
     queued_tokens: int = 0
@@ -171,7 +166,7 @@ class Telemetry(BaseModel):
     loaded_models: list[str]
     queued: dict[str, int] = Field(default_factory=dict)
     running: int = 0
-    sessions: list[KVEntry] = Field(default_factory=list)
+    sessions: list[KVLocation] = Field(default_factory=list)
     round_remaining_s: float = 0.0
     kv_occupancy: float = 0.0
     hbm_free_bytes: int | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from talariad.engine.executors.torch_engine import KVBook, TextStream
 from talariad.engine.executors.torch_engine.hosted import tiny_tokenizer
-from talariad.instance import KVUpdate
+from talariad.instance import KVLocation
 from talariad.types import KVState
 
 
@@ -53,12 +53,12 @@ def test_kv_book_reuses_any_device_prefix_but_whole_host_pages():
     rec.tokens, rec.valid, rec.host_tokens = list(range(11)), 10, 8
     prompt = list(range(7)) + [99, 100]
     assert book.reusable("s", "m", prompt, host_kv=True) == 7  # device: any common prefix
-    assert book.off_device("s", "m", host_kv=True) == KVUpdate("s", "m", KVState.HOST, 8)
+    assert book.off_device("s", "m", host_kv=True) == KVLocation("s", "m", KVState.HOST, 8)
     assert (
         book.reusable("s", "m", prompt, host_kv=True) == 4
     )  # host: whole pages of the common prefix
     assert book.reusable("s", "m", prompt, host_kv=False) == 0
-    assert book.off_device("s", "m", host_kv=False) == KVUpdate("s", "m", KVState.MISSING, 0)
+    assert book.off_device("s", "m", host_kv=False) == KVLocation("s", "m", KVState.MISSING, 0)
 
 
 def test_idle_owners_are_evicted_least_recently_used_first():

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from talariad.config import load_config
-from talariad.wire.messages import ModelLoad, KVEntry, Telemetry
+from talariad.wire.messages import ModelLoad, KVLocation, Telemetry
 from talariad.gateway.routing import PrefixBranches, PrefixTracker, router_knobs, snapshot
 from talariad.router import ModelState
 from talariad.types import KVState
@@ -26,7 +26,7 @@ def test_snapshot_maps_model_states_and_sessions():
         model_load={
             "b": ModelLoad(queued_calls=2, queued_tokens=300, running=1, switch_cost_s=0.4)
         },
-        sessions=[KVEntry(session_id="s1", model="b", state="host", kv_len=120)],
+        sessions=[KVLocation(session_id="s1", model="b", state=KVState.HOST, kv_len=120)],
         round_load_s=1.5,
     )
     snap = snapshot(t, ["a", "b", "c"], taken_at=10.0, healthy=True)

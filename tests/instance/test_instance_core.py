@@ -9,7 +9,7 @@ from talariad.instance import (
     CallOutput,
     InstanceCall,
     InstanceCore,
-    KVUpdate,
+    KVLocation,
     Refusal,
     StepResult,
 )
@@ -22,7 +22,7 @@ PROFILE = LatencyProfile()
 class Recorder:
     """An executor stand-in: it remembers what the core asked of it."""
 
-    def __init__(self, remember: KVUpdate | None = None, forgets: bool | None = None) -> None:
+    def __init__(self, remember: KVLocation | None = None, forgets: bool | None = None) -> None:
         self.released, self.remembered, self._update = [], [], remember
         self.rotation_changes: list[tuple[str, str]] = []
         self.forgotten: list[str] = []
@@ -104,13 +104,13 @@ def test_the_prefix_is_clamped_to_what_the_ledger_holds():
 
 
 def test_done_reports_where_the_kv_really_is():
-    moved = KVUpdate("s", "m", KVState.HOST, 8)
+    moved = KVLocation("s", "m", KVState.HOST, 8)
     c = core(Recorder(remember=moved))
     c.submit(call("a", max_tokens=1), 0, 0.0)
     _, (done,) = run_step(c, 0.0)
     assert (done.kv_state, done.kv_len) == (KVState.HOST, 8)  # not the scheduler's DEVICE guess
     c.submit(call("b", session="t", max_tokens=1), 0, 1.0)
-    evicted = StepResult(calls=None, kv_updates=[KVUpdate("t", "m", KVState.MISSING, 0)])
+    evicted = StepResult(calls=None, kv_updates=[KVLocation("t", "m", KVState.MISSING, 0)])
     c.executor._update = None
     _, (done,) = run_step(c, 1.0, evicted)
     assert (done.kv_state, done.kv_len) == (KVState.MISSING, 0)

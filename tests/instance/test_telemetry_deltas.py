@@ -140,7 +140,7 @@ def test_session_bounds_come_from_the_config():
 
 def test_session_deltas_report_changes_and_removals_against_the_consumers_view():
     from talariad.engine.deltas import SessionDeltas
-    from talariad.wire.messages import KVEntry as Msg, Telemetry
+    from talariad.wire.messages import KVLocation as Msg, Telemetry
 
     def tel(*rows):
         return Telemetry(

@@ -9,7 +9,7 @@ from talariad.router import (
     ModelState,
     Router,
     RouterKnobs,
-    SessionKV,
+    KVLocation,
 )
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath
 
@@ -48,7 +48,9 @@ class Snaps:
         self.versions[name] = self.versions.get(name, 0) + 1
         if models is None:
             models = {MODEL: ModelResidency(state)}
-        kv = {(sid, MODEL): SessionKV(st, n) for sid, (st, n) in (sessions or {}).items()}
+        kv = {
+            (sid, MODEL): KVLocation(sid, MODEL, st, n) for sid, (st, n) in (sessions or {}).items()
+        }
         fields.setdefault("hbm_free_bytes", 1 << 40)
         fields.setdefault("staging_slack_bytes", 1 << 40)
         return InstanceSnapshot(

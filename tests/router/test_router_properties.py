@@ -16,7 +16,7 @@ from talariad.router import (
     ModelState,
     Router,
     RouterKnobs,
-    SessionKV,
+    KVLocation,
 )
 from talariad.types import KVState, LatencyProfile, Pool
 
@@ -106,7 +106,7 @@ def replay(policy: str, evs: list) -> tuple[list, Router]:
         elif kind == "snap":
             _, name, healthy, lag, state, load, allowed, kv = ev
             version += 1
-            sessions = {(s, m): SessionKV(kv, 4000) for s in SESSIONS[:3] for m in MODELS}
+            sessions = {(s, m): KVLocation(s, m, kv, 4000) for s in SESSIONS[:3] for m in MODELS}
             snap = InstanceSnapshot(
                 name,
                 version,

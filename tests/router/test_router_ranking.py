@@ -16,7 +16,7 @@ from talariad.router import (
     RoundMeasurement,
     Router,
     RouterKnobs,
-    SessionKV,
+    KVLocation,
 )
 from talariad.router.cost import rank_all  # the reference
 from talariad.router.search.lazy import LazyCandidates
@@ -59,9 +59,9 @@ residency = st.builds(
 )
 session_kv = st.dictionaries(
     st.tuples(st.sampled_from(SESSIONS), st.sampled_from(MODELS)),
-    st.builds(SessionKV, st.sampled_from(list(KVState)), st.integers(0, 30_000)),
+    st.tuples(st.sampled_from(list(KVState)), st.integers(0, 30_000)),
     max_size=6,
-)
+).map(lambda d: {k: KVLocation(*k, state, n) for k, (state, n) in d.items()})
 snap_ev = st.tuples(
     st.just("snap"),
     st.sampled_from(NAMES),

@@ -23,7 +23,14 @@ import numpy as np
 
 from talariad.wire.messages import ChatMessage, GenerateRequest
 from talariad.replay.dists import OUTPUT_TOKENS
-from talariad.instance import CallOutput, InstanceCall, KVUpdate, MemoryStats, StepPlan, StepResult
+from talariad.instance import (
+    CallOutput,
+    InstanceCall,
+    KVLocation,
+    MemoryStats,
+    StepPlan,
+    StepResult,
+)
 from talariad.sim.model import SimModel
 from talariad.types import KVState
 
@@ -110,7 +117,7 @@ class SimExecutor:
     def reusable(self, session: str, model: str, prompt: list) -> int:
         return common_prefix(self.contexts.get((session, model), []), prompt)
 
-    def remember(self, call: InstanceCall) -> KVUpdate | None:
+    def remember(self, call: InstanceCall) -> KVLocation | None:
         self.contexts[(call.session_id, call.model)] = call.prompt + tokenize("".join(call.out))
         return None
 

@@ -23,7 +23,14 @@ from talariad.engine.executors.torch_engine import HostedModel, KVBook, TokenCon
 from talariad.engine.executors.torch_engine.calls import CallState
 from talariad.engine.executors.torch_engine.report import memory_report, memory_stats, record_dict
 from talariad.wire.messages import GenerateRequest
-from talariad.instance import CallOutput, InstanceCall, KVUpdate, MemoryStats, StepPlan, StepResult
+from talariad.instance import (
+    CallOutput,
+    InstanceCall,
+    KVLocation,
+    MemoryStats,
+    StepPlan,
+    StepResult,
+)
 from talariad.engine.model import DecodeSeq, ModelRunner, PrefillSeq, SamplingParams
 from talariad.engine.model.sampling import make_generator, sample
 from talariad.memory import Substrate, prefix_hashes
@@ -111,7 +118,7 @@ class TorchExecutor:
     def reusable(self, session: str, model: str, prompt: list) -> int:
         return self.book.reusable(session, model, prompt, self.host_kv)
 
-    def remember(self, call: InstanceCall) -> KVUpdate | None:
+    def remember(self, call: InstanceCall) -> KVLocation | None:
         """Keep the session's context; checkpoint its KV pages to host (async on CUDA). A call that
         ran on private pages (its session was busy) leaves nothing: say where the session's KV
         is."""
@@ -128,13 +135,13 @@ class TorchExecutor:
         self.book.settle(st.owner, model)
         return None
 
-    def _where(self, session: str, model: str) -> KVUpdate:
+    def _where(self, session: str, model: str) -> KVLocation:
         rec = self.book.get(session, model)
         if rec is not None and rec.on_device:
-            return KVUpdate(session, model, KVState.DEVICE, rec.valid)
+            return KVLocation(session, model, KVState.DEVICE, rec.valid)
         if rec is not None and self.host_kv and rec.host_tokens:
-            return KVUpdate(session, model, KVState.HOST, rec.host_tokens)
-        return KVUpdate(session, model, KVState.MISSING, 0)
+            return KVLocation(session, model, KVState.HOST, rec.host_tokens)
+        return KVLocation(session, model, KVState.MISSING, 0)
 
     def release(self, call: InstanceCall) -> None:
         """A call dropped by its client: release its pages at the next step (one may be running)."""
@@ -236,7 +243,7 @@ class TorchExecutor:
         saved = next((i for i, h in enumerate(hashes) if (model, h) not in blocks), len(hashes))
         rec.host_tokens = saved * self.page_size
 
-    def _host_losses(self) -> list[KVUpdate]:
+    def _host_losses(self) -> list[KVLocation]:
         """Ledger updates for sessions whose host pages were evicted since the last step."""
         updates = []
         for (model, owner), pages in self.sub.registry.take_shrunk().items():

@@ -29,7 +29,14 @@ from talariad.engine.executors.sglang.swap import (
 )
 from talariad.wire.messages import GenerateRequest
 from talariad.engine.model.tokenizer import TextTokenizer
-from talariad.instance import CallOutput, InstanceCall, KVUpdate, MemoryStats, StepPlan, StepResult
+from talariad.instance import (
+    CallOutput,
+    InstanceCall,
+    KVLocation,
+    MemoryStats,
+    StepPlan,
+    StepResult,
+)
 from talariad.types import KVState, SwitchPath
 
 log = logging.getLogger("talariad.engine.sglang")
@@ -210,7 +217,7 @@ class SGLangExecutor:
     def reusable(self, session: str, model: str, prompt: list) -> int:
         return common_prefix(self.contexts.get((session, model), []), prompt)
 
-    def remember(self, call: InstanceCall) -> KVUpdate | None:
+    def remember(self, call: InstanceCall) -> KVLocation | None:
         stream = call.state
         if isinstance(stream, CallStream):
             self.contexts[(call.session_id, call.model)] = call.prompt + stream.ids
@@ -373,7 +380,7 @@ class SGLangExecutor:
             KVState.HOST if self.host_kv else KVState.MISSING
         )  # what stock SGLang keeps (docs/sglang.md)
         updates = [
-            KVUpdate(s, m, state, len(ctx))
+            KVLocation(s, m, state, len(ctx))
             for (s, m), ctx in self.contexts.items()
             if m in released
         ]

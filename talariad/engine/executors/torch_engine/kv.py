@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from talariad.engine.executors.base import common_prefix
-from talariad.instance.contract import KVUpdate
+from talariad.instance.contract import KVLocation
 from talariad.types import KVState
 
 
@@ -76,7 +76,7 @@ class KVBook:
         while len(self._kvless) > self.kvless_records:
             self.records.pop(self._kvless.popitem(last=False)[0], None)
 
-    def host_lost(self, owner: str, model: str, pages: int) -> KVUpdate | None:
+    def host_lost(self, owner: str, model: str, pages: int) -> KVLocation | None:
         """The host registry cut the owner's prefix to `pages`: the ledger update, if the ledger
         speaks of its host copy (not while the owner is on device or in a call)."""
         rec = self.records.get((owner, model))
@@ -87,7 +87,7 @@ class KVBook:
             return None
         self.settle(owner, model)
         state = KVState.HOST if rec.host_tokens else KVState.MISSING
-        return KVUpdate(owner, model, state, rec.host_tokens)
+        return KVLocation(owner, model, state, rec.host_tokens)
 
     def reusable(self, owner: str, model: str, prompt: Sequence[int], host_kv: bool) -> int:
         """Prompt tokens whose KV this instance holds: any device prefix, or whole host pages."""
@@ -108,7 +108,7 @@ class KVBook:
         idle.sort(key=lambda item: (item[0] in keep, item[1].last_use))
         return [o for o, _ in idle]
 
-    def off_device(self, owner: str, model: str, host_kv: bool) -> KVUpdate:
+    def off_device(self, owner: str, model: str, host_kv: bool) -> KVLocation:
         """The owner's pages are gone: where its prefix now lives, as a scheduler ledger update."""
         rec = self.records[(owner, model)]
         rec.valid = 0
@@ -116,8 +116,8 @@ class KVBook:
             rec.host_tokens = 0
         self.settle(owner, model)
         if rec.host_tokens > 0:
-            return KVUpdate(owner, model, KVState.HOST, rec.host_tokens)
-        return KVUpdate(owner, model, KVState.MISSING, 0)
+            return KVLocation(owner, model, KVState.HOST, rec.host_tokens)
+        return KVLocation(owner, model, KVState.MISSING, 0)
 
     def on_device_owners(self, model: str) -> list[str]:
         return [o for (o, m), r in self.records.items() if m == model and r.on_device]
