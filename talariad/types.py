@@ -25,6 +25,25 @@ class KVLocation:
     kv_len: int
 
 
+@dataclass(slots=True)
+class RoundMeasurement:
+    """What one instance measured for one model over one closed round (a pinned instance: since
+    the last read): the instance core fills it, telemetry carries it, the router's profile EWMA
+    reads it (§3.3). A pair left at 0, or a switch left None, carries no information."""
+
+    model: str = ""
+    seq: int = 0
+    """Increasing per instance: a reader feeds each measurement once."""
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_steps: int = 0
+    decode_s: float = 0.0
+    restored_tokens: int = 0
+    restore_s: float = 0.0
+    switch_path: SwitchPath | None = None
+    switch_s: float | None = None
+
+
 class Pool(str, enum.Enum):
     HOT = "hot"
     COLD = "cold"

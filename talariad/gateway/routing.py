@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 from talariad.config import TalariaConfig
 from talariad.wire.messages import Telemetry
-from talariad.instance.telemetry import round_measurement
 from talariad.instance.telemetry import router_snapshot as snapshot
 from talariad.knobs import config_router_knobs as router_knobs
 from talariad.router import CallRequest, Decision, DecisionKind, Router, KVLocation
@@ -221,7 +220,7 @@ class RouterShell:
             fed = 0  # the instance restarted: its sequence starts over
         for r in t.rounds:
             if r.seq > fed:
-                self.router.round_summary(t.instance, r.model, round_measurement(r), now)
+                self.router.round_summary(t.instance, r.model, r, now)
         self._fed[t.instance] = max([fed] + [r.seq for r in t.rounds])
 
     def unhealthy(self, instance: str, now: float) -> None:

@@ -27,8 +27,14 @@ from talariad.cold_sched.snapshot import (
     round_load_s,
     round_remaining_s,
 )
-from talariad.wire.messages import GenerateRequest, ModelLoad, RoundReport, Telemetry
-from talariad.types import KVState, LatencyProfile, Pool, SwitchPath, SwitchRecord
+from talariad.wire.messages import GenerateRequest, ModelLoad, Telemetry
+from talariad.types import (
+    KVState,
+    LatencyProfile,
+    Pool,
+    RoundMeasurement,
+    SwitchRecord,
+)
 
 from .calls import InstanceCall, Refusal
 from .contract import (
@@ -66,27 +72,6 @@ class Done:
     def cached_tokens(self) -> int:
         cached = self.call.cached_tokens
         return self.completion.cached_tokens if cached is None else cached
-
-
-class _Meas:
-    """Per-model measurements since the last closed round (RoundMeasurement's fields)."""
-
-    __slots__ = (
-        "prefill_tokens",
-        "prefill_s",
-        "decode_steps",
-        "decode_s",
-        "restored_tokens",
-        "restore_s",
-        "switch_path",
-        "switch_s",
-    )
-
-    def __init__(self) -> None:
-        self.prefill_tokens = self.decode_steps = self.restored_tokens = 0
-        self.prefill_s = self.decode_s = self.restore_s = 0.0
-        self.switch_path: SwitchPath | None = None
-        self.switch_s: float | None = None
 
 
 class InstanceCore:
@@ -129,13 +114,13 @@ class InstanceCore:
         self.version = 0
         """Bumped on every change (a shell republishes telemetry when it moved)."""
         self.published = 0
-        self._meas: dict[str, _Meas] = {}
+        self._meas: dict[str, RoundMeasurement] = {}
         self._batch_ids: list[str] = []
         self._abandoned: set[str] = set()
         self._batch: dict[str, InstanceCall] = {}
         self._rounds_sent = 0
         self._round_seq = 0
-        self.round_reports: deque[RoundReport] = deque(maxlen=ROUND_REPORTS)
+        self.round_reports: deque[RoundMeasurement] = deque(maxlen=ROUND_REPORTS)
         self._telemetry_seq = 0  # the last round report a telemetry snapshot carried
 
     # ---- calls ------------------------------------------------------------------------------
@@ -316,7 +301,7 @@ class InstanceCore:
             return None, end
         self.version += steps
         model = plan.action.model
-        m = self._meas.get(model) or self._meas.setdefault(model, _Meas())
+        m = self._meas.get(model) or self._meas.setdefault(model, RoundMeasurement(model))
         m.decode_steps += steps
         for _ in range(steps):  # the same float sum as one `_measure` per step
             m.decode_s += seconds
@@ -372,7 +357,9 @@ class InstanceCore:
                     now - seconds, self.name, action.from_model, action.to_model, path, seconds
                 )
             )
-            m = self._meas.get(action.to_model) or self._meas.setdefault(action.to_model, _Meas())
+            m = self._meas.get(action.to_model) or self._meas.setdefault(
+                action.to_model, RoundMeasurement(action.to_model)
+            )
             m.switch_path, m.switch_s = path, seconds
         self._apply(result.kv_updates, now)
 
@@ -392,7 +379,9 @@ class InstanceCore:
     # ---- measurements for the router's profile EWMA ------------------------------------------
 
     def _measure(self, action: Prefill | Decode, seconds: float) -> None:
-        m = self._meas.get(action.model) or self._meas.setdefault(action.model, _Meas())
+        m = self._meas.get(action.model) or self._meas.setdefault(
+            action.model, RoundMeasurement(action.model)
+        )
         if action.__class__ is Decode:
             m.decode_steps += 1
             m.decode_s += seconds
@@ -404,29 +393,17 @@ class InstanceCore:
         m.restored_tokens += restore_tokens
         m.restore_s += restore_s
 
-    def round_measurements(self) -> list[RoundReport]:
+    def round_measurements(self) -> list[RoundMeasurement]:
         """Per-model measurements since the last closed round (pinned: since the last read)."""
         closed = self.sched.rounds.count
         if self.sched.mode == "time_shared" and closed == self._rounds_sent:
             return []
         self._rounds_sent = closed
         out = []
-        for model, m in sorted(self._meas.items()):
+        for _, m in sorted(self._meas.items()):
             self._round_seq += 1
-            out.append(
-                RoundReport(
-                    seq=self._round_seq,
-                    model=model,
-                    prefill_tokens=m.prefill_tokens,
-                    prefill_s=m.prefill_s,
-                    decode_steps=m.decode_steps,
-                    decode_s=m.decode_s,
-                    restored_tokens=m.restored_tokens,
-                    restore_s=m.restore_s,
-                    switch_path=m.switch_path.value if m.switch_path else None,
-                    switch_s=m.switch_s,
-                )
-            )
+            m.seq = self._round_seq
+            out.append(m)
         self._meas = {}
         self.round_reports.extend(out)
         return out
@@ -527,7 +504,7 @@ class InstanceCore:
             if e.state is not KVState.MISSING
         ]
 
-    def _new_reports(self) -> list[RoundReport]:
+    def _new_reports(self) -> list[RoundMeasurement]:
         """Round reports no earlier snapshot carried: telemetry has one reader (the gateway), and a
         lost reply only loses a refinement of the router's EWMA, never a decision."""
         new = [r for r in self.round_reports if r.seq > self._telemetry_seq]

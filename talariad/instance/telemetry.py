@@ -4,14 +4,13 @@
 
 from __future__ import annotations
 
-from talariad.wire.messages import RoundReport, Telemetry
+from talariad.wire.messages import Telemetry
 from talariad.router import (
     InstanceSnapshot,
     ModelResidency,
     ModelState,
-    RoundMeasurement,
 )
-from talariad.types import Pool, SwitchPath
+from talariad.types import Pool
 
 
 def router_snapshot(
@@ -60,17 +59,4 @@ def router_snapshot(
         hbm_free_bytes=t.hbm_free_bytes,
         staging_slack_bytes=t.staging_slack_bytes or 0,
         restore_s_per_token=None,  # measured restores refine the router's profile (round reports)
-    )
-
-
-def round_measurement(r: RoundReport) -> RoundMeasurement:
-    return RoundMeasurement(
-        r.prefill_tokens,
-        r.prefill_s,
-        r.decode_steps,
-        r.decode_s,
-        r.restored_tokens,
-        r.restore_s,
-        SwitchPath(r.switch_path) if r.switch_path else None,
-        r.switch_s,
     )

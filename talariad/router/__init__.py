@@ -16,10 +16,10 @@ from talariad.router.messages import (
     Lease,
     ModelResidency,
     ModelState,
-    RoundMeasurement,
     SessionEntry,
     KVLocation,
 )
+from talariad.types import RoundMeasurement
 from talariad.router.policies import POLICIES
 from talariad.router.router import Router
 

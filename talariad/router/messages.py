@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple
 
-from talariad.types import KVLocation, KVState, Pool, SwitchPath
+from talariad.types import KVLocation, KVState, Pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,23 +89,6 @@ class InstanceSnapshot:
 
 
 _ABSENT = ModelResidency(ModelState.ABSENT)
-
-
-@dataclass(frozen=True, slots=True)
-class RoundMeasurement:
-    """What one instance measured for one model over a round; feeds the profile EWMA (§3.3).
-
-    Any pair left at 0 (or a switch left None) carries no information and is skipped.
-    """
-
-    prefill_tokens: int = 0
-    prefill_s: float = 0.0
-    decode_steps: int = 0
-    decode_s: float = 0.0
-    restored_tokens: int = 0
-    restore_s: float = 0.0
-    switch_path: SwitchPath | None = None
-    switch_s: float | None = None
 
 
 class DecisionKind(str, enum.Enum):

@@ -10,7 +10,7 @@ import dataclasses
 import heapq
 from collections import defaultdict
 
-from talariad.router.messages import RoundMeasurement
+from talariad.types import RoundMeasurement
 from talariad.types import LatencyProfile, SwitchPath
 
 _DEFAULT = LatencyProfile()

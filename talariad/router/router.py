@@ -20,9 +20,9 @@ from talariad.router.messages import (
     InstanceSnapshot,
     InstanceStatus,
     Lease,
-    RoundMeasurement,
     SessionEntry,
 )
+from talariad.types import RoundMeasurement
 from talariad.router.policies import POLICIES, Choice, ClusterView
 from talariad.router.profiles import DemandTracker, ProfileBook
 from talariad.router.search.costmodel import CostModel

@@ -11,7 +11,7 @@ from __future__ import annotations
 from talariad.cold_sched import Idle, SchedKnobs
 from talariad.instance import InstanceCall, InstanceCore, StepPlan
 from talariad.instance.core import Done
-from talariad.instance.telemetry import round_measurement, router_snapshot
+from talariad.instance.telemetry import router_snapshot
 from talariad.router import InstanceSnapshot, RoundMeasurement
 from talariad.sim.memory import SimMemory
 from talariad.sim.model import SimModel
@@ -109,7 +109,7 @@ class SimInstance:
         self.core.round_measurements()
         new = [r for r in self.core.round_reports if r.seq > self._fed]
         self._fed = max((r.seq for r in new), default=self._fed)
-        return [(r.model, round_measurement(r)) for r in new]
+        return [(r.model, r) for r in new]
 
     def check_integrity(self) -> None:
         self.core.check_integrity()

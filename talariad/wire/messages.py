@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from talariad.types import KVLocation
+from talariad.types import KVLocation, RoundMeasurement
 
 
 class ToolCall(BaseModel):
@@ -139,22 +139,6 @@ class ModelLoad(BaseModel):
     open_cost_s: float | None = None
 
 
-class RoundReport(BaseModel):
-    """What an instance measured for one model over one closed round (the router's profile EWMA)."""
-
-    seq: int
-    """Increasing per instance: a reader feeds each report once."""
-    model: str
-    prefill_tokens: int = 0
-    prefill_s: float = 0.0
-    decode_steps: int = 0
-    decode_s: float = 0.0
-    restored_tokens: int = 0
-    restore_s: float = 0.0
-    switch_path: Literal["d2d", "partial", "h2d"] | None = None
-    switch_s: float | None = None
-
-
 class Telemetry(BaseModel):
     """Versioned instance snapshot the gateway's router reads (§4.1)."""
 
@@ -186,6 +170,6 @@ class Telemetry(BaseModel):
     """None: `sessions` is the whole list. Else `sessions` holds only entries that changed since the
     view named `sessions_base`, and `sessions_removed` the (session, model) pairs it no longer has."""
     sessions_removed: list[tuple[str, str]] = Field(default_factory=list)
-    rounds: list[RoundReport] = Field(default_factory=list)
+    rounds: list[RoundMeasurement] = Field(default_factory=list)
     """Round measurements since the previous snapshot (bounded); the gateway feeds them to the
     router's profile EWMA."""

@@ -1,5 +1,6 @@
 """The gateway's shell around the router: telemetry → snapshot, prefix coverage, knobs from config."""
 
+import dataclasses
 import pathlib
 
 from hypothesis import given
@@ -68,14 +69,14 @@ def test_router_knobs_follow_config_and_ablations():
 
 
 def test_round_measurements_in_telemetry_refine_the_router_profile_once():
-    from talariad.wire.messages import RoundReport
+    from talariad.types import RoundMeasurement
     from talariad.gateway.routing import RouterShell
     from talariad.knobs import model_profile
 
     cfg = load_config(ROOT / "etc" / "talaria.yaml")
     shell = RouterShell.from_config(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})
     before = shell.router.profiles()["tiny-code"].decode_step_s
-    rounds = [RoundReport(seq=1, model="tiny-code", decode_steps=10, decode_s=1.0)]
+    rounds = [RoundMeasurement(model="tiny-code", seq=1, decode_steps=10, decode_s=1.0)]
     t = Telemetry(
         instance="cold0",
         version=1,
@@ -90,7 +91,7 @@ def test_round_measurements_in_telemetry_refine_the_router_profile_once():
     assert before < after < 0.1  # 0.1 s per step measured, folded in by the EWMA
     shell.observe(t.model_copy(update={"version": 2}), 0.5)  # the same report again: fed once
     assert shell.router.profiles()["tiny-code"].decode_step_s == after
-    slower = [rounds[0].model_copy(update={"decode_s": 2.0})]
+    slower = [dataclasses.replace(rounds[0], decode_s=2.0)]
     restarted = t.model_copy(update={"version": 1, "rounds": slower})
     shell.instance_down("cold0", 1.0)
     shell.observe(restarted, 1.5)  # a restarted instance numbers its rounds from 1 again
