@@ -4,7 +4,11 @@ the executor know about a call, from submission to completion."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from talariad.cold_sched.calls import CallProgress
+    from talariad.wire.messages import GenerateRequest
 
 
 @dataclass(slots=True, eq=False)
@@ -14,14 +18,15 @@ class InstanceCall:
     model: str
     prompt_tokens: int
     max_tokens: int
+    """The output limit decided at admission (the request's, lowered to what fits when it asks)."""
     arrived_at: float = 0.0
-    request: Any = None
-    """The internal API's request (daemon shell); None in the simulator."""
+    request: GenerateRequest | None = None
+    """The internal API's request as the gateway sent it (daemon shell); None in the simulator."""
     prompt: list = field(default_factory=list)
     """The encoded prompt (daemon shell; the simulator only knows its length)."""
     out: list[str] = field(default_factory=list)
     """Text pieces emitted so far (one per step that emitted something)."""
-    progress: Any = None
+    progress: CallProgress | None = None
     """The scheduler's record of the call (`cold_sched.calls.CallProgress`): its counts are the
     only ones kept."""
     kv_source: str = "none"
@@ -36,8 +41,8 @@ class InstanceCall:
     """Prompt tokens the session's earlier context covers (whatever the instance still holds)."""
     abandoned: bool = False
     """The client left while the call was in the running batch: it ends at its next step."""
-    state: Any = None
-    """Executor-private state (sampler, block table, planned words ...)."""
+    state: object = None
+    """Executor-private state (sampler, block table, planned words ...): only its executor reads it."""
 
     @property
     def generated(self) -> int:

@@ -138,9 +138,10 @@ class InstanceCore:
             prompt = executor.encode(request)
         except ValueError as err:  # a conversation the model's chat template refuses
             return Refusal("invalid_value", "messages", str(err))
+        max_tokens = request.max_tokens  # the request stays as the gateway sent it
         if request.clamp_max_tokens and prompt:  # at least one token
-            request.max_tokens = max(1, min(request.max_tokens, self.room(model, len(prompt))))
-        refusal = self.refusal(model, len(prompt), request.max_tokens)
+            max_tokens = max(1, min(max_tokens, self.room(model, len(prompt))))
+        refusal = self.refusal(model, len(prompt), max_tokens)
         if refusal is not None:
             return refusal
         session = request.session_id or f"call-{request.call_id}"
@@ -149,7 +150,7 @@ class InstanceCore:
             session,
             model,
             len(prompt),
-            request.max_tokens,
+            max_tokens,
             now,
             request=request,
             prompt=prompt,

@@ -158,7 +158,8 @@ def test_admission_refuses_clamps_and_queues():
     assert (big.code, big.limit, big.prompt_tokens) == ("context_length_exceeded", 50, 40)
     req = request("d", "w " * 40, 20, clamp_max_tokens=True, session_id="s")
     ok = c.admit(req, 1.0)
-    assert isinstance(ok, InstanceCall) and req.max_tokens == ok.max_tokens == 10  # 50 - 40
+    assert isinstance(ok, InstanceCall) and ok.max_tokens == 10  # 50 - 40
+    assert req.max_tokens == 20  # the request stays as the gateway sent it
     assert (ok.session_id, ok.arrived_at, ok.prompt_tokens) == ("s", 1.0, 40)
     assert c.calls == {"d": ok} and not c.calls["d"].generated
     alone = c.admit(request("e", "x", 1), 1.0)

@@ -304,7 +304,7 @@ class TorchExecutor:
             self.private.add(owner)
         rec = self.book.open(owner, model, req.call_id)
         sampling = SamplingParams(
-            temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_tokens, seed=req.seed
+            temperature=req.temperature, top_p=req.top_p, max_tokens=call.max_tokens, seed=req.seed
         )
         hosted = self.models[model]
         call.state = CallState(
