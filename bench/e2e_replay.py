@@ -13,6 +13,7 @@ clock on this machine; SCT is from a session's first intended enqueue to its las
 
 from __future__ import annotations
 
+import os
 import argparse
 import asyncio
 import queue
@@ -201,7 +202,9 @@ def main() -> None:
         [r.run for r in results], Console(width=200), title="Real-mode replay (wall clock)"
     )
     _print_rows(results)
-    print(f"bench wall clock {time.monotonic() - wall:.1f} s")
+    print(
+        f"bench wall clock {time.monotonic() - wall:.1f} s; load average {os.getloadavg()[0]:.2f}"
+    )
 
 
 def _print_rows(results) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -68,6 +69,7 @@ def main() -> int:
     finally:
         stop_daemon(d)
     base = rows["small call (200)"][0]
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(f"{'request':24} {'status':>6} {'median ms':>10} {'x small call':>13}")
     for name, (t, statuses) in rows.items():
         print(

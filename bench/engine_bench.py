@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -115,7 +116,10 @@ def main() -> None:
         if res.returncode:
             sys.exit(f"{dtype}: {res.stderr.strip().splitlines()[-1]}")
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
-    print(f"{args.model}, {args.threads} torch thread(s), prompt {args.prompt} tokens, tok/s wall")
+    print(
+        f"{args.model}, {args.threads} torch thread(s), prompt {args.prompt} tokens, tok/s wall; "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
     head = "dtype     load_s  prefill  (cpu)  dec_b1  (cpu)  dec_b8  (cpu)  rss_MiB loaded/end/peak  load avg"
     print(head)
     for r in rows:

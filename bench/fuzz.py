@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import sys
 import tempfile
 import time
@@ -75,7 +76,10 @@ def _alive(url: str) -> bool:
 
 
 def _print(result: dict) -> None:
-    print(f"{result['requests']} fuzzed requests in {result['seconds']} s")
+    print(
+        f"{result['requests']} fuzzed requests in {result['seconds']} s; "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
     print(f"{'status':>24} {'count':>7}")
     for status, n in result["by_status"].items():
         print(f"{status:>24} {n:7d}")
