@@ -249,3 +249,11 @@ def test_the_sim_model_reports_switch_phases(paper):
     assert len(report["phase_s"]) == 5 and sum(report["phase_s"]) == pytest.approx(seconds)
     weight = paper.models[target].weight_bytes_per_gpu
     assert 0 < report["staged_bytes"] < weight
+
+
+def test_the_measured_tiny_profile_prices_an_unobserved_path_as_an_open():
+    from talariad.sim.profiles import load_set
+
+    prof = load_set("tiny-torch").models["tiny"].profile
+    assert prof.switch_cost_s(SwitchPath.PARTIAL) == prof.open_s  # not measured: no own entry
+    assert prof.switch_cost_s(SwitchPath.D2D) <= prof.switch_cost_s(SwitchPath.H2D)
