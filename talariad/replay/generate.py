@@ -33,17 +33,26 @@ class Shape:
 
 
 def session_shape(
-    rng: np.random.Generator, depth: int, output: dists.LogNormal = dists.OUTPUT_TOKENS
+    rng: np.random.Generator,
+    depth: int,
+    output: dists.LogNormal = dists.OUTPUT_TOKENS,
+    compact: bool = False,
 ) -> Shape:
-    """A growing-context session of up to `depth` calls; it ends early at MAX_CONTEXT_TOKENS
-    (the agent stops at its context limit, as mini-swe-agent does)."""
+    """A growing-context session of up to `depth` calls; at MAX_CONTEXT_TOKENS it ends early (the
+    agent stops at its context limit, as mini-swe-agent does) or, with `compact`, starts a fresh
+    context (a new first prompt with no reusable prefix, as Claude Code's auto-compaction does)."""
     prompts = [min(dists.FIRST_PROMPT.sample_int(rng), MAX_CONTEXT_TOKENS // 2)]
     prefixes, outputs = [0], [output.sample_int(rng)]
     while len(prompts) < depth:
         context = prompts[-1] + outputs[-1]
         prompt = context + dists.OBSERVATION.sample_int(rng)
         if prompt > MAX_CONTEXT_TOKENS:
-            break
+            if not compact:
+                break
+            prompts.append(min(dists.FIRST_PROMPT.sample_int(rng), MAX_CONTEXT_TOKENS // 2))
+            prefixes.append(0)
+            outputs.append(output.sample_int(rng))
+            continue
         prefixes.append(_reused(rng, context))
         prompts.append(prompt)
         outputs.append(output.sample_int(rng))
@@ -86,29 +95,29 @@ def characterization(
 
 
 # §5.1 / App. A: ten issues, each replayed once on each of three models, 960 calls in total,
-# gaps capped at 10 s, and the cap affects 20 of the 960 calls.
+# closed loop, gaps capped at 10 s, and the cap affects 20 of the 960 calls.
 FIXED_ISSUES = 10
 FIXED_CALLS = 960
 FIXED_CAPPED = 20
-# Assumption: the paper gives no per-issue depth; Claude Code sessions are deeper than §2.1's
-# (960 / 30 = 32 calls on average), so depths are lognormal weights (sigma 0.5) apportioned to
-# sum to 320 per model, at least 8 calls each.
-_DEPTH_SIGMA = 0.5
-_MIN_DEPTH = 8
+# The paper gives no per-issue depth, only the characterization's (§2.1: p50 11, p95 49, max 187)
+# and the replay's total (960 calls = 320 per model). Depths are ten draws from the §2.1 depth
+# distribution (truncated at its maximum) conditioned on summing to exactly 320: rejection sampling,
+# so the set is one the characterization could have produced, not rescaled to the total. Outputs
+# follow `dists.OUTPUT_TOKENS` unscaled (the paper publishes no output lengths); a session that
+# reaches the context limit compacts (`session_shape(compact=True)`).
+MAX_DEPTH = 187
+_DRAWS = 20_000  # candidate depth sets per rejection batch
 
-# Calibration, done once on the Talaria row only (never on the ablations' outcomes). The paper
-# publishes no output lengths for its Claude Code replay; its Talaria run has about 200 rounds and
-# an aggregate round wall of about 1632 s (§5.5, Fig. 13). With the §2.1-shaped outputs of the
-# bundled real trace's README (p50 89 / p95 1,038 tokens) the simulated Talaria run (paper-tp8
-# profiles, seeds 0-4) had 170 rounds and 1432 s of round wall; scaling outputs by 1.2 gives
-# 196 rounds and 1649 s (residuals -2% and +1%). Left as residuals, not fitted: SP handling
-# events 632 admitted / 480 parked (paper 316 / 345: the simulator counts every SP batch
-# admission and every return pushed past its slot, the paper's exact counting rule is not
-# published) and SCT p50 / p95 630 / 1606 s (paper 189 / 867 s: all 30 sessions start at t = 0
-# here, and the strict multiplexing bound of this workload is already above 189 s at p50).
-# Session depths keep their assumption above; sweeping sigma 0.5-1.5 moved rounds and wall
-# together, so it is not separately identified by the published aggregates.
-FIXED_OUTPUT = dists.LogNormal(dists.OUTPUT_TOKENS.p50 * 1.2, dists.OUTPUT_TOKENS.p95 * 1.2)
+
+def fixed_depths(rng: np.random.Generator, n: int = FIXED_ISSUES, total: int = FIXED_CALLS // 3):
+    """`n` depths drawn from §2.1's depth distribution, conditioned on summing to `total`."""
+    for _ in range(1000):
+        draws = np.maximum(np.rint(dists.DEPTH.sample(rng, (_DRAWS, n))), 1).astype(int)
+        ok = (draws.sum(axis=1) == total) & (draws.max(axis=1) <= MAX_DEPTH)
+        hit = np.flatnonzero(ok)
+        if hit.size:
+            return [int(d) for d in draws[hit[0]]]
+    raise ValueError(f"no {n} depths from the §2.1 distribution sum to {total}")
 
 
 def fixed_replay(seed: int = 0, models: Sequence[str] = PAPER_MODELS) -> Trace:
@@ -117,35 +126,14 @@ def fixed_replay(seed: int = 0, models: Sequence[str] = PAPER_MODELS) -> Trace:
     if FIXED_CALLS % len(models):
         raise ValueError(f"{FIXED_CALLS} calls cannot split evenly over {len(models)} models")
     rng = np.random.default_rng(seed)
-    depths = apportion(
-        rng.lognormal(0.0, _DEPTH_SIGMA, FIXED_ISSUES), FIXED_CALLS // len(models), _MIN_DEPTH
-    )
-    shapes = [_shape_of_depth(rng, d) for d in depths]
+    depths = fixed_depths(rng, FIXED_ISSUES, FIXED_CALLS // len(models))
+    shapes = [session_shape(rng, d, compact=True) for d in depths]
     gaps = _capped_gaps(rng, [len(s.prompts) for s in shapes for _ in models])
     sessions, g = [], iter(gaps)
     for i, shape in enumerate(shapes):
         for model in models:
             sessions.append(realize(shape, f"astropy-{i:02d}:{model}", model, next(g)))
     return Trace(sessions)
-
-
-def apportion(weights: np.ndarray, total: int, minimum: int) -> list[int]:
-    """Integers >= minimum summing to `total`, proportional to weights (largest remainder)."""
-    spare = total - minimum * len(weights)
-    if spare < 0:
-        raise ValueError(f"cannot give {len(weights)} parts at least {minimum} from {total}")
-    share = weights / weights.sum() * spare
-    out = np.floor(share).astype(int)
-    for i in np.argsort(-(share - out))[: spare - int(out.sum())]:
-        out[i] += 1
-    return [int(x) + minimum for x in out]
-
-
-def _shape_of_depth(rng: np.random.Generator, depth: int) -> Shape:
-    while True:  # redraw the rare session that hits the context limit before `depth` calls
-        shape = session_shape(rng, depth, FIXED_OUTPUT)
-        if len(shape.prompts) == depth:
-            return shape
 
 
 def _capped_gaps(rng: np.random.Generator, depths: list[int]) -> list[list[float]]:

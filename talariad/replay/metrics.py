@@ -171,6 +171,13 @@ class RowMetrics:
     policy: str | None = None
     load: str | None = None
     tau_s: float | None = None
+    bound_p50_s: float | None = None
+    """The strict multiplexing bound on SCT p50 / p95 (no schedule of this trace on this box does
+    better, `talariad.replay.bounds`); None unless every session started at t = 0."""
+    bound_p95_s: float | None = None
+    switch_mean_s: float | None = None
+    switch_total_s: float | None = None  # summed over rounds (Fig. 13's "Switch")
+    active_total_s: float | None = None  # round wall minus switch time (Fig. 13's "Active")
 
 
 def row_metrics(run: RunResult) -> RowMetrics:
@@ -217,6 +224,13 @@ def row_metrics(run: RunResult) -> RowMetrics:
         policy=run.policy,
         load=run.load,
         tau_s=run.tau_s,
+        bound_p50_s=nearest_rank(run.rank_bounds, 50) if run.rank_bounds else None,
+        bound_p95_s=nearest_rank(run.rank_bounds, 95) if run.rank_bounds else None,
+        switch_mean_s=(
+            sum(s.latency_s for s in run.switches) / len(run.switches) if run.switches else None
+        ),
+        switch_total_s=measured("switch_share", sum(r.switch_s for r in run.rounds)),
+        active_total_s=measured("switch_share", sum(r.active_s for r in run.rounds)),
     )
 
 

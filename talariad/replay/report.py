@@ -140,6 +140,19 @@ def speedup_line(
     )
 
 
+def bound_line(results: Sequence[RunResult]) -> str:
+    """The strict multiplexing bound of the replayed trace (`talariad.replay.bounds`): no
+    configuration's SCT p50 / p95 can be below it; '-' where sessions did not start together."""
+    measured = [r for r in results if r.rank_bounds]
+    if not measured:
+        return "strict bound SCT p50 / p95: - (sessions do not all start at t = 0)"
+    row = row_metrics(measured[0])
+    return (
+        f"strict bound SCT p50 / p95: {row.bound_p50_s:.1f} / {row.bound_p95_s:.1f} s "
+        f"(paper Talaria {PAPER_SCT_S['Talaria'][0]:.0f} / {PAPER_SCT_S['Talaria'][1]:.0f} s)"
+    )
+
+
 def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
@@ -153,6 +166,7 @@ def print_report(
 ) -> None:
     console = console or Console()
     console.print(table(results, title=title, paper=paper, suite=suite))
+    console.print(bound_line(results))
     line = speedup_line(results)
     if line:
         console.print(line)

@@ -10,13 +10,18 @@ three facts at session/byte granularity:
   weights) holding session prefixes in LRU order; an evicted prefix becomes MISSING.
 - device KV: the active model's KV may use the managed HBM left after its weights; beyond that
   the least recently used idle prefixes leave the device (to host with HKVR, else lost).
-- staging: after a switch into model A, the model the scheduler names (`staging_target`, chosen
-  then, as a real substrate must) is copied H2D into the HBM slack (managed HBM - A's weights -
-  A's device KV) at the box's H2D rate; at the next switch the staged share decides the path (all
-  staged: d2d, some: partial, none or another model staged: h2d fallback). KV growth that overlaps
-  the staged range dirties it: the slack is measured against the peak of A's device KV since
-  staging began, retained prefixes included (the paper's dirty chunks, reloaded from host).
-  Staging and HKVR restores share each GPU's H2D link, so restore time delays staging.
+- staging (§4.4, App. D): after a switch into model A, the model the scheduler names
+  (`staging_target`, chosen then, as a real substrate must) is copied H2D into the HBM slack
+  (managed HBM - A's weights - device KV: A's live and retained rows and rows parked for other
+  models) at the box's H2D rate; at the next switch the staged share decides the path (all staged:
+  d2d, some: partial, none or another model staged: h2d fallback). KV growth that overlaps the
+  staged range dirties it: the slack is measured against the peak device KV since staging began
+  (the paper's dirty chunks, reloaded from host). Staging and HKVR restores share each GPU's H2D
+  link, so restore time delays staging.
+- switch timing (a box with `switch_phase_ms`, `SwitchTiming`): a switch's five phases are App. D
+  Table 2's phases 1, 3, 4 and 5 for its path, and phase 2 = the fixed part of opening weights +
+  the D2D gather of the clean staged bytes + the H2D copy of the rest (dirty or never staged).
+  The path mix, switch latencies and switch share are outputs of this, not inputs.
 - resident weights (a box with `kv_reserve_gib_per_gpu`): models' weights stay in HBM while they
   fit in the managed HBM minus that KV reserve. Switching to a resident model is the D2D path (its
   weights are already on device, App. D phases other than the weight copy); opening another one
@@ -35,6 +40,16 @@ from talariad.types import SwitchPath
 
 
 @dataclass(frozen=True, slots=True)
+class SwitchTiming:
+    """What a switch costs, from the mechanism: per path, phases 1, 3, 4, 5 (seconds); phase 2's
+    fixed part; the D2D gather rate (bytes/s per GPU). H2D uses `MemorySpec.h2d_bytes_per_s`."""
+
+    other_s: dict[SwitchPath, tuple[float, float, float, float]]
+    open_fixed_s: float
+    d2d_bytes_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class MemorySpec:
     hbm_bytes: int  # managed HBM per GPU
     host_kv_bytes: int  # host arena for KV, whole box
@@ -45,13 +60,16 @@ class MemorySpec:
     resident_bytes: int | None = None
     """Managed HBM per GPU that resident weights may fill (None: one model's weights at a time,
     the others staged or opened from host)."""
+    timing: SwitchTiming | None = None
+    """Set: switches are priced by `SimMemory.switch_phases`; None: by the profile's table."""
 
 
 @dataclass(frozen=True, slots=True)
 class SwitchPlan:
     path: SwitchPath
     uncovered: float  # share of the target's weights opened over H2D
-    staged_bytes: int
+    staged_bytes: int  # clean staged bytes, gathered D2D
+    dirty_bytes: int = 0  # staged bytes KV growth overwrote since (reloaded from host)
 
 
 Key = tuple[str, str]  # (session, model)
@@ -61,7 +79,7 @@ class MemoryModel(Protocol):
     def plan_switch(
         self, active: str | None, target: str, device_kv_bytes: int, now: float
     ) -> SwitchPlan: ...
-    def switched(self, now: float, target: str | None) -> None: ...
+    def switched(self, now: float, target: str | None, device_kv_bytes: int = 0) -> None: ...
     def save(self, entries: list[tuple[Key, int]]) -> list[Key]: ...
     def touch(self, key: Key) -> None: ...
     def kv_budget_bytes(self, active: str) -> int: ...
@@ -82,6 +100,11 @@ def memory_spec(pset) -> MemorySpec:
     host_kv = box.host_memory_bytes - box.tp * sum(weights.values())
     managed = int(box.hbm_per_gpu_bytes * box.mem_fraction_bump)
     reserve = box.kv_reserve_bytes_per_gpu
+    timing = (
+        SwitchTiming(box.switch_phases_s, box.open_fixed_s, box.d2d_bytes_per_s)
+        if box.switch_phases_s and box.d2d_bytes_per_s and box.h2d_bytes_per_s
+        else None
+    )
     return MemorySpec(
         managed,
         max(host_kv, 0),
@@ -90,6 +113,7 @@ def memory_spec(pset) -> MemorySpec:
         weights,
         kv,
         None if reserve is None else max(managed - reserve, 0),
+        timing,
     )
 
 
@@ -102,7 +126,8 @@ class SimMemory:
         self.host_used = 0
         self.stage_from = 0.0  # when staging for the next switch could start
         self.stage_target: str | None = None  # what is being staged; None: the first switch's pick
-        self.kv_peak = 0  # the active model's device KV high-water mark since staging began
+        self.kv_peak = 0  # the device KV high-water mark since staging began
+        self.kv_start = 0  # the device KV when staging began (the staged range starts above it)
         self.link_busy_s = 0.0  # H2D link time taken by KV restores since staging began
         self.host_evictions = 0
         self.resident: OrderedDict[str, None] = OrderedDict()  # least recently active first
@@ -141,16 +166,26 @@ class SimMemory:
         self, active: str | None, target: str, device_kv_bytes: int, now: float
     ) -> int:
         """Clean staged bytes of `target`: 0 unless it is the model being staged."""
+        return self._staged(active, target, device_kv_bytes, now)[0]
+
+    def _staged(
+        self, active: str | None, target: str, device_kv_bytes: int, now: float
+    ) -> tuple[int, int]:
+        """(clean, dirty) staged bytes of `target`: what the link copied into the slack above
+        the device KV as it stood when staging began, and of that what KV growth overwrote."""
         if self.keeps_weights or not self.d2d or active is None or target != self.stage_target:
-            return 0
+            return 0, 0
         s = self.spec
-        slack = s.hbm_bytes - s.weight_bytes.get(active, 0) - max(self.kv_peak, device_kv_bytes)
-        copied = (
+        room = s.hbm_bytes - s.weight_bytes.get(active, 0)
+        copied = min(
+            float(s.weight_bytes.get(target, 0)),
             float("inf")
             if s.h2d_bytes_per_s is None
-            else s.h2d_bytes_per_s * max(now - self.stage_from - self.link_busy_s, 0.0)
+            else s.h2d_bytes_per_s * max(now - self.stage_from - self.link_busy_s, 0.0),
         )
-        return int(max(0.0, min(s.weight_bytes.get(target, 0), slack, copied)))
+        written = max(0.0, min(copied, room - self.kv_start))
+        clean = max(0.0, min(copied, room - max(self.kv_peak, device_kv_bytes)))
+        return int(clean), int(max(written - clean, 0.0))
 
     def plan_switch(
         self, active: str | None, target: str, device_kv_bytes: int, now: float
@@ -159,20 +194,42 @@ class SimMemory:
         if self.keeps_weights:  # resident: no weight copy; else a full open (the caller's)
             resident = target in self.resident
             return SwitchPlan(SwitchPath.D2D if resident else SwitchPath.H2D, 0.0, weight)
-        staged = self.staged_bytes(active, target, device_kv_bytes, now)
+        staged, dirty = self._staged(active, target, device_kv_bytes, now)
         if not self.d2d or staged <= 0 or weight <= 0:
             return SwitchPlan(
                 SwitchPath.D2D if self.d2d and weight <= 0 else SwitchPath.H2D,
                 0.0 if self.d2d and weight <= 0 else 1.0,
                 staged,
+                dirty,
             )
         if staged >= weight:
-            return SwitchPlan(SwitchPath.D2D, 0.0, staged)
-        return SwitchPlan(SwitchPath.PARTIAL, 1.0 - staged / weight, staged)
+            return SwitchPlan(SwitchPath.D2D, 0.0, staged, dirty)
+        return SwitchPlan(SwitchPath.PARTIAL, 1.0 - staged / weight, staged, dirty)
 
-    def switched(self, now: float, target: str | None) -> None:
-        """A switch finished: staging of `target` for the next one starts now."""
-        self.stage_from, self.stage_target, self.kv_peak, self.link_busy_s = now, target, 0, 0.0
+    def switch_phases(self, target: str, plan: SwitchPlan) -> tuple[float, ...] | None:
+        """Seconds of the switch's five phases (App. D) when the box prices switches from the
+        mechanism (`MemorySpec.timing`), else None. Phase 2 opens the target's weights: its
+        fixed part, the D2D gather of the clean staged bytes, the H2D copy of the rest; a switch
+        to a resident model (`keeps_weights`) copies nothing."""
+        t, s = self.spec.timing, self.spec
+        if t is None or not s.h2d_bytes_per_s:
+            return None
+        weight = s.weight_bytes.get(target, 0)
+        if self.keeps_weights and plan.path is SwitchPath.D2D:
+            d2d = h2d = 0.0
+        else:
+            d2d = min(plan.staged_bytes, weight) if plan.path is not SwitchPath.H2D else 0
+            h2d = weight - d2d
+        p2 = t.open_fixed_s + d2d / t.d2d_bytes_per_s + h2d / s.h2d_bytes_per_s
+        p1, p3, p4, p5 = t.other_s[plan.path]
+        return (p1, p2, p3, p4, p5)
+
+    def switched(self, now: float, target: str | None, device_kv_bytes: int = 0) -> None:
+        """A switch finished with `device_kv_bytes` of KV left on device (rows parked for other
+        models, the new model's retained rows): staging of `target` for the next one starts now,
+        in the slack above them."""
+        self.stage_from, self.stage_target, self.link_busy_s = now, target, 0.0
+        self.kv_start = self.kv_peak = max(device_kv_bytes, 0)
 
     def note_restore(self, seconds: float) -> None:
         """An HKVR restore used the H2D link for `seconds`: staging shares that link (one PCIe

@@ -3,7 +3,10 @@ real-time `sim` executor (which sleeps what it charges). Sans-IO: every call tak
 
 `begin(plan, now)` prices an action (`costs.action_seconds`): a switch's path comes from the
 memory model's staging (`SimMemory.plan_switch`), a model never opened here is a full open, and a
-prewarmed instance's very first activation is free (the paper's runs exclude warm-up, §5.1).
+prewarmed instance's very first activation is free (the paper's runs exclude warm-up, §5.1). On a
+box that prices switches from the mechanism (`MemorySpec.timing`) a switch costs the sum of its
+five phases (`SimMemory.switch_phases`: the bytes it gathers D2D and copies H2D), reported per
+phase as the executor's switch record; otherwise the profile's per-path table.
 `end(plan, now)` says what the memory did, as a `StepResult`: a switch saves the outgoing model's
 device KV to the host arena (LRU evictions drop prefixes); a prefill that pushes device KV past its
 budget moves the least recently used idle prefixes off the device.
@@ -18,7 +21,7 @@ from talariad.cold_sched.rounds import staging_target
 from talariad.instance.calls import InstanceCall
 from talariad.instance.contract import KVLocation, MemoryStats, StepPlan, StepResult
 from talariad.sim.costs import action_seconds, decode_seconds
-from talariad.sim.memory import SimMemory
+from talariad.sim.memory import SimMemory, SwitchPlan
 from talariad.types import KVState, LatencyProfile, SwitchPath
 
 Key = tuple[str, str]
@@ -48,7 +51,7 @@ class SimModel:
         self.hbm_peak = 0
         self._ledger = None
         self._live: Mapping[str, InstanceCall] | None = None  # the calls as of the last step
-        self._switch: tuple[SwitchPath, float, bool] | None = None
+        self._switch: tuple[SwitchPath, float, dict | None] | None = None
 
     @property
     def staging(self) -> str | None:
@@ -112,24 +115,45 @@ class SimModel:
         self._note_hbm(
             plan.round_index, self.mem.footprint(action.from_model, action.to_model, kv, now)
         )
+        fallback = False
         if free:
-            path, seconds = SwitchPath.D2D, 0.0
+            sw = SwitchPlan(SwitchPath.D2D, 0.0, 0)
         elif first:
-            path = SwitchPath.H2D
-            seconds = action_seconds(action, self.profiles, path, first_open=True)
+            sw = SwitchPlan(SwitchPath.H2D, 1.0, 0)
         elif self.staging not in (None, action.to_model):  # another model was staged
-            path = SwitchPath.H2D
-            seconds = action_seconds(action, self.profiles, path, 1.0, fallback=self.mem.d2d)
+            sw, fallback = SwitchPlan(SwitchPath.H2D, 1.0, 0), self.mem.d2d
         else:
             sw = self.mem.plan_switch(action.from_model, action.to_model, kv, now)
             fallback = self.mem.d2d and sw.path is SwitchPath.H2D
-            path = sw.path
-            seconds = action_seconds(action, self.profiles, path, sw.uncovered, fallback=fallback)
-        self._switch = (path, seconds, free)
+        phases = None if free else self.mem.switch_phases(action.to_model, sw)
+        if free:
+            seconds = 0.0
+        elif phases is not None:
+            seconds = sum(phases)
+        else:
+            seconds = action_seconds(
+                action,
+                self.profiles,
+                sw.path,
+                sw.uncovered if sw.path is SwitchPath.PARTIAL else None,
+                first_open=first,
+                fallback=fallback,
+            )
+        report = (
+            None
+            if phases is None
+            else {
+                "path": sw.path.value,
+                "phase_s": list(phases),
+                "staged_bytes": sw.staged_bytes if sw.path is not SwitchPath.H2D else 0,
+                "dirty_bytes": sw.dirty_bytes,
+            }
+        )
+        self._switch = (sw.path, seconds, report)
         return seconds
 
     def _end_switch(self, plan: StepPlan, action: Switch, now: float) -> StepResult:
-        path, seconds, _ = self._switch
+        path, seconds, report = self._switch
         old = action.from_model
         # calls parked mid-decode keep their rows on device (ColdScheduler._parked_sessions)
         parked = {c.session_id for c in plan.live.values() if c.model == old and c.generated > 0}
@@ -149,7 +173,9 @@ class SimModel:
         target = (
             None if keeps else staging_target(self.models, action.to_model, waiting.__contains__)
         )
-        self.mem.switched(now, target)
+        kv_bytes = self.mem.kv_bytes
+        left = self.device_kv_bytes() - sum(kv_bytes(k[1], n) for k, n in demoted)
+        self.mem.switched(now, target, left)
         lost = KVState.HOST if self.mem.host_kv else KVState.MISSING
         after = {k: lost for k, _ in demoted}  # the scheduler demotes them at the switch
         updates = self._forget(self.mem.save(demoted), plan, after)
@@ -159,6 +185,7 @@ class SimModel:
             seconds=seconds,
             staging=self.staging if self.mem.d2d and not keeps else None,
             evicted=evicted,
+            switch_report=report,
         )
 
     def _open(self, model: str) -> tuple[str, ...]:

@@ -3,7 +3,7 @@ import pytest
 
 from talariad.replay import dists
 from talariad.replay.__main__ import trace_stats
-from talariad.replay.generate import PAPER_MODELS, apportion, characterization, fixed_replay
+from talariad.replay.generate import PAPER_MODELS, characterization, fixed_replay
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +54,19 @@ def test_fixed_replay_shape_is_exact():
     assert shapes[0] == shapes[1] == shapes[2]  # same calls on every model, gaps differ
 
 
-def test_apportion_exact_sum_and_minimum():
-    parts = apportion(np.array([1.0, 5.0, 0.01, 2.0]), 100, 8)
-    assert sum(parts) == 100 and min(parts) >= 8 and parts[1] == max(parts)
-    with pytest.raises(ValueError):
-        apportion(np.array([1.0, 1.0]), 10, 8)
-
-
 def test_lognormal_rejects_bad_quantiles():
     with pytest.raises(ValueError, match="p50"):
         dists.LogNormal(5, 2)
+
+
+def test_fixed_replay_depths_come_from_the_characterization():
+    from talariad.replay.generate import MAX_DEPTH, fixed_depths
+
+    for seed in range(3):
+        depths = fixed_depths(np.random.default_rng(seed))
+        assert len(depths) == 10 and sum(depths) == 320 and max(depths) <= MAX_DEPTH
+    t = fixed_replay(seed=1)
+    outs = sorted(c.output_tokens for c in t.calls())
+    assert outs[len(outs) // 2] < 1.2 * dists.OUTPUT_TOKENS.p50  # unscaled outputs
+    for s in t:  # a context past the limit compacts: a fresh prompt with nothing to reuse
+        assert all(c.prompt_tokens <= 200_000 for c in s)

@@ -24,17 +24,15 @@ def test_paper_set_values():
     prof = q.profile
     # §2.1 anchor: the slope between the 25K and 100K recompute points
     assert prof.prefill_s(100_000) - prof.prefill_s(25_000) == pytest.approx(10.9 - 4.3)
-    assert prof.restore_s_per_token == pytest.approx(48128 / (22.85e9 * 0.5))
-    assert prof.switch_s[SwitchPath.D2D] == pytest.approx(0.106)
+    assert prof.restore_s_per_token == pytest.approx(48128 / (23.70e9 * 0.5))
+    # switch estimates come from the mechanism (App. D Table 2 phases + bytes over the links):
+    # fully staged, Qwen3-235B is Table 2's full-D2D total; unstaged, its H2D-only total
+    assert prof.switch_s[SwitchPath.D2D] == pytest.approx(0.0355 + 0.0913 + 0.0183, rel=1e-3)
+    assert prof.switch_s[SwitchPath.H2D] == pytest.approx(0.0306 + 2.5706, rel=1e-3)
     assert ps.models["glm5-nvfp4"].kv_bytes_per_token_per_gpu == 78 * 576 * 2
     assert ps.models["qwen3.5-122b"].kv_bytes_per_token_per_gpu == 2 * 12 * 1 * 256 * 2
     total_w = sum(m.weight_bytes_per_gpu for m in ps.models.values())
     assert total_w < ps.box.hbm_per_gpu_bytes  # the three models fit one GPU's share together
-    # the pooled p50s of §5.6 are the weight-weighted means of the per-model switch tables
-    mean = {p: sum(m.profile.switch_s[p] for m in ps.models.values()) / 3 for p in SwitchPath}
-    assert mean[SwitchPath.H2D] == pytest.approx(1.497) and mean[
-        SwitchPath.PARTIAL
-    ] == pytest.approx(1.0)
     for m in ps.models.values():
         p = m.profile
         assert (

@@ -101,3 +101,13 @@ def test_a_suite_prints_only_the_columns_that_can_vary_in_it():
     assert {"same-inst return", "residency hit", "opens", "unused lease"} <= names("tau")
     assert "return TTFT p50/p95 s" in names("tau")
     assert names(None) >= names("router") | names("ablations") | names("tau")  # real mode: all
+
+
+def test_the_strict_bound_is_printed_beside_the_table():
+    run = make_run("Talaria")
+    assert "strict bound SCT p50 / p95: - " in _render([run])
+    run.rank_bounds = [5.0, 6.0, 7.0, 8.0]
+    text = _render([run])
+    assert "strict bound SCT p50 / p95: 6.0 / 8.0 s (paper Talaria 189 / 867 s)" in text
+    row = to_json_obj([run])["rows"][0]
+    assert row["bound_p50_s"] == 6.0 and row["bound_p95_s"] == 8.0

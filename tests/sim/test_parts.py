@@ -189,3 +189,71 @@ def test_cli_bad_profile_file_is_one_line_exit_2(tmp_path, capsys, text, words):
 def test_cli_rejects_a_useless_width(capsys):
     assert main(["compare", "--width", "-5"]) == 2
     assert "--width" in capsys.readouterr().err
+
+
+def timed_spec(**kw) -> MemorySpec:
+    """Table 2-like phases, a 10 B/s H2D link and a 1000 B/s D2D gather."""
+    from talariad.sim.memory import SwitchTiming
+
+    other = {p: (0.01, 0.0, 0.0, 0.0) for p in SwitchPath}
+    return spec(timing=SwitchTiming(other, 0.1, 1000.0), **kw)
+
+
+def test_a_switch_costs_its_phases_and_phase_2_follows_the_bytes():
+    mem = SimMemory(timed_spec(weight_bytes={m: 40 for m in "abc"}))
+    mem.switched(0.0, "b")
+    full = mem.plan_switch("a", "b", 0, 10.0)
+    assert full.path is SwitchPath.D2D
+    assert mem.switch_phases("b", full) == pytest.approx((0.01, 0.1 + 40 / 1000, 0, 0, 0))
+    part = mem.plan_switch("a", "b", 0, 1.0)  # 10 of 40 B staged: 30 B come over H2D
+    assert part.path is SwitchPath.PARTIAL and part.staged_bytes == 10
+    assert sum(mem.switch_phases("b", part)) == pytest.approx(0.01 + 0.1 + 10 / 1000 + 30 / 10)
+    fallback = mem.plan_switch("a", "c", 0, 10.0)  # c was never staged
+    assert sum(mem.switch_phases("c", fallback)) == pytest.approx(0.01 + 0.1 + 40 / 10)
+    assert SimMemory(spec()).switch_phases("b", full) is None  # no timing: the profile's table
+
+
+def test_kv_growth_into_the_staged_range_is_dirty_and_reloads_from_host():
+    mem = SimMemory(timed_spec())
+    mem.switched(0.0, "b", 10)  # 10 B of KV on device when staging began: 50 B of room
+    mem.note_kv(40)  # KV grew 30 B into the staged range
+    plan = mem.plan_switch("a", "b", 0, 10.0)
+    assert plan.path is SwitchPath.PARTIAL
+    assert plan.staged_bytes == 20 and plan.dirty_bytes == 20  # 40 B copied, 20 B overwritten
+    assert sum(mem.switch_phases("b", plan)) == pytest.approx(0.01 + 0.1 + 20 / 1000 + 20 / 10)
+
+
+def test_restores_share_the_link_with_staging():
+    mem = SimMemory(timed_spec())
+    mem.switched(0.0, "b")
+    mem.note_restore(3.0)  # 3 of the 4 s went to HKVR restores
+    assert mem.plan_switch("a", "b", 0, 4.0).staged_bytes == 10
+
+
+def test_the_sim_model_reports_switch_phases(paper):
+    from talariad.cold_sched.calls import SessionLedger
+    from talariad.instance import StepPlan
+    from talariad.sim.model import SimModel
+
+    models = list(paper.models)
+    model = SimModel(paper.profiles(), SimMemory(memory_spec(paper)), models, prewarm=True)
+    ledger = SessionLedger()
+    plan = StepPlan(Switch(None, models[0], SwitchPath.D2D), {}, {}, ledger, 0)
+    model.begin(plan, 0.0), model.end(plan, 0.0)  # the free first activation
+    target = model.staging
+    plan = StepPlan(Switch(models[0], target, SwitchPath.D2D), {}, {}, ledger, 0)
+    seconds = model.begin(plan, 0.5)  # half a second of staging: a partial switch
+    result = model.end(plan, 0.5 + seconds)
+    report = result.switch_report
+    assert result.switch_path is SwitchPath.PARTIAL and report["path"] == "partial"
+    assert len(report["phase_s"]) == 5 and sum(report["phase_s"]) == pytest.approx(seconds)
+    weight = paper.models[target].weight_bytes_per_gpu
+    assert 0 < report["staged_bytes"] < weight
+
+
+def test_the_measured_tiny_profile_prices_an_unobserved_path_as_an_open():
+    from talariad.sim.profiles import load_set
+
+    prof = load_set("tiny-torch").models["tiny"].profile
+    assert prof.switch_cost_s(SwitchPath.PARTIAL) == prof.open_s  # not measured: no own entry
+    assert prof.switch_cost_s(SwitchPath.D2D) <= prof.switch_cost_s(SwitchPath.H2D)

@@ -34,6 +34,9 @@ _BOX_FIELDS = {
     "fallback_ms_pooled",
     "mem_fraction_bump",
     "kv_reserve_gib_per_gpu",
+    "switch_phase_ms",
+    "open_fixed_ms",
+    "d2d_gb_per_s",
 }
 _ARCH_FIELDS = {
     "hf_id",
@@ -67,6 +70,13 @@ class Box:
     kv_reserve_bytes_per_gpu: int | None = None
     """Set: models' weights stay resident in the managed HBM minus this KV reserve, evicted least
     recently active first (`talariad.sim.memory`); unset: one model's weights at a time."""
+    switch_phases_s: dict[SwitchPath, tuple[float, float, float, float]] | None = None
+    """Set: switches are priced from the mechanism (`talariad.sim.memory.SwitchTiming`): per path,
+    the seconds of phases 1, 3, 4 and 5 (App. D Table 2); phase 2 comes from bytes."""
+    open_fixed_s: float = 0.0
+    """Phase 2's part that moves no bytes (wait for staging, verify the bitmap, resolve the entry)."""
+    d2d_bytes_per_s: float | None = None
+    """The D2D gather rate of staged chunks into the weights region, per GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +184,24 @@ def _box(b: dict) -> Box:
         fallback_s_pooled=b["fallback_ms_pooled"] / 1000 if "fallback_ms_pooled" in b else None,
         mem_fraction_bump=_fraction(b.get("mem_fraction_bump", 0.8)),
         kv_reserve_bytes_per_gpu=_reserve(b.get("kv_reserve_gib_per_gpu")),
+        switch_phases_s=_phases(b.get("switch_phase_ms")),
+        open_fixed_s=float(b.get("open_fixed_ms", 0.0)) / 1000,
+        d2d_bytes_per_s=b["d2d_gb_per_s"] * 1e9 if "d2d_gb_per_s" in b else None,
     )
+
+
+def _phases(value) -> dict[SwitchPath, tuple[float, float, float, float]] | None:
+    """`{d2d: [p1, p3, p4, p5], partial: [...], h2d: [...]}` in ms -> seconds per path."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {p.value for p in SwitchPath}:
+        raise ValueError("box: switch_phase_ms needs d2d, partial and h2d entries")
+    out = {}
+    for k, ms in value.items():
+        if not isinstance(ms, list) or len(ms) != 4 or not all(float(x) >= 0 for x in ms):
+            raise ValueError(f"box: switch_phase_ms.{k} must be 4 non-negative ms (P1, P3-P5)")
+        out[SwitchPath(k)] = tuple(float(x) / 1000 for x in ms)
+    return out
 
 
 def _reserve(value) -> int | None:
@@ -240,6 +267,24 @@ def _derived(box: Box, weight: int, kv: int, weight_scale: float) -> dict:
         out["restore_s_per_token"] = kv / (box.h2d_bytes_per_s * box.restore_efficiency)
     if kv and box.hbm_bytes_per_s and box.decode_context_tokens:
         out["decode_s_per_seq"] = kv * box.decode_context_tokens / box.hbm_bytes_per_s
+    if box.switch_phases_s and weight and box.h2d_bytes_per_s and box.d2d_bytes_per_s:
+        if box.switch_s_pooled or box.fallback_s_pooled is not None:
+            raise ValueError("box: give switch_phase_ms or switch_ms_pooled, not both")
+
+        # the scheduler's and router's estimates, from the same mechanism the simulator charges:
+        # everything staged (d2d), half of it (partial), nothing (h2d; an open is one too); with
+        # resident weights (`kv_reserve_gib_per_gpu`) the d2d path moves no bytes at all
+        def priced(path: SwitchPath, d2d: float, h2d: float) -> float:
+            copy = d2d / box.d2d_bytes_per_s + h2d / box.h2d_bytes_per_s
+            return sum(box.switch_phases_s[path]) + box.open_fixed_s + copy
+
+        resident = box.kv_reserve_bytes_per_gpu is not None
+        table = {
+            SwitchPath.D2D: priced(SwitchPath.D2D, 0.0 if resident else weight, 0.0),
+            SwitchPath.PARTIAL: priced(SwitchPath.PARTIAL, weight / 2, weight / 2),
+            SwitchPath.H2D: priced(SwitchPath.H2D, 0.0, weight),
+        }
+        out["switch_s"], out["open_s"] = table, table[SwitchPath.H2D]
     if box.switch_s_pooled:
         table = {
             p: s if p is SwitchPath.D2D else s * weight_scale
