@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from talariad.cold_sched import Decode, Prefill, Switch  # noqa: E402
 from talariad.config import load_config  # noqa: E402
 from talariad.engine.build import build_worker  # noqa: E402
-from talariad.engine.messages import GenerateRequest, TokenEvent  # noqa: E402
+from talariad.wire.messages import GenerateRequest, TokenEvent  # noqa: E402
 
 WORDS = "def return self import class test value file path error patch line module".split()
 
