@@ -44,7 +44,7 @@ from talariad.replay.swebv import load_swebv  # noqa: E402
 from talariad.router import RouterKnobs  # noqa: E402
 from talariad.sim.__main__ import ROUTER_BOX, on_models, router_subset  # noqa: E402
 from talariad.sim.configs import LOADS, router_configs  # noqa: E402
-from talariad.sim.profiles import load_set  # noqa: E402
+from talariad.perfmodel.profiles import load_set  # noqa: E402
 from talariad.sim import simulator  # noqa: E402
 from talariad.sim.simulator import simulate  # noqa: E402
 

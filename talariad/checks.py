@@ -57,7 +57,7 @@ def _build_lines(data: dict, base_dir: pathlib.Path | None) -> list[tuple[str, s
     executor this build cannot run, devices it cannot use, a checkpoint directory that is not
     there (relative to `base_dir`, the config file's folder)."""
     from talariad.engine.build import executor_problem
-    from talariad.sim.profiles import available, find_model
+    from talariad.perfmodel.profiles import available, find_model
 
     problems = []
     for i, m in enumerate(as_list(data.get("models"))):

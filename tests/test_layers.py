@@ -42,11 +42,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "perfmodel",
         (
-            "talariad.sim.model",
-            "talariad.sim.memory",
-            "talariad.sim.costs",
-            "talariad.sim.profiles",
-            "talariad.replay.dists",
+            "talariad.perfmodel.model",
+            "talariad.perfmodel.memory",
+            "talariad.perfmodel.costs",
+            "talariad.perfmodel.profiles",
+            "talariad.perfmodel.dists",
         ),
     ),
     ("config", ("talariad.config", "talariad.knobs")),

@@ -8,8 +8,8 @@ from pathlib import Path
 from talariad.config import InstanceConfig, TalariaConfig
 from talariad.engine.worker import Worker
 from talariad.knobs import model_profile, profile_set
-from talariad.sim.memory import SimMemory, memory_spec
-from talariad.sim.model import SimModel
+from talariad.perfmodel.memory import SimMemory, memory_spec
+from talariad.perfmodel.model import SimModel
 
 EXECUTOR_PACKAGES = {"torch": "torch"}
 """The Python package an executor needs installed (`sim` needs nothing beyond the core; `sglang`

@@ -6,7 +6,7 @@ observation, so prompts grow within a session. With probability 0.968 a continua
 whole previous context (prompt + answer) as its prefix; otherwise it reuses a uniform fraction
 in [0, 0.5) of it (an edit early in the context), which reproduces §2.1's "96.8% of
 continuations reuse more than half of the previous prefix". Gaps ~ lognormal(p50 0.39 s,
-p95 1.32 s). Distribution constants and their sources are in `talariad.replay.dists`.
+p95 1.32 s). Distribution constants and their sources are in `talariad.perfmodel.dists`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from talariad.replay import dists
+from talariad.perfmodel import dists
 from talariad.replay.trace import Session, Trace, TraceCall
 
 PAPER_MODELS = ("qwen3-235b", "glm5-nvfp4", "qwen3.5-122b")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from talariad.replay.dists import REPLAY_GAP_CAP_S, TOOL_GAP_S, LogNormal
+from talariad.perfmodel.dists import REPLAY_GAP_CAP_S, TOOL_GAP_S, LogNormal
 from talariad.replay.trace import (
     SessionBuilder,
     Trace,

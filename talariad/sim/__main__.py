@@ -18,7 +18,7 @@ from talariad.replay.trace import Trace, TraceError, read_jsonl
 from talariad.checks import load_checked
 from talariad.config import ConfigError
 from talariad.sim.configs import SUITES, SimConfig, config_models, from_config, map_models, suite
-from talariad.sim.profiles import ProfileSet, load_set
+from talariad.perfmodel.profiles import ProfileSet, load_set
 from talariad.sim.simulator import simulate
 
 ROUTER_CALLS, ROUTER_SESSIONS = 120, 30  # §5.3: a 120-call, 30-model-session subset

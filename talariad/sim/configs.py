@@ -30,8 +30,8 @@ from talariad.knobs import (
     sched_knobs,
 )
 from talariad.router import POLICIES, RouterKnobs
-from talariad.sim.memory import memory_spec
-from talariad.sim.profiles import ProfileSet
+from talariad.perfmodel.memory import memory_spec
+from talariad.perfmodel.profiles import ProfileSet
 from talariad.types import Pool
 
 ABLATION_NAMES = {

@@ -13,8 +13,8 @@ from talariad.instance import InstanceCall, InstanceCore, StepPlan
 from talariad.instance.core import Done
 from talariad.instance.telemetry import router_snapshot
 from talariad.router import InstanceSnapshot, RoundMeasurement
-from talariad.sim.memory import SimMemory
-from talariad.sim.model import SimModel
+from talariad.perfmodel.memory import SimMemory
+from talariad.perfmodel.model import SimModel
 from talariad.types import LatencyProfile, Pool
 
 

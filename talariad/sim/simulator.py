@@ -29,8 +29,8 @@ from talariad.router import CallRequest, DecisionKind, Router
 from talariad.sim.configs import SimConfig
 from talariad.instance.core import Done
 from talariad.sim.instance import SimInstance
-from talariad.sim.memory import SimMemory, memory_spec
-from talariad.sim.profiles import ProfileSet
+from talariad.perfmodel.memory import SimMemory, memory_spec
+from talariad.perfmodel.profiles import ProfileSet
 from talariad.types import LatencyProfile, SwitchPath
 
 RELEASE, RETRY, DONE, WAKE = range(4)

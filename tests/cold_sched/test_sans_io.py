@@ -65,7 +65,7 @@ def test_core_modules_import_only_pure_modules(core):
 
 def test_cores_pull_in_no_io_through_their_imports():
     code = (
-        "import sys, talariad.router, talariad.cold_sched, talariad.instance, talariad.sim.model; "
+        "import sys, talariad.router, talariad.cold_sched, talariad.instance, talariad.perfmodel.model; "
         f"print(sorted(m for m in {NEVER!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

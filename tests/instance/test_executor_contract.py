@@ -13,7 +13,7 @@ import talariad
 from talariad.engine.executors.sglang.executor import SGLangExecutor
 from talariad.engine.executors.sim import SimExecutor
 from talariad.instance.contract import Executor, ExecutorState
-from talariad.sim.model import SimModel
+from talariad.perfmodel.model import SimModel
 from tests.support.scripted import ScriptedExecutor
 from tests.instance.test_instance_core import Recorder, Words
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from talariad.replay import dists
+from talariad.perfmodel import dists
 from talariad.replay.__main__ import trace_stats
 from talariad.replay.generate import PAPER_MODELS, characterization, fixed_replay
 

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from talariad.replay.__main__ import main
-from talariad.sim.profiles import available, load_profiles, load_set, named_profile
+from talariad.perfmodel.profiles import available, load_profiles, load_set, named_profile
 from talariad.types import SwitchPath
 
 

@@ -9,7 +9,7 @@ from talariad.config import load_config
 from talariad.knobs import config_router_knobs, config_sched_knobs
 from talariad.sim.__main__ import main
 from talariad.sim.configs import ablation_configs, config_models, from_config, map_models
-from talariad.sim.profiles import load_set
+from talariad.perfmodel.profiles import load_set
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAPER = ROOT / "etc" / "examples" / "paper-tp8.yaml"

@@ -5,9 +5,9 @@ import pytest
 from talariad.cold_sched import Decode, Prefill, PrefillItem, Switch
 from talariad.replay.trace import Trace, write_jsonl
 from talariad.sim.__main__ import main, router_subset
-from talariad.sim.memory import memory_spec
-from talariad.sim.costs import action_seconds, switch_seconds
-from talariad.sim.memory import MemorySpec, SimMemory
+from talariad.perfmodel.memory import memory_spec
+from talariad.perfmodel.costs import action_seconds, switch_seconds
+from talariad.perfmodel.memory import MemorySpec, SimMemory
 from talariad.types import LatencyProfile, SwitchPath
 
 from .conftest import MODELS, growing
@@ -62,7 +62,7 @@ def test_the_sim_model_stages_what_the_rotation_switches_to_next():
     from talariad.cold_sched.calls import SessionLedger
     from talariad.cold_sched.rounds import staging_target
     from talariad.instance import InstanceCall, StepPlan
-    from talariad.sim.model import SimModel
+    from talariad.perfmodel.model import SimModel
 
     assert staging_target(["a", "b", "c"], "a", {"c"}.__contains__) == "c"  # b is idle: skipped
     assert staging_target(["a", "b", "c"], "a", set().__contains__) == "b"
@@ -193,7 +193,7 @@ def test_cli_rejects_a_useless_width(capsys):
 
 def timed_spec(**kw) -> MemorySpec:
     """Table 2-like phases, a 10 B/s H2D link and a 1000 B/s D2D gather."""
-    from talariad.sim.memory import SwitchTiming
+    from talariad.perfmodel.memory import SwitchTiming
 
     other = {p: (0.01, 0.0, 0.0, 0.0) for p in SwitchPath}
     return spec(timing=SwitchTiming(other, 0.1, 1000.0), **kw)
@@ -233,7 +233,7 @@ def test_restores_share_the_link_with_staging():
 def test_the_sim_model_reports_switch_phases(paper):
     from talariad.cold_sched.calls import SessionLedger
     from talariad.instance import StepPlan
-    from talariad.sim.model import SimModel
+    from talariad.perfmodel.model import SimModel
 
     models = list(paper.models)
     model = SimModel(paper.profiles(), SimMemory(memory_spec(paper)), models, prewarm=True)
@@ -252,7 +252,7 @@ def test_the_sim_model_reports_switch_phases(paper):
 
 
 def test_the_measured_tiny_profile_prices_an_unobserved_path_as_an_open():
-    from talariad.sim.profiles import load_set
+    from talariad.perfmodel.profiles import load_set
 
     prof = load_set("tiny-torch").models["tiny"].profile
     assert prof.switch_cost_s(SwitchPath.PARTIAL) == prof.open_s  # not measured: no own entry

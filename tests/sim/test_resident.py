@@ -6,8 +6,8 @@ from collections import Counter
 from talariad.replay.metrics import row_metrics
 from talariad.replay.trace import Trace
 from talariad.sim.configs import router_configs
-from talariad.sim.memory import MemorySpec, SimMemory, memory_spec
-from talariad.sim.profiles import load_set
+from talariad.perfmodel.memory import MemorySpec, SimMemory, memory_spec
+from talariad.perfmodel.profiles import load_set
 from talariad.sim.simulator import simulate
 from talariad.types import SwitchPath
 

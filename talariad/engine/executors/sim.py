@@ -1,4 +1,4 @@
-"""The `sim` executor: the shared `sim` cost and memory model (`talariad.sim.model.SimModel`) in
+"""The `sim` executor: the shared `sim` cost and memory model (`talariad.perfmodel.model.SimModel`) in
 real time, emitting deterministic placeholder text.
 
 It tokenizes by words and punctuation, sleeps what the model charges for each step (scaled by the
@@ -22,7 +22,7 @@ from talariad.engine.executors.base import common_prefix
 import numpy as np
 
 from talariad.wire.messages import ChatMessage, GenerateRequest
-from talariad.replay.dists import OUTPUT_TOKENS
+from talariad.perfmodel.dists import OUTPUT_TOKENS
 from talariad.instance import (
     CallOutput,
     InstanceCall,
@@ -31,7 +31,7 @@ from talariad.instance import (
     StepPlan,
     StepResult,
 )
-from talariad.sim.model import SimModel
+from talariad.perfmodel.model import SimModel
 from talariad.types import KVState
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")

@@ -20,8 +20,8 @@ from talariad.cold_sched import Decode, Switch
 from talariad.cold_sched.rounds import staging_target
 from talariad.instance.calls import InstanceCall
 from talariad.instance.contract import KVLocation, MemoryStats, StepPlan, StepResult
-from talariad.sim.costs import action_seconds, decode_seconds
-from talariad.sim.memory import SimMemory, SwitchPlan
+from talariad.perfmodel.costs import action_seconds, decode_seconds
+from talariad.perfmodel.memory import SimMemory, SwitchPlan
 from talariad.types import KVState, LatencyProfile, SwitchPath
 
 Key = tuple[str, str]

@@ -69,9 +69,9 @@ class Box:
     """Share of each GPU's HBM that the managed (bump) layout owns: weights, staged chunks, KV."""
     kv_reserve_bytes_per_gpu: int | None = None
     """Set: models' weights stay resident in the managed HBM minus this KV reserve, evicted least
-    recently active first (`talariad.sim.memory`); unset: one model's weights at a time."""
+    recently active first (`talariad.perfmodel.memory`); unset: one model's weights at a time."""
     switch_phases_s: dict[SwitchPath, tuple[float, float, float, float]] | None = None
-    """Set: switches are priced from the mechanism (`talariad.sim.memory.SwitchTiming`): per path,
+    """Set: switches are priced from the mechanism (`talariad.perfmodel.memory.SwitchTiming`): per path,
     the seconds of phases 1, 3, 4 and 5 (App. D Table 2); phase 2 comes from bytes."""
     open_fixed_s: float = 0.0
     """Phase 2's part that moves no bytes (wait for staging, verify the bitmap, resolve the entry)."""
