@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from talariad.perfmodel.profiles import load_set  # noqa: E402
 from talariad.replay.generate import PAPER_MODELS, fixed_replay  # noqa: E402
 from talariad.replay.metrics import row_metrics  # noqa: E402
 from talariad.sim.configs import ablation_configs  # noqa: E402
-from talariad.perfmodel.profiles import load_set  # noqa: E402
 from talariad.sim.simulator import simulate  # noqa: E402
 
 FIELDS = (

@@ -13,9 +13,9 @@ clock on this machine; SCT is from a session's first intended enqueue to its las
 
 from __future__ import annotations
 
-import os
 import argparse
 import asyncio
+import os
 import queue
 import re
 import signal

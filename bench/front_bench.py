@@ -216,7 +216,7 @@ async def _first_chunk(port: int, calls: int) -> list[float]:
     for _ in range(calls):
         t0 = time.perf_counter()
         writer.write(req)
-        await _read_response(reader, lambda: out.append(time.perf_counter() - t0))
+        await _read_response(reader, lambda t0=t0: out.append(time.perf_counter() - t0))
     writer.close()
     return out
 
@@ -367,7 +367,7 @@ def main() -> None:
                     load(port, c, min(1.0, args.seconds), script)  # warm-up
                     before = _cpu_s(servers[name])
                     rows[(name, c)] = load(port, c, args.seconds, script)
-                    spent = [b - a for a, b in zip(before, _cpu_s(servers[name]))]
+                    spent = [b - a for a, b in zip(before, _cpu_s(servers[name]), strict=False)]
                     cpu[(name, c)] = [s / (rows[(name, c)]["rps"] * args.seconds) for s in spent]
             ttfc = {
                 name: asyncio.run(_first_chunk(port, args.stream_calls))

@@ -38,14 +38,14 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from talariad.perfmodel.profiles import load_set  # noqa: E402
 from talariad.replay.generate import PAPER_MODELS, fixed_replay  # noqa: E402
 from talariad.replay.metrics import row_metrics  # noqa: E402
 from talariad.replay.swebv import load_swebv  # noqa: E402
 from talariad.router import RouterKnobs  # noqa: E402
+from talariad.sim import simulator  # noqa: E402
 from talariad.sim.__main__ import ROUTER_BOX, on_models, router_subset  # noqa: E402
 from talariad.sim.configs import LOADS, router_configs  # noqa: E402
-from talariad.perfmodel.profiles import load_set  # noqa: E402
-from talariad.sim import simulator  # noqa: E402
 from talariad.sim.simulator import simulate  # noqa: E402
 
 SWEBV = "../shared/traces/swebv_gemini3pro_minisweagent_calls.jsonl.gz"  # from the repo root

@@ -22,19 +22,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from talariad.gc_tuning import settle_gc  # noqa: E402
 from talariad.router import (
     POLICIES,
     CallRequest,
     InstanceSnapshot,
+    KVLocation,
     ModelResidency,  # noqa: E402
     ModelState,
     Router,
     RouterKnobs,
-    KVLocation,
 )
-from talariad.gc_tuning import settle_gc  # noqa: E402
-from talariad.router.policies.talaria import TalariaPolicy  # noqa: E402
 from talariad.router.cost import rank_all  # noqa: E402
+from talariad.router.policies.talaria import TalariaPolicy  # noqa: E402
 from talariad.router.search.ranking import rank  # noqa: E402
 from talariad.types import KVState, LatencyProfile, Pool  # noqa: E402
 

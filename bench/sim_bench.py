@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from talariad.perfmodel.profiles import load_set  # noqa: E402
 from talariad.replay.generate import fixed_replay  # noqa: E402
 from talariad.sim.configs import ablation_configs  # noqa: E402
-from talariad.perfmodel.profiles import load_set  # noqa: E402
 from talariad.sim.simulator import Simulator  # noqa: E402
 
 FIVE = ("Talaria", "no-SP", "no-HKVR", "H2D-only", "Round-only")

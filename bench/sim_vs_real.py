@@ -27,12 +27,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import e2e_replay  # noqa: E402
+
 from talariad.config import load_config  # noqa: E402
+from talariad.perfmodel.profiles import load_set  # noqa: E402
 from talariad.replay.metrics import row_metrics  # noqa: E402
 from talariad.replay.scale import load_trace, map_models, scale_trace  # noqa: E402
 from talariad.replay.trace import Trace, TraceCall  # noqa: E402
 from talariad.sim.configs import from_config  # noqa: E402
-from talariad.perfmodel.profiles import load_set  # noqa: E402
 from talariad.sim.simulator import simulate  # noqa: E402
 
 FIELDS = (("SCT p50", "sct_p50_s"), ("SCT p95", "sct_p95_s"), ("TTFT p50", "ttft_p50_s"))

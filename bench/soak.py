@@ -59,7 +59,7 @@ def slope(ys: list[float]) -> float:
     xs = range(len(ys))
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False)) / den
 
 
 @contextmanager

@@ -61,9 +61,11 @@ def bench_hkvr(device: str, kv_mb: int, repeat: int, order: str) -> list[float]:
     for r in range(repeat):
         sub.allocate_pages("s", pages_n)
         hashes = prefix_hashes(list(range(pages_n * lay.page_size)), lay.page_size, model=f"run{r}")
-        saves.append(timed(lambda: (sub.checkpoint("s", hashes, 0.0), sub.host_kv.drain("m")), dev))
+        saves.append(
+            timed(lambda h=hashes: (sub.checkpoint("s", h, 0.0), sub.host_kv.drain("m")), dev)
+        )
         sub.free_session("s")
-        loads.append(timed(lambda: (sub.restore("s", hashes, 0.0), sub.wait_restore("s")), dev))
+        loads.append(timed(lambda h=hashes: (sub.restore("s", h, 0.0), sub.wait_restore("s")), dev))
         sub.free_session("s")
         for block in list(sub.registry.blocks.values()):
             sub.registry.evict(block)

@@ -12,13 +12,6 @@ from typing import Annotated
 import typer
 import yaml
 
-from talariad.cliutil import run_app
-
-from talariad.admin.client import (
-    CANDIDATE_COLUMNS,
-    AdminClient,
-    default_socket,
-)
 from talaria_ctl.instances import INSTANCE_COLUMNS, instance_app, instance_row
 from talaria_ctl.output import (
     ForceOpt,
@@ -31,6 +24,12 @@ from talaria_ctl.output import (
     table,
 )
 from talariad import __version__
+from talariad.admin.client import (
+    CANDIDATE_COLUMNS,
+    AdminClient,
+    default_socket,
+)
+from talariad.cliutil import run_app
 
 EPILOG = "Exit codes: 0 ok, 1 daemon unreachable, 2 usage error, 3 refused."
 app = typer.Typer(

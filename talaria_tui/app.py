@@ -26,14 +26,6 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Static, TabbedContent, TabPane
 
-from talariad.admin.client import (
-    CANDIDATE_COLUMNS,
-    AdminClient,
-    Refused,
-    Unreachable,
-    as_dict,
-    default_socket,
-)
 from talaria_tui.render import (
     DECISION_COLUMNS,
     INSTANCE_COLUMNS,
@@ -51,6 +43,14 @@ from talaria_tui.render import (
     round_bar,
     slots_cell,
     switch_bar,
+)
+from talariad.admin.client import (
+    CANDIDATE_COLUMNS,
+    AdminClient,
+    Refused,
+    Unreachable,
+    as_dict,
+    default_socket,
 )
 
 
@@ -387,7 +387,7 @@ class Dashboard(App):
                 v if isinstance(v, Text) else Text(v) for v in row
             ]  # client data is never markup
             if key in table.rows:
-                for col, value in zip(columns, cells):
+                for col, value in zip(columns, cells, strict=False):
                     table.update_cell(key, col, value)
             else:
                 table.add_row(*cells, key=key)

@@ -9,9 +9,8 @@ from typing import Annotated
 
 import typer
 
-from talariad.cliutil import run_app
-
 from talariad.checks import load_checked
+from talariad.cliutil import run_app
 from talariad.config import ConfigError, TalariaConfig
 
 DEFAULT_CONFIG = "etc/talaria.yaml"

@@ -16,9 +16,9 @@ import pathlib
 import signal
 import time
 
-
 from talariad import __version__, httpserver, lockfile, sdnotify
-from talariad.admin import admin_pb2, server as admin_server
+from talariad.admin import admin_pb2
+from talariad.admin import server as admin_server
 from talariad.admin.operator import Operator, Services
 from talariad.admin.sockets import daemon_socket
 from talariad.checks import load_checked, parse_checked
@@ -28,9 +28,9 @@ from talariad.gateway.auth import load_keys
 from talariad.gateway.health import Availability, InstanceView, Readiness, availability
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import InstanceMetrics
+from talariad.gateway.routing import RouterShell
 from talariad.gc_tuning import settle_gc
 from talariad.knobs import config_router_knobs, model_profile
-from talariad.gateway.routing import RouterShell
 from talariad.supervisor import ProcState, Supervisor
 
 log = logging.getLogger("talariad")

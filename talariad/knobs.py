@@ -10,8 +10,8 @@ import dataclasses
 
 from talariad.cold_sched import SchedKnobs
 from talariad.config import AblationConfig, PolicyConfig, TalariaConfig
-from talariad.router import RouterKnobs
 from talariad.perfmodel.profiles import ModelSpec, ProfileSet, available, find_model
+from talariad.router import RouterKnobs
 from talariad.types import LatencyProfile
 
 DEFAULT_PROFILE = "tiny"

@@ -82,7 +82,7 @@ class Supervisor:
             slow = [m.inst.name for m in self.procs.values() if not m.ready.is_set()]
             raise RuntimeError(
                 f"instances not ready after {self.cfg.supervisor.ready_timeout_s}s: {', '.join(slow)}"
-            )
+            ) from None
 
     async def _keep(self, m: Managed) -> None:
         backoff = self.cfg.supervisor.restart_backoff_s

@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
-
 from talariad.admin import admin_pb2, views
 from talariad.wire.client import InstanceUnreachable
 

@@ -15,7 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from talariad.admin import admin_pb2, admin_pb2_grpc, views
-from talariad.admin.operator import Operator, ActionRefused
+from talariad.admin.operator import ActionRefused, Operator
 from talariad.config import ConfigError
 from talariad.router import Router
 

@@ -3,7 +3,7 @@ the bounded prefill batch that fits a time budget, the running-batch cap and dev
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from talariad.types import KVState, LatencyProfile
 

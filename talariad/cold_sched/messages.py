@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 from talariad.types import KVState, SwitchPath
 
@@ -75,7 +75,7 @@ class Idle:
     until: float | None = None
 
 
-Action = Union[Prefill, Decode, Switch, Idle]
+Action = Prefill | Decode | Switch | Idle
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from itertools import islice
-
 from typing import TYPE_CHECKING
-
 
 from .telemetry import KVLocation, ModelQueue, SchedTelemetry
 

@@ -23,11 +23,10 @@ import tempfile
 from pathlib import Path
 
 from talariad import httpserver
-from talariad.wire import stream
 from talariad.config import ConfigError, InstanceConfig, TalariaConfig, load_config
 from talariad.engine.api import build_app
 from talariad.engine.build import build_worker
-
+from talariad.wire import stream
 
 log = logging.getLogger("talariad.engine")
 

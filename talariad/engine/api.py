@@ -12,9 +12,9 @@ from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
-from talariad.wire.messages import GenerateRequest, Telemetry
-from talariad.httpserver import fastapi_app
 from talariad.engine.worker import ROUNDS_LIMIT, Worker
+from talariad.httpserver import fastapi_app
+from talariad.wire.messages import GenerateRequest, Telemetry
 
 TOKEN_HEADER = "x-talaria-token"
 

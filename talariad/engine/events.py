@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from talariad.cold_sched import Prefill
-from talariad.wire.messages import DoneEvent, ErrorEvent, TokenEvent, Usage
 from talariad.instance import CallOutput, Done, Refusal, StepPlan
+from talariad.wire.messages import DoneEvent, ErrorEvent, TokenEvent, Usage
 
 
 def token_event(plan: StepPlan, call_id: str, out: CallOutput) -> TokenEvent:

@@ -17,12 +17,12 @@ from talariad.cold_sched import Idle
 from talariad.config import InstanceConfig, TalariaConfig
 from talariad.engine.deltas import SessionDeltas
 from talariad.engine.events import done_event, refusal_event, token_event
-from talariad.wire.stream import Wakeup
-from talariad.wire.messages import ErrorEvent, GenerateRequest, StreamEvent, Telemetry, TokenEvent
 from talariad.instance import Executor, InstanceCall, InstanceCore, Refusal, StepPlan, StepResult
 from talariad.instance.rounds import HISTORY, RoundRecorder
-from talariad.procstats import process_stats
 from talariad.knobs import config_sched_knobs
+from talariad.procstats import process_stats
+from talariad.wire.messages import ErrorEvent, GenerateRequest, StreamEvent, Telemetry, TokenEvent
+from talariad.wire.stream import Wakeup
 
 log = logging.getLogger("talariad.engine")
 

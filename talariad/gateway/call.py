@@ -19,6 +19,12 @@ from urllib.parse import quote
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic_core import to_json
 
+from talariad.gateway import limits
+from talariad.gateway.errors import APIError
+from talariad.gateway.routing import ModelUnavailable
+from talariad.gateway.session import session_headers, session_id
+from talariad.router import CallRequest
+from talariad.tools import ToolStream, arguments_json
 from talariad.wire.messages import (
     ChatMessage,
     DoneEvent,
@@ -28,12 +34,6 @@ from talariad.wire.messages import (
     TokenEvent,
     ToolCall,
 )
-from talariad.gateway import limits
-from talariad.gateway.errors import APIError
-from talariad.gateway.routing import ModelUnavailable
-from talariad.gateway.session import session_headers, session_id
-from talariad.router import CallRequest
-from talariad.tools import ToolStream, arguments_json
 
 if TYPE_CHECKING:
     from talariad.gateway.gateway import Gateway

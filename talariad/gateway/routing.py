@@ -14,11 +14,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from talariad.config import TalariaConfig
-from talariad.wire.messages import Telemetry
 from talariad.instance.telemetry import router_snapshot as snapshot
 from talariad.knobs import config_router_knobs as router_knobs
-from talariad.router import CallRequest, Decision, DecisionKind, Router, KVLocation
+from talariad.router import CallRequest, Decision, DecisionKind, KVLocation, Router
 from talariad.types import KVState, LatencyProfile
+from talariad.wire.messages import Telemetry
 
 __all__ = ["ModelUnavailable", "PrefixTracker", "RouterShell", "router_knobs", "snapshot"]
 

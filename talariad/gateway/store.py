@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from talariad.wire.messages import ChatMessage
 from talariad.gateway.errors import APIError
+from talariad.wire.messages import ChatMessage
 
 
 class ResponseStore:

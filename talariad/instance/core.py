@@ -27,7 +27,6 @@ from talariad.cold_sched.snapshot import (
     round_load_s,
     round_remaining_s,
 )
-from talariad.wire.messages import GenerateRequest, ModelLoad, Telemetry
 from talariad.types import (
     KVState,
     LatencyProfile,
@@ -35,6 +34,7 @@ from talariad.types import (
     RoundMeasurement,
     SwitchRecord,
 )
+from talariad.wire.messages import GenerateRequest, ModelLoad, Telemetry
 
 from .calls import InstanceCall, Refusal
 from .contract import (

@@ -109,7 +109,7 @@ class RoundRecorder:
                 "to_model": action.to_model,
                 "path": (measured or {}).get("path") or action.path.value,
                 "total_s": measured_s,
-                "phases": dict(zip(SWITCH_PHASES, phases)) if phases else {},
+                "phases": dict(zip(SWITCH_PHASES, phases, strict=False)) if phases else {},
                 "staged_bytes": measured["staged_bytes"] if measured else -1,
                 "dirty_bytes": measured["dirty_bytes"] if measured else -1,
                 "at": now,

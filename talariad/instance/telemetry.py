@@ -4,13 +4,13 @@
 
 from __future__ import annotations
 
-from talariad.wire.messages import Telemetry
 from talariad.router import (
     InstanceSnapshot,
     ModelResidency,
     ModelState,
 )
 from talariad.types import Pool
+from talariad.wire.messages import Telemetry
 
 
 def router_snapshot(

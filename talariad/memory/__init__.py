@@ -4,7 +4,7 @@ Bookkeeping modules (layout, pages, staging, slabs, hkvr, transfer, kv_layout, m
 bytes move through `device.Device`, implemented over torch in `torch_device` (imported lazily).
 """
 
-from talariad.memory.device import Device, CopyEvent
+from talariad.memory.device import CopyEvent, Device
 from talariad.memory.hkvr import BlockState, HostKVRegistry, PrefixAgreement, prefix_hashes
 from talariad.memory.kv_layout import KVGeometry, KVLayout
 from talariad.memory.layout import BumpLayout, Region

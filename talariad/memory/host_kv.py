@@ -64,7 +64,7 @@ class HostKV:
         src = [pages[index] if family != "mamba" else pages[-1] for index, _ in todo]
         blocks = [block for _, block in todo]
         events = self._copy_pages(geo, buffer, src, blocks, to_host=True)
-        self._saves += zip(blocks, events)
+        self._saves += zip(blocks, events, strict=False)
         return events
 
     def poll(self) -> int:

@@ -114,7 +114,7 @@ class BumpLayout:
             raise AssertionError(
                 f"regions sum to {sum(r.size for r in regions)} != {self.capacity}"
             )
-        for a, b in zip(regions, regions[1:]):
+        for a, b in zip(regions, regions[1:], strict=False):
             if a.end != b.offset or a.size < 0:
                 raise AssertionError(f"regions {a} and {b} overlap or leave a hole")
         pool = self.kv_pool

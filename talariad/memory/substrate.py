@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from talariad.memory.device import Device, CopyEvent
+from talariad.memory.device import CopyEvent, Device
 from talariad.memory.hkvr import HostKVRegistry, PrefixAgreement
 from talariad.memory.host_kv import HostKV
 from talariad.memory.kv_layout import (
@@ -27,7 +27,6 @@ from talariad.memory.slabs import SlabPool
 from talariad.memory.staging import StagingBitmap
 from talariad.memory.switch import PointerCheck, SwitchTiming, run_switch
 from talariad.types import KVState
-
 
 SWITCH_RECORDS = 4096
 """Switch timings kept (the memory report shows the latest)."""

@@ -140,7 +140,7 @@ def run_switch(sub: Substrate, target: str, now: float) -> SwitchTiming | None:
     marks.append(clock())
     sub.active = target  # phase 5
     marks.append(clock())
-    phases = tuple(b - a for a, b in zip(marks, marks[1:]))
+    phases = tuple(b - a for a, b in zip(marks, marks[1:], strict=False))
     record = SwitchTiming(
         sub.config.tp_rank,
         source,

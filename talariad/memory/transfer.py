@@ -50,7 +50,7 @@ def block_copies(
         raise ValueError(f"block needs {len(runs)} slabs, got {len(slabs)}")
     return [
         SlabCopy(geometry.layers_spec(page, c, first, count), slab * slab_bytes)
-        for (c, first, count), slab in zip(runs, slabs)
+        for (c, first, count), slab in zip(runs, slabs, strict=False)
     ]
 
 
@@ -78,7 +78,7 @@ def run_copies(
     single DMA from or into pinned host memory."""
     per_page = [
         _merge_adjacent(block_copies(geometry, page, slabs, slab_bytes))
-        for page, slabs in zip(pages, slab_lists)
+        for page, slabs in zip(pages, slab_lists, strict=False)
     ]
     out: list[RunCopy] = []
     start = 0
@@ -130,7 +130,7 @@ def _page_step(prev: list[SlabCopy], cur: list[SlabCopy]) -> tuple[int, int] | N
     host_step = cur[0].host_offset - prev[0].host_offset
     if dev_step <= 0 or host_step <= 0:
         return None
-    for a, b in zip(prev, cur):
+    for a, b in zip(prev, cur, strict=False):
         da, db = a.device, b.device
         if (
             (da.rows, da.width, da.stride) != (db.rows, db.width, db.stride)

@@ -1,5 +1,6 @@
 """Trace format, loaders, generators, the lower bounds, and the report/plot tooling of replays."""
 
+from talariad.replay.bounds import rank_bounds, single_tenant_bounds, single_tenant_s
 from talariad.replay.metrics import (
     CallRecord,
     RoundRecord,
@@ -10,7 +11,6 @@ from talariad.replay.metrics import (
     nearest_rank,
     row_metrics,
 )
-from talariad.replay.bounds import rank_bounds, single_tenant_bounds, single_tenant_s
 from talariad.replay.trace import Trace, TraceCall, TraceError, read_jsonl, write_jsonl
 
 __all__ = [

@@ -69,7 +69,9 @@ def realize(shape: Shape, session_id: str, model: str, gaps: Sequence[float]) ->
     """Calls of one model-session; gaps[k] precedes call k (gaps[0] is ignored)."""
     return [
         TraceCall(session_id, k, model, p, x, o, 0.0 if k == 0 else float(gaps[k]))
-        for k, (p, x, o) in enumerate(zip(shape.prompts, shape.prefixes, shape.outputs))
+        for k, (p, x, o) in enumerate(
+            zip(shape.prompts, shape.prefixes, shape.outputs, strict=False)
+        )
     ]
 
 

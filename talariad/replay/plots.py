@@ -136,7 +136,7 @@ def fig12_switch(results: Sequence[RunResult], out: Path) -> Path | None:
     for path in SwitchPath:
         share = [sum(s.path is path for s in r.switches) / len(r.switches) for r in runs]
         b.bar([r.config for r in runs], share, bottom=bottom, label=path.value)
-        bottom = [x + y for x, y in zip(bottom, share)]
+        bottom = [x + y for x, y in zip(bottom, share, strict=False)]
     b.set(ylabel="Fraction of switches", title="(b) Paths")
     b.legend(fontsize=8)
     return _save(fig, out / "fig12_switch.png")

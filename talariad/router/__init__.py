@@ -13,15 +13,15 @@ from talariad.router.messages import (
     ExpiryReport,
     InstanceSnapshot,
     InstanceStatus,
+    KVLocation,
     Lease,
     ModelResidency,
     ModelState,
     SessionEntry,
-    KVLocation,
 )
-from talariad.types import RoundMeasurement
 from talariad.router.policies import POLICIES
 from talariad.router.router import Router
+from talariad.types import RoundMeasurement
 
 __all__ = [
     "POLICIES",

@@ -352,7 +352,7 @@ def rank_all(
                 c._replace(feasible=False, reason=gate(cost, inst, plan))
                 if c.needs_replica and c.feasible and not cost.passes_eq2(plan, inst, c, gain)
                 else c
-                for c, inst in zip(cands, insts)
+                for c, inst in zip(cands, insts, strict=False)
             ]
     best = min((c for c in cands if c.feasible), key=rank_key, default=None)
     retired = None

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal
 
 OVERLOAD_MODES = ("queue", "reject", "spill")
 

@@ -6,8 +6,9 @@ Units: times in seconds (the shell's clock), sizes in bytes, lengths in tokens.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
 
 from talariad.types import KVLocation, KVState, Pool
 

@@ -10,8 +10,7 @@ import dataclasses
 import heapq
 from collections import defaultdict
 
-from talariad.types import RoundMeasurement
-from talariad.types import LatencyProfile, SwitchPath
+from talariad.types import LatencyProfile, RoundMeasurement, SwitchPath
 
 _DEFAULT = LatencyProfile()
 

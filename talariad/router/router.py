@@ -22,13 +22,12 @@ from talariad.router.messages import (
     Lease,
     SessionEntry,
 )
-from talariad.types import RoundMeasurement
 from talariad.router.policies import POLICIES, Choice, ClusterView
 from talariad.router.profiles import DemandTracker, ProfileBook
 from talariad.router.search.costmodel import CostModel
 from talariad.router.sessions import LeaseBook, SessionTable
 from talariad.router.telemetry import InstanceBook
-from talariad.types import KVState, LatencyProfile
+from talariad.types import KVState, LatencyProfile, RoundMeasurement
 
 DECISION_LOG = 4096  # decisions kept for `explain()`
 MIN_RETRY_S = 0.05

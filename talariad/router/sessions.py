@@ -11,8 +11,8 @@ import itertools
 from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass
 
-from talariad.router.search.logged import LoggedDict
 from talariad.router.messages import Lease, SessionEntry
+from talariad.router.search.logged import LoggedDict
 from talariad.types import KVState
 
 LeaseKey = tuple[str, str]  # (session_id, model)

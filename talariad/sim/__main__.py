@@ -10,15 +10,15 @@ from pathlib import Path
 
 from rich.console import Console
 
+from talariad.checks import load_checked
+from talariad.config import ConfigError
+from talariad.perfmodel.profiles import ProfileSet, load_set
 from talariad.replay.generate import PAPER_MODELS, characterization, fixed_replay
 from talariad.replay.progress import progress_bar
 from talariad.replay.report import print_report, to_json
 from talariad.replay.swebv import load_swebv
 from talariad.replay.trace import Trace, TraceError, read_jsonl
-from talariad.checks import load_checked
-from talariad.config import ConfigError
 from talariad.sim.configs import SUITES, SimConfig, config_models, from_config, map_models, suite
-from talariad.perfmodel.profiles import ProfileSet, load_set
 from talariad.sim.simulator import simulate
 
 ROUTER_CALLS, ROUTER_SESSIONS = 120, 30  # §5.3: a 120-call, 30-model-session subset
@@ -120,7 +120,11 @@ def compare(args) -> int:
             results.append(simulate(t, cfg, pset, on_session_done=advance))
     source = args.swebv or args.trace
     for name in dict.fromkeys(_suite_of(cfg) for cfg, _, _ in runs):
-        picked = [(r, t, p) for (cfg, t, p), r in zip(runs, results) if _suite_of(cfg) == name]
+        picked = [
+            (r, t, p)
+            for (cfg, t, p), r in zip(runs, results, strict=False)
+            if _suite_of(cfg) == name
+        ]
         t, pset = picked[0][1], picked[0][2]
         title = f"{name}: {source} ({t.n_calls} calls, {len(t)} sessions, seed {args.seed}, box {pset.name})"
         paper = name == "ablations" and not args.config  # the paper's numbers are for its box

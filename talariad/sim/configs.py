@@ -29,9 +29,9 @@ from talariad.knobs import (
     router_knobs,
     sched_knobs,
 )
-from talariad.router import POLICIES, RouterKnobs
 from talariad.perfmodel.memory import memory_spec
 from talariad.perfmodel.profiles import ProfileSet
+from talariad.router import POLICIES, RouterKnobs
 from talariad.types import Pool
 
 ABLATION_NAMES = {

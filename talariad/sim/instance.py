@@ -12,9 +12,9 @@ from talariad.cold_sched import Idle, SchedKnobs
 from talariad.instance import InstanceCall, InstanceCore, StepPlan
 from talariad.instance.core import Done
 from talariad.instance.telemetry import router_snapshot
-from talariad.router import InstanceSnapshot, RoundMeasurement
 from talariad.perfmodel.memory import SimMemory
 from talariad.perfmodel.model import SimModel
+from talariad.router import InstanceSnapshot, RoundMeasurement
 from talariad.types import LatencyProfile, Pool
 
 

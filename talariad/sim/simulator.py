@@ -22,15 +22,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from talariad.replay.metrics import CallRecord, RoundRecord, RunResult, SessionRecord
+from talariad.instance.core import Done
+from talariad.perfmodel.memory import SimMemory, memory_spec
+from talariad.perfmodel.profiles import ProfileSet
 from talariad.replay.bounds import rank_bounds, single_tenant_bounds
+from talariad.replay.metrics import CallRecord, RoundRecord, RunResult, SessionRecord
 from talariad.replay.trace import Trace, TraceCall
 from talariad.router import CallRequest, DecisionKind, Router
 from talariad.sim.configs import SimConfig
-from talariad.instance.core import Done
 from talariad.sim.instance import SimInstance
-from talariad.perfmodel.memory import SimMemory, memory_spec
-from talariad.perfmodel.profiles import ProfileSet
 from talariad.types import LatencyProfile, SwitchPath
 
 RELEASE, RETRY, DONE, WAKE = range(4)

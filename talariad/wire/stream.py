@@ -17,7 +17,6 @@ import logging
 import os
 import struct
 from collections.abc import AsyncIterator
-
 from typing import Annotated
 
 from pydantic import Field, TypeAdapter, ValidationError

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from talariad.admin.client import as_dict
 from talariad.admin import admin_pb2 as pb
+from talariad.admin.client import as_dict
 from talariad.admin.sockets import client_socket, daemon_socket
 from talariad.replay.admin_records import ADMIN_METRICS, REPLAY_UNMEASURED, fill
-from talariad.replay.metrics import CallRecord
-from talariad.replay.metrics import RunResult, row_metrics
+from talariad.replay.metrics import CallRecord, RunResult, row_metrics
 from talariad.replay.report import table
 
 
@@ -116,7 +115,7 @@ def test_unmeasured_columns_print_a_dash():
     console.print(table([run]))
     line = next(x for x in console.export_text().splitlines() if x.startswith("│ real"))
     cells = [c.strip() for c in line.strip("│").split("│")]
-    by = dict(zip((c[0] for c in columns(None)), cells))
+    by = dict(zip((c[0] for c in columns(None)), cells, strict=False))
     for name in ("switch share", "rounds", "switches", "HBM peak GiB", "avoidable opens"):
         assert by[name] == "-", name
     assert by["SP adm/parked"] == by["parked calls/times"] == "-/-"
@@ -264,6 +263,6 @@ def test_ctl_memory_layout_rows_never_overlap(tmp_path):
         "graph_pool",
         "runtime",
     ]
-    for (_, offset, size), (_, nxt, _) in zip(rows, rows[1:]):
+    for (_, offset, size), (_, nxt, _) in zip(rows, rows[1:], strict=False):
         assert offset + size == nxt, rows  # each row ends where the next begins
     assert rows[-1][1] + rows[-1][2] == 256.0

@@ -6,8 +6,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from talariad.cli import app
 from talariad.checks import load_checked
+from talariad.cli import app
 from talariad.config import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

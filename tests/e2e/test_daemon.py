@@ -273,9 +273,10 @@ def test_ctl_unreachable_socket_is_one_line_exit_1(tmp_path):
 
 
 async def test_tui_shows_instances(daemon):
-    from talariad.admin.client import AdminClient
-    from talaria_tui.app import Dashboard
     from textual.widgets import DataTable
+
+    from talaria_tui.app import Dashboard
+    from talariad.admin.client import AdminClient
 
     _client(daemon).chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=1)
     _client(daemon).chat.completions.create(

@@ -14,6 +14,8 @@ import time
 import httpx
 import psutil
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.support.daemon import ROOT, start_daemon, stop_daemon
 
@@ -381,7 +383,6 @@ def test_second_daemon_on_the_same_socket_exits_1_and_leaves_the_first_alone(edg
 
 # -- fuzz: bounded, reproducible (derandomize), against the live daemon --------------------------
 
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 _TEXT = st.lists(
     st.one_of(st.characters(), st.sampled_from(["\ud800", "\udfff", "\x00", "<|user|>"])),

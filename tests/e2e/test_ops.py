@@ -20,7 +20,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from talaria_ctl.main import app
-
 from tests.support.daemon import start_daemon, stop_daemon
 
 pytestmark = pytest.mark.e2e

@@ -124,7 +124,7 @@ def test_ctl_shows_the_cold_instances_memory_layout_and_switches(torch_daemon):
         if not row["region"].startswith("staged")
     ]
     assert all(
-        a + n <= b for (a, n), (b, _) in zip(ends, ends[1:])
+        a + n <= b for (a, n), (b, _) in zip(ends, ends[1:], strict=False)
     )  # regions in order, never overlapping
     assert any(w["to_model"] == "tiny-code" and len(w["phase_ms"]) == 5 for w in data["switches"])
 

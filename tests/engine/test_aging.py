@@ -12,9 +12,9 @@ import torch
 from talariad.config import parse_config
 from talariad.engine.build import model_profile
 from talariad.engine.executors.torch_engine.factory import build_torch_executor
-from talariad.wire.messages import ChatMessage, GenerateRequest, TokenEvent
 from talariad.engine.worker import Worker
 from talariad.instance.rounds import RoundRecorder
+from talariad.wire.messages import ChatMessage, GenerateRequest, TokenEvent
 
 CONTAINERS = (dict, list, set, frozenset, tuple, deque)
 

@@ -38,7 +38,7 @@ def test_seeded_sampling_reproducible_in_any_batch():
     runner = make_runner(num_pages=128)
     s = [SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10, seed=i) for i in range(4)]
     first = [g.token_ids for g in runner.generate_many(PROMPTS, s)]
-    assert first == [runner.generate(p, sp).token_ids for p, sp in zip(PROMPTS, s)]
+    assert first == [runner.generate(p, sp).token_ids for p, sp in zip(PROMPTS, s, strict=False)]
     again = runner.generate(PROMPTS[1], s[1]).token_ids
     other = runner.generate(PROMPTS[1], SamplingParams(temperature=1.0, max_tokens=10, seed=99))
     assert again == first[1]

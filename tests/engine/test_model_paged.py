@@ -65,7 +65,10 @@ def test_batched_prefill_and_decode_equal_one_at_a_time(device):
     prompts, cached = [PROMPT[:9], PROMPT, PROMPT[3:20], [11]], [0, 17, 8, 0]
     alone, batched = make_runner(device), make_runner(device)
     tables = [scrambled_table(alone, i, 48, seed=i) for i in range(4)]  # same pages in both pools
-    items = [PrefillSeq(i, p, c, tables[i]) for i, (p, c) in enumerate(zip(prompts, cached))]
+    items = [
+        PrefillSeq(i, p, c, tables[i])
+        for i, (p, c) in enumerate(zip(prompts, cached, strict=False))
+    ]
     for runner in (alone, batched):  # fill the cached prefixes one by one
         for it in items:
             if it.cached_len:

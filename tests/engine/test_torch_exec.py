@@ -13,9 +13,8 @@ import torch
 from talariad.config import parse_config
 from talariad.engine.api import build_app
 from talariad.engine.build import model_profile
-from talariad.engine.executors.torch_engine.hosted import model_seed
 from talariad.engine.executors.torch_engine.factory import build_torch_executor
-from talariad.wire.messages import ChatMessage, DoneEvent, GenerateRequest, TokenEvent
+from talariad.engine.executors.torch_engine.hosted import model_seed
 from talariad.engine.model import (
     ModelRunner,
     SamplingParams,
@@ -25,6 +24,7 @@ from talariad.engine.model import (
     write_tiny_checkpoint,
 )
 from talariad.engine.worker import Worker
+from talariad.wire.messages import ChatMessage, DoneEvent, GenerateRequest, TokenEvent
 
 CUDA_REASON = "no CUDA device: torch.cuda.is_available() is False"
 DEVICES = [

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from talariad import lockfile
 from talariad.config import LimitsConfig
 from talariad.daemon import _flatten, _live
+from talariad.gateway.dialects.chat import ChatCompletionRequest
+from talariad.gateway.dialects.completions import CompletionRequest
 from talariad.gateway.dialects.messages import MessagesRequest
 from talariad.gateway.errors import APIError
 from talariad.gateway.health import Readiness
@@ -25,8 +27,6 @@ from talariad.gateway.limits import (
     min_prompt_tokens,
     screen,
 )
-from talariad.gateway.dialects.chat import ChatCompletionRequest
-from talariad.gateway.dialects.completions import CompletionRequest
 
 LIMITS = LimitsConfig()
 
@@ -73,33 +73,29 @@ def test_harmless_or_default_values_pass(extra):
 @pytest.mark.parametrize(
     "body",
     [
-        _chat(
-            messages=[{"role": "user", "content": "a\\ud800b".encode().decode("unicode_escape")}]
-        ),
+        _chat(messages=[{"role": "user", "content": b"a\\ud800b".decode("unicode_escape")}]),
         _chat(
             messages=[
                 {
                     "role": "user",
-                    "content": [
-                        {"type": "text", "text": "\\udfff".encode().decode("unicode_escape")}
-                    ],
+                    "content": [{"type": "text", "text": b"\\udfff".decode("unicode_escape")}],
                 }
             ]
         ),
         CompletionRequest.model_validate(
-            {"model": "m", "prompt": "x\\udc80".encode().decode("unicode_escape")}
+            {"model": "m", "prompt": b"x\\udc80".decode("unicode_escape")}
         ),
         MessagesRequest.model_validate(
             {
                 "model": "m",
                 "max_tokens": 4,
                 "messages": [{"role": "user", "content": "ok"}],
-                "system": "s\\ud83d".encode().decode("unicode_escape"),
+                "system": b"s\\ud83d".decode("unicode_escape"),
             }
         ),
-        _chat(metadata={"k\\ud800".encode().decode("unicode_escape"): "v"}),
+        _chat(metadata={b"k\\ud800".decode("unicode_escape"): "v"}),
         _chat(
-            thinking={"\\ud800".encode().decode("unicode_escape"): None}
+            thinking={b"\\ud800".decode("unicode_escape"): None}
         ),  # found by the fuzz: a null-valued key
     ],
 )
@@ -116,7 +112,7 @@ def test_valid_astral_text_passes():
             messages=[
                 {
                     "role": "user",
-                    "content": "emoji \\U0001F600 ok".encode().decode("unicode_escape"),
+                    "content": b"emoji \\U0001F600 ok".decode("unicode_escape"),
                 }
             ]
         ),

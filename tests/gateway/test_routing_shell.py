@@ -7,10 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from talariad.config import load_config
-from talariad.wire.messages import ModelLoad, KVLocation, Telemetry
 from talariad.gateway.routing import PrefixBranches, PrefixTracker, router_knobs, snapshot
 from talariad.router import ModelState
 from talariad.types import KVState
+from talariad.wire.messages import KVLocation, ModelLoad, Telemetry
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -69,9 +69,9 @@ def test_router_knobs_follow_config_and_ablations():
 
 
 def test_round_measurements_in_telemetry_refine_the_router_profile_once():
-    from talariad.types import RoundMeasurement
     from talariad.gateway.routing import RouterShell
     from talariad.knobs import model_profile
+    from talariad.types import RoundMeasurement
 
     cfg = load_config(ROOT / "etc" / "talaria.yaml")
     shell = RouterShell.from_config(cfg, {m.name: model_profile(cfg, m.name) for m in cfg.models})

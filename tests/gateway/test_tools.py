@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from talariad.engine.executors.sim import render_request
-from talariad.wire.messages import ChatMessage, GenerateRequest, ToolCall
 from talariad.engine.model.tokenizer import (
     FALLBACK_CHAT_TEMPLATE,
     TextTokenizer,
@@ -18,9 +18,10 @@ from talariad.engine.model.tokenizer import (
 )
 from talariad.gateway.dialects import messages as anthropic
 from talariad.gateway.dialects import responses
-from talariad.gateway.errors import APIError
 from talariad.gateway.dialects.chat import ChatCompletionRequest
+from talariad.gateway.errors import APIError
 from talariad.tools import ToolStream, function_tool, parse
+from talariad.wire.messages import ChatMessage, GenerateRequest, ToolCall
 
 HERMES = (
     'Checking.\n<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>\n'

@@ -14,8 +14,8 @@ from talariad.engine.executors.sglang.executor import SGLangExecutor
 from talariad.engine.executors.sim import SimExecutor
 from talariad.instance.contract import Executor, ExecutorState
 from talariad.perfmodel.model import SimModel
-from tests.support.scripted import ScriptedExecutor
 from tests.instance.test_instance_core import Recorder, Words
+from tests.support.scripted import ScriptedExecutor
 
 
 def methods(protocol) -> dict[str, bool]:

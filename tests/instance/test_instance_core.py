@@ -4,7 +4,6 @@ cancellation, and the executor contract's per-call outputs."""
 from __future__ import annotations
 
 from talariad.cold_sched import Idle, Prefill, SchedKnobs, Switch
-from talariad.wire.messages import GenerateRequest
 from talariad.instance import (
     CallOutput,
     InstanceCall,
@@ -15,6 +14,7 @@ from talariad.instance import (
 )
 from talariad.instance.rounds import RoundRecorder
 from talariad.types import KVState, LatencyProfile
+from talariad.wire.messages import GenerateRequest
 
 PROFILE = LatencyProfile()
 

@@ -11,11 +11,11 @@ import httpx
 from talariad.config import load_config
 from talariad.engine.api import build_app
 from talariad.engine.build import build_worker, model_profile
-from talariad.wire.messages import ChatMessage, GenerateRequest
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.routing import PrefixTracker, RouterShell, router_knobs
 from talariad.router.sessions import SessionTable
 from talariad.types import KVState
+from talariad.wire.messages import ChatMessage, GenerateRequest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -140,7 +140,8 @@ def test_session_bounds_come_from_the_config():
 
 def test_session_deltas_report_changes_and_removals_against_the_consumers_view():
     from talariad.engine.deltas import SessionDeltas
-    from talariad.wire.messages import KVLocation as Msg, Telemetry
+    from talariad.wire.messages import KVLocation as Msg
+    from talariad.wire.messages import Telemetry
 
     def tel(*rows):
         return Telemetry(

@@ -129,7 +129,7 @@ def test_heap_eviction_evicts_what_the_sorted_rule_evicts(ops):
     for op, s, pages in ops:
         # sessions share their first page(s) as agents share a system prompt
         hashes = [f"head{p}" if p < s % 3 else f"s{s}p{p}" for p in range(pages)]
-        for name, reg in (("fast", fast), ("slow", slow)):
+        for reg in (fast, slow):
             if op == "save":
                 for _, block in reg.begin_save("m", f"s{s}", hashes, LAY):
                     reg.complete_save(block)

@@ -88,7 +88,7 @@ class SubstrateMachine(RuleBasedStateMachine):
             return
         model = self.sub.active
         data = page_bytes(self.sub, self.sub.session_pages(session))
-        for h, b in zip(hashes, data):
+        for h, b in zip(hashes, data, strict=False):
             self.expected.setdefault((model, h), b)
         self.sub.checkpoint(session, hashes, self.tick())
         self.saved_hashes[(model, session)] = list(hashes)
@@ -188,7 +188,7 @@ class SubstrateMachine(RuleBasedStateMachine):
 
     @invariant()
     def nothing_beyond_agreement_is_exposed(self):
-        for (model, session), hashes in self.saved_hashes.items():
+        for (model, _session), hashes in self.saved_hashes.items():
             family = self.sub.models[model].kv_layout.family
             assert self.sub.registry.restorable(model, hashes, family) <= self._peer_prefix(
                 model, hashes

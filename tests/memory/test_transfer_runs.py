@@ -65,7 +65,9 @@ def test_merged_runs_move_the_same_bytes_as_page_by_page(lay, pages_n, slab_fit,
     slabs = [free[i * per_block : (i + 1) * per_block] for i in range(len(pages))]
     buf = torch.arange(geo.offset + geo.nbytes, dtype=torch.int64).remainder(251).to(torch.uint8)
     size = len(free) * slab_bytes
-    plain = [cp for p, s in zip(pages, slabs) for cp in block_copies(geo, p, s, slab_bytes)]
+    plain = [
+        cp for p, s in zip(pages, slabs, strict=False) for cp in block_copies(geo, p, s, slab_bytes)
+    ]
     merged = run_copies(geo, pages, slabs, slab_bytes)
     assert _host_bytes(geo, buf, merged, size, True) == _host_bytes(geo, buf, plain, size, False)
     assert sum(cp.pages * cp.device.nbytes for cp in merged) == sum(

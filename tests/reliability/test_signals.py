@@ -12,8 +12,8 @@ import psutil
 import pytest
 import yaml
 
-from tests.support.daemon import start_daemon, stop_daemon
 from tests.support.calls import in_flight, wait_running
+from tests.support.daemon import start_daemon, stop_daemon
 
 pytestmark = pytest.mark.e2e
 

@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 from talariad.replay.bounds import (
     _least_model_work,
-    prefill_call_s,
     decode_call_s,
+    prefill_call_s,
     rank_bounds,
     single_tenant_bounds,
     single_tenant_s,

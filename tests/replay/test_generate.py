@@ -31,9 +31,13 @@ def test_characterization_matches_section_2_1(char):
 def test_prompts_grow_within_sessions(char):
     for s in char:
         assert all(
-            b.prompt_tokens > a.prompt_tokens + a.output_tokens - 1 for a, b in zip(s, s[1:])
+            b.prompt_tokens > a.prompt_tokens + a.output_tokens - 1
+            for a, b in zip(s, s[1:], strict=False)
         )
-        assert all(c.prefix_tokens <= a.prompt_tokens + a.output_tokens for a, c in zip(s, s[1:]))
+        assert all(
+            c.prefix_tokens <= a.prompt_tokens + a.output_tokens
+            for a, c in zip(s, s[1:], strict=False)
+        )
 
 
 def test_generators_are_seeded(char):

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from talariad.replay.__main__ import main
 from talariad.perfmodel.profiles import available, load_profiles, load_set, named_profile
+from talariad.replay.__main__ import main
 from talariad.types import SwitchPath
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from talariad.router import (
     CallRequest,
     InstanceSnapshot,
+    KVLocation,
     ModelResidency,
     ModelState,
     Router,
     RouterKnobs,
-    KVLocation,
 )
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath
 

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from talariad.router import Lease
-from talariad.router.search.logged import LoggedDict, thaw
 from talariad.router.policies.prefix_index import RoutedPrefixIndex
+from talariad.router.search.logged import LoggedDict, thaw
 from talariad.router.sessions import LeaseBook, SessionTable
 from talariad.types import KVState
 from tests.router.router_factories import Snaps, call, cluster, router

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from tests.router.router_factories import MODEL, Snaps, call, cand, cluster, router, serve
 
 from talariad.router import DecisionKind
 from talariad.types import KVState
+from tests.router.router_factories import MODEL, Snaps, call, cand, cluster, router, serve
 
 
 @pytest.fixture

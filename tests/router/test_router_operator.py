@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from tests.router.router_factories import Snaps, call, cluster, router, serve
-
 from talariad.router import DecisionKind
 from talariad.types import KVState
+from tests.router.router_factories import Snaps, call, cluster, router, serve
 
 
 def setup():

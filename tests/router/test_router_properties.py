@@ -12,11 +12,11 @@ from talariad.router import (
     CallRequest,
     DecisionKind,
     InstanceSnapshot,
+    KVLocation,
     ModelResidency,
     ModelState,
     Router,
     RouterKnobs,
-    KVLocation,
 )
 from talariad.types import KVState, LatencyProfile, Pool
 

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from talariad.router import (
     CallRequest,
     InstanceSnapshot,
+    KVLocation,
     ModelResidency,
     ModelState,
     RoundMeasurement,
     Router,
     RouterKnobs,
-    KVLocation,
 )
 from talariad.router.cost import rank_all  # the reference
 from talariad.router.search.lazy import LazyCandidates
@@ -259,7 +259,7 @@ class _Lockstep:
         self._snaps = (Snaps(), Snaps())
 
     def snap(self, name: str, now: float, **fields) -> None:
-        pairs = zip((self.fast, self.ref), self._snaps)
+        pairs = zip((self.fast, self.ref), self._snaps, strict=False)
         assert len({r.observe(make(name, now, **fields), now) for r, make in pairs}) == 1
 
     def done(self, *args):

@@ -7,12 +7,12 @@ import pathlib
 import pytest
 from typer.testing import CliRunner
 
-from talariad.cli import app
 from talariad.checks import load_checked, parse_checked
+from talariad.cli import app
 from talariad.config import ConfigError
 from talariad.engine.executors.sglang import checks
-from talariad.engine.executors.sglang.launcher import server_args, server_env
 from talariad.engine.executors.sglang.client import sampling_params
+from talariad.engine.executors.sglang.launcher import server_args, server_env
 from talariad.wire.messages import GenerateRequest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 import pytest
 
-from talariad.replay.trace import Trace, TraceCall
 from talariad.perfmodel.profiles import Box, ModelSpec, ProfileSet, load_set
+from talariad.replay.trace import Trace, TraceCall
 from talariad.types import LatencyProfile
 
 MODELS = ("qwen3-235b", "glm5-nvfp4", "qwen3.5-122b")

@@ -7,9 +7,9 @@ import pathlib
 
 from talariad.config import load_config
 from talariad.knobs import config_router_knobs, config_sched_knobs
+from talariad.perfmodel.profiles import load_set
 from talariad.sim.__main__ import main
 from talariad.sim.configs import ablation_configs, config_models, from_config, map_models
-from talariad.perfmodel.profiles import load_set
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAPER = ROOT / "etc" / "examples" / "paper-tp8.yaml"
@@ -21,7 +21,7 @@ def test_the_bundled_paper_config_is_the_builtin_ablation_suite():
     models = tuple(m.name for m in cfg.models)
     builtin = ablation_configs(load_set("paper-tp8"), models)
     assert [c.name for c in mine] == [c.name for c in builtin]
-    for a, b in zip(mine, builtin):
+    for a, b in zip(mine, builtin, strict=False):
         assert (a.sched, a.router, a.policy, a.heartbeat_s, a.prewarm) == (
             b.sched,
             b.router,

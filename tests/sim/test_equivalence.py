@@ -14,12 +14,12 @@ import pathlib
 from talariad.cold_sched import Idle
 from talariad.config import load_config
 from talariad.engine.build import build_worker
-from talariad.wire.messages import GenerateRequest
 from talariad.instance import InstanceCall
 from talariad.replay.generate import fixed_replay
 from talariad.replay.trace import Trace
 from talariad.sim.configs import from_config
 from talariad.sim.simulator import Simulator
+from talariad.wire.messages import GenerateRequest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

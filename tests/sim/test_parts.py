@@ -3,11 +3,10 @@ import json
 import pytest
 
 from talariad.cold_sched import Decode, Prefill, PrefillItem, Switch
+from talariad.perfmodel.costs import action_seconds, switch_seconds
+from talariad.perfmodel.memory import MemorySpec, SimMemory, memory_spec
 from talariad.replay.trace import Trace, write_jsonl
 from talariad.sim.__main__ import main, router_subset
-from talariad.perfmodel.memory import memory_spec
-from talariad.perfmodel.costs import action_seconds, switch_seconds
-from talariad.perfmodel.memory import MemorySpec, SimMemory
 from talariad.types import LatencyProfile, SwitchPath
 
 from .conftest import MODELS, growing

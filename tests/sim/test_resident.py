@@ -3,11 +3,11 @@ recently active model is evicted, and a re-open after eviction is an open the me
 
 from collections import Counter
 
+from talariad.perfmodel.memory import MemorySpec, SimMemory, memory_spec
+from talariad.perfmodel.profiles import load_set
 from talariad.replay.metrics import row_metrics
 from talariad.replay.trace import Trace
 from talariad.sim.configs import router_configs
-from talariad.perfmodel.memory import MemorySpec, SimMemory, memory_spec
-from talariad.perfmodel.profiles import load_set
 from talariad.sim.simulator import simulate
 from talariad.types import SwitchPath
 

@@ -1,8 +1,8 @@
 import pytest
 
 from talariad.cold_sched import SchedKnobs
-from talariad.replay.metrics import row_metrics
 from talariad.replay.bounds import single_tenant_s
+from talariad.replay.metrics import row_metrics
 from talariad.replay.trace import Trace
 from talariad.router import RouterKnobs
 from talariad.sim.configs import (

@@ -22,10 +22,10 @@ from talariad.engine.executors.sim import SimExecutor
 from talariad.engine.worker import Worker
 from talariad.gateway.app import Gateway, build_app
 from talariad.gateway.instances import InstanceDirectory
-from talariad.wire.client import InstanceClient
 from talariad.gateway.routing import RouterShell
 from talariad.instance import CallOutput
 from talariad.knobs import model_profile
+from talariad.wire.client import InstanceClient
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

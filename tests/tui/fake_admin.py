@@ -89,7 +89,10 @@ def rounds() -> pb.RoundsReply:
                 staged_bytes=3 * MIB,
                 dirty_bytes=MIB,
                 age_s=1.0,
-                phases=[pb.SwitchPhase(name=n, ms=ms) for n, ms in zip(names, (1, 6, 0.5, 3, 2))],
+                phases=[
+                    pb.SwitchPhase(name=n, ms=ms)
+                    for n, ms in zip(names, (1, 6, 0.5, 3, 2), strict=False)
+                ],
             )
         ],
     )

@@ -8,8 +8,8 @@ import datetime
 import pytest
 from textual.widgets import DataTable, Static, TabbedContent
 
-from talariad.admin.client import AdminClient
 from talaria_tui.app import Dashboard
+from talariad.admin.client import AdminClient
 from tests.tui.fake_admin import serve
 
 VIEWS = ("rounds", "switches", "memory", "leases", "sessions", "instances", "decisions")

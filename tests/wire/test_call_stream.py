@@ -13,8 +13,9 @@ import pytest
 
 from talariad import httpserver
 from talariad.config import load_config
-from talariad.wire import stream
 from talariad.engine.build import build_worker
+from talariad.gateway.instances import InstanceDirectory
+from talariad.wire import stream
 from talariad.wire.messages import (
     ChatMessage,
     DoneEvent,
@@ -24,7 +25,6 @@ from talariad.wire.messages import (
     Telemetry,
     TokenEvent,
 )
-from talariad.gateway.instances import InstanceDirectory
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -18,11 +18,9 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 
-from talariad.engine.executors.base import common_prefix
 import numpy as np
 
-from talariad.wire.messages import ChatMessage, GenerateRequest
-from talariad.perfmodel.dists import OUTPUT_TOKENS
+from talariad.engine.executors.base import common_prefix
 from talariad.instance import (
     CallOutput,
     InstanceCall,
@@ -31,8 +29,10 @@ from talariad.instance import (
     StepPlan,
     StepResult,
 )
+from talariad.perfmodel.dists import OUTPUT_TOKENS
 from talariad.perfmodel.model import SimModel
 from talariad.types import KVState
+from talariad.wire.messages import ChatMessage, GenerateRequest
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _WORDS = (

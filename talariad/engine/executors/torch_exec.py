@@ -19,10 +19,11 @@ import torch
 from talariad.cold_sched import Decode, Prefill, Switch
 from talariad.cold_sched.rounds import staging_target
 from talariad.engine.executors.base import common_prefix
-from talariad.engine.executors.torch_engine import HostedModel, KVBook, TokenContext, TextStream
+from talariad.engine.executors.torch_engine import HostedModel, KVBook, TextStream, TokenContext
 from talariad.engine.executors.torch_engine.calls import CallState
 from talariad.engine.executors.torch_engine.report import memory_report, memory_stats, record_dict
-from talariad.wire.messages import GenerateRequest
+from talariad.engine.model import DecodeSeq, ModelRunner, PrefillSeq, SamplingParams
+from talariad.engine.model.sampling import make_generator, sample
 from talariad.instance import (
     CallOutput,
     InstanceCall,
@@ -31,11 +32,10 @@ from talariad.instance import (
     StepPlan,
     StepResult,
 )
-from talariad.engine.model import DecodeSeq, ModelRunner, PrefillSeq, SamplingParams
-from talariad.engine.model.sampling import make_generator, sample
 from talariad.memory import Substrate, prefix_hashes
 from talariad.memory.layout import align_up
 from talariad.types import KVState
+from talariad.wire.messages import GenerateRequest
 
 HEADROOM_SEQS = 64
 """Sequences whose last partly-filled page the scheduler's token accounting does not see."""
@@ -344,7 +344,7 @@ class TorchExecutor:
         states = [self._state(calls[item.call_id], action.model) for item in action.calls]
         protect = {st.owner for st in states}
         items, updates, reused = [], [], {}
-        for item, st in zip(action.calls, states):
+        for item, st in zip(action.calls, states, strict=False):
             prior = common_prefix(st.rec.tokens, st.ids)
             cached, source = self._reuse(st, item.cached_device_tokens + item.restore_tokens)
             table = self._ensure_pages(st, protect, updates)
@@ -372,7 +372,7 @@ class TorchExecutor:
     def _emit(self, states: list[CallState], logits: torch.Tensor) -> StepResult:
         tokens = sample(logits, [st.sampling for st in states], [st.generator for st in states])
         result = StepResult()
-        for st, tok in zip(states, tokens):
+        for st, tok in zip(states, tokens, strict=False):
             st.ids.append(tok)
             st.rec.valid = len(st.ids) - 1  # the sampled token gets its KV at the next step
             eos = tok in self.models[st.model].eos_ids() and not st.ignore_eos

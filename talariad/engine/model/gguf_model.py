@@ -151,7 +151,7 @@ def build_tokenizer(g: GGUFFile) -> Tokenizer:
     tok.pre_tokenizer = pre_tok
     tok.decoder = decoders.ByteLevel()
     types = md.get("tokenizer.ggml.token_type") or []
-    special = [t for t, ty in zip(tokens, types) if ty == TOKEN_CONTROL]
+    special = [t for t, ty in zip(tokens, types, strict=False) if ty == TOKEN_CONTROL]
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     return tok
 

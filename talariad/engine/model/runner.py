@@ -102,7 +102,8 @@ class ModelRunner:
         # idempotent
         starts = [min(it.cached_len, len(it.token_ids) - 1) for it in items]
         return self.run(
-            [(it.token_ids[s:], s, it.block_table) for it, s in zip(items, starts)], all_logits
+            [(it.token_ids[s:], s, it.block_table) for it, s in zip(items, starts, strict=False)],
+            all_logits,
         )
 
     def decode(self, items: Sequence[DecodeSeq]) -> torch.Tensor:
@@ -137,13 +138,15 @@ class ModelRunner:
 
         Pages come from this runner's allocator and are freed on return.
         """
-        need = [len(p) + s.max_tokens for p, s in zip(prompts, samplings)]
+        need = [len(p) + s.max_tokens for p, s in zip(prompts, samplings, strict=False)]
         if sum(self.allocator.pages_for(n) for n in need) > self.allocator.num_free_pages:
             return None
         req_ids = [("generate", next(self._ids)) for _ in prompts]
-        tables = [self.allocator.allocate(r, n) for r, n in zip(req_ids, need)]
+        tables = [self.allocator.allocate(r, n) for r, n in zip(req_ids, need, strict=False)]
         try:
-            items = [PrefillSeq(r, p, 0, t) for r, p, t in zip(req_ids, prompts, tables)]
+            items = [
+                PrefillSeq(r, p, 0, t) for r, p, t in zip(req_ids, prompts, tables, strict=False)
+            ]
             return self.generate_batch(items, samplings)
         finally:
             for r in req_ids:
@@ -163,7 +166,7 @@ class ModelRunner:
         live = list(range(len(items)))
         while live:
             tokens = sample(logits, [samplings[i] for i in live], [gens[i] for i in live])
-            for i, tok in zip(live, tokens):
+            for i, tok in zip(live, tokens, strict=False):
                 outs[i].token_ids.append(tok)
                 outs[i].finish_reason = finish_reason(
                     tok, len(outs[i].token_ids), samplings[i], self.config.eos_token_ids

@@ -47,7 +47,7 @@ def sample(
 ) -> list[int]:
     """One token per row of logits [B, vocab]."""
     logits = logits.float().cpu()
-    return [_sample_row(row, p, g) for row, p, g in zip(logits, params, generators)]
+    return [_sample_row(row, p, g) for row, p, g in zip(logits, params, generators, strict=False)]
 
 
 def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:

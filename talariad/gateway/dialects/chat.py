@@ -9,12 +9,12 @@ from typing import Any
 
 from pydantic import Field
 
-from talariad.wire.messages import DoneEvent, ErrorEvent, StreamEvent, ToolCall
 from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer, sse
 from talariad.gateway.errors import APIError
 from talariad.gateway.schemas import ChatTool, Message, SamplingBody, body_field, sent
 from talariad.gateway.session import SESSION_FIELDS
 from talariad.tools import arguments_json, function_tool
+from talariad.wire.messages import DoneEvent, ErrorEvent, StreamEvent, ToolCall
 
 
 class ChatCompletionRequest(SamplingBody):

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 
 from pydantic import field_validator
 
-from talariad.wire.messages import ChatMessage, StreamEvent
 from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer, sse
 from talariad.gateway.dialects.chat import error_event, openai_spec, usage
 from talariad.gateway.schemas import SamplingBody
+from talariad.wire.messages import ChatMessage, StreamEvent
 
 
 class CompletionRequest(SamplingBody):

@@ -15,6 +15,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from talariad.gateway import limits
+from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer, canonical, make_call_id
+from talariad.gateway.errors import anthropic_error_body as error_body
+from talariad.gateway.schemas import OpenBody, body_field, sent
+from talariad.gateway.session import SESSION_FIELDS
+from talariad.tools import arguments_json, function_tool
 from talariad.wire.messages import (
     ChatMessage,
     DoneEvent,
@@ -23,13 +29,6 @@ from talariad.wire.messages import (
     TokenEvent,
     ToolCall,
 )
-from talariad.gateway import limits
-from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer, canonical
-from talariad.gateway.call import make_call_id
-from talariad.gateway.errors import anthropic_error_body as error_body
-from talariad.gateway.schemas import OpenBody, body_field, sent
-from talariad.gateway.session import SESSION_FIELDS
-from talariad.tools import arguments_json, function_tool
 
 
 class ContentBlock(OpenBody):

@@ -19,13 +19,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from talariad.wire.messages import ChatMessage, DoneEvent, ErrorEvent, StreamEvent, ToolCall
 from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer
 from talariad.gateway.errors import APIError
-from talariad.gateway.schemas import body_field, sent, parse_arguments
-from talariad.gateway.store import ResponseStore
+from talariad.gateway.schemas import body_field, parse_arguments, sent
 from talariad.gateway.session import SESSION_FIELDS
+from talariad.gateway.store import ResponseStore
 from talariad.tools import arguments_json, function_tool
+from talariad.wire.messages import ChatMessage, DoneEvent, ErrorEvent, StreamEvent, ToolCall
 
 log = logging.getLogger("talariad.gateway")
 

@@ -129,11 +129,13 @@ class Policy(ABC):
 
     def on_placed(self, call: CallRequest, instance: str, now: float) -> None:
         """The router forwarded `call` to `instance` (whatever decided it)."""
+        return None  # a hook: most policies keep nothing per placement
 
     def on_completed(
         self, call: CallRequest, instance: str, kv_state: KVState, kv_len: int, now: float
     ) -> None:
         """`call` finished on `instance`, leaving its prefix in `kv_state`."""
+        return None  # a hook: most policies keep nothing per completion
 
 
 POLICIES: Registry[Policy] = Registry("router policy")

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from talariad.router.cost import CallPlan
-from talariad.router.messages import CandidateCost, DecisionKind, CallRequest, ModelState
+from talariad.router.messages import CallRequest, CandidateCost, DecisionKind, ModelState
 from talariad.router.policies.base import POLICIES, Choice, ClusterView, Policy
 from talariad.router.search.ranking import rank
 from talariad.types import KVState, Pool

@@ -24,10 +24,12 @@ from talariad.router.cost import (
     cost_row,
     gain_of,
     keep_cost_s,
-    passes_eq2 as _passes_eq2,
     replica_facts,
     score,
     spare_of,
+)
+from talariad.router.cost import (
+    passes_eq2 as _passes_eq2,
 )
 from talariad.router.knobs import RouterKnobs
 from talariad.router.messages import CallRequest, CandidateCost, ModelState

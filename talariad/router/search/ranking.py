@@ -28,8 +28,8 @@ import math
 
 from talariad.router.cost import (
     ACTIVATION,
-    HBM_FREE,
     ADDED_BYTES,
+    HBM_FREE,
     RISK,
     ROUND_LOAD,
     TAKEN_AT,

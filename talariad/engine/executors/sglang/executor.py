@@ -27,7 +27,6 @@ from talariad.engine.executors.sglang.swap import (
     SwapSequence,
     SwapViolation,
 )
-from talariad.wire.messages import GenerateRequest
 from talariad.engine.model.tokenizer import TextTokenizer
 from talariad.instance import (
     CallOutput,
@@ -38,6 +37,7 @@ from talariad.instance import (
     StepResult,
 )
 from talariad.types import KVState, SwitchPath
+from talariad.wire.messages import GenerateRequest
 
 log = logging.getLogger("talariad.engine.sglang")
 GIB = 1 << 30
@@ -271,7 +271,7 @@ class SGLangExecutor:
                     )
         live = [cid for cid in call_ids if cid in self.streams and cid not in result.calls]
         items = await asyncio.gather(*(self._next_chunk(cid) for cid in live))
-        for cid, item in zip(live, items):
+        for cid, item in zip(live, items, strict=False):
             self._apply(cid, item, calls.get(cid), result)
         return result
 
