@@ -61,15 +61,12 @@ def seeds(text: str) -> list[int]:
     return list(range(int(lo), int(hi or lo) + 1))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--seeds", default="0-4")
-    p.add_argument("--json")
-    args = p.parse_args()
+def _means(seed_list: list[int]) -> dict[str, dict]:
+    """Each configuration's metrics averaged over the seeds, with its mean path mix."""
     pset = load_set("paper-tp8")
     per: dict[str, list[dict]] = {}
     paths: dict[str, list[dict[str, float]]] = {}
-    for seed in seeds(args.seeds):
+    for seed in seed_list:
         trace = fixed_replay(seed)
         for cfg in ablation_configs(pset, PAPER_MODELS):
             row = row_metrics(simulate(trace, cfg, pset))
@@ -89,22 +86,11 @@ def main() -> None:
         means[c]["path_mix"] = {
             k: statistics.mean(d.get(k, 0.0) for d in paths[c]) for k in sorted(keys)
         }
-    print(f"fixed replay, paper-tp8 profiles, mean of seeds {args.seeds}")
-    print(
-        f"{'config':<11}{'SCT p50/p95 s':>16}{'bound p50/p95':>15}{'TTFT p50/p95':>14}{'rounds':>7}"
-        f"{'sw':>6}{'share':>7}{'slowdown':>12}{'parked/times':>14}{'park s':>8}"
-        "  path mix d2d/partial/h2d   paper"
-    )
-    for c, m in means.items():
-        mix = "/".join(f"{100 * m['path_mix'].get(k, 0):.0f}" for k in ("d2d", "partial", "h2d"))
-        print(
-            f"{c:<11}{m['sct_p50_s']:>8.0f} /{m['sct_p95_s']:>6.0f}"
-            f"{m['bound_p50_s']:>8.0f} /{m['bound_p95_s']:>5.0f}"
-            f"{m['ttft_p50_s']:>7.2f} /{m['ttft_p95_s']:>5.1f}"
-            f"{m['rounds']:>7.0f}{m['switches']:>6.0f}{100 * m['switch_share']:>6.1f}%"
-            f"{m['slowdown_p50']:>6.2f} /{m['slowdown_p95']:>5.2f}{m['parked_calls']:>7.0f} /{m['parks']:>5.0f}"
-            f"{m['park_cost_s']:>8.0f}  {mix:<24}  {PAPER.get(c, '-')}"
-        )
+    return means
+
+
+def _paper_lines(means: dict[str, dict]) -> None:
+    """The figures §5.6 publishes, next to the simulated ones."""
     t, r = means["Talaria"], means["Round-only"]
     print(
         f"Round-only / Talaria SCT: p50 {r['sct_p50_s'] / t['sct_p50_s']:.2f}x, "
@@ -139,6 +125,31 @@ def main() -> None:
         f"Talaria path mix full D2D / partial / H2D fallback: {by_path} "
         "(paper 27.7% (106 ms) / 36.3% (1000 ms) / 36.0% (2011 ms))"
     )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--seeds", default="0-4")
+    p.add_argument("--json")
+    args = p.parse_args()
+    means = _means(seeds(args.seeds))
+    print(f"fixed replay, paper-tp8 profiles, mean of seeds {args.seeds}")
+    print(
+        f"{'config':<11}{'SCT p50/p95 s':>16}{'bound p50/p95':>15}{'TTFT p50/p95':>14}{'rounds':>7}"
+        f"{'sw':>6}{'share':>7}{'slowdown':>12}{'parked/times':>14}{'park s':>8}"
+        "  path mix d2d/partial/h2d   paper"
+    )
+    for c, m in means.items():
+        mix = "/".join(f"{100 * m['path_mix'].get(k, 0):.0f}" for k in ("d2d", "partial", "h2d"))
+        print(
+            f"{c:<11}{m['sct_p50_s']:>8.0f} /{m['sct_p95_s']:>6.0f}"
+            f"{m['bound_p50_s']:>8.0f} /{m['bound_p95_s']:>5.0f}"
+            f"{m['ttft_p50_s']:>7.2f} /{m['ttft_p95_s']:>5.1f}"
+            f"{m['rounds']:>7.0f}{m['switches']:>6.0f}{100 * m['switch_share']:>6.1f}%"
+            f"{m['slowdown_p50']:>6.2f} /{m['slowdown_p95']:>5.2f}{m['parked_calls']:>7.0f} /{m['parks']:>5.0f}"
+            f"{m['park_cost_s']:>8.0f}  {mix:<24}  {PAPER.get(c, '-')}"
+        )
+    _paper_lines(means)
     if args.json:
         Path(args.json).write_text(json.dumps(means, indent=2))
 

@@ -210,31 +210,8 @@ def seeds(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--seeds", default="0-4")
-    p.add_argument("--traces", default="fixed,swebv")
-    p.add_argument("--full", action="store_true", help="whole sessions instead of the subset")
-    p.add_argument("--both", action="store_true", help="the subset and whole sessions")
-    p.add_argument("--swebv", default=SWEBV, help="the real trace (*_calls.jsonl.gz)")
-    p.add_argument("--json", metavar="FILE")
-    p.add_argument(
-        "--max-virtual-s",
-        type=float,
-        default=1e5,
-        help="a configuration still running at this virtual time is reported as stuck",
-    )
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    args = p.parse_args()
-    fulls = [False, True] if args.both else [args.full]
-    jobs = [
-        (t, s, f, args.swebv, args.max_virtual_s)
-        for f in fulls
-        for t in args.traces.split(",")
-        for s in seeds(args.seeds)
-    ]
-    with ProcessPoolExecutor(args.jobs) as pool:
-        rows = [r for part in pool.map(one, jobs) for r in part]
+def _print_verdicts(result: list[dict]) -> None:
+    """The verdict per cell, then the counts that qualify them."""
     table = Table(title=f"router suite: talaria vs best peer (loads {', '.join(LOADS)})")
     for col in (
         "trace",
@@ -247,7 +224,6 @@ def main() -> int:
         "ok",
     ):
         table.add_column(col)
-    result = verdicts(rows)
     for v in result:
         table.add_row(
             v["trace"],
@@ -281,6 +257,35 @@ def main() -> int:
             for v in dominated
         )
     )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--seeds", default="0-4")
+    p.add_argument("--traces", default="fixed,swebv")
+    p.add_argument("--full", action="store_true", help="whole sessions instead of the subset")
+    p.add_argument("--both", action="store_true", help="the subset and whole sessions")
+    p.add_argument("--swebv", default=SWEBV, help="the real trace (*_calls.jsonl.gz)")
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument(
+        "--max-virtual-s",
+        type=float,
+        default=1e5,
+        help="a configuration still running at this virtual time is reported as stuck",
+    )
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args()
+    fulls = [False, True] if args.both else [args.full]
+    jobs = [
+        (t, s, f, args.swebv, args.max_virtual_s)
+        for f in fulls
+        for t in args.traces.split(",")
+        for s in seeds(args.seeds)
+    ]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = [r for part in pool.map(one, jobs) for r in part]
+    result = verdicts(rows)
+    _print_verdicts(result)
     h2h = head_to_head(rows)
     Console(width=160).print(head_to_head_table(h2h))
     if args.json:
