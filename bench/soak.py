@@ -64,11 +64,13 @@ def slope(ys: list[float]) -> float:
 
 @contextmanager
 def daemon(config: Path, hot_model: str | None):
-    """A daemon on a free port and a private admin socket; yields (url, admin socket, pid)."""
+    """A daemon on a free port and a private admin socket; yields (url, admin socket, process)."""
     cfg = yaml.safe_load(config.read_text())
     for inst in cfg.get("instances", []) if hot_model else []:
         if inst.get("pool") == "hot" and inst.get("executor") == "torch":
             inst["models"] = [hot_model]
+    served = {m for inst in cfg.get("instances", []) for m in inst.get("models", [])}
+    cfg["models"] = [m for m in cfg.get("models", []) if m.get("name") in served]
     tmp = Path(tempfile.mkdtemp(prefix="talaria-soak-"))
     port = free_port()
     cfg["listen"] = {"http": f"127.0.0.1:{port}", "admin_socket": str(tmp / "admin.sock")}
@@ -81,14 +83,17 @@ def daemon(config: Path, hot_model: str | None):
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
-        yield f"http://127.0.0.1:{port}", str(tmp / "admin.sock"), proc.pid
+        print(f"soak: daemon log {tmp / 'daemon.log'}", file=sys.stderr)
+        yield f"http://127.0.0.1:{port}", str(tmp / "admin.sock"), proc
     finally:
         proc.terminate()
         proc.wait(60)
 
 
-async def wait_ready(client: httpx.AsyncClient, base: str) -> None:
+async def wait_ready(client: httpx.AsyncClient, base: str, alive) -> None:
     for _ in range(600):
+        if not alive():
+            raise SystemExit("soak: the daemon exited before it was ready (see its log)")
         try:
             if (await client.get(base + "/ready")).status_code == 200:
                 return
@@ -171,12 +176,12 @@ async def figures(client, base: str, admin: AdminClient, pid: int) -> dict[str, 
     return out
 
 
-async def soak(args, base: str, admin_socket: str, pid: int) -> list[dict]:
+async def soak(args, base: str, admin_socket: str, pid: int, alive=lambda: True) -> list[dict]:
     admin = AdminClient(admin_socket, timeout_s=30)
     limits = httpx.Limits(max_connections=args.sessions + 8)
     rows = []
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-        await wait_ready(client, base)
+        await wait_ready(client, base, alive)
         for r in range(args.rounds):
             rnd, stop = Round(), asyncio.Event()
             watcher = asyncio.create_task(watch(client, base, admin, rnd, stop))
@@ -286,8 +291,10 @@ def main() -> int:
     else:
         if not args.config.is_file():
             p.error(f"--config {args.config}: no such file")
-        with daemon(args.config, args.hot_model) as (base, admin_socket, pid):
-            rows = asyncio.run(soak(args, base, admin_socket, pid))
+        with daemon(args.config, args.hot_model) as (base, admin_socket, proc):
+            rows = asyncio.run(
+                soak(args, base, admin_socket, proc.pid, lambda: proc.poll() is None)
+            )
     result = {"rounds": rows, "summary": summary(rows), "cpus": os.cpu_count()}
     if args.json:
         print(json.dumps(result, indent=2))
