@@ -1,13 +1,9 @@
 """How long a scheduler action takes on a `sim` instance: the one pure cost function shared by the
 virtual-time simulator and the real-time `sim` executor (which only sleeps what this returns).
 
-Prefill: one batched prefill of the recomputed tokens plus the H2D restore of host-restorable
-tokens (`LatencyProfile.prefill_s` + `restore_s`). Decode: one iteration at the batch size.
-Switch: the profile's table for the path; a partial D2D switch with a known uncovered share of
-the weights costs D2D + uncovered x (H2D - D2D) (App. D: "partial staging lands between the two
-according to the uncovered H2D fraction"); an H2D fallback with staging on costs the profile's
-`fallback_s` (§5.6 measures it apart from the H2D-only configuration's opens); a first open of a
-model the instance never held is a full open (`open_s`).
+Prefill: recompute + H2D restore; decode: one iteration at the batch size; switch: the profile's
+table for the path, a partial D2D switch D2D + uncovered x (H2D - D2D) (App. D), an H2D fallback
+`fallback_s` (§5.6), a first open `open_s`. Design: docs/internals.md.
 """
 
 from __future__ import annotations

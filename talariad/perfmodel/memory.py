@@ -1,33 +1,11 @@
-"""Byte-level memory bookkeeping of one simulated instance: host-restorable KV capacity (HKVR),
-device KV pressure, opportunistic D2D weight staging and the HBM footprint. Sizes are per GPU of
-the TP group unless named otherwise; nothing here reads a clock or moves bytes.
+"""Byte-level memory bookkeeping of one simulated instance: host KV (HKVR), device KV pressure,
+D2D weight staging (§4.4, App. D) and the HBM footprint. Sizes are per GPU of the TP group unless
+named otherwise; nothing here reads a clock or moves bytes.
 
-This is the simulator's adapter onto the memory substrate's *behaviour*, not onto
-`talariad.memory` itself: the substrate tracks pages, prefix hashes and staging chunks per rank
-(exact, but far too fine for a sweep of 100B-model replays), so the simulator keeps the same
-three facts at session/byte granularity:
-- HKVR: a host arena of `host_kv_bytes` (box host memory minus the host copies of every model's
-  weights) holding session prefixes in LRU order; an evicted prefix becomes MISSING.
-- device KV: the active model's KV may use the managed HBM left after its weights; beyond that
-  the least recently used idle prefixes leave the device (to host with HKVR, else lost).
-- staging (§4.4, App. D): after a switch into model A, the model the scheduler names
-  (`staging_target`, chosen then, as a real substrate must) is copied H2D into the HBM slack
-  (managed HBM - A's weights - device KV: A's live and retained rows and rows parked for other
-  models) at the box's H2D rate; at the next switch the staged share decides the path (all staged:
-  d2d, some: partial, none or another model staged: h2d fallback). KV growth that overlaps the
-  staged range dirties it: the slack is measured against the peak device KV since staging began
-  (the paper's dirty chunks, reloaded from host). Staging and HKVR restores share each GPU's H2D
-  link, so restore time delays staging.
-- switch timing (a box with `switch_phase_ms`, `SwitchTiming`): a switch's five phases are App. D
-  Table 2's phases 1, 3, 4 and 5 for its path, and phase 2 = the fixed part of opening weights +
-  the D2D gather of the clean staged bytes + the H2D copy of the rest (dirty or never staged).
-  The path mix, switch latencies and switch share are outputs of this, not inputs.
-- resident weights (a box with `kv_reserve_gib_per_gpu`): models' weights stay in HBM while they
-  fit in the managed HBM minus that KV reserve. Switching to a resident model is the D2D path (its
-  weights are already on device, App. D phases other than the weight copy); opening another one
-  loads it over H2D and evicts the least recently active resident models until it fits, so a
-  later call for an evicted model opens it again (§5.3 counts such re-opens). No staging then.
-`MemoryModel` is the interface a finer substrate-backed implementation can replace.
+The simulator's adapter onto the memory substrate's behaviour, at session/byte granularity. The
+staged share decides a switch's path (all: d2d, some: partial, none: h2d); KV growth dirties
+staged bytes. `MemoryModel` is the interface a substrate-backed one can replace.
+Design: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -118,7 +96,8 @@ def memory_spec(pset) -> MemorySpec:
 
 
 class SimMemory:
-    """See the module docstring. `d2d` and `host_kv` are the ablation switches."""
+    """See the module docstring (design: docs/internals.md). `d2d` and `host_kv` are the ablation
+    switches."""
 
     def __init__(self, spec: MemorySpec, d2d: bool = True, host_kv: bool = True) -> None:
         self.spec, self.d2d, self.host_kv = spec, d2d, host_kv

@@ -1,15 +1,10 @@
 """The one cost and memory model of a `sim` instance, shared by the simulator (virtual time) and the
 real-time `sim` executor (which sleeps what it charges). Sans-IO: every call takes `now`.
 
-`begin(plan, now)` prices an action (`costs.action_seconds`): a switch's path comes from the
-memory model's staging (`SimMemory.plan_switch`), a model never opened here is a full open, and a
-prewarmed instance's very first activation is free (the paper's runs exclude warm-up, §5.1). On a
-box that prices switches from the mechanism (`MemorySpec.timing`) a switch costs the sum of its
-five phases (`SimMemory.switch_phases`: the bytes it gathers D2D and copies H2D), reported per
-phase as the executor's switch record; otherwise the profile's per-path table.
-`end(plan, now)` says what the memory did, as a `StepResult`: a switch saves the outgoing model's
-device KV to the host arena (LRU evictions drop prefixes); a prefill that pushes device KV past its
-budget moves the least recently used idle prefixes off the device.
+`begin(plan, now)` prices an action: a switch's path from `SimMemory.plan_switch`, a first open in
+full, a prewarmed instance's first activation free (§5.1). `end(plan, now)` says what the memory
+did, as a `StepResult`: KV a switch or an over-budget prefill moves off the device (to the host
+arena, or dropped). Design: docs/internals.md.
 """
 
 from __future__ import annotations

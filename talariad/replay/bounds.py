@@ -1,18 +1,12 @@
 """Lower bounds on session completion that hold on one multiplexed box (§5 comparisons).
 
-- Single-tenant time of a session: alone on the box, its model always active, full prefix reuse,
-  no queueing: the sum over its calls of (prefill of the non-reusable tail + output_tokens - 1
-  decode steps at batch 1) plus the gaps between calls.
-- Strict multiplexing bound on the k-th session to finish, when all sessions start together: no
-  schedule finishes k sessions before (a) the slowest of them could finish alone and (b) the box
-  has done their work. Box work is counted generously: prefills add up, decode steps of one model
-  overlap perfectly across its sessions (only the longest decode counts), and different models
-  never overlap (one model executes at any instant, §3.4). Both terms are minimised over every
-  k-subset, so the bound holds whichever sessions finish first.
-
-A session's own bound is max(its single-tenant time, the strict bound of its finishing rank); its
-slowdown is its SCT over that bound. Percentiles of slowdowns compare like with like, unlike a
-ratio of SCT and bound percentiles taken from different sessions.
+- `single_tenant_s`: a session alone on the box, its model always active, full prefix reuse, no
+  queueing (prefills of the new tails, decode steps at batch 1, the gaps).
+- `rank_bounds`: when all sessions start together, no schedule finishes k of them before the
+  slowest of them alone nor before the box has done their work (one model at a time, §3.4),
+  both minimised over every k-subset.
+A slowdown is SCT over the larger of the session's time alone and its rank's bound.
+Design: docs/internals.md.
 """
 
 from __future__ import annotations

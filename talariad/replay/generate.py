@@ -1,12 +1,10 @@
 """Seeded synthetic traces: the paper's §2.1 characterization and its §5.1 fixed-replay shape.
 
-Session shape (both generators): depth ~ lognormal(p50 11, p95 49); the first prompt is a
-system prompt plus the issue; each continuation appends the previous answer and a tool
-observation, so prompts grow within a session. With probability 0.968 a continuation reuses the
-whole previous context (prompt + answer) as its prefix; otherwise it reuses a uniform fraction
-in [0, 0.5) of it (an edit early in the context), which reproduces §2.1's "96.8% of
-continuations reuse more than half of the previous prefix". Gaps ~ lognormal(p50 0.39 s,
-p95 1.32 s). Distribution constants and their sources are in `talariad.perfmodel.dists`.
+Sessions: depth ~ lognormal(p50 11, p95 49); each continuation appends the previous answer and a
+tool observation; with probability 0.968 it reuses the whole previous context, else a uniform
+fraction in [0, 0.5) of it (§2.1's "96.8% of continuations reuse more than half of the previous
+prefix"). Gaps ~ lognormal(p50 0.39 s, p95 1.32 s). Constants and their sources:
+`talariad.perfmodel.dists`; design: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """A trace scaled down to small models, and the real chat bodies of its calls.
 
-Scaling keeps a trace's structure (sessions, call order, models, capped gaps, output lengths up
-to `output_scale`) and divides the prompt sizes by `factor`. Sizes are counted in words and
-punctuation marks (one token each on the `sim` executor's tokenizer, a few on a byte-level BPE).
-
-`Conversation` builds each call's messages so that the previous call's prompt plus the answer the
-server returned is really a prefix of the next prompt, as an agent's resent history is: a
-continuation appends the answer and a new user message sized to the scaled suffix. A continuation
-that the trace says reuses only part of the previous context (an edit early in it) keeps the
-messages that fit in the reused share and replaces the rest by fresh text of the same length.
+Scaling keeps a trace's structure (sessions, call order, models, capped gaps) and divides prompt
+growth by `factor` and outputs by `output_scale`; sizes count words and punctuation marks.
+`Conversation` builds each call's messages so that the previous prompt plus the server's answer
+is really a prefix of the next prompt, as an agent's resent history is. Design:
+docs/internals.md.
 """
 
 from __future__ import annotations

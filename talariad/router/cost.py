@@ -1,30 +1,12 @@
-"""The reference (§3.3): Eq. (1), the round-admission and HBM filters and Eq. (2) on named
-inputs, and Algorithm 1's cost placement as scoring every instance (`rank_all`).
+"""The reference (§3.3): Eq. (1), the filters, Eq. (2) and Algorithm 1's cost placement, as plain
+functions over named inputs, in seconds.
 
-Cost(r, i) = ΔR_req + C_KV + C_act, each charged once, in seconds:
-- ΔR_req: queue (wait for the model's slot, its queued prefill, and same-model lease charges)
-  + prefill of the new suffix + decode of `max_tokens` at the instance's decode batch;
-- C_KV: 0 for a device-resident prefix, the H2D restore cost for a host-restorable one, and the
-  recompute of whatever part of the prefix is not reusable there;
-- C_act: 0 if active, the advertised switch cost if resident/staged (partial staging lowers the
-  estimate), the full-open cost if absent.
-Deadline risk inflates the instance's queue and base round load by (1 + risk).
-
-Round admission (Eq. 5) simulates R_i = base load (snapshot round load + overlay + live lease
-charges) + this call's prefill, recovery and activation; its decode is protected budget spread
-over rounds (Eq. 4) and already part of the instance's own round prediction. An instance with no
-base load admits any single call, so a call whose own prefill exceeds γ·TTFT is not starved.
-
-Eq. (2) opens a fresh replica only if gain > T_swap + μ_j·ΔW_m + ν_m; the same price, with the
-whole weights, is what keeping a resident model in a cold instance's rotation costs (the
-retirement rule: a replica whose recent work does not cover it is retired, and reopening it
-passes Eq. (2) like a fresh one). Candidates rank by Eq. (1) plus the price of a replica they
-open and the delay their slots add to other models' calls (`CandidateCost.rank_s`).
-
-Everything here is arithmetic on values. `search.costmodel.CostModel` reads the router's books
-(snapshots, overlay, leases, sessions, placed work) into these inputs and caches the cost rows;
-`search.ranking.rank` decides as `rank_all` while scoring only the instances that can still win
-(`tests/router/test_router_ranking.py` holds the two equal, explanations included).
+- Eq. (1) (`score`): ΔR_req (queue + prefill + decode) + C_KV (restore or recompute the prefix)
+  + C_act (switch or open); deadline risk inflates queue and base load by (1 + risk);
+- filters: round admission (Eq. 5) of R_i with the call, and HBM;
+- Eq. (2) (`passes_eq2`): a fresh replica only if gain > T_swap + μ_j·ΔW_m + ν_m;
+- Algorithm 1 (`rank_all`): the cheapest feasible by `CandidateCost.rank_s`.
+`search/` makes it fast. Design: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -58,14 +58,13 @@ class ModelResidency:
 
 @dataclass(frozen=True, slots=True)
 class InstanceSnapshot:
-    """Versioned telemetry from one instance (§4.1). A newer version replaces an older one.
+    """Versioned telemetry from one instance (§4.1); a newer version replaces an older one.
 
-    `round_load_s` is the instance's own prediction of its next round length R_i (Eq. 3); for a
-    hot instance, the time to drain its queue. `deadline_risk` in [0, 1] is the share of recent
-    rounds that overran γ·TTFT; the router inflates the instance's predicted load by that share.
-    `allowed_models` is every model the instance may serve (a hot instance: its pinned model).
-    `sessions` lists every (session, model) prefix the instance holds; a pair not listed is
-    missing there. `taken_at` must be on the router's clock (the shell converts).
+    `round_load_s`: its prediction of its next round length R_i (Eq. 3); for a hot instance, the
+    time to drain its queue. `deadline_risk` in [0, 1]: the share of recent rounds over γ·TTFT;
+    the router inflates its predicted load by it. `allowed_models`: every model it may serve (a
+    hot instance: its pinned model). `sessions`: every (session, model) prefix it holds; a pair
+    not listed is missing there. `taken_at` is on the router's clock (the shell converts).
     """
 
     instance: str

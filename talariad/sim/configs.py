@@ -1,18 +1,10 @@
 """Named simulator configurations: box layout + router policy/knobs + scheduler knobs, all built
 from one profile set (no per-trace tuning).
 
-Suites:
-- `ablations`: the §5.1 fixed-replay box, one TP=8 cold instance time-sharing every model, under
-  Talaria, no-SP, no-HKVR, H2D-only and Round-only (`cold_sched.ablation`). The router is the full
-  Talaria router; with one instance there is nowhere else to go, so its overload mode is "spill"
-  (the instance's own rounds do admission) rather than holding calls at the gateway.
-- `router`: §5.3, two cold workers that may each host every model, every registered router
-  policy, at low/medium/high offered load (sessions start every 30 / 10 / 2 s), models opened on
-  demand (no prewarm: opens are the metric). `python -m talariad.sim` runs it on the paper's
-  router testbed (`profiles/router-tp4.yaml`: TP=4 workers whose memory holds about two of the
-  three 32B-class models, so opening the third evicts one).
-- `tau`: §5.4, the Talaria router on the router box at medium load with τ in 0, 0.5, 1, 2, 5 s
-  (the lease lifetime and the scheduler's matching slot hold `sp_hold_s`, as the daemon sets).
+Suites: `ablations` (§5.1: one TP=8 cold instance, the `cold_sched.ablation` variants and a
+fair-share reference), `router` (§5.3: two cold workers, every registered router policy, low /
+medium / high load, models opened on demand), `tau` (§5.4: the Talaria router at medium load
+with τ in 0, 0.5, 1, 2, 5 s). Design: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The discrete-event simulator: closed-loop sessions in virtual time through the real `Router`
 and one `SimInstance` (real `ColdScheduler`) per configured instance.
 
-Events on one heap (time, seq, kind, payload): a session's call is released one gap after its
-previous response and placed through the router as the gateway would (a queued or rejected call
-is placed again after the router's `retry_after_s`); an instance asks its scheduler for the next
-action whenever it is idle and something changed (a submit, a wake-up time, a finished action);
-telemetry is sampled as the daemon polls it: just before the router decides, every instance whose
-published snapshot is at least `heartbeat_s` old publishes a new one (so the router decides on
-state at most one heartbeat stale, as in the daemon), closed rounds feed `Router.round_summary`,
-and leases expire. Sampling lazily instead of on a timer keeps long idle stretches free.
-Actions that end before the next queued event are finished without a heap round trip, and a run
-of identical decode steps among them in one call (`SimInstance.finish_decodes`).
+One event heap (time, seq, kind, payload): a session's call is released one gap after its
+previous response and placed as the gateway would; an idle instance asks its scheduler for the
+next action when something changed. Telemetry is sampled lazily, just before the router decides,
+so the router sees state at most one heartbeat stale, as in the daemon. Design:
+docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Peer routers as baselines: SGLang cache-aware, Dynamo KV cost, llm-d weighted scorers.
 
 Rules: `shared/reference/peer-policies.md` (§1 SGLang, Dynamo, llm-d/GIE; source files and
-commits named there). Each chooses among every instance allowed the model (their routers pre-filter
-workers by the model a worker is configured to serve, which is our `allowed` list), by its own
-rule: residency is not one of their signals, so a peer may send a call to an instance where the
-model is not loaded, and the instance pays the open or switch. Our telemetry stands in for theirs:
-- SGLang `cache_aware` (CLI defaults: cache_threshold 0.3, balance 64 / 1.5, eviction every
-  120 s, max tree 2^26 per worker; miss → min load per PR #14650): the text tree becomes the
-  router-side `RoutedPrefixIndex` over token counts (the token-tree variant), updated with the
-  router's own placements; load is the router's in-flight count L_w.
-- Dynamo KV router (overlap_score_weight 1, temperature 0, block 16, host-tier hits ×0.75):
-  overlap comes from the snapshots' per-session KV state, which is what KV events would carry
-  (device blocks, and host blocks weighted 0.75). Active prefill tokens and active blocks are
-  the router's own in-flight predictions; with no first-token event, prefill tokens are released
-  at completion rather than at first token. "Radix tree size" for ties is the number of session
-  prefixes the instance reports; remaining ties go to the seeded RNG.
-- llm-d / GIE default profile: 3·prefix + 2·queue + 2·(1 − U), max-score picker with a seeded
-  shuffle for ties. Prefix score from a `RoutedPrefixIndex` (16-token blocks, at most 256 blocks,
-  31,250 blocks of LRU per pod); Q_w = calls queued in the snapshot plus the overlay; U_w = KV
-  occupancy from the snapshot.
+commits named there). Each chooses among every instance allowed the model by its own rule;
+residency is not one of their signals, so a peer may send a call where the model is not loaded
+and the instance pays the open or switch. Our telemetry stands in for theirs; the mapping and
+each peer's defaults: docs/internals.md.
 """
 
 from __future__ import annotations

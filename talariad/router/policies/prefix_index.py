@@ -1,11 +1,9 @@
 """A router-side approximate prefix index, updated only with the router's own decisions.
 
-SGLang's cache-aware tree and llm-d's approximate prefix producer both remember which worker
-each routed prompt went to. Talaria's router sees token counts, not text, so the index is kept
-per (model, session): the tokens of the last prompt routed to each instance. Agent prompts grow
-by appending, so a new call matches `min(indexed tokens, call.prefix_tokens)` on an instance.
-Prefixes shared across sessions (a common system prompt) are invisible to this index: that is
-the honest cost of routing on counts instead of text.
+Like SGLang's cache-aware tree and llm-d's approximate prefix producer it remembers where each
+routed prompt went, but on token counts, not text: per (model, session), the tokens of the last
+prompt routed to each instance; a new call matches `min(indexed tokens, call.prefix_tokens)`.
+Prefixes shared across sessions are invisible to it. Design: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Residency-style baselines: Continuum TTL pinning and llama-swap, as their authors define them.
 
 Rules and the source each was read from: `shared/reference/peer-policies.md`. Each chooses among
-every instance allowed the model, by its own rule, from the signals mapped below.
-
-- continuum-ttl: the preview code's rule at the router: when a call completes, its session is
-  pinned to that instance for 2.0 s if the running mean tool gap is ≤ 2.0 s, else not pinned. The
-  tool name is not visible to the router, so one global mean of observed gaps (arrival minus the
-  session's previous completion) stands in for the per-tool mean; before any gap is seen the
-  paper's cold-start prior Exp(μ = 1 s) applies (mean 1 s ⇒ pin). A pinned return goes back while
-  the instance is healthy; unlike Talaria's lease the pin charges no admission budget (Continuum
-  reserves KV memory, not instance capacity). Unpinned calls: least-pressure. Program-level FCFS
-  and KV retention are engine-side and not part of this router policy.
-- llama-swap: serve where the model is loaded (active/resident, or being opened) and under the
-  per-model concurrency limit of 10, least in-flight first; else swap only on an idle instance
-  (nothing in flight or queued), choosing the one that evicts fewest loaded models (matrix
-  evict cost 1 per model); else wait for a drain: no candidate, so the overload policy decides
-  (queue = llama-swap's FIFO wait), and a spill goes to the least-loaded eligible instance.
+every instance allowed the model, by its own rule:
+- continuum-ttl: a completed call pins its session there for 2.0 s while the mean observed tool
+  gap is ≤ 2.0 s; unpinned calls: least-pressure.
+- llama-swap: where the model is loaded, under 10 in flight; else swap on an idle instance; else
+  wait for a drain.
+The signals each reads: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Load-only and sticky baselines, each as its authors define it (paper §5.3).
 
 Rules and the source each was read from: `shared/reference/peer-policies.md`. Each chooses among
-every instance allowed the model, by its own rule, from the signals mapped below.
-
-- least-pressure: the paper's load-only baseline; argmin of the instance's predicted round load
-  (snapshot + overlay, inflated by deadline risk), ties by KV occupancy then name.
-- session-sticky: a session stays on the instance it last completed on while that instance is
-  healthy and allows the model (no load gate, like SGLang `manual`); rows idle for more than
-  7,200 s are unpinned (vllm-router `sticky_least_loaded` TTL). Unpinned calls: least-pressure.
-- round-robin: one counter over the eligible instances in name order.
-- random: uniform over eligible instances, from the router's seeded RNG.
-- power-of-two: two distinct instances drawn as SGLang does (i2 = i1 + 1 + rand(n−1) mod n);
-  load is the router's in-flight count L_w (SGLang's fallback signal); first wins ties.
-- consistent-hash: SGLang `bounded_consistent_hashing` keyed on the session id. 150 virtual
-  nodes per instance; blake3 is not in the standard library, so ring points are the first 8
-  bytes (little-endian) of blake2b. The preferred instance is kept while
-  L_w ≤ 1.5·max(1, ΣL/|H|), else the first clockwise instance under the bound, else the
-  preferred one. No session id: uniform random (SGLang's last resort).
-All of them ignore feasibility, so "no candidate" only happens when nothing is eligible.
+every instance allowed the model, by its own rule: least-pressure (the paper's load-only
+baseline), session-sticky, round-robin, random, power-of-two and consistent-hash (SGLang's
+bounded variant). All of them ignore feasibility, so "no candidate" only happens when nothing is
+eligible. The signals each reads: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Talaria's session-aware residency routing: Algorithm 1 of the paper (§3.3, §4.1).
 
-1. A live lease for (session, model) on a healthy instance whose prefix is still device-resident
-   or host-restorable is consumed and wins. Any other lease for the pair is discarded.
-2. Otherwise every placeable instance is scored by Eq. (1); the round-admission (Eq. 5) and HBM
-   checks filter them, and a candidate that needs a fresh replica must also pass Eq. (2).
-3. The cheapest survivor wins; with none, the router applies the configured overload policy.
-   Under "queue", a call whose model's serving replicas are only over their round budget (or
-   short of KV room for it) waits in the cheapest one's queue, not at the gateway
-   (`_waits_where_served`).
-   The hot pool is for its models: when a cold instance would win, a feasible hot instance
-   allowed the model wins instead (a tie in Eq. (1) is not a reason to time-share a cold slot
-   while the instance pinning the model idles); the cold pool takes a hot model's calls only
-   when every such hot instance is infeasible (round budget, HBM, Eq. (2)).
-The lease check honours a lease on a stale instance as long as it passes the health check;
-staleness only removes an instance from step 2.
+1. A live lease for (session, model) on a healthy instance allowed the model that still holds
+   the prefix (device or host) is consumed and wins; any other lease for the pair is discarded.
+2. Otherwise the placeable instances are scored by Eq. (1), filtered by round admission (Eq. 5)
+   and HBM, and a fresh replica must pass Eq. (2).
+3. The cheapest survivor wins, a feasible hot instance before a cold one; with none, a retired
+   replica reopens, else the overload policy applies. Design: docs/internals.md.
 """
 
 from __future__ import annotations

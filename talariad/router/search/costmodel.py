@@ -127,12 +127,10 @@ class CostModel:
 
     def contenders(self, plan: CallPlan, inst: InstanceState, row: tuple) -> float:
         """How many other models' calls a call of the model would delay on a cold instance where
-        the model has no work yet: time-sharing adds its slots to every round while it runs
-        (ΔR_req's "incremental work introduced by r", felt by the calls already there). Those
-        running or queued now (snapshot and forwards since), or, when more, the share of the
-        last window that other models' forwarded work kept the instance busy (a new session
-        makes more calls than this one: the contention it will meet, not only what runs now).
-        A live lease is a return about to run there: its model's work, like a running call."""
+        the model has no work yet (time-sharing adds its slots to every round: ΔR_req's
+        "incremental work introduced by r"): those running, queued or leased there now
+        (snapshot, forwards since, live leases), or, when more, the share of the last window
+        that other models' forwarded work kept the instance busy. Why: docs/internals.md."""
         model, name = plan.call.model, inst.name
         if not self.adds_slot(inst, model, row):
             return 0.0

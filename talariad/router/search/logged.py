@@ -1,13 +1,10 @@
 """A dict whose past states can be kept for a small tuple each: the books lazy explanations read.
 
-`LoggedDict.live` is an ordinary dict, changed in place and read directly on the hot path. Each
-`set` also appends the key and value to a log over a base dict that is never changed, so
-`frozen()` names the current state as (base, keys, values, length) and `thaw` rebuilds it when
-an explanation is read. Once the log is longer than the dict, the next `set` starts a new base
-(a copy of `live`) and a new log: a `set` costs O(1) amortised, and a kept state shares its
-base and log with every other state of that stretch instead of holding a copy of the dict (a
-copy per placement brings the next GC pass nearer and costs its freeing when the decision log
-drops it).
+`LoggedDict.live` is an ordinary dict, read directly on the hot path. Each `set` also appends
+to a log over a never-changed base, so `frozen()` names the current state as (base, keys,
+values, length) and `thaw` rebuilds it; a long log starts a new base. A `set` costs O(1)
+amortised, and kept states share base and log instead of each holding a copy.
+Design: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -17,19 +17,12 @@ _NO_NAMES: frozenset[str] = frozenset()
 
 class PlacedWork(DemandTracker):
     """The work placed per (instance, model), (instance, None) and model, each counted from its
-    forward until a window after its predicted end (`record`'s `until`), which also keeps, as
-    dicts whose past states a lazy explanation keeps (`logged.LoggedDict`):
+    forward until a window after its predicted end (`record`'s `until`); it also keeps, as dicts
+    whose past states a lazy explanation keeps (`logged.LoggedDict`):
     - `kept[model]`: instance -> its (instance, model) sum, current where it was last read;
     - `busy`: instance -> its (instance, None) sum, current as of the last `advance`
-    (`held_kept`, `held_busy`: their states now).
-
-    NOTE: a window sum is a running float sum, and its last bits depend on when it was trimmed;
-    a sum whose events all left the window reads exactly 0.0 (`_trim`), so whether an instance
-    is busy (kept in rotation) never depends on a residue. The (instance, model) and model sums
-    are trimmed exactly when reading them would have trimmed them (`trim_due`: the retirement
-    rule's and `CostModel.contenders`' reads); the (instance, None) sums, which spare capacity
-    and contention read, are trimmed as time passes (`advance`), which can change only the last
-    bits of a sum that still holds events.
+    (`held_kept`, `held_busy`: their states now). A sum whose events all left its window reads
+    exactly 0.0. When each sum is trimmed: docs/internals.md.
     """
 
     def __init__(self, window_s: float) -> None:

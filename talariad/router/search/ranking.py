@@ -1,25 +1,10 @@
 """Cost placement (Algorithm 1, lines 11-24) without scoring every instance.
 
-The reference, `cost.rank_all`, scores every eligible instance, applies Eq. (2) and takes the
-cheapest feasible one (ties by name). `rank` returns the same winner and the same
-explanation (a property test holds them equal on random states) but scores only
-- the instances whose cost depends on this call's session or on the router's own overlay: the
-  session's KV is there (snapshot or a newer completion) or in-flight forwards of the model are,
-  found through the instance book's indexes (`InstanceBook.holders`, `overlaid`);
-- the others in ascending order of a call-independent lower bound of Eq. (1) (queue and activation
-  from the cached snapshot row, plus what every such instance pays alike: prefill, decode at batch
-  0, recompute of the whole prefix), stopping once the bound exceeds the best total found; while
-  nothing feasible is found, an instance is skipped only if it is infeasible (round or HBM check,
-  exact and cheap for these instances) and bounded above the cheapest one (the spill target).
-  The order is kept per model as snapshots arrive (`bounds.BoundOrder`), not sorted per call.
-The instances it skips are scored when the explanation is read, from values that are replaced
-rather than changed and so can be held by reference: each instance's `facts`, and the states of
-the lease book's charges and counts and of the placed-work sums, which share one base and log
-with the states around them (`logged.LoggedDict`; `lazy.LazyCandidates`): the placement keeps
-one list of references and four small tuples, and reads no skipped instance field by field;
-Eq. (2)'s gain, when only they need it, is kept as the facts it is worked out from
-(`CostModel.gain_facts`). The windows those reads would have trimmed (the retirement rule's,
-`CostModel.contenders`', the gain's) are trimmed at placement time.
+`rank` returns `cost.rank_all`'s winner and explanation (a property test holds them equal) but
+scores only the instances whose cost depends on this call's session or the router's overlay,
+then the others in ascending order of a call-independent lower bound of Eq. (1)
+(`bounds.BoundOrder`), stopping once the bound exceeds the best found. The ones it skips are
+scored when the explanation is read (`lazy.LazyCandidates`). Design: docs/internals.md.
 """
 
 from __future__ import annotations
