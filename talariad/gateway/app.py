@@ -92,7 +92,7 @@ def _call_routes(app: FastAPI, gw: Gateway) -> None:
         """OpenAI Responses (Codex): one respond path with chat, Responses shapes and events."""
         spec, turn = responses.spec(body, gw.stored)
         call = Call(gw, spec, body, request.headers, await request.body())
-        gw.log_dropped(call.session, turn.dropped)
+        gw.log_dropped(call.session, turn.tools.dropped)
         return await respond(call, partial(responses.stream, turn), partial(responses.body, turn))
 
 
