@@ -344,9 +344,9 @@ class Operator:
             raise ActionRefused("invalid_argument", "session_id is empty")
         known, dropped = False, []
         freed = []
-        # the session and its side-call branches (`S~<head>`): each is a session to the router
-        # and the instances
-        for branch in self.s.branches.forget(session_id):
+        # the session and its branches (`S~<n>`): each is a session to the router and the
+        # instances; a branch the gateway already evicted but something still holds goes too
+        for branch in self._branch_names(session_id):
             was_known, gone = self.s.router.forget_session(branch)
             known, dropped = known or was_known, dropped + gone
             for name, m in self.s.supervisor.procs.items():
@@ -367,6 +367,14 @@ class Operator:
             leases_dropped=len(dropped),
             instances_freed=freed,
         )
+
+    def _branch_names(self, session_id: str) -> list[str]:
+        names = set(self.s.branches.forget(session_id))
+        mine = f"{session_id}~"
+        names.update(
+            e.session_id for e in self.s.router.sessions() if e.session_id.startswith(mine)
+        )
+        return sorted(names)
 
     # ---- config --------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from talariad.config import ModelConfig
 from talariad.gateway import errors, limits
 from talariad.gateway.auth import APIKeys
 from talariad.gateway.call import Call, JSONBody, respond
@@ -92,7 +93,7 @@ def _call_routes(app: FastAPI, gw: Gateway) -> None:
         """OpenAI Responses (Codex): one respond path with chat, Responses shapes and events."""
         spec, turn = responses.spec(body, gw.stored)
         call = Call(gw, spec, body, request.headers, await request.body())
-        gw.log_dropped(call.session, turn.dropped)
+        gw.log_dropped(call.session, turn.tools.dropped)
         return await respond(call, partial(responses.stream, turn), partial(responses.body, turn))
 
 
@@ -127,26 +128,41 @@ def _probe_routes(app: FastAPI, gw: Gateway) -> None:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        """Every model, with its aliases; exact aliases are listed as models of their own too."""
+        """Every model and every exact alias, each an id a client can send; glob aliases are no
+        ids, so they are only described, in their model's `alias_patterns`."""
         data = []
         for m in gw.cfg.models:
-            entry = {
-                "id": m.name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "talaria",
-                "max_model_len": m.max_context,
-                "status": gw.residency(m.name),
-                "aliases": list(m.aliases),
-            }
+            entry = _model_entry(gw, m)
             data.append(entry)
-            data += [
-                {**entry, "id": a, "alias_of": m.name, "aliases": []}
-                for a in m.aliases
-                if not any(c in a for c in "*?[")
-            ]
+            data += [{**entry, "id": a, "alias_of": m.name} for a in entry["aliases"]]
         return {"object": "list", "data": data}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> dict:
+        """One id, resolved as a call would resolve it (a name, an exact alias, a glob; for an
+        Anthropic client, the configured default model last), or 404."""
+        api = "anthropic" if "anthropic-version" in request.headers else "openai"
+        m = gw.resolve(model_id, api)
+        entry = _model_entry(gw, m)
+        return entry if model_id == m.name else {**entry, "id": model_id, "alias_of": m.name}
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _model_entry(gw: Gateway, m: ModelConfig) -> dict:
+    exact = [a for a in m.aliases if not any(c in a for c in "*?[")]
+    return {
+        "id": m.name,
+        "object": "model",
+        "type": "model",  # the Anthropic models API's field
+        "display_name": m.name,
+        "created": 0,
+        "created_at": "1970-01-01T00:00:00Z",
+        "owned_by": "talaria",
+        "max_model_len": m.max_context,
+        "status": gw.residency(m.name),
+        "aliases": exact,
+        "alias_patterns": [a for a in m.aliases if a not in exact],
+    }

@@ -21,7 +21,7 @@ from pydantic_core import to_json
 
 from talariad.gateway import limits
 from talariad.gateway.errors import APIError
-from talariad.gateway.routing import ModelUnavailable
+from talariad.gateway.routing import ModelUnavailable, Prompt
 from talariad.gateway.session import session_headers, session_id
 from talariad.router import CallRequest
 from talariad.tools import ToolStream, arguments_json
@@ -78,12 +78,37 @@ def estimate_tokens(chars: int) -> int:
 
 def canonical(messages: list[ChatMessage], prompt: str | None, tools: list[dict]) -> str:
     """The prompt as text for estimates and prefix matching (tools first, as templates put them)."""
+    return canonical_prompt(messages, prompt, tools).text
+
+
+def canonical_prompt(messages: list[ChatMessage], prompt: str | None, tools: list[dict]) -> Prompt:
+    """`canonical`, with where its head (the tools and the leading system turns: what every
+    branch of an agent shares) and its first conversation turn end, and a key of that turn."""
     if prompt is not None:
-        return prompt
-    head = "".join(f"<|tools|> {json.dumps(t, sort_keys=True)}\n" for t in tools)
-    return head + "".join(
-        f"<|{m.role}|> {m.content}{_calls_text(m.tool_calls)}\n" for m in messages
-    )
+        return Prompt.raw(prompt)
+    lines = [f"<|tools|> {json.dumps(t, sort_keys=True)}\n" for t in tools]
+    at = next((i for i, m in enumerate(messages) if m.role not in _HEAD_ROLES), len(messages))
+    lines += [_line(m) for m in messages[:at]]
+    head = sum(map(len, lines))
+    lines += [_line(m) for m in messages[at:]]
+    text = "".join(lines)
+    if at == len(messages):
+        return Prompt(text, head, len(text))
+    first = head + len(lines[len(tools) + at])
+    return Prompt(text, head, first, _thread(messages[at]))
+
+
+_HEAD_ROLES = frozenset({"system", "developer"})
+
+
+def _line(m: ChatMessage) -> str:
+    return f"<|{m.role}|> {m.content}{_calls_text(m.tool_calls)}\n"
+
+
+def _thread(m: ChatMessage) -> int:
+    """A key of a conversation's first turn, from its length and ends (constant time)."""
+    c = m.content
+    return hash((m.role, len(c), c[:256], c[-256:]))
 
 
 def _calls_text(calls: list[ToolCall]) -> str:
@@ -110,7 +135,8 @@ class Call:
         self.series = gw.metrics.model(model.name)
         self.tools = spec.tools
         self.parser = model.tool_parser
-        self.text = canonical(spec.messages, spec.prompt, spec.tools)
+        self.prompt = canonical_prompt(spec.messages, spec.prompt, spec.tools)
+        self.text = self.prompt.text
         clamp = not spec.max_tokens or (
             spec.api == "anthropic" and gw.cfg.anthropic.clamp_max_tokens
         )
@@ -125,7 +151,7 @@ class Call:
         )
         self.started = gw.clock()
         self.branch, covered = gw.routing.branches.branch_covered(
-            self.session, self.model, self.text
+            self.session, self.model, self.prompt
         )
         max_tokens = spec.max_tokens or model.default_max_tokens
         estimate = estimate_tokens(len(self.text))
@@ -207,7 +233,9 @@ class Call:
             m.finished("error").inc()
             return
         self.gw.routing.completed(self.id, self.instance, ev.kv_state, ev.kv_len, now)
-        self.gw.routing.prefixes.remember(self.branch, self.model, self.text, "".join(self.answer))
+        self.gw.routing.branches.remember(
+            self.session, self.model, self.branch, self.prompt, "".join(self.answer)
+        )
         usage = ev.usage
         m.finished(ev.finish_reason).inc()
         m.e2e.observe(now - self.started)

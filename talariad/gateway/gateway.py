@@ -3,6 +3,7 @@ router's shell, readiness, metrics and the Responses store."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import GatewayMetrics
 from talariad.gateway.routing import RouterShell
 from talariad.gateway.store import ResponseStore
+from talariad.wire.client import InstanceUnreachable
 
 log = logging.getLogger("talariad.gateway")
 
@@ -43,6 +45,28 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.stored = ResponseStore(cfg.responses.store_max)
         self._dropped_logged: set[str] = set()
+        self._forgetting: set[asyncio.Task] = set()
+        routing.evicted = self.forget_soon
+
+    def forget_soon(self, branch: str) -> None:
+        """Drop an evicted branch's context on every instance, in a task of its own (the call
+        that evicted it does not wait); without a running loop there is no instance to ask."""
+        try:
+            task = asyncio.get_running_loop().create_task(self._forget(branch))
+        except RuntimeError:
+            return
+        self._forgetting.add(task)
+        task.add_done_callback(self._forgetting.discard)
+
+    async def _forget(self, branch: str) -> None:
+        client = self.directory.client
+        for name, url in client.urls().items():
+            if url is None:
+                continue
+            try:
+                await client.forget(name, branch)
+            except InstanceUnreachable as err:  # it restarts without the branch, or is gone
+                log.debug("could not forget branch %s on %s: %s", branch, name, err)
 
     @staticmethod
     def clock() -> float:

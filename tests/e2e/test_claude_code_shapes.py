@@ -154,10 +154,25 @@ def test_count_tokens_counts_system_messages_and_tools(daemon):
     assert full > fewer > bare["input_tokens"] > 0
 
 
-def test_models_lists_aliases(daemon):
+def test_models_lists_ids_and_describes_glob_aliases_apart(daemon):
     data = httpx.get(f"{daemon.endpoint}/v1/models", timeout=10).json()["data"]
     agent = next(m for m in data if m["id"] == "tiny-agent")
-    assert "claude-*" in agent["aliases"]
+    assert agent["aliases"] == [] and agent["alias_patterns"] == ["claude-*", "gpt-*"]
+    assert not [m["id"] for m in data if any(c in m["id"] for c in "*?[")]
+
+
+@pytest.mark.parametrize("model_id", ["tiny-agent", "claude-opus-4-8", "gpt-5.1-codex"])
+def test_a_model_id_resolves_as_a_call_would(daemon, model_id):
+    r = httpx.get(f"{daemon.endpoint}/v1/models/{model_id}", timeout=10)
+    assert r.status_code == 200, r.text
+    m = r.json()
+    assert m["id"] == model_id and m["object"] == "model" and m["max_model_len"] > 0
+    assert m.get("alias_of", m["id"]) == "tiny-agent"
+
+
+def test_an_unknown_model_id_is_a_404(daemon):
+    r = httpx.get(f"{daemon.endpoint}/v1/models/llama-99", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
 
 def test_a_side_call_does_not_evict_the_main_prefix(daemon):

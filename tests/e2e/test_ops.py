@@ -285,6 +285,35 @@ def test_session_forget_drops_its_side_call_branches(daemon):
     assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
+def test_session_list_never_shows_more_branches_than_the_bound(daemon):
+    """Side calls past `sessions.max_branches` (4) evict the least recently used branch from
+    the gateway, the router's table and the instances alike."""
+    for n in range(7):
+        r = httpx.post(
+            f"{daemon.endpoint}/v1/chat/completions",
+            headers={"x-session-id": "s-bound"},
+            timeout=60,
+            json={
+                "model": "tiny-code",
+                "messages": [
+                    {"role": "system", "content": f"Side task number {n} of the agent."},
+                    {"role": "user", "content": f"do part {n}"},
+                ],
+                "max_tokens": 2,
+            },
+        )
+        assert r.status_code == 200, r.text
+        listed = [
+            s["session_id"]
+            for s in ctl_json(daemon, "session", "list")
+            if s["session_id"].startswith("s-bound")
+        ]
+        assert 0 < len(listed) <= 4, listed
+    ctl_json(daemon, "session", "forget", "s-bound")
+    listed = {s["session_id"] for s in ctl_json(daemon, "session", "list")}
+    assert not {s for s in listed if s.startswith("s-bound")}, listed
+
+
 def test_pool_move_and_back(daemon):
     refused_without_force(daemon, "pool", "move", "cold0", "--to", "hot", "--model", "tiny-code")
     moved = ctl_json(

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support import agents
 from tests.support.scripted import local_gateway
 
 pytestmark = pytest.mark.e2e
@@ -217,8 +218,11 @@ def test_sdk_raises_on_errors(daemon):
         _client(daemon).responses.create(model="ghost", input="hi")
 
 
-CALL = '<tool_call>\n{"name": "functions.shell", "arguments": {"cmd": "ls"}}\n</tool_call>'
-CUSTOM = '<tool_call>\n{"name": "functions.apply_patch", "arguments": {"input": "*** Begin Patch"}}\n</tool_call>'
+# the default namespace's tools are rendered by their bare names (a model calls `shell`)
+CALL = '<tool_call>\n{"name": "shell", "arguments": {"cmd": "ls"}}\n</tool_call>'
+CUSTOM = (
+    '<tool_call>\n{"name": "apply_patch", "arguments": {"input": "*** Begin Patch"}}\n</tool_call>'
+)
 
 
 async def test_scripted_tool_call_yields_a_function_call_item_and_the_follow_up_reuses_the_prefix():
@@ -232,7 +236,7 @@ async def test_scripted_tool_call_yields_a_function_call_item_and_the_follow_up_
             extra_body={"prompt_cache_key": SESSION, "tool_choice": "auto"},
         )
         call = first.output[0]
-        assert call.type == "function_call" and call.name == "functions.shell"
+        assert call.type == "function_call" and call.name == "shell"
         assert json.loads(call.arguments) == {"cmd": "ls"} and call.call_id
         follow = body["input"] + [
             {
@@ -267,7 +271,8 @@ async def test_scripted_custom_tool_call_is_a_custom_tool_call_item():
     async with local_gateway(CUSTOM) as http:
         r = await http.post("/v1/responses", json=_codex_body(stream=False))
     item = r.json()["output"][0]
-    assert item["type"] == "custom_tool_call" and item["name"] == "functions.apply_patch"
+    assert item["type"] == "custom_tool_call" and item["name"] == "apply_patch"
+    assert "namespace" not in item
     assert item["input"] == "*** Begin Patch"
 
 
@@ -334,3 +339,48 @@ def test_real_codex_says_hello(daemon, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()
+
+
+EXEC = '<tool_call>\n{"name": "exec", "arguments": {"input": "ls -la"}}\n</tool_call>'
+MCP = '<tool_call>\n{"name": "mcp__docs__.search", "arguments": {"q": "greeting"}}\n</tool_call>'
+
+
+async def test_codex_exec_in_the_default_namespace_is_answered_by_its_bare_name_and_loops():
+    """Codex's default model runs everything through the free-form `exec` of the `functions`
+    namespace (tests/support/agents.py builds its request shape): the answer must name `exec`
+    alone, the shape Codex dispatches, and Codex's next request (the call echoed back with its
+    namespace, then its output) continues the same prefix."""
+    items = [agents.codex_message("user", "Change Hello to Hi in hello.py.")]
+    async with local_gateway(EXEC) as http:
+        headers = {"session_id": "codex-exec-loop"}
+        for turn in range(3):
+            r = await http.post("/v1/responses", json=agents.codex_body(items), headers=headers)
+            out = r.json()
+            call = out["output"][-1]
+            assert call["type"] == "custom_tool_call" and call["name"] == "exec", out["output"]
+            assert "namespace" not in call and call["input"] == "ls -la"
+            if turn:
+                assert out["usage"]["input_tokens_details"]["cached_tokens"] > 0
+            items = items + [
+                {**call, "namespace": "functions"},
+                {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "ok"},
+            ]
+
+
+async def test_a_namespaced_function_is_answered_with_its_namespace_in_a_field():
+    async with local_gateway(MCP) as http:
+        body = agents.codex_body([agents.codex_message("user", "Find the greeting.")])
+        out = (await http.post("/v1/responses", json=body)).json()
+        stream = await http.post("/v1/responses", json={**body, "stream": True})
+    call = out["output"][-1]
+    assert call["type"] == "function_call" and call["name"] == "search"
+    assert call["namespace"] == "mcp__docs__" and json.loads(call["arguments"]) == {"q": "greeting"}
+    events = [
+        json.loads(block.split("data: ", 1)[1])
+        for block in stream.text.strip().split("\n\n")
+        if "data: " in block
+    ]
+    done = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert done and done[0]["name"] == "search"
+    added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
+    assert added[-1]["namespace"] == "mcp__docs__" and added[-1]["name"] == "search"

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from talariad.config import load_config
-from talariad.gateway.routing import PrefixBranches, PrefixTracker, router_knobs, snapshot
+from talariad.gateway.routing import PrefixTracker, router_knobs, snapshot
 from talariad.router import ModelState
 from talariad.types import KVState
 from talariad.wire.messages import KVLocation, ModelLoad, Telemetry
@@ -139,38 +139,6 @@ def test_a_failed_poll_marks_the_instance_unhealthy_and_its_lease_is_not_honoure
     assert again.kind is not DecisionKind.LEASE_HIT and again.instance != first.instance
 
 
-def test_prefix_branches_keep_the_main_prefix_when_a_side_call_has_another_head():
-    from talariad.gateway.routing import PrefixBranches
-
-    tracker = PrefixTracker()
-    branches = PrefixBranches(tracker, max_branches=2)
-    main1 = "<|system|> agent rules\n<|user|> fix it\n"
-    main = branches.branch("s", "m", main1)
-    tracker.remember(main, "m", main1, "looking")
-    side = branches.branch("s", "m", "<|system|> write a title\n<|user|> fix it\n")
-    assert main == "s" and side != main and side.startswith("s~")
-    main2 = main1 + "looking<|user|> and test it\n"
-    assert branches.branch("s", "m", main2) == main  # the longest remembered prefix wins
-    assert tracker.covered_chars(main, "m", main2) == len(main1 + "looking")
-    third = branches.branch("s", "m", "<|system|> count tokens\n")
-    assert branches.names("s", "m") == [main, third]  # bounded: the least recently used (side) went
-    assert branches.branch("s", "other-model", main1) == "s"  # per (session, model)
-
-
-def test_prefix_branches_forget_the_least_recently_used_sessions_past_the_bound():
-    from talariad.gateway.routing import PrefixBranches
-
-    tracker = PrefixTracker()
-    branches = PrefixBranches(tracker, max_branches=2, max_sessions=2)
-    for s in ("a", "b", "c"):
-        tracker.remember(branches.branch(s, "m", f"<|user|> {s}\n"), "m", f"<|user|> {s}\n", "ok")
-    assert branches.names("a", "m") == [] and branches.names("c", "m") == ["c"]
-    assert (
-        tracker.covered_chars("a", "m", "<|user|> a\nok") == 0
-        and tracker.covered_chars("c", "m", "<|user|> c\n") > 0
-    )
-
-
 _PIECE = st.text(st.sampled_from("ab\u00e9\U0001f600\n"), max_size=8)
 
 
@@ -194,17 +162,3 @@ def test_prefix_tracker_agrees_with_hashing_each_prefix_whole(prompt, answer, mo
         else 0
     )
     assert t.covered_chars("s", "m", text) == expected
-
-
-def test_a_branch_reports_how_much_of_the_text_it_covers():
-    tracker = PrefixTracker()
-    branches = PrefixBranches(tracker, max_branches=2)
-    first = "<|user|> fix it\n"
-    name, covered = branches.branch_covered("s", "m", first)
-    assert covered == 0
-    tracker.remember(name, "m", first, "done")
-    nxt = first + "done<|user|> thanks\n"
-    assert branches.branch_covered("s", "m", nxt) == (name, len(first + "done"))
-    # text left under a branch name that was dropped meanwhile still counts when it comes back
-    branches._branches.clear()
-    assert branches.branch_covered("s", "m", nxt) == (name, len(first + "done"))

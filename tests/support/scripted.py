@@ -55,6 +55,9 @@ class LocalClient(InstanceClient):
         async for event in self.workers[instance].generate(req):
             yield event
 
+    async def forget(self, instance, session):
+        return self.workers[instance].core.forget(session)
+
     async def count_tokens(self, instance, req):
         try:
             return self.workers[instance].count_tokens(req)

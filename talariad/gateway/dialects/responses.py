@@ -3,7 +3,9 @@
 `input` items become the same internal messages as chat (`developer` is a system turn, tool-call
 items and their `*_output` items are assistant tool calls and `tool` messages); function,
 namespace and custom tools go into the prompt, hosted tools are dropped. Answers come back as
-`message`, `function_call` and `custom_tool_call` output items, streamed as Responses events.
+`message`, `function_call` and `custom_tool_call` output items, streamed as Responses events; a
+tool of a namespace is answered by its name with the namespace in a field of its own, a tool of
+Codex's default namespace (`functions`) by its bare name.
 The full item and tool mapping: docs/internals.md.
 """
 
@@ -66,15 +68,28 @@ class ResponsesRequest(BaseModel):
         return True
 
 
+DEFAULT_NAMESPACE = "functions"
+"""The namespace Codex puts its own client tools in (`exec`, `apply_patch`, `update_plan`): they
+are top-level tools, so they are rendered and answered by their bare names."""
+
+
+def rendered_name(namespace: str | None, name: str) -> str:
+    """The name a tool has in the prompt: `namespace.name`, or the bare name outside a namespace
+    and in the default one."""
+    return f"{namespace}.{name}" if namespace and namespace != DEFAULT_NAMESPACE else name
+
+
 class ResponseTools:
-    """The request's tools as rendered, and which names are custom (free-form) ones."""
+    """The request's tools as rendered, which names are custom (free-form) ones, and the
+    (namespace, name) each namespaced rendered name answers with."""
 
     def __init__(self) -> None:
         self.defs: list[dict] = []
         self.custom: set[str] = set()
+        self.namespaced: dict[str, tuple[str, str]] = {}
         self.dropped: list[str] = []
 
-    def add(self, tool: Any, where: str, prefix: str = "") -> None:
+    def add(self, tool: Any, where: str, namespace: str | None = None) -> None:
         if not isinstance(tool, dict):
             raise APIError(
                 400, f"invalid parameter {where!r}: a tool must be an object", param=where
@@ -82,24 +97,29 @@ class ResponseTools:
         kind = tool.get("type")
         if kind == "namespace":
             self._name(tool, where)
+            inner_ns = rendered_name(namespace, tool["name"]) if namespace else tool["name"]
             for j, inner in enumerate(_list(tool, "tools", where)):
-                self.add(inner, f"{where}.tools.{j}", prefix=f"{prefix}{tool['name']}.")
+                self.add(inner, f"{where}.tools.{j}", inner_ns)
         elif kind == "function":
             fn = (
                 tool.get("function") if isinstance(tool.get("function"), dict) else tool
             )  # chat-style nesting too
             self._name(fn, where)
-            self.defs.append(
-                function_tool(prefix + fn["name"], fn.get("description"), fn.get("parameters"))
-            )
+            name = self._rendered(namespace, fn["name"])
+            self.defs.append(function_tool(name, fn.get("description"), fn.get("parameters")))
         elif kind == "custom":
             self._name(tool, where)
-            self.custom.add(prefix + tool["name"])
-            self.defs.append(
-                function_tool(prefix + tool["name"], tool.get("description"), CUSTOM_INPUT)
-            )
+            name = self._rendered(namespace, tool["name"])
+            self.custom.add(name)
+            self.defs.append(function_tool(name, tool.get("description"), CUSTOM_INPUT))
         else:  # hosted tools (web_search, file_search, ...) run at OpenAI, not here
             self.dropped.append(str(kind))
+
+    def _rendered(self, namespace: str | None, name: str) -> str:
+        rendered = rendered_name(namespace, name)
+        if rendered != name:
+            self.namespaced[rendered] = (namespace or "", name)
+        return rendered
 
     @staticmethod
     def _name(tool: dict, where: str) -> None:
@@ -173,6 +193,7 @@ def _item(
                 param=f"{where}.name",
                 code="missing_parameter",
             )
+        name = rendered_name(_string(item, "namespace", where) or None, name)
         names[call_id] = name
         args = (
             parse_arguments(_arguments(item, where))
@@ -229,9 +250,11 @@ def _wrong_type(param: str, expected: str) -> APIError:
     )
 
 
-def output_items(call_id: str, text: str, calls: list[ToolCall], custom: set[str]) -> list[dict]:
+def output_items(
+    call_id: str, text: str, calls: list[ToolCall], tools: ResponseTools
+) -> list[dict]:
     items = [message_item(call_id, text)] if text or not calls else []
-    return items + [tool_item(c, custom) for c in calls]
+    return items + [tool_item(c, tools) for c in calls]
 
 
 def message_item(call_id: str, text: str, status: str = "completed") -> dict:
@@ -246,28 +269,37 @@ def message_item(call_id: str, text: str, status: str = "completed") -> dict:
     }
 
 
-def tool_item(call: ToolCall, custom: set[str], status: str = "completed") -> dict:
+def tool_item(call: ToolCall, tools: ResponseTools, status: str = "completed") -> dict:
+    """The output item of a tool call. A tool of a namespace is answered by its own name and
+    the namespace in a field of its own, as Codex reads it back (`ToolName::new(namespace,
+    name)` in openai/codex codex-rs/core/src/tools/router.rs, `build_tool_call`); a tool of the
+    default namespace by its bare name."""
     done = status == "completed"
-    if call.name in custom:
+    namespace, name = tools.namespaced.get(call.name, (None, call.name))
+    if call.name in tools.custom:
         value = (
             call.arguments.get("input", "") if isinstance(call.arguments, dict) else call.arguments
         )
-        return {
+        item = {
             "id": f"ctc_{call.id}",
             "type": "custom_tool_call",
             "status": status,
             "call_id": call.id,
-            "name": call.name,
+            "name": name,
             "input": str(value) if done else "",
         }
-    return {
-        "id": f"fc_{call.id}",
-        "type": "function_call",
-        "status": status,
-        "call_id": call.id,
-        "name": call.name,
-        "arguments": arguments_json(call) if done else "",
-    }
+    else:
+        item = {
+            "id": f"fc_{call.id}",
+            "type": "function_call",
+            "status": status,
+            "call_id": call.id,
+            "name": name,
+            "arguments": arguments_json(call) if done else "",
+        }
+    if namespace:
+        item["namespace"] = namespace
+    return item
 
 
 def usage(done: DoneEvent, talaria: dict) -> dict:
@@ -344,12 +376,11 @@ def new_id() -> str:
 @dataclass(slots=True)
 class Turn:
     """What rendering a Responses answer needs beyond the call: the body, the conversation the
-    store keeps, and which tool names are custom (free-form) ones."""
+    store keeps, and the request's tools (which are custom, which are in a namespace)."""
 
     body: ResponsesRequest
     conversation: list[ChatMessage]
-    custom: set[str]
-    dropped: list[str]
+    tools: ResponseTools
 
 
 def spec(body: ResponsesRequest, stored: ResponseStore) -> tuple[CallSpec, Turn]:
@@ -371,7 +402,7 @@ def spec(body: ResponsesRequest, stored: ResponseStore) -> tuple[CallSpec, Turn]
         stream=body.stream,
         session_fields={k: body_field(body, k) for k in SESSION_FIELDS},
     )
-    return call, Turn(body, messages, tools.custom, tools.dropped)
+    return call, Turn(body, messages, tools)
 
 
 def _open_message(ev, call_id: str, msg_id: str) -> tuple:
@@ -442,8 +473,8 @@ def _end_events(ev: EventWriter, turn: Turn, call: Call, end: Answer, text: str)
         output.append(message_item(call.id, text))
         lines.append(ev("response.output_item.done", {"output_index": 0, "item": output[-1]}))
     for c in end.calls:
-        lines += _tool_item_events(ev, c, turn.custom, len(output))
-        output.append(tool_item(c, turn.custom))
+        lines += _tool_item_events(ev, c, turn.tools, len(output))
+        output.append(tool_item(c, turn.tools))
     _store(turn, call, text, end)
     status = status_of(end.done, end.calls)
     final = response_object(call.id, turn.body, status, output, end.done, call.talaria(end.done))
@@ -451,9 +482,9 @@ def _end_events(ev: EventWriter, turn: Turn, call: Call, end: Answer, text: str)
     return lines + [ev(done, {"response": final})]
 
 
-def _tool_item_events(ev: EventWriter, c: ToolCall, custom: set[str], index: int) -> list[str]:
-    done = tool_item(c, custom)
-    added = tool_item(c, custom, "in_progress")
+def _tool_item_events(ev: EventWriter, c: ToolCall, tools: ResponseTools, index: int) -> list[str]:
+    done = tool_item(c, tools)
+    added = tool_item(c, tools, "in_progress")
     lines = [ev("response.output_item.added", {"output_index": index, "item": added})]
     if done["type"] == "custom_tool_call":
         lines += [
@@ -477,7 +508,7 @@ def _tool_item_events(ev: EventWriter, c: ToolCall, custom: set[str], index: int
                 {
                     "item_id": done["id"],
                     "output_index": index,
-                    "name": c.name,
+                    "name": done["name"],
                     "arguments": done["arguments"],
                 },
             ),
@@ -493,7 +524,7 @@ def _store(turn: Turn, call: Call, text: str, end: Answer) -> None:
 
 def body(turn: Turn, call: Call, text: str, end: Answer) -> dict:
     _store(turn, call, text, end)
-    output = output_items(call.id, text, end.calls, turn.custom)
+    output = output_items(call.id, text, end.calls, turn.tools)
     out = response_object(
         call.id,
         turn.body,
