@@ -121,16 +121,7 @@ class Call:
     def __init__(self, gw: Gateway, spec: CallSpec, body, headers, raw: bytes | None = None):
         """`body`: the parsed request (its limits are screened); `raw`: the JSON text it came from."""
         limits.screen(body, gw.cfg.limits, raw)
-        model = gw.resolve(spec.requested, spec.api)
-        if not gw.served(model.name):
-            raise APIError(
-                503,
-                f"The model {spec.requested!r} is not loaded on any instance now",
-                type="api_error",
-                param="model",
-                code="model_not_loaded",
-                headers={"Retry-After": "5"},
-            )
+        model = _served_model(gw, spec)
         self.gw, self.spec, self.body, self.model = gw, spec, body, model.name
         self.series = gw.metrics.model(model.name)
         self.tools = spec.tools
@@ -253,6 +244,21 @@ class Call:
             "route": self.route,
             "model": self.model,
         }
+
+
+def _served_model(gw: Gateway, spec: CallSpec):
+    """The model serving the requested id (404 when none is named so; 503 when none serves it)."""
+    model = gw.resolve(spec.requested, spec.api)
+    if not gw.served(model.name):
+        raise APIError(
+            503,
+            f"The model {spec.requested!r} is not loaded on any instance now",
+            type="api_error",
+            param="model",
+            code="model_not_loaded",
+            headers={"Retry-After": "5"},
+        )
+    return model
 
 
 def _sampling(sent: float | None, model_default: float | None) -> float:
