@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from tests.support import fuzz
 
-EXAMPLES = 600
-"""A few seconds of requests; a fixed draw, so a failure is the same on every run."""
+EXAMPLES = 150
+"""A few seconds of requests (about thirty per API); a fixed draw, so a failure is the same on every
+run. Volume is bench/fuzz.py's."""
 
 
 async def test_fuzzed_requests_are_never_a_5xx_or_retryable(hop_client):
