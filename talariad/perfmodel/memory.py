@@ -18,7 +18,7 @@ from talariad.types import SwitchPath
 
 
 @dataclass(frozen=True, slots=True)
-class SwitchTiming:
+class SwitchPrices:
     """What a switch costs, from the mechanism: per path, phases 1, 3, 4, 5 (seconds); phase 2's
     fixed part; the D2D gather rate (bytes/s per GPU). H2D uses `MemorySpec.h2d_bytes_per_s`."""
 
@@ -38,7 +38,7 @@ class MemorySpec:
     resident_bytes: int | None = None
     """Managed HBM per GPU that resident weights may fill (None: one model's weights at a time,
     the others staged or opened from host)."""
-    timing: SwitchTiming | None = None
+    prices: SwitchPrices | None = None
     """Set: switches are priced by `SimMemory.switch_phases`; None: by the profile's table."""
 
 
@@ -78,8 +78,8 @@ def memory_spec(pset) -> MemorySpec:
     host_kv = box.host_memory_bytes - box.tp * sum(weights.values())
     managed = int(box.hbm_per_gpu_bytes * box.mem_fraction_bump)
     reserve = box.kv_reserve_bytes_per_gpu
-    timing = (
-        SwitchTiming(box.switch_phases_s, box.open_fixed_s, box.d2d_bytes_per_s)
+    prices = (
+        SwitchPrices(box.switch_phases_s, box.open_fixed_s, box.d2d_bytes_per_s)
         if box.switch_phases_s and box.d2d_bytes_per_s and box.h2d_bytes_per_s
         else None
     )
@@ -91,7 +91,7 @@ def memory_spec(pset) -> MemorySpec:
         weights,
         kv,
         None if reserve is None else max(managed - reserve, 0),
-        timing,
+        prices,
     )
 
 
@@ -187,10 +187,10 @@ class SimMemory:
 
     def switch_phases(self, target: str, plan: SwitchPlan) -> tuple[float, ...] | None:
         """Seconds of the switch's five phases (App. D) when the box prices switches from the
-        mechanism (`MemorySpec.timing`), else None. Phase 2 opens the target's weights: its
+        mechanism (`MemorySpec.prices`), else None. Phase 2 opens the target's weights: its
         fixed part, the D2D gather of the clean staged bytes, the H2D copy of the rest; a switch
         to a resident model (`keeps_weights`) copies nothing."""
-        t, s = self.spec.timing, self.spec
+        t, s = self.spec.prices, self.spec
         if t is None or not s.h2d_bytes_per_s:
             return None
         weight = s.weight_bytes.get(target, 0)

@@ -69,7 +69,7 @@ class Simulator:
         spec = memory_spec(pset)
         if config.overhead_free:
             self.profiles = {m: overhead_free(p) for m, p in self.profiles.items()}
-            spec = dataclasses.replace(spec, hbm_bytes=1 << 60, host_kv_bytes=1 << 60, timing=None)
+            spec = dataclasses.replace(spec, hbm_bytes=1 << 60, host_kv_bytes=1 << 60, prices=None)
         self.router = Router(config.router, self.profiles, policy=config.policy)
         self.instances = {
             i.name: SimInstance(

@@ -192,10 +192,10 @@ def test_cli_rejects_a_useless_width(capsys):
 
 def timed_spec(**kw) -> MemorySpec:
     """Table 2-like phases, a 10 B/s H2D link and a 1000 B/s D2D gather."""
-    from talariad.perfmodel.memory import SwitchTiming
+    from talariad.perfmodel.memory import SwitchPrices
 
     other = {p: (0.01, 0.0, 0.0, 0.0) for p in SwitchPath}
-    return spec(timing=SwitchTiming(other, 0.1, 1000.0), **kw)
+    return spec(prices=SwitchPrices(other, 0.1, 1000.0), **kw)
 
 
 def test_a_switch_costs_its_phases_and_phase_2_follows_the_bytes():

@@ -71,7 +71,7 @@ class Box:
     """Set: models' weights stay resident in the managed HBM minus this KV reserve, evicted least
     recently active first (`talariad.perfmodel.memory`); unset: one model's weights at a time."""
     switch_phases_s: dict[SwitchPath, tuple[float, float, float, float]] | None = None
-    """Set: switches are priced from the mechanism (`talariad.perfmodel.memory.SwitchTiming`): per path,
+    """Set: switches are priced from the mechanism (`talariad.perfmodel.memory.SwitchPrices`): per path,
     the seconds of phases 1, 3, 4 and 5 (App. D Table 2); phase 2 comes from bytes."""
     open_fixed_s: float = 0.0
     """Phase 2's part that moves no bytes (wait for staging, verify the bitmap, resolve the entry)."""
