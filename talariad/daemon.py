@@ -176,6 +176,14 @@ class Daemon:
             instances=[self.instance_status(i.name, now) for i in self.cfg.instances],
         )
 
+    async def _memory_report(self, name: str) -> dict | None:
+        """`talaria-ctl instance memory`: the instance's memory report and its process figures
+        (asked for apart: the daemon reads the layout every second, the figures on demand)."""
+        report = await self.directory.client.memory(name)
+        if report is not None:
+            report["process"] = await self.directory.client.process(name) or {}
+        return report
+
     def residency(self, model: str) -> str:
         return self.gateway.residency(model)
 
@@ -388,7 +396,7 @@ class Daemon:
             admin_server.AdminService(
                 self.status,
                 self.routing.router,
-                memory=self.directory.client.memory,
+                memory=self._memory_report,
                 operator=self.operator,
             ),
             group=self.cfg.listen.admin_group,

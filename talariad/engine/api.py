@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from talariad.engine.worker import ROUNDS_LIMIT, Worker
 from talariad.httpserver import fastapi_app
+from talariad.procstats import process_stats
 from talariad.wire.messages import GenerateRequest, Telemetry
 
 TOKEN_HEADER = "x-talaria-token"
@@ -67,6 +68,12 @@ def _report_routes(app: FastAPI, worker: Worker) -> None:
     async def memory() -> dict:
         """HBM layout rows and switch records of an executor that owns a memory substrate."""
         return worker.memory_report()
+
+    @app.get("/internal/process")
+    async def process() -> dict:
+        """What the process holds (RSS, descriptors, tasks, tracked objects): read on demand,
+        since counting tracked objects walks the heap."""
+        return process_stats()
 
     @app.post("/internal/count_tokens")
     async def count_tokens(req: GenerateRequest) -> JSONResponse:

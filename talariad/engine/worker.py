@@ -20,7 +20,6 @@ from talariad.engine.events import done_event, refusal_event, token_event
 from talariad.instance import Executor, InstanceCall, InstanceCore, Refusal, StepPlan, StepResult
 from talariad.instance.rounds import HISTORY, RoundRecorder
 from talariad.knobs import config_sched_knobs
-from talariad.procstats import process_stats
 from talariad.wire.messages import ErrorEvent, GenerateRequest, StreamEvent, Telemetry, TokenEvent
 from talariad.wire.stream import Wakeup
 
@@ -193,16 +192,15 @@ class Worker:
         return self.core.rounds(self.now(), limit)
 
     def memory_report(self) -> dict:
-        """HBM layout rows and switch records of an executor that owns a memory substrate, and
-        the process's figures. A switch's total is the wall time its round paid, as in the rounds
-        report; the executor's phases are the substrate's part of it."""
+        """HBM layout rows and switch records of an executor that owns a memory substrate. A
+        switch's total is the wall time its round paid, as in the rounds report; the executor's
+        phases are the substrate's part of it."""
         report = {"instance": self.inst.name, **self.executor.memory_report()}
         recorder = self.core.recorder
         for record in report.get("switches", []) if recorder is not None else ():
             wall = recorder.wall_s(record)
             if wall is not None:
                 record["total_s"] = wall
-        report["process"] = process_stats()
         return report
 
     def set_rotation(self, model: str, serve: bool) -> str | None:

@@ -97,6 +97,10 @@ class InstanceClient:
         """The instance's memory report (layout rows, switch records); None when it is not ready."""
         return await self._report(instance, query="memory")
 
+    async def process(self, instance: str) -> dict | None:
+        """What the instance process holds (`procstats.process_stats`); None when it does not answer."""
+        return await self._report(instance, query="process")
+
     async def rounds(self, instance: str, limit: int) -> dict | None:
         """The instance's latest `limit` round and switch records; None when it does not answer."""
         return await self._report(instance, query="rounds", limit=limit)

@@ -53,7 +53,7 @@ class Query(BaseModel):
     with one JSON frame: what the internal API's `GET /internal/<query>` answers with these
     parameters (`since`, `limit`: its query parameters; None: not given)."""
 
-    query: Literal["telemetry", "rounds", "memory"]  # first: a frame starts `{"query":`
+    query: Literal["telemetry", "rounds", "memory", "process"]  # first: a frame starts `{"query":`
     since: int | None = None
     limit: int | None = Field(None, ge=1, le=4096)
 

@@ -22,6 +22,7 @@ from typing import Annotated
 from pydantic import Field, TypeAdapter, ValidationError
 from pydantic_core import to_json
 
+from talariad.procstats import process_stats
 from talariad.wire.messages import ErrorEvent, GenerateRequest, Query, StreamEvent, TokenEvent
 
 log = logging.getLogger("talariad.stream")
@@ -251,6 +252,8 @@ def report(worker, q: Query) -> bytes:
         return worker.telemetry_since(q.since).model_dump_json().encode()
     if q.query == "rounds":
         return to_json(worker.rounds() if q.limit is None else worker.rounds(q.limit))
+    if q.query == "process":
+        return to_json(process_stats())
     return to_json(worker.memory_report())
 
 

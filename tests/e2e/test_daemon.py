@@ -240,6 +240,14 @@ def test_ctl_explains_calls_and_lists_sessions(daemon):
 def test_ctl_memory_of_a_sim_instance_says_unmanaged(daemon):
     r = _ctl(daemon, "instance", "memory", "cold0", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["managed"] is False
+    process = json.loads(r.stdout)["process"]  # asked of the instance apart from its layout
+    pids = {
+        i["name"]: i["pid"]
+        for i in json.loads(_ctl(daemon, "status", "--json").stdout)["instances"]
+    }
+    assert (
+        process["pid"] == pids["cold0"] and process["rss_bytes"] > 0 and process["open_files"] > 0
+    )
     missing = _ctl(daemon, "instance", "memory", "ghost")
     assert missing.returncode == 3 and "ghost" in missing.stderr
 
