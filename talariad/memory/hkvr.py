@@ -240,7 +240,9 @@ class HostKVRegistry:
     def take_shrunk(self) -> dict[tuple[str, str], int]:
         """(model, session) -> pages still listed, for sessions cut back since the last call
         (their pages were evicted, or the session was forgotten to keep the bound)."""
-        shrunk, self._shrunk = self._shrunk, {}
+        shrunk = self._shrunk
+        if shrunk:
+            self._shrunk = {}
         return shrunk
 
     def _ref(self, block: Block, session: str) -> None:

@@ -165,7 +165,8 @@ class TorchExecutor:
             else:
                 result = self._decode(action, calls)
             self._stage_some()
-            result.kv_updates = [*result.kv_updates, *self._host_losses()]
+            if losses := self._host_losses():  # most steps evict no host page
+                result.kv_updates = [*result.kv_updates, *losses]
             if isinstance(action, Switch):  # the substrate's record, after this step's staging
                 result.switch_report = record_dict(self.sub.records[-1])
             stats = memory_stats(self.sub)
