@@ -61,7 +61,9 @@ def cost_row(snap, model: str, prof: LatencyProfile, epoch: int) -> tuple:
     activation, needs_replica = activation_s(prof, res, res.state)
     rate = snap.restore_s_per_token
     rate = prof.restore_s_per_token if rate is None else rate  # measured beats profiled
-    slot_wait = 0.0 if snap.pool is Pool.HOT else snap.round_remaining_s
+    slot_wait = res.slot_wait_s
+    if slot_wait is None:
+        slot_wait = 0.0 if snap.pool is Pool.HOT else snap.round_remaining_s
     return (
         epoch,
         res.queued_tokens,

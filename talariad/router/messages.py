@@ -54,6 +54,9 @@ class ModelResidency:
     running_calls: int = 0  # current decode batch
     switch_cost_s: float | None = None  # measured switch-in cost (already reflects staging)
     open_cost_s: float | None = None  # measured full-open cost on this instance
+    slot_wait_s: float | None = None
+    """The wait for the model's next slot there; None: read off the snapshot (0 on a hot
+    instance, else its round's remainder). A box (`router.boxes`) sets it per model."""
 
 
 @dataclass(frozen=True, slots=True)
