@@ -1,0 +1,54 @@
+"""What the ext_proc server asks of a picker, and what a picker answers: the seam between the
+protocol (`epp.server`) and placement (`epp.boxpicker`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class EPPRequest:
+    """One HTTP request as Envoy hands it over: its id (`x-request-id`), method, path, headers
+    (names lower-cased, values decoded from `raw_value`) and whole body (b"" for a GET)."""
+
+    call_id: str
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """Route the call to `endpoint` ("ip:port" of one box's gateway)."""
+
+    call_id: str
+    endpoint: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Answer the client at once (an ext_proc ImmediateResponse): `body` is the API's error
+    shape (JSON bytes), `headers` extra response headers such as `retry-after`."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class Picker(Protocol):
+    def pick(self, request: EPPRequest, now: float) -> Pick | Refusal:
+        """Place one call (sync and bounded: it runs on the server's event loop)."""
+        ...
+
+    def served(self, call_id: str, endpoint: str | None, status: int, now: float) -> None:
+        """Envoy's response headers for a picked call: the endpoint that really served it
+        (None: not reported) and the HTTP status."""
+        ...
+
+    def finished(self, call_id: str, ok: bool, now: float) -> None:
+        """The call's response ended (`ok`: its end of stream was seen, or it had none to see
+        because the response body is not sent to the EPP) or was cut before it did."""
+        ...
