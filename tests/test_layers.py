@@ -59,6 +59,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "talariad.gateway",
             "talariad.supervisor",
             "talariad.admin",
+            "talariad.epp",
         ),
     ),
     ("daemon", ("talariad.checks", "talariad.daemon", "talariad.cli")),
