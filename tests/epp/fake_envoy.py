@@ -140,6 +140,11 @@ class Conversation:
             if streamed.end_of_stream:
                 return routing, pieces
 
+    async def routed(self, data: bytes = b"{}", **headers):
+        """A POST sent and its routing and body read back."""
+        await self.post(data, **headers)
+        return await self.request_body_back()
+
     async def end(self) -> grpc.StatusCode:
         """Half-close, as Envoy does at the end; the server must then end the stream cleanly."""
         await self.call.done_writing()

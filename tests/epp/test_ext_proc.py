@@ -92,8 +92,7 @@ async def test_a_get_is_routed_on_its_headers_and_gets_a_call_id(epp):
 async def test_sse_chunks_are_echoed_at_once_in_order(epp):
     run = await epp()
     call = run.stream()
-    await call.post(b"{}")
-    await call.request_body_back()
+    await call.routed()
     await call.send(envoy.response_headers(content_type="text/event-stream"))
     await call.read()
     events = [f"data: {i}\n\n".encode() * (i + 1) for i in range(7)]
@@ -166,8 +165,7 @@ async def test_a_body_at_the_bound_passes(epp):
 async def test_a_cancel_before_the_response_end_fails_the_call(epp):
     run = await epp()
     call = run.stream()
-    await call.post(b"{}")
-    await call.request_body_back()
+    await call.routed()
     await call.send(envoy.response_headers(), envoy.body(b"data: 1\n\n", response=True))
     await call.read(2)
     call.call.cancel()
@@ -177,8 +175,7 @@ async def test_a_cancel_before_the_response_end_fails_the_call(epp):
 async def test_a_cancel_after_the_response_end_is_normal(epp):
     run = await epp()
     call = run.stream()
-    await call.post(b"{}")
-    await call.request_body_back()
+    await call.routed()
     await call.send(envoy.response_headers(), envoy.body(b"", end_of_stream=True, response=True))
     await call.read(2)
     call.call.cancel()
@@ -188,8 +185,7 @@ async def test_a_cancel_after_the_response_end_is_normal(epp):
 async def test_response_body_mode_none_settles_at_the_response_headers(epp):
     run = await epp()
     call = run.stream()
-    await call.post(b"{}", response_mode=pb.ProcessingMode.NONE)
-    await call.request_body_back()
+    await call.routed(response_mode=pb.ProcessingMode.NONE)
     await call.send(envoy.response_headers())
     await call.read()
     assert run.picker.finished_calls == [("req-1", True)]
@@ -201,8 +197,7 @@ async def test_a_stream_ended_after_the_response_headers_settles_ok(epp):
     sends no response body, so there is no end to wait for."""
     run = await epp()
     call = run.stream()
-    await call.post(b"{}")
-    await call.request_body_back()
+    await call.routed()
     await call.send(envoy.response_headers())
     await call.read()
     assert await call.end() == grpc.StatusCode.OK
@@ -212,8 +207,7 @@ async def test_a_stream_ended_after_the_response_headers_settles_ok(epp):
 async def test_a_stream_ended_before_the_response_fails_the_call(epp):
     run = await epp()
     call = run.stream()
-    await call.post(b"{}")
-    await call.request_body_back()
+    await call.routed()
     assert await call.end() == grpc.StatusCode.OK
     assert run.picker.finished_calls == [("req-1", False)]
 
@@ -221,8 +215,7 @@ async def test_a_stream_ended_before_the_response_fails_the_call(epp):
 async def test_the_served_endpoint_falls_back_to_the_upstream_attribute(epp):
     run = await epp()
     call = run.stream()
-    await call.post(b"{}")
-    await call.request_body_back()
+    await call.routed()
     await call.send(envoy.response_headers(status=502, served=None, upstream="10.0.0.9:8000"))
     await call.read()
     assert run.picker.served_calls == [("req-1", "10.0.0.9:8000", 502)]
@@ -232,8 +225,7 @@ async def test_the_served_endpoint_falls_back_to_the_upstream_attribute(epp):
 async def test_an_unreported_served_endpoint_is_none(epp):
     run = await epp()
     call = run.stream()
-    await call.post(b"{}")
-    await call.request_body_back()
+    await call.routed()
     await call.send(envoy.response_headers(served=None, upstream=None))
     await call.read()
     assert run.picker.served_calls == [("req-1", None, 200)]
@@ -259,8 +251,7 @@ async def test_decisions_are_counted_and_timed(epp):
     run = await epp()
     for _ in range(2):
         call = run.stream()
-        await call.post(b"{}")
-        await call.request_body_back()
+        await call.routed()
         await call.end()
     m = run.processor.metrics
     assert m.decisions.labels("picked")._value.get() == 2
