@@ -13,7 +13,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import chain
 
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import replies
@@ -24,6 +25,8 @@ from talariad.gateway.errors import APIError, anthropic_error_body
 log = logging.getLogger("talariad.epp")
 
 MAX_BODY_BYTES = 64 * 2**20
+
+Replies = Iterable[pb.ProcessingResponse]
 
 
 class Stream:
@@ -51,7 +54,7 @@ class Stream:
         self.response_body_seen = False
         self.settled = False
 
-    def handle(self, request: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def handle(self, request: pb.ProcessingRequest) -> Replies:
         """The replies to one message from Envoy (often none yet: the request headers are
         answered at the body's end)."""
         if request.HasField("protocol_config"):
@@ -70,13 +73,13 @@ class Stream:
 
     # ---- request ---------------------------------------------------------------------------
 
-    def _request_headers(self, msg: pb.HttpHeaders, _req) -> list[pb.ProcessingResponse]:
+    def _request_headers(self, msg: pb.HttpHeaders, _req) -> Replies:
         self.headers = replies.headers_of(msg.headers)
         self.call_id = self.headers.get("x-request-id") or uuid.uuid4().hex
         self.method, self.path = self.headers.get(":method", ""), self.headers.get(":path", "")
         return self._route(body_follows=False) if msg.end_of_stream else []
 
-    def _request_body(self, msg: pb.HttpBody, _req) -> list[pb.ProcessingResponse]:
+    def _request_body(self, msg: pb.HttpBody, _req) -> Replies:
         self.body_bytes += len(msg.body)
         if self.body_bytes <= self.max_body:
             self.body += msg.body
@@ -84,33 +87,34 @@ class Stream:
             self.body = bytearray()
         return self._route(body_follows=True) if msg.end_of_stream and not self.routed else []
 
-    def _request_trailers(self, _msg, _req) -> list[pb.ProcessingResponse]:
+    def _request_trailers(self, _msg, _req) -> Replies:
         # With trailers the body carries no end of stream: the trailers end the request.
-        routing = [] if self.routed else self._route(body_follows=True, body_ends=False)
-        return [*routing, replies.continue_trailers(response=False)]
+        routing = () if self.routed else self._route(body_follows=True, body_ends=False)
+        return chain(routing, [replies.continue_trailers(response=False)])
 
-    def _route(self, body_follows: bool, body_ends: bool = True) -> list[pb.ProcessingResponse]:
+    def _route(self, body_follows: bool, body_ends: bool = True) -> Replies:
         """Decide, then answer: the headers reply first, the body after it (Envoy holds the
-        request until both are back); or the refusal, in place of both."""
+        request until both are back); or the refusal, in place of both. The body pieces are
+        built as they are sent, after the routing reply has gone."""
         self.routed = True
         started = time.perf_counter()
-        outcome, decision = self._decide()
+        body, self.body = bytes(self.body), bytearray()
+        outcome, decision = self._decide(body)
         if isinstance(decision, Refusal):
-            out = [replies.refuse(decision, details=f"epp_{outcome}")]
+            first = replies.refuse(decision, details=f"epp_{outcome}")
         else:
             self.pick = decision
-            out = [replies.route_to(decision.endpoint)]
-            if body_follows:
-                out += replies.request_body_pieces(bytes(self.body), body_ends)
+            first = replies.route_to(decision.endpoint)
         self.metrics.decided(outcome, time.perf_counter() - started)
-        self.body = bytearray()
-        return out
+        if not body_follows or self.pick is None:
+            return [first]
+        return chain([first], replies.request_body_pieces(body, body_ends))
 
-    def _decide(self) -> tuple[str, Pick | Refusal]:
+    def _decide(self, body: bytes) -> tuple[str, Pick | Refusal]:
         if self.body_bytes > self.max_body:
             message = f"request body is {self.body_bytes} bytes; the limit is {self.max_body} bytes"
             return "too_large", error(self.path, 413, message, "request_too_large")
-        request = EPPRequest(self.call_id, self.method, self.path, self.headers, bytes(self.body))
+        request = EPPRequest(self.call_id, self.method, self.path, self.headers, body)
         try:
             decision = self.picker.pick(request, self.clock())
             if isinstance(decision, Pick):
@@ -122,7 +126,7 @@ class Stream:
 
     # ---- response --------------------------------------------------------------------------
 
-    def _response_headers(self, msg: pb.HttpHeaders, req) -> list[pb.ProcessingResponse]:
+    def _response_headers(self, msg: pb.HttpHeaders, req) -> Replies:
         self.response_started = True
         if self.pick is not None:
             served = replies.served_endpoint(req)
@@ -134,14 +138,14 @@ class Stream:
             self._settle(True)  # no response body will come to see the end of
         return [replies.continue_headers(response=True)]
 
-    def _response_body(self, msg: pb.HttpBody, _req) -> list[pb.ProcessingResponse]:
+    def _response_body(self, msg: pb.HttpBody, _req) -> Replies:
         # Echo at once, so that a streamed (SSE) answer streams on to the client.
         self.response_body_seen = True
         if msg.end_of_stream:
             self._settle(True)  # Envoy may cancel the stream after this: that is normal
         return [replies.streamed(msg.body, msg.end_of_stream, response=True)]
 
-    def _response_trailers(self, _msg, _req) -> list[pb.ProcessingResponse]:
+    def _response_trailers(self, _msg, _req) -> Replies:
         self._settle(True)
         return [replies.continue_trailers(response=True)]
 

@@ -154,6 +154,15 @@ async def test_a_body_over_the_bound_is_a_413_in_the_openai_shape(epp):
     assert run.processor.metrics.decisions.labels("too_large")._value.get() == 1
 
 
+async def test_a_body_over_the_bound_on_messages_is_in_the_anthropic_shape(epp):
+    run = await epp(max_body_bytes=10)
+    call = run.stream()
+    await call.post(b"x" * 11, path="/v1/messages")
+    (reply,) = await call.read()
+    body = json.loads(reply.immediate_response.body)
+    assert body["type"] == "error" and body["error"]["type"] == "request_too_large"
+
+
 async def test_a_body_at_the_bound_passes(epp):
     run = await epp(max_body_bytes=1000)
     call = run.stream()
