@@ -47,6 +47,7 @@ proto: $(STAMP)
 unit:
 	install -d $(DESTDIR)$(UNITDIR)
 	sed 's#/opt/talaria#$(PREFIX)#g' systemd/talariad.service > $(DESTDIR)$(UNITDIR)/talariad.service
+	sed 's#/opt/talaria#$(PREFIX)#g' systemd/talaria-epp.service > $(DESTDIR)$(UNITDIR)/talaria-epp.service
 
 install: unit
 	test -x $(PREFIX)/bin/python || python3 -m venv $(PREFIX)
