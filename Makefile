@@ -42,14 +42,17 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not e2e and not proc"
 
-# Regenerate the admin API's Python modules after editing talariad/admin/admin.proto.
+# Regenerate the Python modules of the admin API and of the EPP's ext_proc subset after editing
+# talariad/admin/admin.proto or talariad/epp/ext_proc.proto.
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. talariad/admin/admin.proto
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. talariad/epp/ext_proc.proto
 
 # The unit with ExecStart under PREFIX.
 unit:
 	install -d $(DESTDIR)$(UNITDIR)
 	sed 's#/opt/talaria#$(PREFIX)#g' systemd/talariad.service > $(DESTDIR)$(UNITDIR)/talariad.service
+	sed 's#/opt/talaria#$(PREFIX)#g' systemd/talaria-epp.service > $(DESTDIR)$(UNITDIR)/talaria-epp.service
 
 install: unit
 	test -x $(PREFIX)/bin/python || python3 -m venv $(PREFIX)

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 import yaml
 
+from talaria_ctl import epp as epp_ctl
 from talaria_ctl.instances import INSTANCE_COLUMNS, instance_app, instance_row
 from talaria_ctl.output import (
     ForceOpt,
@@ -82,13 +83,33 @@ def _global(
             "--version", callback=_version, is_eager=True, help="Print the version and exit"
         ),
     ] = False,
+    epp: Annotated[
+        str | None,
+        typer.Option(
+            "--epp",
+            show_default=False,
+            help="A pool's endpoint picker: its metrics address HOST:PORT (status, call explain)",
+        ),
+    ] = None,
 ) -> None:
+    if epp is not None:
+        ctx.obj = epp_ctl.EPPClient(epp, timeout)
+        if ctx.invoked_subcommand not in ("status", "call"):
+            what = ctx.invoked_subcommand
+            print(
+                f"talaria-ctl: --epp takes status and call explain only, not {what}",
+                file=sys.stderr,
+            )
+            raise typer.Exit(2)
+        return
     ctx.obj = AdminClient(socket or default_socket(), timeout)
 
 
 @app.command()
 def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Instances, their pool, models and health."""
+    """Instances, their pool, models and health (--epp: the pool's boxes)."""
+    if isinstance(ctx.obj, epp_ctl.EPPClient):
+        return epp_ctl.show_status(ctx.obj, as_json)
     data = fetch(ctx.obj.status)
     if as_json:
         return print_json(data)
@@ -164,7 +185,10 @@ def call_explain(
     call_id: Annotated[str, typer.Argument(help="Response id or call id")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Why one call went where it did: decision kind and Eq. (1) per candidate."""
+    """Why one call went where it did: decision kind and Eq. (1) per candidate (box)."""
+    if isinstance(ctx.obj, epp_ctl.EPPClient):
+        data = epp_ctl.explain(ctx.obj, call_id)
+        return print_json(data) if as_json else _candidates(data)
     data = fetch(lambda: ctx.obj.explain(call_id))
     return print_json(data) if as_json else _candidates(data)
 

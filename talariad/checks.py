@@ -130,6 +130,13 @@ def serving_lines(
             load_keys(config_dir / cfg.listen.api_keys_file)
         except ValueError as err:  # its message starts with the field's name
             problems.append(tuple(str(err).split(": ", 1)))
+    if cfg.pool.token_file:
+        from talariad.gateway.pool import load_token
+
+        try:
+            load_token(config_dir / cfg.pool.token_file)
+        except ValueError as err:
+            problems.append(tuple(str(err).split(": ", 1)))
     return problems
 
 

@@ -70,6 +70,37 @@ def run(
         raise typer.Exit(1) from None
 
 
+@app.command()
+def epp(
+    config: Annotated[str, typer.Option("--config", "-c", help="Path to the pool's EPP config")],
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> None:
+    """Run the pool's endpoint picker: Envoy's ext_proc server placing each call on a box."""
+    from talariad.epp.config import load_epp_config
+    from talariad.epp.run import run_epp
+
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        print(f"talariad: --log-level: unknown level {log_level!r}", file=sys.stderr)
+        raise typer.Exit(2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))  # one line a poll otherwise
+    try:
+        cfg = load_epp_config(config)
+    except ConfigError as err:
+        for line in err.lines:
+            print(f"talariad: {line}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    try:
+        asyncio.run(run_epp(cfg, config))
+    except OSError as err:
+        print(f"talariad: cannot start: {err}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    except (RuntimeError, ValueError) as err:
+        print(f"talariad: {err}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
 def main() -> None:
     run_app(app, "talariad")
 

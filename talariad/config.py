@@ -279,6 +279,15 @@ class SessionsConfig(_Strict):
     branch instead of replacing the session's main prefix; the least recently used goes first."""
 
 
+class PoolConfig(_Strict):
+    token_file: str | None = None
+    """The bearer token the pool's endpoint picker sends for `GET /pool/snapshot` (first line of
+    the file; relative paths from the config's folder). None: the endpoint answers 404."""
+    max_sessions_per_instance: int = Field(default=20_000, ge=1)
+    """Most session prefixes one instance lists in the box snapshot (keeps the body bounded:
+    about 100 bytes each); device-resident and longest first."""
+
+
 class TalariaConfig(_Strict):
     listen: ListenConfig = ListenConfig()
     """Where the daemon listens."""
@@ -300,6 +309,8 @@ class TalariaConfig(_Strict):
     """Per-session prefix bookkeeping."""
     limits: LimitsConfig = LimitsConfig()
     """Input limits of the HTTP endpoint."""
+    pool: PoolConfig = PoolConfig()
+    """Membership of a pool of boxes behind an endpoint picker (`talariad epp`)."""
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

@@ -28,6 +28,7 @@ from talariad.gateway.auth import load_keys
 from talariad.gateway.health import Availability, InstanceView, Readiness, availability
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import InstanceMetrics
+from talariad.gateway.pool import load_token
 from talariad.gateway.routing import RouterShell
 from talariad.gc_tuning import settle_gc
 from talariad.knobs import config_router_knobs, model_profile
@@ -49,6 +50,7 @@ LIVE_FIELDS = (
     "ablations.residency_terms",
     "limits.*",
     "listen.api_keys_file",
+    "pool.*",
     "listen.allow_unauthenticated",
     "supervisor.*",
     "models.*.aliases",
@@ -85,6 +87,7 @@ class Daemon:
         self.gateway.availability = self.availability
         self.routing.unavailable = lambda model: self.availability(model).why
         self.gateway.api_keys = self._keys(cfg)
+        self.gateway.pool.token = self._pool_token(cfg)
         self.endpoint = ""
         self.operator = Operator(
             Services(
@@ -299,6 +302,14 @@ class Daemon:
         except ValueError as err:
             raise RuntimeError(str(err)) from None
 
+    def _pool_token(self, cfg: TalariaConfig) -> str | None:
+        if not cfg.pool.token_file:
+            return None
+        try:
+            return load_token(pathlib.Path(self.config_path).parent / cfg.pool.token_file)
+        except ValueError as err:
+            raise RuntimeError(str(err)) from None
+
     def reload_config(self) -> tuple[list[str], list[str]]:
         """Re-read the config file and apply what can change live (LIVE_FIELDS): router knobs,
         limits, API keys, supervisor timings, model aliases. Returns (applied, needs_restart) as
@@ -318,6 +329,7 @@ class Daemon:
                 _assign(merged, k, new_flat.get(k))
             new = parse_checked(merged, self.config_path)
         keys = self._keys(new)  # re-read even when the path is unchanged: keys may have rotated
+        self.gateway.pool.token = self._pool_token(new)  # the same: a pool token may rotate
         if keys != self.gateway.api_keys and "listen.api_keys_file" not in applied:
             applied.append("listen.api_keys_file (keys re-read)")
         self._apply(new, keys)
@@ -326,6 +338,7 @@ class Daemon:
     def _apply(self, cfg: TalariaConfig, keys: frozenset[str] | None) -> None:
         self.cfg = self.gateway.cfg = self.supervisor.cfg = cfg
         self.gateway.api_keys = keys
+        self.gateway.pool.max_sessions = cfg.pool.max_sessions_per_instance
         self.routing.router.retune(config_router_knobs(cfg))
         self.directory.interval_s = cfg.policy.telemetry_interval_s
         self.readiness.unready_after = cfg.policy.unready_after_polls

@@ -17,6 +17,7 @@ from talariad.gateway.errors import APIError
 from talariad.gateway.gateway import Gateway
 from talariad.gateway.metrics import Children
 from talariad.httpserver import fastapi_app, post_json
+from talariad.wire.box import SNAPSHOT_PATH
 
 __all__ = ["Gateway", "build_app"]
 
@@ -145,6 +146,13 @@ def _probe_routes(app: FastAPI, gw: Gateway) -> None:
         m = gw.resolve(model_id, api)
         entry = _model_entry(gw, m)
         return entry if model_id == m.name else {**entry, "id": model_id, "alias_of": m.name}
+
+    @app.get(SNAPSHOT_PATH)
+    async def pool_snapshot(request: Request) -> Response:
+        """The box's snapshot for the pool's endpoint picker (`pool.token_file`'s bearer token)."""
+        gw.pool.authorize(request.headers.get("authorization"))
+        snap = gw.pool.snapshot(gw, gw.clock())
+        return Response(snap.model_dump_json(), media_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -13,6 +13,7 @@ from talariad.gateway.errors import APIError
 from talariad.gateway.health import Availability
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import GatewayMetrics
+from talariad.gateway.pool import PoolEndpoint
 from talariad.gateway.routing import RouterShell
 from talariad.gateway.store import ResponseStore
 from talariad.wire.client import InstanceUnreachable
@@ -42,6 +43,8 @@ class Gateway:
             [i.name for i in cfg.instances if model in i.models and ready(i.name)], []
         )
         """Which instances take a model's new calls now (the daemon's view replaces this one)."""
+        self.pool = PoolEndpoint(None, cfg.pool.max_sessions_per_instance)
+        """`GET /pool/snapshot` for the pool's endpoint picker (no token: not served)."""
         self.metrics = GatewayMetrics()
         self.stored = ResponseStore(cfg.responses.store_max)
         self._dropped_logged: set[str] = set()

@@ -348,6 +348,10 @@ class RouterShell:
         self._feed_rounds(t, now)
         self._expire(now)
 
+    def session_view(self, instance: str) -> dict[tuple[str, str], KVLocation]:
+        """The instance's whole session view, merged from its telemetry deltas (read-only)."""
+        return self._sessions.get(instance, {})
+
     def _merge(self, t: Telemetry) -> dict[tuple[str, str], KVLocation]:
         view = self._sessions.setdefault(t.instance, {})
         if t.sessions_base is None:

@@ -29,6 +29,14 @@ class ProfileBook:
     def all(self) -> dict[str, LatencyProfile]:
         return dict(self._profiles)
 
+    def put(self, model: str, prof: LatencyProfile) -> bool:
+        """Take `prof` for `model` as it is (measured elsewhere); False when it is unchanged."""
+        if self._profiles.get(model) == prof:
+            return False
+        self._profiles[model] = prof
+        self.epoch += 1
+        return True
+
     def refresh(self, model: str, m: RoundMeasurement) -> LatencyProfile:
         """Fold one round's measurements into the model's profile (EWMA, weight alpha)."""
         prof = self.get(model)

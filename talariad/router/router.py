@@ -128,6 +128,11 @@ class Router:
         """Fold an instance's round measurements for `model` into the profile EWMA."""
         return self._profiles.refresh(model, measured)
 
+    def set_profile(self, model: str, profile: LatencyProfile) -> bool:
+        """Take `model`'s profile as another router refined it (a box's, for the pool's picker,
+        which sees no rounds); False when it is unchanged, so cached cost rows stay valid."""
+        return self._profiles.put(model, profile)
+
     # --- calls -------------------------------------------------------------------------------
     def place(self, call: CallRequest, now: float) -> Decision:
         """Algorithm 1 (or the configured baseline) for one arriving or held call."""

@@ -325,3 +325,17 @@ def test_the_default_serves_the_real_model_on_its_hot_instance():
     agents = cfg.resolve_model("claude-sonnet-4-5")
     assert [i.executor for i in cfg.instances if agents.name in i.models] == ["sim"]
     assert (ROOT / "etc" / "models.txt").read_text().count("--hash=sha256:") == 1
+
+
+def test_check_config_reads_the_pool_token_file(tmp_path):
+    data = _base()
+    data["pool"] = {"token_file": "pool.token"}
+    f = _write(tmp_path, data)
+    result = CliRunner().invoke(app, ["check-config", str(f)])
+    assert result.exit_code == 2 and "pool.token_file: cannot read" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    (tmp_path / "pool.token").write_text("\n\n")
+    result = CliRunner().invoke(app, ["check-config", str(f)])
+    assert result.exit_code == 2 and "holds no token" in result.stderr
+    (tmp_path / "pool.token").write_text("s3cret\n")
+    assert CliRunner().invoke(app, ["check-config", str(f)]).exit_code == 0

@@ -1,0 +1,67 @@
+"""`talaria-ctl --epp ADDR`: the pool's endpoint picker, read over its HTTP side (the metrics
+address: `/status`, `/calls/ID`)."""
+
+from __future__ import annotations
+
+import sys
+
+import httpx
+import typer
+
+from talaria_ctl.output import print_json, table
+from talariad.admin.client import Refused
+
+BOX_COLUMNS = ("box", "endpoint", "state", "age_s", "sessions", "in_flight", "leases")
+
+
+class EPPClient:
+    def __init__(self, address: str, timeout: float) -> None:
+        base = address if "://" in address else f"http://{address}"
+        self.address, self.base, self.timeout = address, base.rstrip("/"), timeout
+
+    def __getattr__(self, name: str):
+        """A daemon command asked of the EPP: refused (exit 3), not a traceback."""
+        raise Refused(f"--epp takes status and call explain only, not {name.replace('_', ' ')}")
+
+    def get(self, path: str) -> dict:
+        """The JSON at `path`; exit 1 when the EPP does not answer, 3 when it refuses."""
+        try:
+            r = httpx.get(self.base + path, timeout=self.timeout)
+        except httpx.HTTPError as err:
+            print(f"talaria-ctl: the EPP at {self.address} does not answer: {err}", file=sys.stderr)
+            raise typer.Exit(1) from None
+        try:
+            data = r.json()
+        except ValueError:
+            data = {}
+        if r.status_code != 200:
+            why = (data.get("error") or {}).get("message") if isinstance(data, dict) else None
+            print(f"talaria-ctl: {why or f'HTTP {r.status_code}'}", file=sys.stderr)
+            raise typer.Exit(3)
+        return data
+
+
+def show_status(client: EPPClient, as_json: bool) -> None:
+    data = client.get("/status")
+    if as_json:
+        return print_json(data)
+    table(
+        f"talariad epp at {client.address}: {data['decisions_per_s']} decisions/s",
+        BOX_COLUMNS,
+        [
+            (
+                b["name"],
+                b["endpoint"] or "-",
+                b["state"],
+                "-" if b["snapshot_age_s"] is None else b["snapshot_age_s"],
+                b["sessions"],
+                b["in_flight"],
+                b["leases"],
+            )
+            for b in data["boxes"]
+        ],
+    )
+
+
+def explain(client: EPPClient, call_id: str) -> dict:
+    return client.get(f"/calls/{httpx.URL(call_id).raw_path.decode()}")

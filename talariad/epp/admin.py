@@ -1,0 +1,53 @@
+"""The EPP's HTTP side for operators, on its metrics address: Prometheus `/metrics`, `/status`
+(boxes, their state and snapshot age, sessions per box, decisions per second) and
+`/calls/{id}` (the router's explanation of one box pick), read by `talaria-ctl --epp`."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from talariad.epp.boxpicker import BoxPicker
+from talariad.httpserver import fastapi_app
+from talariad.router import Decision
+
+
+def decision_dict(d: Decision) -> dict:
+    """One decision as the daemon's `call explain` shows it (candidates term by term)."""
+    return {
+        "call_id": d.call_id,
+        "kind": d.kind.value,
+        "instance": d.instance,
+        "policy": d.policy,
+        "reason": d.reason,
+        "retry_after_s": d.retry_after_s,
+        "candidates": [
+            {**c._asdict(), "kv_state": c.kv_state.value, "rank_s": c.rank_s} for c in d.candidates
+        ],
+    }
+
+
+def admin_app(picker: BoxPicker, registry: CollectorRegistry | None = None) -> FastAPI:
+    app = fastapi_app(title="talariad epp", docs_url=None, redoc_url=None)
+
+    @app.get("/status")
+    async def status() -> JSONResponse:
+        return JSONResponse(picker.status(time.monotonic()))
+
+    @app.get("/calls/{call_id}")
+    async def explain(call_id: str) -> JSONResponse:
+        found = picker.explain(call_id)
+        if found is None:
+            msg = f"no decision for call {call_id!r} (unknown, or older than the log keeps)"
+            return JSONResponse({"error": {"message": msg}}, status_code=404)
+        return JSONResponse(decision_dict(found))
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = generate_latest(registry) if registry is not None else b""
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return app

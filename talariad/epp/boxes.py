@@ -1,0 +1,143 @@
+"""Box snapshots in: the discovered boxes' `GET /pool/snapshot`, polled with the pool token,
+each projected onto one placement target (`router.boxes.box_snapshot`) for the picker's router.
+
+Discovery is any async iterator of `{name: "ip:port"}` (each item the whole current set); the
+static list here (`fixed_boxes`) is for tests and single-file setups; `epp.discovery` provides
+the file and Kubernetes sources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Protocol
+
+import httpx
+
+from talariad.instance.telemetry import router_snapshot
+from talariad.router import InstanceSnapshot
+from talariad.router.boxes import box_snapshot
+from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
+
+log = logging.getLogger("talariad.epp")
+
+Discovery = AsyncIterator[Mapping[str, str]]
+
+
+async def fixed_boxes(boxes: Mapping[str, str]) -> Discovery:
+    """A box set that never changes: yielded once, then nothing more."""
+    yield dict(boxes)
+    await asyncio.Event().wait()
+
+
+def project(name: str, version: int, snap: BoxSnapshot, now: float) -> InstanceSnapshot:
+    """The box as one placement target. Its instances' telemetry is `age_s` old, so the box
+    counts as taken when its oldest live telemetry was: a call the picker forwarded after that
+    stays in the router's overlay until a snapshot that has seen it."""
+    parts = [
+        router_snapshot(
+            i.telemetry,
+            i.telemetry.models,
+            now - i.age_s,
+            i.healthy,
+            {(s.session_id, s.model): s for s in i.telemetry.sessions},
+        )
+        for i in snap.instances
+    ]
+    ages = [i.age_s for i in snap.instances if i.healthy]
+    return box_snapshot(name, version, now - max(ages, default=0.0), parts)
+
+
+class BoxFeed(Protocol):
+    """What the poller tells: the picker (`BoxPicker`)."""
+
+    def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> None: ...
+
+    def box_lost(self, name: str, now: float) -> None: ...
+
+    def box_gone(self, name: str, now: float) -> None: ...
+
+
+class BoxPoller:
+    """One polling task per box, every `interval_s`. A box that refuses the connection is lost
+    at once (nothing listens: its calls would fail too); one that errs or times out is lost once
+    it has not answered for `stale_after_s`."""
+
+    def __init__(
+        self,
+        feed: BoxFeed,
+        token: str,
+        interval_s: float = 0.1,
+        stale_after_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.feed, self.interval_s, self.stale_after_s, self.clock = (
+            feed,
+            interval_s,
+            stale_after_s,
+            clock,
+        )
+        self._headers = {"authorization": f"Bearer {token}"}
+        self._client = httpx.AsyncClient(timeout=min(stale_after_s, 1.0))
+        self._tasks: dict[str, tuple[str, asyncio.Task]] = {}
+        self.last_ok: dict[str, float] = {}
+
+    def boxes(self) -> dict[str, str]:
+        return {name: ep for name, (ep, _) in self._tasks.items()}
+
+    def set_boxes(self, boxes: Mapping[str, str]) -> None:
+        """Follow discovery: poll new boxes, stop and forget those gone or moved."""
+        now = self.clock()
+        for name, (ep, task) in list(self._tasks.items()):
+            if boxes.get(name) != ep:
+                task.cancel()
+                del self._tasks[name]
+                self.last_ok.pop(name, None)
+                self.feed.box_gone(name, now)
+        for name, ep in boxes.items():
+            if name not in self._tasks:
+                self._tasks[name] = (ep, asyncio.create_task(self._poll_forever(name, ep)))
+
+    async def run(self, discovery: Discovery) -> None:
+        """Follow `discovery` until cancelled."""
+        try:
+            async for boxes in discovery:
+                self.set_boxes(boxes)
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        tasks = [t for _, t in self._tasks.values()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self._client.aclose()
+
+    async def _poll_forever(self, name: str, endpoint: str) -> None:
+        while True:
+            await self.poll(name, endpoint)
+            await asyncio.sleep(self.interval_s)
+
+    async def poll(self, name: str, endpoint: str) -> bool:
+        """One poll of one box; True when it answered with a snapshot."""
+        try:
+            r = await self._client.get(f"http://{endpoint}{SNAPSHOT_PATH}", headers=self._headers)
+            r.raise_for_status()
+            snap = BoxSnapshot.model_validate_json(r.content)
+        except httpx.ConnectError as err:
+            log.debug("box %s (%s) refused: %s", name, endpoint, err)
+            self.feed.box_lost(name, self.clock())
+            return False
+        except (httpx.HTTPError, ValueError) as err:  # ValueError: a body that is no snapshot
+            now = self.clock()
+            log.debug("box %s (%s) did not answer: %s", name, endpoint, err)
+            if now - self.last_ok.get(name, float("-inf")) > self.stale_after_s:
+                self.feed.box_lost(name, now)
+            return False
+        now = self.clock()
+        self.last_ok[name] = now
+        self.feed.box_seen(name, endpoint, snap, now)
+        return True

@@ -1,0 +1,305 @@
+"""The pool's placement: one `Router` whose placement targets are boxes (`router.boxes`), fed by
+the boxes' snapshots (`epp.boxes`), asked once per call that Envoy hands over (`epp.picker`).
+
+A call's body is read with the gateway's own dialect parsers, its session with the gateway's
+own rules and its branch with the gateway's `PrefixBranches`, so the picker and the box agree on
+what a call is; the box's router then places it on an instance. Design: docs/pool.md.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from itertools import count
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+
+from talariad.gateway.call import CallSpec, canonical_prompt, estimate_tokens
+from talariad.gateway.dialects import chat, completions, messages, responses
+from talariad.gateway.errors import APIError, anthropic_error_body, validation_error
+from talariad.gateway.routing import PrefixBranches, Prompt
+from talariad.gateway.session import session_headers, session_id
+from talariad.gateway.store import ResponseStore
+from talariad.router import CallRequest, Decision, DecisionKind, Router
+from talariad.types import KVState
+from talariad.wire.box import BoxModel, BoxSnapshot
+from talariad.wire.messages import ChatMessage
+
+from .boxes import project
+from .picker import EPPRequest, Pick, Refusal
+
+MAX_OPEN_CALLS = 100_000  # picked calls whose end was never reported are failed past this
+_RATE_WINDOW_S = 10.0
+
+
+class _Unstored(ResponseStore):
+    """The picker keeps no Responses: a `previous_response_id` is the box's to resolve."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def get(self, response_id: str) -> list[ChatMessage]:
+        return []
+
+
+def _spec(path: str, raw: bytes) -> CallSpec | None:
+    """The body of a call path as its dialect reads it; None for any other path."""
+    parsers: dict[str, tuple[type[BaseModel], object]] = {
+        "/v1/chat/completions": (chat.ChatCompletionRequest, chat.spec),
+        "/v1/completions": (completions.CompletionRequest, completions.spec),
+        "/v1/messages": (messages.MessagesRequest, messages.spec),
+        "/v1/responses": (responses.ResponsesRequest, lambda b: responses.spec(b, _Unstored())[0]),
+    }
+    found = parsers.get(path.split("?", 1)[0])
+    if found is None:
+        return None
+    model, spec = found
+    try:
+        body = model.model_validate_json(raw or b"")
+    except ValidationError as err:
+        raise validation_error(RequestValidationError(err.errors(include_url=False))) from None
+    return spec(body)  # type: ignore[operator]
+
+
+def refusal(path: str, err: APIError) -> Refusal:
+    """`err` as an immediate answer, in the error shape of the API `path` belongs to."""
+    body = (
+        anthropic_error_body(err.status, err.message)
+        if path.startswith("/v1/messages")
+        else err.body()
+    )
+    headers = {k.lower(): str(v) for k, v in err.headers.items()}
+    headers["content-type"] = "application/json"
+    return Refusal(err.status, json.dumps(body).encode(), headers)
+
+
+@dataclass(slots=True)
+class _Open:
+    """A picked call until its response ends: where it went and what its lease will hold."""
+
+    box: str
+    endpoint: str
+    kv_len: int
+    status: int = 0
+
+
+class BoxPicker:
+    """`Picker` over boxes. `pick` runs on the server's event loop: sync, no IO, bounded."""
+
+    def __init__(self, router: Router, max_branches: int = 4) -> None:
+        self.router = router
+        self.branches = PrefixBranches(max_branches, router.knobs.max_sessions)
+        self.branches.on_evict = lambda name: router.forget_session(name)
+        self.endpoints: dict[str, str] = {}  # box -> "ip:port"
+        self._boxes_at: dict[str, str] = {}  # "ip:port" -> box
+        self._models: dict[str, list[BoxModel]] = {}  # box -> its models
+        self._versions: dict[str, int] = {}
+        self._seen_at: dict[str, float] = {}
+        self._open: OrderedDict[str, _Open] = OrderedDict()
+        self._rr = count()
+        self._decided: deque[float] = deque()
+        self._expired_at = float("-inf")
+
+    # --- boxes (the poller's `BoxFeed`) -----------------------------------------------------
+    def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> None:
+        """A box answered: install its projection (our own version: a box restart resets its
+        own) and the profiles it refined (the picker sees no rounds)."""
+        self._versions[name] = version = self._versions.get(name, 0) + 1
+        self._set_endpoint(name, endpoint)
+        self._models[name] = snap.models
+        self._seen_at[name] = now
+        for m in snap.models:
+            self.router.set_profile(m.name, m.profile.profile())
+        self.router.observe(project(name, version, snap, now), now)
+        self.router.heartbeat(name, now, healthy=any(i.healthy for i in snap.instances))
+        if now - self._expired_at >= 1.0:  # leases and idle sessions, about once a second
+            self._expired_at = now
+            self.router.expire(now)
+
+    def box_lost(self, name: str, now: float) -> None:
+        """The box stopped answering: no new call and no lease return goes there."""
+        self.router.heartbeat(name, now, healthy=False)
+
+    def box_gone(self, name: str, now: float) -> None:
+        """Discovery dropped the box: forget it and its leases."""
+        self.router.remove_instance(name, now)
+        self._boxes_at.pop(self.endpoints.pop(name, ""), None)
+        self._models.pop(name, None)
+        self._seen_at.pop(name, None)
+
+    def _set_endpoint(self, name: str, endpoint: str) -> None:
+        old = self.endpoints.get(name)
+        if old != endpoint:
+            self._boxes_at.pop(old or "", None)
+            self.endpoints[name], self._boxes_at[endpoint] = endpoint, name
+
+    # --- calls (the `Picker` protocol) ------------------------------------------------------
+    def pick(self, request: EPPRequest, now: float) -> Pick | Refusal:
+        """A call path's body picks a box by placement; any other request any healthy box."""
+        path = request.path
+        try:
+            spec = _spec(path, request.body) if request.method == "POST" else None
+        except APIError as err:
+            return refusal(path, err)
+        model = self._resolve(spec.requested) if spec is not None else None
+        if spec is None or model is None:  # an unknown model is the box's to answer (404)
+            return self._any_box(request, now)
+        call = self._call(request, spec, model)
+        decision = self.router.place(call, now)
+        self._count(now)
+        if decision.instance is None:
+            return self._refuse(path, spec, decision, now)
+        endpoint = self.endpoints[decision.instance]
+        # the lease will say the box holds the prompt (the answer's length is not seen here)
+        self._remember(request.call_id, _Open(decision.instance, endpoint, call.prompt_tokens))
+        return Pick(request.call_id, endpoint)
+
+    def _call(self, request: EPPRequest, spec: CallSpec, model: BoxModel) -> CallRequest:
+        """The router's request. The picker has no tokenizer: lengths are the gateway's own
+        estimate (4 characters a token of the canonical prompt), the box counts exactly."""
+        prompt: Prompt = canonical_prompt(spec.messages, spec.prompt, spec.tools)
+        session = session_id(
+            session_headers(request.headers),
+            spec.session_fields,
+            [(m.role, m.content) for m in spec.messages],
+        )
+        branch, covered = self.branches.branch_covered(session, model.name, prompt)
+        tokens = estimate_tokens(len(prompt.text))
+        reused = min(estimate_tokens(covered), tokens) if covered else 0
+        max_tokens = spec.max_tokens or model.default_max_tokens
+        return CallRequest(request.call_id, branch, model.name, tokens, reused, max_tokens)
+
+    def _refuse(self, path: str, spec: CallSpec, d: Decision, now: float) -> Refusal:
+        """429 with `retry-after` when boxes are busy (the picker cannot hold a call: a held
+        one leaves the router's queue at once), 503 when no box is healthy."""
+        if d.kind is DecisionKind.OVERLOAD_QUEUE:
+            self.router.failed(d.call_id, now)
+        if not self.healthy_boxes(now):
+            return refusal(path, _no_box())
+        retry = str(max(1, math.ceil(d.retry_after_s or 1)))
+        return refusal(
+            path,
+            APIError(
+                429,
+                f"no box can take a {spec.requested!r} call now ({d.reason})",
+                type="rate_limit_exceeded",
+                code=d.kind.value,
+                headers={"Retry-After": retry},
+            ),
+        )
+
+    def _any_box(self, request: EPPRequest, now: float) -> Pick | Refusal:
+        """Round robin over the healthy boxes (model lists, probes, unknown models)."""
+        boxes = self.healthy_boxes(now)
+        if not boxes:
+            return refusal(request.path, _no_box())
+        return Pick(request.call_id, self.endpoints[boxes[next(self._rr) % len(boxes)]])
+
+    def served(self, call_id: str, endpoint: str | None, status: int, now: float) -> None:
+        """Envoy's response headers: re-target the call if Envoy served it elsewhere."""
+        rec = self._open.get(call_id)
+        if rec is None:
+            return
+        rec.status = status
+        box = self._boxes_at.get(endpoint or "")
+        if box is not None and box != rec.box and self.router.forwarded(call_id, box, now):
+            rec.box, rec.endpoint = box, endpoint or rec.endpoint
+
+    def finished(self, call_id: str, ok: bool, now: float) -> None:
+        """The response ended: a success installs the session's lease on the box that served
+        it (its KV taken as on a device there; the box's next snapshot says where it is)."""
+        rec = self._open.pop(call_id, None)
+        if rec is None:
+            return
+        if ok and rec.status < 400:
+            self.router.completed(call_id, rec.box, KVState.DEVICE, rec.kv_len, now)
+        else:
+            self.router.failed(call_id, now)
+
+    def _remember(self, call_id: str, rec: _Open) -> None:
+        self._open[call_id] = rec
+        while len(self._open) > MAX_OPEN_CALLS:  # the server lost their ends: release them
+            old, _ = self._open.popitem(last=False)
+            self.router.failed(old, 0.0)  # `failed` reads no clock
+
+    # --- reads ------------------------------------------------------------------------------
+    def explain(self, call_id: str) -> Decision | None:
+        """The router's latest decision for the call, with every box it weighed."""
+        return self.router.explain(call_id)
+
+    def healthy_boxes(self, now: float) -> list[str]:
+        """Boxes passing their health check with a fresh snapshot at `now`, by name."""
+        return sorted(
+            s.instance
+            for s in self.router.instances(now)
+            if s.healthy and s.fresh and s.instance in self.endpoints
+        )
+
+    def decisions_per_s(self, now: float) -> float:
+        self._trim(now)
+        return len(self._decided) / _RATE_WINDOW_S
+
+    def _count(self, now: float) -> None:
+        self._decided.append(now)
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._decided and self._decided[0] < now - _RATE_WINDOW_S:
+            self._decided.popleft()
+
+    def _resolve(self, requested: str) -> BoxModel | None:
+        """The model `requested` names on some box: a name, an exact alias, then a glob."""
+        models = [m for ms in self._models.values() for m in ms]
+        return (
+            next((m for m in models if m.name == requested), None)
+            or next((m for m in models if requested in m.aliases), None)
+            or next(
+                (
+                    m
+                    for m in models
+                    for a in m.aliases
+                    if any(c in a for c in "*?[") and fnmatch.fnmatchcase(requested, a)
+                ),
+                None,
+            )
+        )
+
+    def status(self, now: float) -> dict:
+        """Every box: its state, snapshot age, sessions, calls in flight and leases."""
+        sessions: dict[str, int] = {}
+        for e in self.router.sessions():
+            if e.instance is not None:
+                sessions[e.instance] = sessions.get(e.instance, 0) + 1
+        rows = []
+        for s in self.router.instances(now):
+            seen = self._seen_at.get(s.instance)
+            rows.append(
+                {
+                    "name": s.instance,
+                    "endpoint": self.endpoints.get(s.instance),
+                    "state": "healthy"
+                    if s.healthy and s.fresh
+                    else "stale"
+                    if s.healthy
+                    else "down",
+                    "snapshot_age_s": None if seen is None else round(now - seen, 3),
+                    "sessions": sessions.get(s.instance, 0),
+                    "in_flight": s.in_flight,
+                    "leases": s.leases,
+                }
+            )
+        return {"boxes": rows, "decisions_per_s": round(self.decisions_per_s(now), 3)}
+
+
+def _no_box() -> APIError:
+    return APIError(
+        503,
+        "no box of the pool is healthy now",
+        type="api_error",
+        code="no_healthy_box",
+        headers={"Retry-After": "1"},
+    )

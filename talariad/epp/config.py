@@ -1,0 +1,127 @@
+"""`talariad epp --config POOL.yaml`: the endpoint picker's config, checked in one pass."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from talariad.config import ConfigError, _pydantic_lines, read_config_data
+from talariad.router import RouterKnobs
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TLSConfig(_Strict):
+    cert_file: str
+    key_file: str
+
+
+class StaticDiscovery(_Strict):
+    file: str
+    """A YAML list of boxes (llm-d's file discovery), reloaded when it changes."""
+
+
+class KubernetesDiscovery(_Strict):
+    pool: str = Field(min_length=1)
+    """The `InferencePool` (inference.networking.k8s.io/v1) whose Ready pods are the boxes."""
+    namespace: str = Field(default="default", min_length=1)
+
+
+class DiscoveryConfig(_Strict):
+    static: StaticDiscovery | None = None
+    kubernetes: KubernetesDiscovery | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> DiscoveryConfig:
+        if (self.static is None) == (self.kubernetes is None):
+            raise ValueError("give exactly one of 'static' or 'kubernetes'")
+        return self
+
+
+class EPPConfig(_Strict):
+    listen: str = "0.0.0.0:9002"
+    """The ext_proc gRPC address ("host:port") Envoy's EPP cluster points at."""
+    tls: TLSConfig | None = None
+    metrics: str = "127.0.0.1:9090"
+    """Prometheus `/metrics` and the operators' JSON (`/status`, `/calls/ID`), "host:port"."""
+    discovery: DiscoveryConfig
+    token_file: str
+    """The boxes' `pool.token_file` token (first line), sent as `Authorization: Bearer`."""
+    poll_interval_s: float = Field(default=0.1, gt=0)
+    stale_after_s: float = Field(default=2.0, gt=0)
+    """A box not answering for this long takes no new calls (nor lease returns)."""
+    failure_mode: Literal["fail_open", "fail_closed"] = "fail_open"
+    """What Envoy does when this process is down; the gateway's config enforces it (its EPP
+    cluster's health check), this field documents which one the pool was deployed with."""
+    max_branches: int = Field(default=4, ge=1, le=64)
+    drain_s: float = Field(default=10.0, ge=0)
+    """On SIGTERM: how long calls in flight may finish."""
+    router: dict[str, Any] = Field(default_factory=dict)
+    """`RouterKnobs` fields (tau_s, gamma, ttft_target_s, overload, ...); staleness_s and
+    heartbeat_s default to `stale_after_s`."""
+
+    @field_validator("listen", "metrics")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError(f"expected 'host:port', got {v!r}")
+        return v
+
+    @field_validator("router")
+    @classmethod
+    def _knobs(cls, v: dict[str, Any]) -> dict[str, Any]:
+        _router_knobs(v, 2.0)
+        return v
+
+    def knobs(self) -> RouterKnobs:
+        return _router_knobs(self.router, self.stale_after_s)
+
+
+def _router_knobs(given: dict[str, Any], stale_after_s: float) -> RouterKnobs:
+    """The knobs, a box's staleness bound the picker's (unless `router` sets its own)."""
+    try:
+        return RouterKnobs(**{"staleness_s": stale_after_s, "heartbeat_s": stale_after_s, **given})
+    except TypeError as err:  # a key RouterKnobs does not have
+        raise ValueError(f"unknown knob {str(err).rsplit('argument ', 1)[-1]}") from None
+
+
+def load_epp_config(path: str | pathlib.Path) -> EPPConfig:
+    """The config at `path`; ConfigError with one `FILE: field: problem` line per problem,
+    the files it names (token, TLS) read too."""
+    data = read_config_data(path)
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: (top level): expected a mapping"])
+    try:
+        cfg = EPPConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError([f"{path}: {p}: {m}" for p, m in _pydantic_lines(err)]) from None
+    problems = _file_lines(cfg, pathlib.Path(path).parent)
+    if problems:
+        raise ConfigError([f"{path}: {p}: {m}" for p, m in problems])
+    return cfg
+
+
+def _file_lines(cfg: EPPConfig, base: pathlib.Path) -> list[tuple[str, str]]:
+    named = [("token_file", cfg.token_file)]
+    if cfg.tls is not None:
+        named += [("tls.cert_file", cfg.tls.cert_file), ("tls.key_file", cfg.tls.key_file)]
+    out = []
+    for where, name in named:
+        try:
+            (base / name).read_bytes()
+        except OSError as err:
+            out.append((where, f"cannot read {base / name}: {err.strerror or err}"))
+    if not out and not read_token(base / cfg.token_file):
+        out.append(("token_file", f"{base / cfg.token_file} holds no token"))
+    return out
+
+
+def read_token(path: pathlib.Path) -> str:
+    """The first non-blank line of `path` ("" when none)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")

@@ -1,0 +1,233 @@
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProcessingRequest(_message.Message):
+    __slots__ = ("request_headers", "response_headers", "request_body", "response_body", "request_trailers", "response_trailers", "metadata_context", "attributes", "protocol_config")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _struct_pb2.Struct
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    REQUEST_HEADERS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_HEADERS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BODY_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_BODY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TRAILERS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_TRAILERS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    request_headers: HttpHeaders
+    response_headers: HttpHeaders
+    request_body: HttpBody
+    response_body: HttpBody
+    request_trailers: HttpTrailers
+    response_trailers: HttpTrailers
+    metadata_context: Metadata
+    attributes: _containers.MessageMap[str, _struct_pb2.Struct]
+    protocol_config: ProtocolConfiguration
+    def __init__(self, request_headers: _Optional[_Union[HttpHeaders, _Mapping]] = ..., response_headers: _Optional[_Union[HttpHeaders, _Mapping]] = ..., request_body: _Optional[_Union[HttpBody, _Mapping]] = ..., response_body: _Optional[_Union[HttpBody, _Mapping]] = ..., request_trailers: _Optional[_Union[HttpTrailers, _Mapping]] = ..., response_trailers: _Optional[_Union[HttpTrailers, _Mapping]] = ..., metadata_context: _Optional[_Union[Metadata, _Mapping]] = ..., attributes: _Optional[_Mapping[str, _struct_pb2.Struct]] = ..., protocol_config: _Optional[_Union[ProtocolConfiguration, _Mapping]] = ...) -> None: ...
+
+class HttpHeaders(_message.Message):
+    __slots__ = ("headers", "end_of_stream")
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    END_OF_STREAM_FIELD_NUMBER: _ClassVar[int]
+    headers: HeaderMap
+    end_of_stream: bool
+    def __init__(self, headers: _Optional[_Union[HeaderMap, _Mapping]] = ..., end_of_stream: _Optional[bool] = ...) -> None: ...
+
+class HttpBody(_message.Message):
+    __slots__ = ("body", "end_of_stream")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    END_OF_STREAM_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    end_of_stream: bool
+    def __init__(self, body: _Optional[bytes] = ..., end_of_stream: _Optional[bool] = ...) -> None: ...
+
+class HttpTrailers(_message.Message):
+    __slots__ = ("trailers",)
+    TRAILERS_FIELD_NUMBER: _ClassVar[int]
+    trailers: HeaderMap
+    def __init__(self, trailers: _Optional[_Union[HeaderMap, _Mapping]] = ...) -> None: ...
+
+class ProtocolConfiguration(_message.Message):
+    __slots__ = ("request_body_mode", "response_body_mode", "send_body_without_waiting_for_header_response")
+    REQUEST_BODY_MODE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_BODY_MODE_FIELD_NUMBER: _ClassVar[int]
+    SEND_BODY_WITHOUT_WAITING_FOR_HEADER_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    request_body_mode: ProcessingMode.BodySendMode
+    response_body_mode: ProcessingMode.BodySendMode
+    send_body_without_waiting_for_header_response: bool
+    def __init__(self, request_body_mode: _Optional[_Union[ProcessingMode.BodySendMode, str]] = ..., response_body_mode: _Optional[_Union[ProcessingMode.BodySendMode, str]] = ..., send_body_without_waiting_for_header_response: _Optional[bool] = ...) -> None: ...
+
+class ProcessingMode(_message.Message):
+    __slots__ = ()
+    class BodySendMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        NONE: _ClassVar[ProcessingMode.BodySendMode]
+        STREAMED: _ClassVar[ProcessingMode.BodySendMode]
+        BUFFERED: _ClassVar[ProcessingMode.BodySendMode]
+        BUFFERED_PARTIAL: _ClassVar[ProcessingMode.BodySendMode]
+        FULL_DUPLEX_STREAMED: _ClassVar[ProcessingMode.BodySendMode]
+        GRPC: _ClassVar[ProcessingMode.BodySendMode]
+    NONE: ProcessingMode.BodySendMode
+    STREAMED: ProcessingMode.BodySendMode
+    BUFFERED: ProcessingMode.BodySendMode
+    BUFFERED_PARTIAL: ProcessingMode.BodySendMode
+    FULL_DUPLEX_STREAMED: ProcessingMode.BodySendMode
+    GRPC: ProcessingMode.BodySendMode
+    def __init__(self) -> None: ...
+
+class ProcessingResponse(_message.Message):
+    __slots__ = ("request_headers", "response_headers", "request_body", "response_body", "request_trailers", "response_trailers", "immediate_response", "dynamic_metadata")
+    REQUEST_HEADERS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_HEADERS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BODY_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_BODY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TRAILERS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_TRAILERS_FIELD_NUMBER: _ClassVar[int]
+    IMMEDIATE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_METADATA_FIELD_NUMBER: _ClassVar[int]
+    request_headers: HeadersResponse
+    response_headers: HeadersResponse
+    request_body: BodyResponse
+    response_body: BodyResponse
+    request_trailers: TrailersResponse
+    response_trailers: TrailersResponse
+    immediate_response: ImmediateResponse
+    dynamic_metadata: _struct_pb2.Struct
+    def __init__(self, request_headers: _Optional[_Union[HeadersResponse, _Mapping]] = ..., response_headers: _Optional[_Union[HeadersResponse, _Mapping]] = ..., request_body: _Optional[_Union[BodyResponse, _Mapping]] = ..., response_body: _Optional[_Union[BodyResponse, _Mapping]] = ..., request_trailers: _Optional[_Union[TrailersResponse, _Mapping]] = ..., response_trailers: _Optional[_Union[TrailersResponse, _Mapping]] = ..., immediate_response: _Optional[_Union[ImmediateResponse, _Mapping]] = ..., dynamic_metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class HeadersResponse(_message.Message):
+    __slots__ = ("response",)
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    response: CommonResponse
+    def __init__(self, response: _Optional[_Union[CommonResponse, _Mapping]] = ...) -> None: ...
+
+class BodyResponse(_message.Message):
+    __slots__ = ("response",)
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    response: CommonResponse
+    def __init__(self, response: _Optional[_Union[CommonResponse, _Mapping]] = ...) -> None: ...
+
+class TrailersResponse(_message.Message):
+    __slots__ = ("header_mutation",)
+    HEADER_MUTATION_FIELD_NUMBER: _ClassVar[int]
+    header_mutation: HeaderMutation
+    def __init__(self, header_mutation: _Optional[_Union[HeaderMutation, _Mapping]] = ...) -> None: ...
+
+class CommonResponse(_message.Message):
+    __slots__ = ("status", "header_mutation", "body_mutation", "clear_route_cache")
+    class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CONTINUE: _ClassVar[CommonResponse.ResponseStatus]
+        CONTINUE_AND_REPLACE: _ClassVar[CommonResponse.ResponseStatus]
+    CONTINUE: CommonResponse.ResponseStatus
+    CONTINUE_AND_REPLACE: CommonResponse.ResponseStatus
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HEADER_MUTATION_FIELD_NUMBER: _ClassVar[int]
+    BODY_MUTATION_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_ROUTE_CACHE_FIELD_NUMBER: _ClassVar[int]
+    status: CommonResponse.ResponseStatus
+    header_mutation: HeaderMutation
+    body_mutation: BodyMutation
+    clear_route_cache: bool
+    def __init__(self, status: _Optional[_Union[CommonResponse.ResponseStatus, str]] = ..., header_mutation: _Optional[_Union[HeaderMutation, _Mapping]] = ..., body_mutation: _Optional[_Union[BodyMutation, _Mapping]] = ..., clear_route_cache: _Optional[bool] = ...) -> None: ...
+
+class BodyMutation(_message.Message):
+    __slots__ = ("streamed_response",)
+    STREAMED_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    streamed_response: StreamedBodyResponse
+    def __init__(self, streamed_response: _Optional[_Union[StreamedBodyResponse, _Mapping]] = ...) -> None: ...
+
+class StreamedBodyResponse(_message.Message):
+    __slots__ = ("body", "end_of_stream")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    END_OF_STREAM_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    end_of_stream: bool
+    def __init__(self, body: _Optional[bytes] = ..., end_of_stream: _Optional[bool] = ...) -> None: ...
+
+class HeaderMutation(_message.Message):
+    __slots__ = ("set_headers", "remove_headers")
+    SET_HEADERS_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_HEADERS_FIELD_NUMBER: _ClassVar[int]
+    set_headers: _containers.RepeatedCompositeFieldContainer[HeaderValueOption]
+    remove_headers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, set_headers: _Optional[_Iterable[_Union[HeaderValueOption, _Mapping]]] = ..., remove_headers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ImmediateResponse(_message.Message):
+    __slots__ = ("status", "headers", "body", "details")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    status: HttpStatus
+    headers: HeaderMutation
+    body: bytes
+    details: str
+    def __init__(self, status: _Optional[_Union[HttpStatus, _Mapping]] = ..., headers: _Optional[_Union[HeaderMutation, _Mapping]] = ..., body: _Optional[bytes] = ..., details: _Optional[str] = ...) -> None: ...
+
+class HeaderValue(_message.Message):
+    __slots__ = ("key", "value", "raw_value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    RAW_VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: str
+    raw_value: bytes
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ..., raw_value: _Optional[bytes] = ...) -> None: ...
+
+class HeaderMap(_message.Message):
+    __slots__ = ("headers",)
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    headers: _containers.RepeatedCompositeFieldContainer[HeaderValue]
+    def __init__(self, headers: _Optional[_Iterable[_Union[HeaderValue, _Mapping]]] = ...) -> None: ...
+
+class HeaderValueOption(_message.Message):
+    __slots__ = ("header", "append_action", "keep_empty_value")
+    class HeaderAppendAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        APPEND_IF_EXISTS_OR_ADD: _ClassVar[HeaderValueOption.HeaderAppendAction]
+        ADD_IF_ABSENT: _ClassVar[HeaderValueOption.HeaderAppendAction]
+        OVERWRITE_IF_EXISTS_OR_ADD: _ClassVar[HeaderValueOption.HeaderAppendAction]
+        OVERWRITE_IF_EXISTS: _ClassVar[HeaderValueOption.HeaderAppendAction]
+    APPEND_IF_EXISTS_OR_ADD: HeaderValueOption.HeaderAppendAction
+    ADD_IF_ABSENT: HeaderValueOption.HeaderAppendAction
+    OVERWRITE_IF_EXISTS_OR_ADD: HeaderValueOption.HeaderAppendAction
+    OVERWRITE_IF_EXISTS: HeaderValueOption.HeaderAppendAction
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    APPEND_ACTION_FIELD_NUMBER: _ClassVar[int]
+    KEEP_EMPTY_VALUE_FIELD_NUMBER: _ClassVar[int]
+    header: HeaderValue
+    append_action: HeaderValueOption.HeaderAppendAction
+    keep_empty_value: bool
+    def __init__(self, header: _Optional[_Union[HeaderValue, _Mapping]] = ..., append_action: _Optional[_Union[HeaderValueOption.HeaderAppendAction, str]] = ..., keep_empty_value: _Optional[bool] = ...) -> None: ...
+
+class Metadata(_message.Message):
+    __slots__ = ("filter_metadata",)
+    class FilterMetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _struct_pb2.Struct
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    FILTER_METADATA_FIELD_NUMBER: _ClassVar[int]
+    filter_metadata: _containers.MessageMap[str, _struct_pb2.Struct]
+    def __init__(self, filter_metadata: _Optional[_Mapping[str, _struct_pb2.Struct]] = ...) -> None: ...
+
+class HttpStatus(_message.Message):
+    __slots__ = ("code",)
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    def __init__(self, code: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,109 @@
+"""The EPP's gRPC server: Envoy's ExternalProcessor (one `Stream` per HTTP request) beside the
+standard health service, over TLS or plaintext, drained on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from talariad.epp import ext_proc_pb2_grpc
+from talariad.epp.metrics import EPPMetrics
+from talariad.epp.picker import Picker
+from talariad.epp.stream import MAX_BODY_BYTES, Stream
+
+SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+MAX_MESSAGE_BYTES = 16 * 2**20
+"""Largest message taken from Envoy; it sends body chunks of up to 1 MiB."""
+
+
+class ExternalProcessor(ext_proc_pb2_grpc.ExternalProcessorServicer):
+    def __init__(
+        self,
+        picker: Picker,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: EPPMetrics | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
+        self.picker, self.clock, self.max_body = picker, clock, max_body_bytes
+        self.metrics = metrics or EPPMetrics()
+
+    async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        stream = Stream(self.picker, self.clock, self.metrics, self.max_body)
+        self.metrics.streams.inc()
+        self.metrics.in_flight.inc()
+        clean = False
+        try:
+            # NOTE: the stream stays open until Envoy ends it. Closing it first (even cleanly,
+            # after the last reply) makes Envoy drop response chunks it has not yet handed over.
+            async for request in request_iterator:
+                for reply in stream.handle(request):
+                    yield reply
+            clean = True
+        finally:  # also on cancellation: settles a call whose response was cut
+            stream.ended(clean)
+            self.metrics.in_flight.dec()
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    cert: Path
+    key: Path
+
+
+class EPPServer:
+    """A started server; `port` is the one bound (useful with port 0)."""
+
+    def __init__(self, server: grpc.aio.Server, health: health.aio.HealthServicer, port: int):
+        self.server, self.health, self.port = server, health, port
+
+    async def drain(self, grace_s: float, announce_s: float = 0.0) -> None:
+        """Health NOT_SERVING; for `announce_s` keep taking streams (so that the gateway's
+        health check sees it and moves new requests away), then take no new streams, give
+        those in flight up to `grace_s` to end, cut the rest and stop."""
+        await self.health.enter_graceful_shutdown()
+        if announce_s > 0:
+            await asyncio.sleep(announce_s)
+        await self.server.stop(grace_s)
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()
+
+
+async def start(
+    processor: ExternalProcessor, address: str, tls: TLSFiles | None = None
+) -> EPPServer:
+    """Serve `processor` and health on `address` ("host:port"), over TLS when `tls` is given."""
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+    ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    checks = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    for name in ("", SERVICE):
+        await checks.set(name, health_pb2.HealthCheckResponse.SERVING)
+    if tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        pair = (tls.key.read_bytes(), tls.cert.read_bytes())
+        port = server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
+    await server.start()
+    return EPPServer(server, checks, port)
+
+
+async def serve(server: EPPServer, grace_s: float, announce_s: float = 0.0) -> None:
+    """Run until SIGTERM or SIGINT, then drain (`EPPServer.drain`)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    await server.drain(grace_s, announce_s)

@@ -1,0 +1,194 @@
+"""One ext_proc stream, that is one HTTP request through Envoy, as a state machine (no I/O):
+each message Envoy sends goes in, the replies to send come out, in order.
+
+The order Envoy 1.40 sends (full duplex, both bodies streamed): request headers (the body modes
+on this first message only); request body chunks, the last an empty one with the end of
+stream; response headers (with the served endpoint); response body chunks, again ending with an
+empty end-of-stream chunk. A GET has its end of stream on the request headers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from itertools import chain
+
+from talariad.epp import ext_proc_pb2 as pb
+from talariad.epp import replies
+from talariad.epp.metrics import EPPMetrics
+from talariad.epp.picker import EPPRequest, Pick, Picker, Refusal
+from talariad.gateway.errors import APIError, anthropic_error_body
+
+log = logging.getLogger("talariad.epp")
+
+MAX_BODY_BYTES = 64 * 2**20
+
+Replies = Iterable[pb.ProcessingResponse]
+
+
+class Stream:
+    def __init__(
+        self,
+        picker: Picker,
+        clock: Callable[[], float],
+        metrics: EPPMetrics,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
+        self.picker, self.clock, self.metrics, self.max_body = (
+            picker,
+            clock,
+            metrics,
+            max_body_bytes,
+        )
+        self.call_id, self.method, self.path = "", "", ""
+        self.headers: dict[str, str] = {}
+        self.body = bytearray()
+        self.body_bytes = 0  # all received, also past the bound (then `body` stops growing)
+        self.routed = False
+        self.pick: Pick | None = None
+        self.response_body_sent = True  # False when the filter's response body mode is NONE
+        self.response_started = False
+        self.response_body_seen = False
+        self.settled = False
+
+    def handle(self, request: pb.ProcessingRequest) -> Replies:
+        """The replies to one message from Envoy (often none yet: the request headers are
+        answered at the body's end)."""
+        if request.HasField("protocol_config"):
+            mode = request.protocol_config.response_body_mode
+            self.response_body_sent = mode != pb.ProcessingMode.NONE
+        kind = request.WhichOneof("request")
+        if kind is None:
+            return []
+        return _HANDLERS[kind](self, getattr(request, kind), request)
+
+    def ended(self, clean: bool) -> None:
+        """The gRPC stream is over (`clean`: Envoy half-closed it, else it was cancelled). A
+        response not seen to its end fails the call, unless Envoy ended the stream cleanly at
+        the response headers because it sends the EPP no response body."""
+        self._settle(clean and self.response_started and not self.response_body_seen)
+
+    # ---- request ---------------------------------------------------------------------------
+
+    def _request_headers(self, msg: pb.HttpHeaders, _req) -> Replies:
+        self.headers = replies.headers_of(msg.headers)
+        self.call_id = self.headers.get("x-request-id") or uuid.uuid4().hex
+        self.method, self.path = self.headers.get(":method", ""), self.headers.get(":path", "")
+        return self._route(body_follows=False) if msg.end_of_stream else []
+
+    def _request_body(self, msg: pb.HttpBody, _req) -> Replies:
+        self.body_bytes += len(msg.body)
+        if self.body_bytes <= self.max_body:
+            self.body += msg.body
+        elif self.body:  # over the bound: a 413 is coming, keep nothing
+            self.body = bytearray()
+        return self._route(body_follows=True) if msg.end_of_stream and not self.routed else []
+
+    def _request_trailers(self, _msg, _req) -> Replies:
+        # With trailers the body carries no end of stream: the trailers end the request.
+        routing = () if self.routed else self._route(body_follows=True, body_ends=False)
+        return chain(routing, [replies.continue_trailers(response=False)])
+
+    def _route(self, body_follows: bool, body_ends: bool = True) -> Replies:
+        """Decide, then answer: the headers reply first, the body after it (Envoy holds the
+        request until both are back); or the refusal, in place of both. The body pieces are
+        built as they are sent, after the routing reply has gone."""
+        self.routed = True
+        started = time.perf_counter()
+        body, self.body = bytes(self.body), bytearray()
+        outcome, decision = self._decide(body)
+        if isinstance(decision, Refusal):
+            first = replies.refuse(decision, details=f"epp_{outcome}")
+        else:
+            self.pick = decision
+            first = replies.route_to(decision.endpoint)
+        self.metrics.decided(outcome, time.perf_counter() - started)
+        if not body_follows or self.pick is None:
+            return [first]
+        return chain([first], replies.request_body_pieces(body, body_ends))
+
+    def _decide(self, body: bytes) -> tuple[str, Pick | Refusal]:
+        if self.body_bytes > self.max_body:
+            message = f"request body is {self.body_bytes} bytes; the limit is {self.max_body} bytes"
+            return "too_large", error(self.path, 413, message, "request_too_large")
+        request = EPPRequest(self.call_id, self.method, self.path, self.headers, body)
+        try:
+            decision = self.picker.pick(request, self.clock())
+            if isinstance(decision, Pick):
+                _check_endpoint(decision.endpoint)
+        except Exception:
+            log.exception("call %s: the picker failed; answering 503", self.call_id)
+            return "error", error(self.path, 503, "no endpoint could be picked", "epp_error")
+        return ("picked" if isinstance(decision, Pick) else "refused"), decision
+
+    # ---- response --------------------------------------------------------------------------
+
+    def _response_headers(self, msg: pb.HttpHeaders, req) -> Replies:
+        self.response_started = True
+        if self.pick is not None:
+            served = replies.served_endpoint(req)
+            if served is not None and served != self.pick.endpoint:
+                self.metrics.served_mismatch.inc()
+            status = _status(replies.headers_of(msg.headers).get(":status", ""))
+            self._tell("served", self.call_id, served, status, self.clock())
+        if msg.end_of_stream or not self.response_body_sent:
+            self._settle(True)  # no response body will come to see the end of
+        return [replies.continue_headers(response=True)]
+
+    def _response_body(self, msg: pb.HttpBody, _req) -> Replies:
+        # Echo at once, so that a streamed (SSE) answer streams on to the client.
+        self.response_body_seen = True
+        if msg.end_of_stream:
+            self._settle(True)  # Envoy may cancel the stream after this: that is normal
+        return [replies.streamed(msg.body, msg.end_of_stream, response=True)]
+
+    def _response_trailers(self, _msg, _req) -> Replies:
+        self._settle(True)
+        return [replies.continue_trailers(response=True)]
+
+    def _settle(self, ok: bool) -> None:
+        if self.pick is not None and not self.settled:
+            self.settled = True
+            self._tell("finished", self.call_id, ok, self.clock())
+
+    def _tell(self, what: str, *args) -> None:
+        # The picker's bookkeeping failing must not cut the client's response.
+        try:
+            getattr(self.picker, what)(*args)
+        except Exception:
+            log.exception("call %s: picker.%s failed", self.call_id, what)
+
+
+_HANDLERS = {
+    "request_headers": Stream._request_headers,
+    "request_body": Stream._request_body,
+    "request_trailers": Stream._request_trailers,
+    "response_headers": Stream._response_headers,
+    "response_body": Stream._response_body,
+    "response_trailers": Stream._response_trailers,
+}
+
+
+def error(path: str, status: int, message: str, code: str) -> Refusal:
+    """A refusal in the error shape of the API `path` belongs to (Anthropic's for /v1/messages,
+    else OpenAI's)."""
+    if path.startswith("/v1/messages"):
+        body = anthropic_error_body(status, message)
+    else:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        body = APIError(status, message, type=kind, code=code).body()
+    return Refusal(status, json.dumps(body).encode())
+
+
+def _check_endpoint(endpoint: str) -> None:
+    # Stock Envoy's ORIGINAL_DST takes exactly one ip:port; a GIE fallback list there is a 503.
+    host, sep, port = endpoint.rpartition(":")
+    if not (sep and host and port.isdigit()) or "," in endpoint or " " in endpoint:
+        raise ValueError(f"the picker returned {endpoint!r}, not one ip:port")
+
+
+def _status(text: str) -> int:
+    return int(text) if text.isdigit() else 0

@@ -1,0 +1,197 @@
+"""The pool's picker driven directly with `EPPRequest`s over boxes fed synthetic snapshots:
+branch continuity, spreading by load, a lost box's sessions moving, overload and bad bodies
+answered in the API's shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from talariad.epp.boxpicker import BoxPicker
+from talariad.epp.picker import EPPRequest, Pick, Refusal
+from talariad.router import Router, RouterKnobs
+from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
+from talariad.wire.messages import Telemetry
+
+MODEL = "m"
+BOXES = {"a": "10.0.0.1:8000", "b": "10.0.0.2:8000"}
+
+
+def _snap(round_load_s: float = 0.0) -> BoxSnapshot:
+    t = Telemetry(
+        instance="i0",
+        version=1,
+        pool="hot",
+        models=[MODEL],
+        active_model=MODEL,
+        loaded_models=[MODEL],
+        opened_models=[MODEL],
+        round_load_s=round_load_s,
+        hbm_free_bytes=None,
+    )
+    inst = BoxInstance(name="i0", healthy=True, age_s=0.0, telemetry=t)
+    return BoxSnapshot(version=1, instances=[inst], models=[BoxModel(name=MODEL, aliases=["al"])])
+
+
+def _picker(overload: str = "queue", round_load_s: float = 0.0) -> BoxPicker:
+    p = BoxPicker(Router(RouterKnobs(overload=overload), {}))
+    for name, ep in BOXES.items():
+        p.box_seen(name, ep, _snap(round_load_s), 0.0)
+    return p
+
+
+class Session:
+    """An agent: each turn resends the conversation with one more exchange."""
+
+    def __init__(self, sid: str, words: int = 10) -> None:
+        self.sid, self.msgs, self.n = sid, [{"role": "system", "content": "tool " * words}], 0
+
+    def request(self, path: str = "/v1/chat/completions", model: str = MODEL) -> EPPRequest:
+        self.n += 1
+        self.msgs.append({"role": "user", "content": f"turn {self.n} of {self.sid}"})
+        body = {"model": model, "messages": self.msgs, "max_tokens": 64}
+        if path == "/v1/messages":
+            body = {"model": model, "messages": self.msgs[1:], "max_tokens": 64}
+        call_id = f"{self.sid}-{self.n}"
+        heads = {"x-session-id": self.sid}
+        return EPPRequest(call_id, "POST", path, heads, json.dumps(body).encode())
+
+    def answered(self) -> None:
+        self.msgs.append({"role": "assistant", "content": f"answer {self.n}"})
+
+
+def _box(p: BoxPicker, pick) -> str:
+    assert isinstance(pick, Pick), pick
+    return next(n for n, ep in p.endpoints.items() if ep == pick.endpoint)
+
+
+def _turn(p: BoxPicker, s: Session, now: float, path: str = "/v1/chat/completions") -> str:
+    req = s.request(path)
+    box = _box(p, p.pick(req, now))
+    p.served(req.call_id, p.endpoints[box], 200, now + 0.01)
+    p.finished(req.call_id, True, now + 0.02)
+    s.answered()
+    return box
+
+
+def test_every_call_of_a_session_branch_goes_to_one_box():
+    p = _picker()
+    s = Session("s1")
+    boxes = {_turn(p, s, 0.1 * i, path) for i, path in enumerate(["/v1/chat/completions"] * 6)}
+    assert len(boxes) == 1
+    assert p.explain("s1-6").kind.value == "lease_hit"
+    assert {c.instance for c in p.explain("s1-1").candidates} == set(BOXES)
+
+
+def test_a_second_session_spreads_by_load():
+    p = _picker()
+    big = Session("big", words=20_000)  # about 25k prompt tokens in flight on its box
+    first = _box(p, p.pick(big.request(), 0.1))
+    other = _box(p, p.pick(Session("small").request(), 0.2))
+    assert other != first
+
+
+def test_a_lost_boxs_sessions_move_to_a_healthy_box():
+    p = _picker()
+    s = Session("s1")
+    home = _turn(p, s, 0.1)
+    assert _turn(p, s, 0.2) == home
+    p.box_lost(home, 0.3)
+    moved = _turn(p, s, 0.4)
+    assert moved != home
+    assert _turn(p, s, 0.5) == moved  # and it stays on its new box
+    status = {b["name"]: b for b in p.status(0.5)["boxes"]}
+    assert status[home]["state"] == "down" and status[moved]["state"] == "healthy"
+
+
+def test_served_elsewhere_settles_the_lease_where_it_was_served():
+    p = _picker()
+    s = Session("s1")
+    req = s.request()
+    picked = _box(p, p.pick(req, 0.1))
+    other = next(b for b in BOXES if b != picked)
+    p.served(req.call_id, BOXES[other], 200, 0.11)
+    p.finished(req.call_id, True, 0.12)
+    s.answered()
+    assert [le.instance for le in p.router.leases()] == [other]
+    assert _turn(p, s, 0.2) == other
+
+
+def test_a_failed_call_installs_no_lease():
+    p = _picker()
+    req = Session("s1").request()
+    p.pick(req, 0.1)
+    p.served(req.call_id, None, 500, 0.11)
+    p.finished(req.call_id, True, 0.12)
+    assert p.router.leases() == () and p.router.in_flight() == {}
+
+
+def test_no_box_with_room_is_429_with_retry_after():
+    p = _picker("reject", round_load_s=60.0)
+    for path in ("/v1/chat/completions", "/v1/messages"):
+        r = p.pick(Session("s1").request(path), 0.1)
+        assert isinstance(r, Refusal) and r.status == 429, r
+        assert int(r.headers["retry-after"]) >= 1
+        body = json.loads(r.body)
+        if path == "/v1/messages":
+            assert body["type"] == "error" and body["error"]["type"] == "rate_limit_error"
+        else:
+            assert body["error"]["type"] == "rate_limit_exceeded"
+    assert p.router.held() == ()  # nothing left held: the picker cannot hold a call
+
+
+def test_under_queue_a_full_round_budget_waits_in_the_cheapest_boxs_queue():
+    """The talaria policy's `queue` rule, lifted: the box's own router holds the call."""
+    p = _picker("queue", round_load_s=60.0)
+    assert isinstance(p.pick(Session("s1").request(), 0.1), Pick)
+    assert p.router.held() == ()
+
+
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/v1/chat/completions", b"{not json"),
+        ("/v1/chat/completions", b'{"model": "m"}'),
+        ("/v1/completions", b""),
+        ("/v1/responses", b"[1, 2]"),
+        ("/v1/messages", b'{"model": "m", "messages": "nope"}'),
+    ],
+)
+def test_a_malformed_body_is_400_in_its_apis_shape(path, raw):
+    r = _picker().pick(EPPRequest("c1", "POST", path, {}, raw), 0.1)
+    assert isinstance(r, Refusal) and r.status == 400
+    body = json.loads(r.body)
+    if path == "/v1/messages":
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    else:
+        assert body["error"]["type"] == "invalid_request_error" and body["error"]["message"]
+
+
+def test_gets_go_round_robin_and_no_healthy_box_is_503():
+    p = _picker()
+    got = {p.pick(EPPRequest(f"g{i}", "GET", "/v1/models", {}), 0.1).endpoint for i in range(4)}
+    assert got == set(BOXES.values())
+    for name in BOXES:
+        p.box_lost(name, 0.2)
+    for req in (EPPRequest("g9", "GET", "/v1/models", {}), Session("s").request()):
+        r = p.pick(req, 0.3)
+        assert isinstance(r, Refusal) and r.status == 503 and r.headers["retry-after"]
+
+
+def test_stale_boxes_take_no_new_calls():
+    p = _picker()
+    r = p.pick(EPPRequest("g", "GET", "/v1/models", {}), 5.0)  # 5 s without a snapshot
+    assert isinstance(r, Refusal) and r.status == 503
+
+
+def test_aliases_and_other_apis_place_like_chat():
+    p = _picker()
+    s = Session("s1")
+    req = s.request(model="al")
+    assert isinstance(p.pick(req, 0.1), Pick)
+    assert p.explain(req.call_id).kind.value in ("cost", "lease_hit")
+    r = p.pick(Session("s2").request("/v1/messages"), 0.2)
+    assert isinstance(r, Pick)
+    unknown = p.pick(Session("s3").request(model="who"), 0.3)  # the box answers 404 itself
+    assert isinstance(unknown, Pick) and p.explain("s3-1") is None

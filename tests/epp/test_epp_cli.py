@@ -1,0 +1,97 @@
+"""`talariad epp`'s config errors (one line each, exit 2, no traceback) and `talaria-ctl --epp`
+reading the picker's status and explanations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from talaria_ctl import epp as epp_ctl
+from talaria_ctl.main import app as ctl
+from talariad.cli import app
+from talariad.epp.admin import admin_app
+from tests.epp.test_boxpicker import Session, _picker, _turn
+
+GOOD = {"discovery": {"static": {"file": "boxes.yaml"}}, "token_file": "pool.token"}
+
+
+def _epp(tmp_path, data) -> CliRunner:
+    (tmp_path / "epp.yaml").write_text(yaml.safe_dump(data))
+    return CliRunner().invoke(app, ["epp", "--config", str(tmp_path / "epp.yaml")])
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"token_file": "absent.token"}, "token_file: cannot read"),
+        ({"discovery": {}}, "exactly one of 'static' or 'kubernetes'"),
+        ({"discovery": {"kubernetes": {"pool": ""}}}, "discovery.kubernetes.pool"),
+        ({"router": {"tau": 1}}, "router: Value error, unknown knob 'tau'"),
+        ({"router": {"gamma": 2}}, "gamma must satisfy"),
+        ({"poll_interval_s": 0}, "poll_interval_s"),
+        ({"listen": "nowhere"}, "listen: Value error, expected 'host:port'"),
+        ({"colour": "blue"}, "colour: unknown key"),
+        ({"tls": {"cert_file": "c.pem", "key_file": "k.pem"}}, "tls.cert_file: cannot read"),
+    ],
+)
+def test_a_bad_config_is_one_line_and_exit_2(tmp_path, change, says):
+    (tmp_path / "pool.token").write_text("t0k\n")
+    result = _epp(tmp_path, {**GOOD, **change})
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert any(says.replace("Value error, ", "") in ln for ln in lines), lines
+    assert all(ln.startswith("talariad: ") for ln in lines) and "Traceback" not in result.stderr
+
+
+def test_an_empty_token_file_is_refused(tmp_path):
+    (tmp_path / "pool.token").write_text("\n")
+    result = _epp(tmp_path, GOOD)
+    assert result.exit_code == 2 and "holds no token" in result.stderr
+
+
+def test_unreadable_yaml_is_one_line(tmp_path):
+    (tmp_path / "epp.yaml").write_text("listen: [\n")
+    result = CliRunner().invoke(app, ["epp", "--config", str(tmp_path / "epp.yaml")])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def served(monkeypatch):
+    picker = _picker()
+    session = Session("s1")
+    _turn(picker, session, 0.1)
+    client = TestClient(admin_app(picker))
+    monkeypatch.setattr(epp_ctl.httpx, "get", lambda url, timeout: client.get(url))
+    monkeypatch.setattr("talariad.epp.admin.time.monotonic", lambda: 0.2)
+    return picker
+
+
+def test_ctl_status_lists_the_boxes(served):
+    result = CliRunner().invoke(ctl, ["--epp", "127.0.0.1:9090", "status", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert {b["name"] for b in data["boxes"]} == {"a", "b"}
+    assert sum(b["sessions"] for b in data["boxes"]) == 1 and data["decisions_per_s"] > 0
+    assert all(b["state"] == "healthy" for b in data["boxes"])
+    table = CliRunner().invoke(ctl, ["--epp", "127.0.0.1:9090", "status"])
+    assert table.exit_code == 0 and "10.0.0.1:8000" in table.stdout
+
+
+def test_ctl_call_explain_shows_every_box_weighed(served):
+    result = CliRunner().invoke(ctl, ["--epp", "x:1", "call", "explain", "s1-1", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["instance"] in ("a", "b") and {c["instance"] for c in data["candidates"]} == {
+        "a",
+        "b",
+    }
+    missing = CliRunner().invoke(ctl, ["--epp", "x:1", "call", "explain", "nope"])
+    assert missing.exit_code == 3 and "no decision" in missing.stderr
+    other = CliRunner().invoke(ctl, ["--epp", "x:1", "lease", "list"])
+    assert other.exit_code == 2 and "status and call explain" in other.stderr
+    recent = CliRunner().invoke(ctl, ["--epp", "x:1", "call", "recent"])
+    assert recent.exit_code == 3 and "status and call explain" in recent.stderr

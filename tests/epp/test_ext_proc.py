@@ -1,0 +1,268 @@
+"""The ext_proc protocol as Envoy 1.40 speaks it, replayed by a fake Envoy over a real gRPC
+channel to the real server; the picker is a recording double."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import grpc
+
+from talariad.epp import ext_proc_pb2 as pb
+from talariad.epp.picker import Refusal
+from tests.epp import fake_envoy as envoy
+from tests.epp.fake_envoy import ENDPOINT, MIB, RecordingPicker
+
+LB = "envoy.lb"
+DEST = "x-gateway-destination-endpoint"
+
+
+def assert_routes_to(reply: pb.ProcessingResponse, endpoint: str) -> None:
+    """One endpoint, in both the header (raw_value, OVERWRITE) and the envoy.lb metadata, with
+    the route cache cleared."""
+    assert reply.WhichOneof("response") == "request_headers"
+    common = reply.request_headers.response
+    assert common.clear_route_cache
+    (option,) = common.header_mutation.set_headers
+    assert option.header.key == DEST and option.header.raw_value == endpoint.encode()
+    assert option.append_action == pb.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+    assert dict(reply.dynamic_metadata[LB]) == {DEST: endpoint}
+
+
+def streamed(reply: pb.ProcessingResponse, kind: str) -> pb.StreamedBodyResponse:
+    assert reply.WhichOneof("response") == kind
+    return getattr(reply, kind).response.body_mutation.streamed_response
+
+
+async def test_post_is_routed_at_the_body_end_and_settled_at_the_response_end(epp):
+    run = await epp()
+    call = run.stream()
+    chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    await call.post(chat)
+    routing, pieces = await call.request_body_back()  # headers reply first, then the body
+    assert_routes_to(routing, ENDPOINT)
+    assert pieces == [chat]
+    (request,) = run.picker.requests
+    assert (request.call_id, request.method, request.path) == (
+        "req-1",
+        "POST",
+        "/v1/chat/completions",
+    )
+    assert request.body == chat and request.headers["x-request-id"] == "req-1"
+
+    await call.send(envoy.response_headers(status=200))
+    (reply,) = await call.read()
+    assert reply.WhichOneof("response") == "response_headers"
+    assert run.picker.served_calls == [("req-1", ENDPOINT, 200)]
+    await call.send(envoy.body(b'{"id": "x"}', response=True))
+    await call.send(envoy.body(b"", end_of_stream=True, response=True))
+    echo = [streamed(r, "response_body") for r in await call.read(2)]
+    assert [(e.body, e.end_of_stream) for e in echo] == [(b'{"id": "x"}', False), (b"", True)]
+    assert run.picker.finished_calls == [("req-1", True)]
+    assert await call.end() == grpc.StatusCode.OK
+    assert run.picker.finished_calls == [("req-1", True)]  # settled once
+
+
+async def test_an_8_mib_body_in_1_mib_chunks_comes_back_intact_in_small_pieces(epp):
+    run = await epp()
+    call = run.stream()
+    data = os.urandom(8 * MIB)
+    await call.post(data, chunk=MIB)
+    routing, pieces = await call.request_body_back()
+    assert_routes_to(routing, ENDPOINT)
+    assert all(len(p) <= 62_000 for p in pieces) and len(pieces) == -(-len(data) // 62_000)
+    assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(data).digest()
+    assert hashlib.sha256(run.picker.requests[0].body).digest() == hashlib.sha256(data).digest()
+
+
+async def test_a_get_is_routed_on_its_headers_and_gets_a_call_id(epp):
+    run = await epp()
+    call = run.stream()
+    await call.send(envoy.request_headers("GET", "/v1/models", end_of_stream=True, request_id=None))
+    (routing,) = await call.read()
+    assert_routes_to(routing, ENDPOINT)
+    (request,) = run.picker.requests
+    assert request.call_id and request.method == "GET" and request.body == b""
+    await call.send(envoy.response_headers(), envoy.body(b"", end_of_stream=True, response=True))
+    await call.read(2)
+    assert run.picker.finished_calls == [(request.call_id, True)]
+
+
+async def test_sse_chunks_are_echoed_at_once_in_order(epp):
+    run = await epp()
+    call = run.stream()
+    await call.routed()
+    await call.send(envoy.response_headers(content_type="text/event-stream"))
+    await call.read()
+    events = [f"data: {i}\n\n".encode() * (i + 1) for i in range(7)]
+    for event in events:  # each answered before the next is sent
+        await call.send(envoy.body(event, response=True))
+        (echo,) = await call.read()
+        piece = streamed(echo, "response_body")
+        assert (piece.body, piece.end_of_stream) == (event, False)
+    assert run.picker.finished_calls == []
+    await call.send(envoy.body(b"", end_of_stream=True, response=True))
+    (last,) = await call.read()
+    assert streamed(last, "response_body").end_of_stream
+    assert run.picker.finished_calls == [("req-1", True)]
+
+
+async def test_a_refusal_is_an_immediate_response_in_place_of_routing(epp):
+    refusal = Refusal(429, b'{"error": {"message": "busy"}}', {"retry-after": "3"})
+    run = await epp(RecordingPicker(refusal=refusal))
+    call = run.stream()
+    await call.post(b"{}")
+    (reply,) = await call.read()
+    assert reply.WhichOneof("response") == "immediate_response"
+    now = reply.immediate_response
+    assert now.status.code == 429 and now.body == refusal.body
+    headers = {o.header.key: o.header.raw_value for o in now.headers.set_headers}
+    assert headers == {"retry-after": b"3", "content-type": b"application/json"}
+    assert await call.end() == grpc.StatusCode.OK
+    assert run.picker.served_calls == [] and run.picker.finished_calls == []
+
+
+async def test_a_failing_picker_is_a_503_not_a_dead_stream(epp):
+    run = await epp(RecordingPicker(fail=True))
+    call = run.stream()
+    await call.post(b"{}")
+    (reply,) = await call.read()
+    assert reply.immediate_response.status.code == 503
+    error = json.loads(reply.immediate_response.body)["error"]
+    assert error["type"] == "server_error" and error["code"] == "epp_error"
+    assert await call.end() == grpc.StatusCode.OK
+
+
+async def test_a_fallback_list_from_the_picker_is_a_503_not_sent_to_envoy(epp):
+    run = await epp(RecordingPicker(endpoint="10.0.0.7:8000,10.0.0.8:8000"))
+    call = run.stream()
+    await call.post(b"{}")
+    (reply,) = await call.read()
+    assert reply.immediate_response.status.code == 503
+
+
+async def test_a_body_over_the_bound_is_a_413_in_the_openai_shape(epp):
+    run = await epp(max_body_bytes=1000)
+    call = run.stream()
+    await call.post(b"x" * 3000, chunk=700)
+    (reply,) = await call.read()
+    assert reply.immediate_response.status.code == 413
+    error = json.loads(reply.immediate_response.body)["error"]
+    assert error["code"] == "request_too_large" and "3000 bytes" in error["message"]
+    assert run.picker.requests == []
+    assert run.processor.metrics.decisions.labels("too_large")._value.get() == 1
+
+
+async def test_a_body_over_the_bound_on_messages_is_in_the_anthropic_shape(epp):
+    run = await epp(max_body_bytes=10)
+    call = run.stream()
+    await call.post(b"x" * 11, path="/v1/messages")
+    (reply,) = await call.read()
+    body = json.loads(reply.immediate_response.body)
+    assert body["type"] == "error" and body["error"]["type"] == "request_too_large"
+
+
+async def test_a_body_at_the_bound_passes(epp):
+    run = await epp(max_body_bytes=1000)
+    call = run.stream()
+    await call.post(b"x" * 1000, chunk=300)
+    _, pieces = await call.request_body_back()
+    assert pieces == [b"x" * 1000]
+
+
+async def test_a_cancel_before_the_response_end_fails_the_call(epp):
+    run = await epp()
+    call = run.stream()
+    await call.routed()
+    await call.send(envoy.response_headers(), envoy.body(b"data: 1\n\n", response=True))
+    await call.read(2)
+    call.call.cancel()
+    assert await run.picker.settled() == [("req-1", False)]
+
+
+async def test_a_cancel_after_the_response_end_is_normal(epp):
+    run = await epp()
+    call = run.stream()
+    await call.routed()
+    await call.send(envoy.response_headers(), envoy.body(b"", end_of_stream=True, response=True))
+    await call.read(2)
+    call.call.cancel()
+    assert await run.picker.settled() == [("req-1", True)]
+
+
+async def test_response_body_mode_none_settles_at_the_response_headers(epp):
+    run = await epp()
+    call = run.stream()
+    await call.routed(response_mode=pb.ProcessingMode.NONE)
+    await call.send(envoy.response_headers())
+    await call.read()
+    assert run.picker.finished_calls == [("req-1", True)]
+    assert await call.end() == grpc.StatusCode.OK
+
+
+async def test_a_stream_ended_after_the_response_headers_settles_ok(epp):
+    """No protocol_config saying so, but Envoy ends the stream after the response headers: it
+    sends no response body, so there is no end to wait for."""
+    run = await epp()
+    call = run.stream()
+    await call.routed()
+    await call.send(envoy.response_headers())
+    await call.read()
+    assert await call.end() == grpc.StatusCode.OK
+    assert run.picker.finished_calls == [("req-1", True)]
+
+
+async def test_a_stream_ended_before_the_response_fails_the_call(epp):
+    run = await epp()
+    call = run.stream()
+    await call.routed()
+    assert await call.end() == grpc.StatusCode.OK
+    assert run.picker.finished_calls == [("req-1", False)]
+
+
+async def test_the_served_endpoint_falls_back_to_the_upstream_attribute(epp):
+    run = await epp()
+    call = run.stream()
+    await call.routed()
+    await call.send(envoy.response_headers(status=502, served=None, upstream="10.0.0.9:8000"))
+    await call.read()
+    assert run.picker.served_calls == [("req-1", "10.0.0.9:8000", 502)]
+    assert run.processor.metrics.served_mismatch._value.get() == 1
+
+
+async def test_an_unreported_served_endpoint_is_none(epp):
+    run = await epp()
+    call = run.stream()
+    await call.routed()
+    await call.send(envoy.response_headers(served=None, upstream=None))
+    await call.read()
+    assert run.picker.served_calls == [("req-1", None, 200)]
+    assert run.processor.metrics.served_mismatch._value.get() == 0
+
+
+async def test_trailers_are_answered_and_end_the_request(epp):
+    run = await epp()
+    call = run.stream()
+    await call.send(envoy.request_headers(), envoy.body(b"abc"), envoy.trailers(response=False))
+    routing, piece, answer = await call.read(3)
+    assert_routes_to(routing, ENDPOINT)
+    body = streamed(piece, "request_body")
+    assert (body.body, body.end_of_stream) == (b"abc", False)  # the trailers end the request
+    assert answer.WhichOneof("response") == "request_trailers"
+    await call.send(envoy.response_headers(), envoy.trailers(response=True))
+    _, answer = await call.read(2)
+    assert answer.WhichOneof("response") == "response_trailers"
+    assert run.picker.finished_calls == [("req-1", True)]
+
+
+async def test_decisions_are_counted_and_timed(epp):
+    run = await epp()
+    for _ in range(2):
+        call = run.stream()
+        await call.routed()
+        await call.end()
+    m = run.processor.metrics
+    assert m.decisions.labels("picked")._value.get() == 2
+    assert m.streams._value.get() == 2
+    assert m.registry.get_sample_value("talaria_epp_decision_seconds_count") == 2

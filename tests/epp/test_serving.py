@@ -1,0 +1,127 @@
+"""Serving the EPP: health for Envoy's health checker, drain, SIGTERM, TLS, the metrics port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from talariad.epp.metrics import EPPMetrics, serve_metrics
+from talariad.epp.server import SERVICE, TLSFiles, serve
+from tests.epp import fake_envoy as envoy
+from tests.epp.fake_envoy import ENDPOINT
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def health_of(channel: grpc.aio.Channel, service: str) -> int:
+    stub = health_pb2_grpc.HealthStub(channel)
+    reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+    return reply.status
+
+
+async def test_health_serves_then_drain_finishes_streams_in_flight(epp):
+    run = await epp()
+    assert await health_of(run.channel, "") == SERVING
+    assert await health_of(run.channel, SERVICE) == SERVING
+    call = run.stream()  # in flight: routed, the response under way
+    await call.routed()
+    await call.send(envoy.response_headers())
+    await call.read()
+
+    drain = asyncio.create_task(run.server.drain(grace_s=10, announce_s=0.3))
+    await asyncio.sleep(0.1)
+    assert await health_of(run.channel, SERVICE) == NOT_SERVING  # still answering, for Envoy
+    assert await health_of(run.channel, "") == NOT_SERVING
+    await asyncio.sleep(0.4)  # past the announcement: no new streams
+    late = run.stream()
+    with pytest.raises(grpc.aio.AioRpcError):
+        await late.send(envoy.request_headers("GET", "/", end_of_stream=True))
+        await late.read()
+    assert not drain.done()  # waits for the stream in flight
+    await call.send(envoy.body(b"", end_of_stream=True, response=True))
+    await call.read()
+    assert await call.end() == grpc.StatusCode.OK
+    await asyncio.wait_for(drain, 5)
+    assert run.picker.finished_calls == [("req-1", True)]
+
+
+async def test_drain_cuts_streams_still_open_after_the_grace(epp):
+    run = await epp()
+    call = run.stream()
+    await call.routed()
+    await asyncio.wait_for(run.server.drain(grace_s=0.2), 5)
+    assert await run.picker.settled() == [("req-1", False)]
+
+
+async def test_sigterm_drains_and_stops(epp):
+    run = await epp()
+    serving = asyncio.create_task(serve(run.server, grace_s=1))
+    await asyncio.sleep(0.05)  # the handler is installed
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.wait_for(serving, 5)
+    await asyncio.wait_for(run.server.wait(), 5)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await health_of(run.channel, "")
+
+
+def self_signed(tmp_path) -> TLSFiles:
+    tls = TLSFiles(cert=tmp_path / "epp.crt", key=tmp_path / "epp.key")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext",
+         "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", str(tls.key), "-out", str(tls.cert)],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    return tls
+
+
+@pytest.mark.proc
+async def test_tls(epp, tmp_path):
+    tls = self_signed(tmp_path)
+    creds = grpc.ssl_channel_credentials(root_certificates=tls.cert.read_bytes())
+    run = await epp(
+        tls=tls, channel=lambda port: grpc.aio.secure_channel(f"127.0.0.1:{port}", creds)
+    )
+    assert await health_of(run.channel, SERVICE) == SERVING
+    call = run.stream()
+    await call.send(envoy.request_headers("GET", "/v1/models", end_of_stream=True))
+    (routing,) = await call.read()
+    assert (
+        routing.request_headers.response.header_mutation.set_headers[0].header.raw_value
+        == ENDPOINT.encode()
+    )
+    plain = grpc.aio.insecure_channel(f"127.0.0.1:{run.server.port}")
+    with pytest.raises(grpc.aio.AioRpcError):  # TLS only
+        await health_of(plain, SERVICE)
+    await plain.close()
+
+
+async def test_metrics_port():
+    metrics = EPPMetrics()
+    metrics.decided("picked", 0.001)
+    server = serve_metrics(metrics, 0)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        text = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(url, timeout=5).read().decode()
+        )
+    finally:
+        server.shutdown()
+    assert 'talaria_epp_decisions_total{outcome="picked"} 1.0' in text
+    assert 'talaria_epp_decisions_total{outcome="error"} 0.0' in text
+    for name in (
+        "streams_total",
+        "streams_in_flight",
+        "decision_seconds_bucket",
+        "served_mismatch_total",
+    ):
+        assert f"talaria_epp_{name}" in text
