@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from talariad.epp import devpool, envoy
-from tests.support.pool import chat, needs_envoy, needs_epp, running_pool, served_by_id
+from tests.support.pool import chat, needs_envoy, running_pool, served_by_id
 
-pytestmark = [pytest.mark.e2e, needs_envoy, needs_epp]
+pytestmark = [pytest.mark.e2e, needs_envoy]
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ import json
 import httpx
 import pytest
 
-from tests.support.pool import Answer, chat, needs_envoy, needs_epp, running_pool, served_by_id
+from tests.support.pool import Answer, chat, needs_envoy, running_pool, served_by_id
 
-pytestmark = [pytest.mark.e2e, needs_envoy, needs_epp]
+pytestmark = [pytest.mark.e2e, needs_envoy]
 
 SESSIONS, CALLS = 50, 6
 # The 8 MiB test body must reach the box whole: raise the box's limits above it (its prompt is

