@@ -1,0 +1,261 @@
+"""What the pool's gateway costs: the latency Envoy + EPP adds over Envoy alone and over a direct
+call to a box (p50/p99, arms interleaved, c=1, response body echoed and NONE), and the EPP's
+decision time at 16, 64 and 256 boxes with 100k live sessions (the picker in-process, fed
+synthetic box snapshots).
+
+    python bench/epp_bench.py [--calls 300] [--decisions 2000] [--part latency|decision|all] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from talariad.epp import devpool, envoy
+from talariad.epp.boxpicker import BoxPicker
+from talariad.epp.picker import EPPRequest, Pick
+from talariad.router import Router, RouterKnobs
+from talariad.types import KVLocation, KVState
+from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
+from talariad.wire.messages import Telemetry
+
+MODEL = "tiny-agent"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary_ms(seconds: list[float]) -> dict:
+    ms = [s * 1000 for s in seconds]
+    return {"p50_ms": round(statistics.median(ms), 3), "p99_ms": round(pct(ms, 0.99), 3)}
+
+
+# --- latency: direct, Envoy alone, Envoy + EPP (echo), Envoy + EPP (response body NONE) ---------
+
+
+def plain_envoy_config(box: str) -> str:
+    """Envoy alone to one box (the control arm): the same listener shape, no ext_proc."""
+    host, port = envoy.split_address(box)
+    router = {
+        "name": "envoy.filters.http.router",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+        },
+    }
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
+        "HttpConnectionManager",
+        "stat_prefix": "plain",
+        "route_config": {
+            "virtual_hosts": [
+                {
+                    "name": "all",
+                    "domains": ["*"],
+                    "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "box"}}],
+                }
+            ]
+        },
+        "http_filters": [router],
+    }
+    address = {"socket_address": {"address": host, "port_value": port}}
+    cfg = {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "gateway",
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": hcm,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [
+                {
+                    "name": "box",
+                    "type": "STATIC",
+                    "connect_timeout": "2s",
+                    "load_assignment": {
+                        "cluster_name": "box",
+                        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}],
+                    },
+                }
+            ],
+        },
+    }
+    return json.dumps(cfg)  # JSON is YAML
+
+
+def latency(calls: int) -> dict:
+    """One box; four arms called in rotating order, one keep-alive connection each, one session."""
+    workdir = Path(tempfile.mkdtemp(prefix="epp-bench-"))
+    pool = devpool.start_pool(workdir, boxes=1)
+    try:
+        spec = envoy.GatewaySpec(
+            "127.0.0.1:0", pool.epp, tuple(pool.boxes), 0, "fail_closed", "none"
+        )
+        none_gw = devpool.start_gateway(pool, spec, "envoy-none").listen
+        (workdir / "plain.yaml").write_text(plain_envoy_config(pool.boxes[0]))
+        plain = envoy.start(workdir / "plain.yaml", workdir, "envoy-plain")
+        pool.procs["envoy-plain"] = devpool.Proc(
+            "envoy-plain", plain.proc, workdir / "envoy-plain.log"
+        )
+        arms = {
+            "direct": pool.boxes[0],
+            "envoy": plain.listen,
+            "envoy_epp_echo": pool.gateway,
+            "envoy_epp_none": none_gw,
+        }
+        load_before = os.getloadavg()
+        times = run_arms(arms, calls)
+        load_after = os.getloadavg()
+    finally:
+        pool.stop()
+    out = {name: summary_ms(ts) for name, ts in times.items()}
+    for arm in ("envoy_epp_echo", "envoy_epp_none"):
+        for base in ("envoy", "direct"):
+            out[f"{arm}_over_{base}"] = {
+                k: round(out[arm][k] - out[base][k], 3) for k in ("p50_ms", "p99_ms")
+            }
+    out["calls_per_arm"] = calls
+    out["load_before"], out["load_after"] = (
+        [round(x, 2) for x in load_before],
+        [round(x, 2) for x in load_after],
+    )
+    return out
+
+
+def run_arms(arms: dict[str, str], calls: int) -> dict[str, list[float]]:
+    body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}
+    clients = {n: httpx.Client(base_url=f"http://{a}", timeout=30) for n, a in arms.items()}
+    times: dict[str, list[float]] = {n: [] for n in arms}
+    names = list(arms)
+    try:
+        for i in range(calls + 20):  # the first 20 rounds warm up
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                started = time.perf_counter()
+                r = clients[name].post(
+                    "/v1/chat/completions", json=body, headers={"x-session-id": "lat"}
+                )
+                elapsed = time.perf_counter() - started
+                if r.status_code != 200:
+                    raise RuntimeError(f"{name}: {r.status_code} {r.text[:200]}")
+                if i >= 20:
+                    times[name].append(elapsed)
+    finally:
+        for c in clients.values():
+            c.close()
+    return times
+
+
+# --- decision time: the picker over synthetic boxes ---------------------------------------------
+
+
+def box_snapshot(index: int, sessions: list[str]) -> BoxSnapshot:
+    """One box of one sim instance holding `sessions`' prefixes on the device."""
+    kv = [KVLocation(s, MODEL, KVState.DEVICE, 2000) for s in sessions]
+    t = Telemetry(
+        instance=f"i{index}",
+        version=1,
+        pool="hot",
+        models=[MODEL],
+        active_model=MODEL,
+        loaded_models=[MODEL],
+        opened_models=[MODEL],
+        round_load_s=0.5,
+        hbm_free_bytes=None,
+        sessions=kv,
+    )
+    inst = BoxInstance(name=f"i{index}", healthy=True, age_s=0.0, telemetry=t)
+    return BoxSnapshot(version=1, instances=[inst], models=[BoxModel(name=MODEL)])
+
+
+def decision_time(boxes: int, live_sessions: int, decisions: int) -> dict:
+    """p50/p99 of `BoxPicker.pick` (with its served and finished) for calls of live sessions."""
+    picker = BoxPicker(Router(RouterKnobs(), {}))
+    per_box = live_sessions // boxes
+    for b in range(boxes):
+        sessions = [f"s{b * per_box + k}" for k in range(per_box)]
+        picker.box_seen(
+            f"box{b}", f"10.0.{b // 250}.{b % 250 + 1}:8000", box_snapshot(b, sessions), 0.0
+        )
+    system = "You are a coding agent. " * 40
+    times = []
+    for i in range(decisions):
+        sid = f"s{(i * 7919) % live_sessions}"
+        body = {
+            "model": MODEL,
+            "max_tokens": 64,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"turn {i}"},
+            ],
+        }
+        req = EPPRequest(
+            f"c{i}",
+            "POST",
+            "/v1/chat/completions",
+            {"x-session-id": sid},
+            json.dumps(body).encode(),
+        )
+        now = 1.0 + i * 1e-3
+        started = time.perf_counter()
+        pick = picker.pick(req, now)
+        times.append(time.perf_counter() - started)
+        if isinstance(pick, Pick):
+            picker.served(req.call_id, pick.endpoint, 200, now)
+            picker.finished(req.call_id, True, now)
+    us = [t * 1e6 for t in times]
+    return {
+        "boxes": boxes,
+        "live_sessions": live_sessions,
+        "decisions": decisions,
+        "p50_us": round(statistics.median(us), 1),
+        "p99_us": round(pct(us, 0.99), 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--calls", type=int, default=300, help="measured calls per latency arm")
+    ap.add_argument("--decisions", type=int, default=2000, help="measured picks per pool size")
+    ap.add_argument("--sessions", type=int, default=100_000, help="live sessions in the pool")
+    ap.add_argument("--part", choices=["latency", "decision", "all"], default="all")
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    args = ap.parse_args(argv)
+    out: dict = {"load_start": [round(x, 2) for x in os.getloadavg()]}
+    try:
+        if args.part in ("latency", "all"):
+            out["latency"] = latency(args.calls)
+        if args.part in ("decision", "all"):
+            out["decision"] = [
+                decision_time(n, args.sessions, args.decisions) for n in (16, 64, 256)
+            ]
+    except (devpool.PoolError, envoy.EnvoyError, RuntimeError) as err:
+        print(f"epp_bench: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(out) if args.json else json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
