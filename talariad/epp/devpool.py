@@ -82,7 +82,10 @@ class Pool:
         log = self.workdir / f"{name}.log"
         with open(log, "ab") as out:
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+            # its own process group: a Ctrl-C reaches the launcher, which stops the parts in order
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env, process_group=0
+            )
         self.procs[name] = Proc(name, proc, log)
         return self.procs[name]
 
@@ -250,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--failure-mode", default="fail_open", choices=["fail_open", "fail_closed"])
     ap.add_argument("--response-body", default="full-duplex", choices=sorted(envoy.BODY_MODES))
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where started in background
     workdir = Path(tempfile.mkdtemp(prefix="talaria-pool-"))
     try:
         pool = start_pool(workdir, args.boxes, args.listen, args.failure_mode, args.response_body)

@@ -150,7 +150,9 @@ def start(config: Path, workdir: Path, name: str = "envoy", ready_s: float = 60)
     argv += ["--file-flush-interval-msec", "200"]  # the access log, readable within a moment
     log_path = workdir / f"{name}.log"
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, process_group=0
+        )
     try:
         admin = _wait_ready(proc, address_file, log_path, ready_s)
         return Envoy(proc, admin, _gateway_listener(admin))
