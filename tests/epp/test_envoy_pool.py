@@ -23,9 +23,16 @@ SESSIONS, CALLS = 50, 6
 LIMITS = {"max_body_bytes": 16 << 20, "max_string_chars": 16 << 20, "max_bytes_per_token": 64}
 
 
+# What keeps a session on its box is its lease (τ). Fifty concurrent sessions on a loaded 2-core
+# box can take longer than the 1 s default between an answer's end and the next call reaching the
+# EPP; past τ, cost placement may rightly move a tiny-model session (its recompute is cheaper than
+# a queue). The test is of the lease path through Envoy, so τ covers the machine's stalls.
+EPP = {"router": {"tau_s": 10.0}}
+
+
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    with running_pool(tmp_path_factory.mktemp("pool"), limits=LIMITS) as p:
+    with running_pool(tmp_path_factory.mktemp("pool"), limits=LIMITS, epp=EPP) as p:
         yield p
 
 
