@@ -173,8 +173,8 @@ def pool_compare(args) -> int:
         Path(args.json).write_text(text)
     console = Console(width=args.width or POOL_WIDTH)
     title = (
-        f"pool: {per} sessions per box (characterization, seed {args.seed}), "
-        f"boxes of {pset.name} x2"
+        f"pool: {per} sessions per box (characterization, seed {args.seed}); "
+        f"a box = the router testbed (two {pset.name} workers)"
     )
     console.print(pool_table(rows, title))
     return 0
