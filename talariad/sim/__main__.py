@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.table import Table
 
 from talariad.checks import load_checked
 from talariad.config import ConfigError
@@ -18,7 +20,9 @@ from talariad.replay.progress import progress_bar
 from talariad.replay.report import print_report, to_json
 from talariad.replay.swebv import load_swebv
 from talariad.replay.trace import Trace, TraceError, read_jsonl
+from talariad.sim.box_pickers import PICKER_ORDER
 from talariad.sim.configs import SUITES, SimConfig, config_models, from_config, map_models, suite
+from talariad.sim.pool import ROW_FIELDS, SESSIONS_PER_BOX, pool_trace, run_pool
 from talariad.sim.simulator import simulate
 
 ROUTER_CALLS, ROUTER_SESSIONS = 120, 30  # §5.3: a 120-call, 30-model-session subset
@@ -103,6 +107,8 @@ def config_plan(
 
 
 def compare(args) -> int:
+    if args.suite == "pool":
+        return pool_compare(args)
     trace = load_trace(args)
     if not trace.sessions:
         raise ValueError("the trace has no sessions")
@@ -144,6 +150,64 @@ def compare(args) -> int:
     return 0
 
 
+def pool_compare(args) -> int:
+    """`--suite pool`: every box picker over each pool size in `--boxes`; a table, or the rows
+    as JSON (`--json FILE`, `-` for stdout instead of the table)."""
+    pset = load_set(args.profiles or ROUTER_BOX)
+    models, per = list(pset.models), args.sessions_per_box
+    sizes = parse_boxes(args.boxes)
+    total = sum(n * per for n in sizes) * len(PICKER_ORDER)
+    rows = []
+    quiet = args.no_progress or args.json == "-"
+    with progress_bar(total, "simulating", enabled=not quiet) as advance:
+        for n in sizes:
+            trace = pool_trace(n, per, args.seed, models)
+            for picker in PICKER_ORDER:
+                advance(0, description=f"{picker}@{n}")
+                rows.append(run_pool(n, picker, trace, pset, on_session_done=advance))
+    if args.json:
+        text = json.dumps(rows, indent=1)
+        if args.json == "-":
+            print(text)
+            return 0
+        Path(args.json).write_text(text)
+    console = Console(width=args.width or POOL_WIDTH)
+    title = (
+        f"pool: {per} sessions per box (characterization, seed {args.seed}); "
+        f"a box = the router testbed (two {pset.name} workers)"
+    )
+    console.print(pool_table(rows, title))
+    return 0
+
+
+POOL_WIDTH = 110  # the pool table's default width: every column header whole
+
+
+def parse_boxes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--boxes: expected comma-separated integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--boxes: pool sizes must be >= 1, got {text!r}")
+    return sizes
+
+
+def pool_table(rows: list[dict], title: str) -> Table:
+    table = Table(title=title)
+    for field in ROW_FIELDS:
+        table.add_column(field, justify="left" if field == "policy" else "right")
+    for row in rows:
+        table.add_row(*(_cell(row[f]) for f in ROW_FIELDS))
+    return table
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
 def _suite_of(cfg: SimConfig) -> str:
     return "router" if cfg.load else "tau" if cfg.tau_s is not None else "ablations"
 
@@ -159,7 +223,16 @@ def parser() -> argparse.ArgumentParser:
         help="a real *_calls.jsonl.gz trace (spread over the paper's models)",
     )
     c.add_argument("--limit-sessions", type=int, help="keep the first N sessions")
-    c.add_argument("--suite", choices=(*SUITES, "all"), default="ablations")
+    c.add_argument("--suite", choices=(*SUITES, "pool", "all"), default="ablations")
+    c.add_argument(
+        "--boxes", default="2,4,8,16", help="pool suite: pool sizes, comma-separated boxes"
+    )
+    c.add_argument(
+        "--sessions-per-box",
+        type=int,
+        default=SESSIONS_PER_BOX,
+        help="pool suite: sessions per box (the workload grows with the pool)",
+    )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument(
         "--profiles",
@@ -176,7 +249,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="TALARIA_YAML",
         help="simulate this config's instances, models, pools and knobs (instead of --profiles)",
     )
-    c.add_argument("--json", metavar="FILE")
+    c.add_argument("--json", metavar="FILE", help="write the results as JSON (pool: - = stdout)")
     c.add_argument("--plots", metavar="DIR")
     c.add_argument("--no-progress", action="store_true")
     c.add_argument("--width", type=int, help="console width for the table")
@@ -187,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.limit_sessions is not None and args.limit_sessions < 1:
         print("error: --limit-sessions must be >= 1", file=sys.stderr)
+        return 2
+    if args.sessions_per_box < 1:
+        print("error: --sessions-per-box must be >= 1", file=sys.stderr)
         return 2
     if args.width is not None and args.width < 40:
         print("error: --width must be at least 40 columns", file=sys.stderr)

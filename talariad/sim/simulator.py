@@ -14,7 +14,7 @@ import dataclasses
 import heapq
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from talariad.instance.core import Done
@@ -23,10 +23,10 @@ from talariad.perfmodel.profiles import ProfileSet
 from talariad.replay.bounds import rank_bounds, single_tenant_bounds
 from talariad.replay.metrics import CallRecord, RoundRecord, RunResult, SessionRecord
 from talariad.replay.trace import Trace, TraceCall
-from talariad.router import CallRequest, DecisionKind, Router
+from talariad.router import CallRequest, Decision, DecisionKind, Lease, Router
 from talariad.sim.configs import SimConfig
 from talariad.sim.instance import SimInstance
-from talariad.types import LatencyProfile, SwitchPath
+from talariad.types import LatencyProfile, RoundMeasurement, SwitchPath
 
 RELEASE, RETRY, DONE, WAKE = range(4)
 REFRESH_S = 1.0  # re-publish an unchanged snapshot this often (the router's staleness bound is 2 s)
@@ -103,8 +103,7 @@ class Simulator:
 
     def run(self) -> RunResult:
         t0 = time.perf_counter()
-        for inst in self.instances.values():
-            self.router.observe(inst.snapshot(0.0), 0.0)
+        self._first_look()
         for s, _ in enumerate(self.trace.sessions):
             self._push(s * self.cfg.start_interval_s, RELEASE, (s, 0))
         handlers = (self._release, self._retry, self._done, self._wake)
@@ -142,18 +141,19 @@ class Simulator:
     def _retry(self, now: float, call_id: str) -> None:
         self._place(self._pending[call_id], now)
 
+    def _first_look(self) -> None:
+        """The router's first view of every instance, at t=0."""
+        for inst in self.instances.values():
+            self.router.observe(inst.snapshot(0.0), 0.0)
+
     def _place(self, p: Pending, now: float) -> None:
-        c = p.call
-        req = CallRequest(
-            p.call_id,
-            c.session_id,
-            c.model,
-            c.prompt_tokens,
-            c.prefix_tokens,
-            max(c.output_tokens, 1),
-        )
+        req = request(p)
         self._telemetry(now)
-        decision = self.router.place(req, now)
+        self._dispatch(p, req, self.router.place(req, now), now)
+
+    def _dispatch(self, p: Pending, req: CallRequest, decision: Decision, now: float) -> None:
+        """Carry out the router's decision: hold the call for a retry, or submit it."""
+        c = p.call
         if p.reserved is None and c.call_idx > 0:  # the first attempt decides whether it hit
             p.reserved = self._leased.pop(p.session, False)
             p.lease_hit = decision.kind is DecisionKind.LEASE_HIT
@@ -217,8 +217,7 @@ class Simulator:
     def _complete(self, inst: SimInstance, done: Done, now: float) -> None:
         c = done.completion
         p = self._pending.pop(c.call_id)
-        lease = self.router.completed(c.call_id, inst.name, done.kv_state, done.kv_len, now)
-        self._leased[p.session] = lease is not None
+        self._leased[p.session] = self._settle(inst, p, done, now) is not None
         s, k = p.session, p.call.call_idx
         prev = self._last_inst.get(s)
         self._last_inst[s] = inst.name
@@ -253,19 +252,33 @@ class Simulator:
             )
             self.on_session_done()
 
+    def _settle(self, inst: SimInstance, p: Pending, done: Done, now: float) -> Lease | None:
+        """Tell the router the call completed; returns the lease it installed, if any."""
+        c = done.completion
+        return self.router.completed(c.call_id, inst.name, done.kv_state, done.kv_len, now)
+
     # ---- telemetry ------------------------------------------------------------------------
 
     def _telemetry(self, now: float) -> None:
-        for inst in self.instances.values():
+        self._refresh(self.router, self.instances.values(), now)
+
+    def _refresh(
+        self, router: Router, insts: Iterable[SimInstance], now: float
+    ) -> list[tuple[str, str, RoundMeasurement]]:
+        """Publish what changed of `insts` to `router`; returns the round measurements fed."""
+        fed = []
+        for inst in insts:
             if now - inst.published_at < self.cfg.heartbeat_s:
                 continue
             if inst.version != inst.published_version or now - inst.published_at >= REFRESH_S:
-                self.router.observe(inst.snapshot(now), now)
+                router.observe(inst.snapshot(now), now)
             else:
-                self.router.heartbeat(inst.name, now)
+                router.heartbeat(inst.name, now)
             for model, measured in inst.round_measurements():
-                self.router.round_summary(inst.name, model, measured, now)
-        self.router.expire(now)
+                router.round_summary(inst.name, model, measured, now)
+                fed.append((inst.name, model, measured))
+        router.expire(now)
+        return fed
 
     # ---- results --------------------------------------------------------------------------
 
@@ -302,6 +315,14 @@ class Simulator:
             r.sp_admitted += s.sp_admitted
             r.sp_parked += s.sp_parked
         r.switches.sort(key=lambda w: (w.at_s, w.instance))
+
+
+def request(p: Pending) -> CallRequest:
+    """The router's view of a pending call."""
+    c = p.call
+    return CallRequest(
+        p.call_id, c.session_id, c.model, c.prompt_tokens, c.prefix_tokens, max(c.output_tokens, 1)
+    )
 
 
 def overhead_free(prof: LatencyProfile) -> LatencyProfile:

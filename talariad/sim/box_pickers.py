@@ -1,0 +1,259 @@
+"""The pool's upper level in the simulator: who picks the box for a call (issue 29, item 7).
+
+Talaria's picker is the same `Router` a box runs, with boxes as its targets (`router.boxes`).
+The peers are built as their authors built them (`shared/reference/peer-policies.md`,
+`shared/reference/gie-epp-protocol.md` §3): round-robin, least-load, llm-d's default scorer mix
+and llm-d's session-affinity scorer on top of it. They sit behind a registry of their own, not
+`router.POLICIES`: an llm-d EPP whose endpoints are whole boxes scores pool-average metrics (mean
+queue and KV use over a box's servers), which a box's one-target projection does not carry.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from talariad.router import CallRequest, InstanceSnapshot, Router, RouterKnobs
+from talariad.router.boxes import box_snapshot
+from talariad.router.policies.prefix_index import RoutedPrefixIndex
+from talariad.router.registry import Registry
+from talariad.types import KVState, LatencyProfile, RoundMeasurement
+
+POLL_S = 0.1  # the EPP polls each box's snapshot about this often (issue 29, item 2)
+BLOCK = 16  # llm-d's approximate prefix producer: 16-token blocks
+
+
+@dataclass(frozen=True, slots=True)
+class BoxStats:
+    """What the EPP last polled from one box: pool-average queue and KV use over its servers."""
+
+    name: str
+    healthy: bool
+    queue: float  # mean waiting calls per instance
+    kv_util: float  # mean KV occupancy per instance, in [0, 1]
+    instances: int
+
+
+def box_stats(box: str, snaps: Sequence[InstanceSnapshot]) -> BoxStats:
+    live = [s for s in snaps if s.healthy]
+    n = max(len(live), 1)
+    queued = sum(r.queued_calls for s in live for r in s.models.values())
+    kv = sum(min(max(s.kv_occupancy, 0.0), 1.0) for s in live)
+    return BoxStats(box, bool(live), queued / n, kv / n, len(live))
+
+
+class BoxPicker(ABC):
+    """Picks a box per call from polled box state and its own record of calls in flight."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(
+        self, knobs: RouterKnobs, profiles: dict[str, LatencyProfile], rng: random.Random
+    ) -> None:
+        self.knobs, self.rng = knobs, rng
+        self.boxes: dict[str, BoxStats] = {}
+        self.load: Counter[str] = Counter()  # calls sent to a box and not yet completed
+        self._sent: dict[str, str] = {}  # call id -> box
+
+    def observe(
+        self, box: str, version: int, snaps: Sequence[InstanceSnapshot], now: float
+    ) -> None:
+        """One poll of `box`: its instances' snapshots as the EPP reads them."""
+        self.boxes[box] = box_stats(box, snaps)
+
+    def pick(self, call: CallRequest, now: float) -> tuple[str | None, float]:
+        """(box, 0) or (None, seconds until a retry)."""
+        live = [b for b in self.boxes.values() if b.healthy]
+        box = self.choose(call, live, now) if live else None
+        if box is None:
+            return None, POLL_S
+        self.load[box] += 1
+        self._sent[call.call_id] = box
+        return box, 0.0
+
+    @abstractmethod
+    def choose(self, call: CallRequest, live: list[BoxStats], now: float) -> str | None:
+        """The box for `call` among the healthy ones (in a stable order)."""
+
+    def completed(self, call_id: str, box: str, kv_state: KVState, kv_len: int, now: float) -> None:
+        """The call finished on `box` (the gateway's response end and served endpoint)."""
+        if self._sent.pop(call_id, None) is not None:
+            self.load[box] -= 1
+
+    def round_summary(self, model: str, measured: RoundMeasurement, now: float) -> None:
+        return None  # a hook: only a picker with latency profiles learns from rounds
+
+
+BOX_PICKERS: Registry[BoxPicker] = Registry("box picker")
+
+
+@BOX_PICKERS.register("talaria")
+class TalariaBoxPicker(BoxPicker):
+    """The same `Router` (policy "talaria") with boxes as targets, fed `box_snapshot`s; a
+    completion installs the session's lease on the box that served it."""
+
+    def __init__(self, knobs, profiles, rng) -> None:
+        super().__init__(knobs, profiles, rng)
+        self.router = Router(knobs, profiles, policy="talaria")
+
+    def observe(self, box, version, snaps, now) -> None:
+        super().observe(box, version, snaps, now)
+        self.router.observe(box_snapshot(box, version, now, snaps), now)
+
+    def pick(self, call: CallRequest, now: float) -> tuple[str | None, float]:
+        self.router.expire(now)
+        decision = self.router.place(call, now)
+        if decision.instance is None:
+            return None, decision.retry_after_s or POLL_S
+        return decision.instance, 0.0
+
+    def choose(self, call, live, now) -> str | None:
+        raise NotImplementedError("the router chooses (see pick)")
+
+    def completed(self, call_id, box, kv_state, kv_len, now) -> None:
+        self.router.completed(call_id, box, kv_state, kv_len, now)
+
+    def round_summary(self, model, measured, now) -> None:
+        self.router.round_summary("", model, measured, now)
+
+
+@BOX_PICKERS.register("round-robin")
+class RoundRobinBoxPicker(BoxPicker):
+    """One counter over the healthy boxes (SGLang / vLLM `round_robin`)."""
+
+    def __init__(self, knobs, profiles, rng) -> None:
+        super().__init__(knobs, profiles, rng)
+        self._counter = 0
+
+    def choose(self, call, live, now) -> str | None:
+        box = live[self._counter % len(live)].name
+        self._counter += 1
+        return box
+
+
+@BOX_PICKERS.register("least-load")
+class LeastLoadBoxPicker(BoxPicker):
+    """Fewest calls the picker sent to a box and has not seen complete (L_w, counted at
+    dispatch and completion, so it is never stale), ties to the first box (`min_by_key`)."""
+
+    def choose(self, call, live, now) -> str | None:
+        return min(live, key=lambda b: self.load[b.name]).name
+
+
+def prefix_score(matched: int, total: int, w: float, scale: float) -> float:
+    """llm-d's prefix-cache scorer, `w·min(1, matched/scale)² + (1−w)·matched/total`, in
+    blocks (gie-epp-protocol.md §3)."""
+    if total <= 0:
+        return 0.0
+    near = min(1.0, matched / scale) ** 2 if scale > 0 else 0.0
+    return w * near + (1.0 - w) * matched / total
+
+
+@BOX_PICKERS.register("llm-d")
+class LlmDBoxPicker(BoxPicker):
+    """GIE's default profile (`pkg/epp/config/loader/defaults.go`, peer-policies.md §3):
+    prefix-cache ×3, queue ×2, kv-cache-utilization ×2, max-score picker (shuffled ties).
+    Prefix matches come from a router-side index of what it sent where (the approximate
+    producer: per box an LRU of 31,250 blocks per server, at most 256 blocks matched)."""
+
+    WEIGHTS: ClassVar[dict[str, float]] = {"prefix": 3.0, "queue": 2.0, "kv": 2.0}
+    # NOTE: the docs give the prefix formula but not w or scale; w=0 is the plain
+    # matched/total score peer-policies.md reads in the scorer's README
+    PREFIX_W, PREFIX_SCALE = 0.0, 256.0
+    MAX_BLOCKS = 256
+    LRU_BLOCKS = 31_250
+
+    def __init__(self, knobs, profiles, rng) -> None:
+        super().__init__(knobs, profiles, rng)
+        self.index = RoutedPrefixIndex(self.LRU_BLOCKS * BLOCK)
+        self._capacity: dict[str, int] = {}
+
+    def choose(self, call, live, now) -> str | None:
+        scores = self.scores(call, live, now)
+        order = list(live)
+        self.rng.shuffle(order)  # max-score picker: shuffle first, so ties break at random
+        box = max(order, key=lambda b: scores[b.name]).name
+        self.placed(call, box, now)
+        return box
+
+    def scores(self, call: CallRequest, live: list[BoxStats], now: float) -> dict[str, float]:
+        w = self.WEIGHTS
+        prefix, queue = self._prefix(call, live), _queue_scores(live)
+        return {
+            b.name: w["prefix"] * prefix[b.name]
+            + w["queue"] * queue[b.name]
+            + w["kv"] * (1.0 - b.kv_util)
+            for b in live
+        }
+
+    def placed(self, call: CallRequest, box: str, now: float) -> None:
+        """The producer's asynchronous update: after scheduling, with the chosen box."""
+        self.index.insert(call.model, call.session_id, box, call.prompt_tokens)
+        self.index.evict()
+
+    def observe(self, box, version, snaps, now) -> None:
+        super().observe(box, version, snaps, now)
+        # the index budget is per server; a box's servers pool theirs
+        self.index.capacity = self.LRU_BLOCKS * BLOCK * max(self.boxes[box].instances, 1)
+
+    def _prefix(self, call: CallRequest, live: list[BoxStats]) -> dict[str, float]:
+        total = min(math.ceil(call.prompt_tokens / BLOCK), self.MAX_BLOCKS)
+        held = self.index.matches(call.model, call.session_id, call.prefix_tokens)
+        out = {}
+        for b in live:
+            matched = min(held.get(b.name, (0, 0))[0] // BLOCK, total)
+            out[b.name] = prefix_score(matched, total, self.PREFIX_W, self.PREFIX_SCALE)
+        return out
+
+
+def _queue_scores(live: list[BoxStats]) -> dict[str, float]:
+    """queue-scorer: (maxQ − Q)/(maxQ − minQ); all equal → 1.0."""
+    lo = min(b.queue for b in live)
+    hi = max(b.queue for b in live)
+    return {b.name: 1.0 if hi == lo else (hi - b.queue) / (hi - lo) for b in live}
+
+
+@BOX_PICKERS.register("llm-d-session")
+class LlmDSessionBoxPicker(LlmDBoxPicker):
+    """llm-d's default mix plus its session-affinity scorer in `session_id` mode: the session's
+    bound box scores 1.0, every other 0; an unbound session scores 0 everywhere; each placement
+    (re)binds the session to where the call went; bindings idle past the TTL (300 s) go at the
+    next sweep (every 10 s)."""
+
+    # NOTE: no llm-d doc gives this scorer's weight in a mix; 3 is the weight GIE's default
+    # gives its other affinity scorer (prefix-cache)
+    WEIGHTS: ClassVar[dict[str, float]] = {**LlmDBoxPicker.WEIGHTS, "session": 3.0}
+    TTL_S = 300.0
+    SWEEP_S = 10.0
+
+    def __init__(self, knobs, profiles, rng) -> None:
+        super().__init__(knobs, profiles, rng)
+        self.bound: dict[str, tuple[str, float]] = {}  # session -> (box, last used)
+        self._next_sweep = self.SWEEP_S
+
+    def scores(self, call, live, now) -> dict[str, float]:
+        self._sweep(now)
+        out = super().scores(call, live, now)
+        bound = self.bound.get(call.session_id) if call.session_id is not None else None
+        if bound is not None and bound[0] in out:
+            out[bound[0]] += self.WEIGHTS["session"]
+        return out
+
+    def placed(self, call, box, now) -> None:
+        super().placed(call, box, now)
+        if call.session_id is not None:
+            self.bound[call.session_id] = (box, now)
+
+    def _sweep(self, now: float) -> None:
+        if now < self._next_sweep:
+            return
+        self.bound = {s: b for s, b in self.bound.items() if now - b[1] <= self.TTL_S}
+        self._next_sweep = (math.floor(now / self.SWEEP_S) + 1) * self.SWEEP_S
+
+
+PICKER_ORDER = ("talaria", "round-robin", "least-load", "llm-d", "llm-d-session")

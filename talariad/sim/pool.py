@@ -1,0 +1,178 @@
+"""The pool suite: N boxes, each a copy of the router suite's testbed, behind one box picker.
+
+Two levels in virtual time: the picker (`box_pickers.BOX_PICKERS`) chooses a box per call from
+what it last polled (every `POLL_S`), then that box's own Talaria `Router` places the call on
+the box's instances exactly as the single-box simulation does. A call refused by its box's
+router waits at that box, as a daemon holds it. Sessions per box and the per-box arrival rate
+stay constant as the pool grows; every picker replays the same trace at a pool size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Callable
+
+from talariad.instance.core import Done
+from talariad.instance.telemetry import router_snapshot
+from talariad.perfmodel.profiles import ProfileSet
+from talariad.replay.generate import characterization
+from talariad.replay.metrics import RunResult, nearest_rank
+from talariad.replay.trace import Trace, TraceCall
+from talariad.router import Lease, Router
+from talariad.sim.box_pickers import BOX_PICKERS, POLL_S
+from talariad.sim.configs import LOADS, InstanceSpec, SimConfig, router_configs
+from talariad.sim.simulator import RETRY, Pending, SimInstance, Simulator, request
+
+SESSIONS_PER_BOX = 30  # the router testbed's 30 model-sessions (§5.3), on every box
+ROW_FIELDS = (
+    "boxes",
+    "policy",
+    "sct_p50_s",
+    "sct_p95_s",
+    "ttft_p95_s",
+    "box_moves",
+    "recomputed_tokens",
+)
+
+
+def box_names(n: int) -> list[str]:
+    width = len(str(max(n - 1, 0)))
+    return [f"box{k:0{width}d}" for k in range(n)]
+
+
+def pool_config(n: int, pset: ProfileSet, models: tuple[str, ...]) -> SimConfig:
+    """N copies of the router suite's testbed at medium load per box: each box's instances
+    renamed `box/instance`, sessions arriving N times as often."""
+    one = next(c for c in router_configs(pset, models) if c.name == "talaria@medium")
+    insts = tuple(
+        InstanceSpec(f"{b}/{i.name}", i.models, i.pool) for b in box_names(n) for i in one.instances
+    )
+    return dataclasses.replace(
+        one,
+        name=f"pool{n}",
+        instances=insts,
+        start_interval_s=LOADS["medium"] / n,
+        load=None,
+    )
+
+
+def pool_trace(n: int, per_box: int, seed: int, models: list[str]) -> Trace:
+    """`n × per_box` §2.1-shaped sessions spread over the box's models; a larger pool's trace
+    starts with a smaller one's sessions (the generator draws them in order)."""
+    return characterization(n * per_box, seed, tuple(models))
+
+
+class PoolSimulator(Simulator):
+    """The simulator with one `Router` per box and a box picker above them."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        config: SimConfig,
+        pset: ProfileSet,
+        picker: str,
+        on_session_done: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(trace, config, pset, on_session_done)
+        self.router = None  # type: ignore[assignment]  # one per box instead: `self.routers`
+        members: dict[str, list[SimInstance]] = {}
+        for inst in self.instances.values():
+            members.setdefault(inst.name.split("/")[0], []).append(inst)
+        self.members = members
+        self.box_of = {i.name: b for b, insts in members.items() for i in insts}
+        self.routers = {
+            b: Router(config.router, self.profiles, policy=config.policy) for b in members
+        }
+        rng = random.Random(config.router.seed)
+        self.picker = BOX_PICKERS.get(picker)(config.router, self.profiles, rng)
+        self.result.policy = picker
+        self.recomputed = 0
+        self._box_for: dict[str, str] = {}  # call id -> the box it was sent to
+        self._polled = dict.fromkeys(members, -math.inf)
+        self._version = dict.fromkeys(members, 0)
+
+    def _first_look(self) -> None:
+        for box, insts in self.members.items():
+            for inst in insts:
+                self.routers[box].observe(inst.snapshot(0.0), 0.0)
+        self._poll(0.0)
+
+    def _place(self, p: Pending, now: float) -> None:
+        req = request(p)
+        box = self._box_for.get(p.call_id)
+        if box is None:
+            self._poll(now)
+            box, retry = self.picker.pick(req, now)
+            if box is None:
+                self._push(now + retry, RETRY, p.call_id)
+                return
+            self._box_for[p.call_id] = box
+        for _, model, measured in self._refresh(self.routers[box], self.members[box], now):
+            self.picker.round_summary(model, measured, now)
+        self._dispatch(p, req, self.routers[box].place(req, now), now)
+
+    def _poll(self, now: float) -> None:
+        """The EPP's view: each box's instance snapshots, re-read at most every `POLL_S`."""
+        for box, insts in self.members.items():
+            if now - self._polled[box] < POLL_S:
+                continue
+            self._polled[box] = now
+            self._version[box] += 1
+            snaps = [router_snapshot(i.core.telemetry(now), i.models, now, True) for i in insts]
+            self.picker.observe(box, self._version[box], snaps, now)
+
+    def _settle(self, inst: SimInstance, p: Pending, done: Done, now: float) -> Lease | None:
+        box = self.box_of[inst.name]
+        call_id = done.completion.call_id
+        self._box_for.pop(call_id, None)
+        self.picker.completed(call_id, box, done.kv_state, done.kv_len, now)
+        self.recomputed += recomputed_tokens(p.call, done.cached_tokens)
+        return self.routers[box].completed(call_id, inst.name, done.kv_state, done.kv_len, now)
+
+
+def recomputed_tokens(call: TraceCall, cached: int) -> int:
+    """Prefix tokens the call had to prefill again: its reusable prefix less what was reused."""
+    reusable = max(min(call.prefix_tokens, call.prompt_tokens - 1), 0)
+    return max(reusable - cached, 0)
+
+
+def box_moves(result: RunResult, box_of: dict[str, str]) -> int:
+    """Calls of a session placed on another box than the session's previous call."""
+    moves, last = 0, {}
+    for c in sorted(result.calls, key=lambda c: (c.session_id, c.call_idx)):
+        box = box_of[c.instance]
+        if c.call_idx > 0 and last.get(c.session_id) not in (None, box):
+            moves += 1
+        last[c.session_id] = box
+    return moves
+
+
+def pool_row(n: int, sim: PoolSimulator) -> dict:
+    """One `--json` row; a percentile over no observations is None (printed `-`)."""
+    r = sim.result
+    scts = [s.sct_s for s in r.sessions]
+    return {
+        "boxes": n,
+        "policy": r.policy,
+        "sct_p50_s": nearest_rank(scts, 50),
+        "sct_p95_s": nearest_rank(scts, 95),
+        "ttft_p95_s": nearest_rank([c.ttft_s for c in r.calls], 95),
+        "box_moves": box_moves(r, sim.box_of),
+        "recomputed_tokens": sim.recomputed,
+    }
+
+
+def run_pool(
+    n: int,
+    picker: str,
+    trace: Trace,
+    pset: ProfileSet,
+    on_session_done: Callable[[], None] | None = None,
+) -> dict:
+    """One cell of the suite: `picker` over `n` boxes replaying `trace`."""
+    cfg = pool_config(n, pset, tuple(pset.models))
+    sim = PoolSimulator(trace, cfg, pset, picker, on_session_done)
+    sim.run()
+    return pool_row(n, sim)

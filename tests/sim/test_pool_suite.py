@@ -1,0 +1,148 @@
+"""The pool suite (issue 29, item 7): box pickers over small pools, and the CLI's rows."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from talariad.perfmodel.profiles import load_set
+from talariad.router import (
+    CallRequest,
+    InstanceSnapshot,
+    ModelResidency,
+    ModelState,
+    RouterKnobs,
+)
+from talariad.sim.__main__ import main
+from talariad.sim.box_pickers import (
+    BOX_PICKERS,
+    PICKER_ORDER,
+    LlmDSessionBoxPicker,
+    prefix_score,
+)
+from talariad.sim.pool import ROW_FIELDS, pool_trace, run_pool
+from talariad.types import Pool
+
+TYPES = {
+    "boxes": int,
+    "policy": str,
+    "sct_p50_s": float,
+    "sct_p95_s": float,
+    "ttft_p95_s": float,
+    "box_moves": int,
+    "recomputed_tokens": int,
+}
+
+
+@pytest.fixture(scope="module")
+def testbed():
+    return load_set("router-tp4")
+
+
+@pytest.fixture(scope="module")
+def rows(testbed):
+    """Every picker over two boxes of three sessions each (light load: nothing forces a move)."""
+    trace = pool_trace(2, 3, 0, list(testbed.models))
+    return {p: run_pool(2, p, trace, testbed) for p in PICKER_ORDER}
+
+
+def test_every_picker_is_registered():
+    assert set(PICKER_ORDER) == set(BOX_PICKERS.names())
+
+
+def test_rows_carry_exactly_the_fields_typed(rows):
+    for picker, row in rows.items():
+        assert tuple(row) == ROW_FIELDS
+        assert row["policy"] == picker and row["boxes"] == 2
+        for field, kind in TYPES.items():
+            assert isinstance(row[field], kind), (picker, field, row[field])
+
+
+def test_round_robin_moves_sessions_and_recomputes(rows):
+    assert rows["round-robin"]["box_moves"] > 0
+    assert rows["round-robin"]["recomputed_tokens"] > 0
+
+
+def test_talaria_keeps_each_session_on_one_box(rows):
+    assert rows["talaria"]["box_moves"] == 0
+    assert rows["talaria"]["recomputed_tokens"] == 0
+
+
+def test_same_workload_for_every_picker(testbed):
+    """A pool's trace is fixed by its size and seed; a larger pool's starts with a smaller one's."""
+    models = list(testbed.models)
+    small, large = pool_trace(2, 3, 0, models), pool_trace(4, 3, 0, models)
+    assert len(small.sessions) == 6 and len(large.sessions) == 12
+    assert list(large.sessions[:6]) == list(small.sessions)
+
+
+def _snap(box: str, queued: int, kv: float, healthy: bool = True) -> InstanceSnapshot:
+    res = ModelResidency(ModelState.ACTIVE, queued_calls=queued)
+    return InstanceSnapshot(
+        f"{box}/w0", 1, 0.0, Pool.COLD, healthy, frozenset({"m"}), {"m": res}, kv_occupancy=kv
+    )
+
+
+def _call(k: int, session: str = "s") -> CallRequest:
+    return CallRequest(f"{session}#{k}", session, "m", 1000 + 100 * k, 1000 + 100 * k - 100, 8)
+
+
+def _session_picker() -> LlmDSessionBoxPicker:
+    return LlmDSessionBoxPicker(RouterKnobs(), {}, random.Random(0))
+
+
+def test_session_affinity_keeps_the_box_while_the_ttl_lasts():
+    picker = _session_picker()
+    picker.observe("a", 1, [_snap("a", 0, 0.0)], 0.0)
+    picker.observe("b", 1, [_snap("b", 0, 0.0)], 0.0)
+    first, _ = picker.pick(_call(0), 0.0)
+    other = "b" if first == "a" else "a"
+    # the bound box is now the busier one: queue and KV both favour the other
+    picker.observe(first, 2, [_snap(first, 8, 0.9)], 1.0)
+    picker.observe(other, 2, [_snap(other, 0, 0.0)], 1.0)
+    for k, at in enumerate((1.0, 100.0, 390.0), start=1):
+        assert picker.pick(_call(k), at)[0] == first
+    # idle past the TTL: the next sweep drops the binding; the session keeps only its prefix
+    picker.pick(_call(9, "t"), 700.0)
+    assert "s" not in picker.bound
+
+
+def test_session_affinity_rebinds_when_the_bound_box_is_gone():
+    picker = _session_picker()
+    picker.observe("a", 1, [_snap("a", 0, 0.0)], 0.0)
+    picker.observe("b", 1, [_snap("b", 0, 0.0)], 0.0)
+    first, _ = picker.pick(_call(0), 0.0)
+    other = "b" if first == "a" else "a"
+    picker.observe(first, 2, [_snap(first, 0, 0.0, healthy=False)], 1.0)
+    assert picker.pick(_call(1), 1.0)[0] == other
+    assert picker.bound["s"][0] == other
+
+
+def test_unbound_session_expresses_no_preference():
+    picker = _session_picker()
+    for box in ("a", "b"):
+        picker.observe(box, 1, [_snap(box, 0, 0.0)], 0.0)
+    scores = picker.scores(_call(0), list(picker.boxes.values()), 0.0)
+    assert scores["a"] == scores["b"]
+
+
+def test_prefix_score_formula():
+    assert prefix_score(0, 10, 0.0, 256.0) == 0.0
+    assert prefix_score(5, 10, 0.0, 256.0) == 0.5
+    assert prefix_score(128, 256, 1.0, 256.0) == 0.25
+    assert prefix_score(3, 0, 0.5, 256.0) == 0.0
+
+
+def test_cli_json_rows(capsys):
+    argv = ["compare", "--suite", "pool", "--boxes", "2", "--sessions-per-box", "2"]
+    assert main([*argv, "--json", "-"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == list(PICKER_ORDER)
+    assert all(tuple(r) == ROW_FIELDS for r in rows)
+
+
+def test_cli_rejects_bad_pool_sizes(capsys):
+    assert main(["compare", "--suite", "pool", "--boxes", "0,x"]) == 2
+    assert "--boxes" in capsys.readouterr().err
