@@ -30,11 +30,12 @@ from talariad.cold_sched.snapshot import (
 from talariad.types import (
     KVState,
     LatencyProfile,
+    ModelLoad,
     Pool,
     RoundMeasurement,
     SwitchRecord,
 )
-from talariad.wire.messages import GenerateRequest, ModelLoad, Telemetry
+from talariad.wire.messages import GenerateRequest, Telemetry
 
 from .calls import InstanceCall, Refusal
 from .contract import (
@@ -516,7 +517,7 @@ class InstanceCore:
     def _model_load(self, model: str) -> ModelLoad:
         s = self.sched
         running = len(s.table.running) if model == s.active else 0
-        return ModelLoad.model_construct(
+        return ModelLoad(
             queued_calls=len(s.table.waiting[model]),
             queued_tokens=queued_suffix_tokens(s, model),
             running=running,
