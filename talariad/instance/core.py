@@ -18,7 +18,6 @@ from talariad.cold_sched import (
     Idle,
     Prefill,
     SchedKnobs,
-    SubmittedCall,
     Switch,
 )
 from talariad.cold_sched.snapshot import (
@@ -210,19 +209,11 @@ class InstanceCore:
         self, call: InstanceCall, prefix: int, state: KVState, continuation: bool, now: float
     ) -> None:
         """Queue a call whose reusable prefix and its location are already known (`submit`
-        resolves them against the ledger; a scripted test states them)."""
-        sub = SubmittedCall(
-            call.call_id,
-            call.session_id,
-            call.model,
-            call.prompt_tokens,
-            prefix,
-            state,
-            call.max_tokens,
-            now,
-            continuation,
-        )
-        self.sched.submit(sub, now)
+        resolves them against the ledger; a scripted test states them). The scheduler holds
+        the call's record itself (a `SchedCall`), not a copy."""
+        call.prefix_tokens, call.prefix_state = prefix, state
+        call.arrived_at, call.is_continuation = now, continuation
+        self.sched.submit(call, now)
         call.progress = self.sched.table.records[call.call_id]
         self.calls[call.call_id] = call
         self.version += 1

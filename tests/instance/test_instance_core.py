@@ -208,3 +208,11 @@ def test_round_records_are_kept_only_when_asked():
     report = c.rounds(1.0, 5)
     assert [w["to_model"] for w in report["switches"]] == ["m"]
     assert report["rounds"][0]["slots"][0]["model"] == "m"
+
+
+def test_the_scheduler_holds_the_cores_call_record_not_a_copy():
+    c = core()
+    a = call("a")
+    c.submit(a, 4, 2.0)
+    assert c.sched.table.records["a"].call is a
+    assert (a.prefix_tokens, a.prefix_state, a.arrived_at) == (0, KVState.MISSING, 2.0)
