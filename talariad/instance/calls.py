@@ -13,6 +13,21 @@ if TYPE_CHECKING:
     from talariad.wire.messages import GenerateRequest
 
 
+@dataclass(frozen=True, slots=True)
+class CallOrder:
+    """A call an instance is asked to run, as its core reads it (`InstanceCore.admit`). The
+    instance process builds it from the internal API's request (`engine.events.call_order`);
+    `request` rides along for the executor alone, which encodes its prompt and samples."""
+
+    call_id: str
+    session_id: str | None
+    model: str
+    max_tokens: int
+    clamp_max_tokens: bool = False
+    """Lower `max_tokens` to what fits the context instead of refusing the call."""
+    request: GenerateRequest | None = None
+
+
 @dataclass(slots=True, eq=False)
 class InstanceCall:
     """The core's record of a call; it is also what the scheduler holds (a `SchedCall`)."""
@@ -26,7 +41,8 @@ class InstanceCall:
     arrived_at: float = 0.0
     """When it was submitted (`InstanceCore.submit_resolved` sets it)."""
     request: GenerateRequest | None = None
-    """The internal API's request as the gateway sent it (daemon shell); None in the simulator."""
+    """The internal API's request as the gateway sent it, for the executor (daemon shell); None
+    in the simulator. The core never reads it."""
     prompt: list = field(default_factory=list)
     """The encoded prompt (daemon shell; the simulator only knows its length)."""
     out: list[str] = field(default_factory=list)
