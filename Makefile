@@ -35,7 +35,7 @@ test: $(STAMP)
 
 # The pure cores and the in-process shells: no daemon, no child process (a minute on an idle box).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not e2e and not proc"
+	$(PY) -m pytest -q -m "not e2e and not proc" --hypothesis-profile=fast
 
 # Regenerate the admin API's Python modules after editing talariad/admin/admin.proto.
 proto: $(STAMP)
