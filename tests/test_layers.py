@@ -9,6 +9,8 @@ codec (pydantic, `talariad.wire`): the shells encode what the cores return.
 from __future__ import annotations
 
 import ast
+import functools
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -117,9 +119,10 @@ def _imports_of(node: ast.AST):
         yield from _imports(node)
 
 
-def imported(module: str, path: Path) -> list[str]:
+@functools.cache
+def imported(module: str, path: Path) -> tuple[str, ...]:
     """Every absolute name `module` imports at run time (`from a import b` gives a and a.b)."""
-    out = []
+    out: list[str] = []
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in _imports(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -131,7 +134,7 @@ def imported(module: str, path: Path) -> list[str]:
             parts = parts[: len(parts) - (node.level - 1)]
             base = ".".join(parts + ([node.module] if node.module else []))
         out += [base] + [f"{base}.{a.name}" for a in node.names]
-    return out
+    return tuple(out)  # cached: every test reads the same parse
 
 
 def targets(module: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -156,7 +159,7 @@ CODECS = ("pydantic", "pydantic_core", "talariad.wire")
 shells (the instance process, the gateway) encode them at the edge."""
 
 
-def codec_imports(found: dict[str, list[str]]) -> list[str]:
+def codec_imports(found: dict[str, Sequence[str]]) -> list[str]:
     """`module imports name` for each core module's run-time import of a codec (`CODECS`)."""
     cores = next(i for i, (name, _) in enumerate(LAYERS) if name == "cores")
     return [
