@@ -40,7 +40,7 @@ test: $(STAMP)
 
 # The pure cores and the in-process shells: no daemon, no child process (a minute on an idle box).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not e2e and not proc"
+	$(PY) -m pytest -q -m "not e2e and not proc" --hypothesis-profile=fast
 
 # Regenerate the Python modules of the admin API and of the EPP's ext_proc subset after editing
 # talariad/admin/admin.proto or talariad/epp/ext_proc.proto.

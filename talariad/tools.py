@@ -14,7 +14,7 @@ import re
 import uuid
 from typing import Any, Protocol
 
-from talariad.wire.messages import ToolCall
+from talariad.types import ToolCall
 
 
 def function_tool(name: str, description: str | None, parameters: Any) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 class KVState(str, enum.Enum):
@@ -42,6 +43,20 @@ class RoundMeasurement:
     restore_s: float = 0.0
     switch_path: SwitchPath | None = None
     switch_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoad:
+    """One model's load on one instance: the instance core fills it, telemetry carries it, the
+    router reads it."""
+
+    queued_calls: int = 0
+    queued_tokens: int = 0
+    """Prompt tokens of calls not yet prefilled."""
+    running: int = 0
+    switch_cost_s: float | None = None
+    """Predicted cost of switching this model in (measured EWMA once it has switched)."""
+    open_cost_s: float | None = None
 
 
 class Pool(str, enum.Enum):
@@ -111,3 +126,14 @@ class SwitchRecord:
     to_model: str
     path: SwitchPath
     latency_s: float
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """A function call the model made (rendered back into the template on the next turn): the
+    tool parsers make it, a chat message carries it over the wire."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] | str = field(default_factory=dict)
+    """Parsed JSON arguments; a string for free-form (custom) tools or arguments that are not JSON."""

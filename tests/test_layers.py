@@ -2,12 +2,15 @@
 
 Every module of `talariad`, `talaria_ctl` and `talaria_tui` belongs to exactly one layer below;
 an import (function-local ones included; `if TYPE_CHECKING:` blocks excepted, as they never run)
-may reach its own layer or one below it. The module graph has no cycle.
+may reach its own layer or one below it. The module graph has no cycle. The cores import no
+codec (pydantic, `talariad.wire`): the shells encode what the cores return.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -116,32 +119,56 @@ def _imports_of(node: ast.AST):
         yield from _imports(node)
 
 
-def targets(module: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The project modules `module` imports."""
-    out = set()
+@functools.cache
+def imported(module: str, path: Path) -> tuple[str, ...]:
+    """Every absolute name `module` imports at run time (`from a import b` gives a and a.b)."""
+    out: list[str] = []
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in _imports(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        else:
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parts = parts[: len(parts) - (node.level - 1)]
-                base = ".".join(parts + ([node.module] if node.module else []))
-            names = [base] + [f"{base}.{a.name}" for a in node.names]
-        for name in names:
-            while name and name not in known:
-                name = name.rpartition(".")[0]
-            # a module's own package (its __init__) is where it lives, not a dependency
-            if name and name != module and not module.startswith(name + "."):
-                out.add(name)
+            out += [a.name for a in node.names]
+            continue
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")
+            parts = parts[: len(parts) - (node.level - 1)]
+            base = ".".join(parts + ([node.module] if node.module else []))
+        out += [base] + [f"{base}.{a.name}" for a in node.names]
+    return tuple(out)  # cached: every test reads the same parse
+
+
+def targets(module: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The project modules `module` imports."""
+    out = set()
+    for name in imported(module, path):
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        # a module's own package (its __init__) is where it lives, not a dependency
+        if name and name != module and not module.startswith(name + "."):
+            out.add(name)
     return out
 
 
 def graph() -> dict[str, set[str]]:
     known = modules()
     return {m: targets(m, p, known) for m, p in known.items()}
+
+
+CODECS = ("pydantic", "pydantic_core", "talariad.wire")
+"""What the cores never import at run time: they take and return their own dataclasses, and the
+shells (the instance process, the gateway) encode them at the edge."""
+
+
+def codec_imports(found: dict[str, Sequence[str]]) -> list[str]:
+    """`module imports name` for each core module's run-time import of a codec (`CODECS`)."""
+    cores = next(i for i, (name, _) in enumerate(LAYERS) if name == "cores")
+    return [
+        f"{m} imports {name}"
+        for m, names in sorted(found.items())
+        if layer_of(m) == cores
+        for name in sorted(set(names))
+        if any(name == c or name.startswith(c + ".") for c in CODECS)
+    ]
 
 
 def upward(edges: dict[str, set[str]]) -> list[str]:
@@ -202,6 +229,24 @@ def test_every_module_has_a_layer():
 
 def test_imports_never_run_up_the_layers():
     assert upward(graph()) == []
+
+
+def test_the_cores_import_no_codec():
+    assert codec_imports({m: imported(m, p) for m, p in modules().items()}) == []
+
+
+@pytest.mark.parametrize(
+    "found, expected",
+    [
+        ({"talariad.instance.core": ["talariad.wire.messages"]}, 1),
+        ({"talariad.router.x": ["pydantic", "pydantic.BaseModel"]}, 2),
+        ({"talariad.tools": ["pydantic_core.to_json"]}, 1),
+        ({"talariad.engine.worker": ["talariad.wire.messages", "pydantic"]}, 0),  # a shell
+        ({"talariad.router.x": ["talariad.wirefoo"]}, 0),
+    ],
+)
+def test_a_codec_import_in_a_core_is_caught(found, expected):
+    assert len(codec_imports(found)) == expected
 
 
 def test_no_two_modules_import_each_other():

@@ -2,7 +2,17 @@
 
 from .budget import SlotPlan, decode_iterations, plan_slot
 from .knobs import ABLATIONS, SchedKnobs, ablation
-from .messages import Action, Completion, Decode, Idle, Prefill, PrefillItem, SubmittedCall, Switch
+from .messages import (
+    Action,
+    Completion,
+    Decode,
+    Idle,
+    Prefill,
+    PrefillItem,
+    SchedCall,
+    SubmittedCall,
+    Switch,
+)
 from .scheduler import ColdScheduler
 from .slot import SlotPhase
 from .telemetry import KVLocation, ModelQueue, RiskCounters, RoundSummary, SchedTelemetry
@@ -20,6 +30,7 @@ __all__ = [
     "PrefillItem",
     "RiskCounters",
     "RoundSummary",
+    "SchedCall",
     "SchedKnobs",
     "SchedTelemetry",
     "SlotPhase",

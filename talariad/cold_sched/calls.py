@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from talariad.types import KVState
 
-from .messages import SubmittedCall
+from .messages import SchedCall
 
 
 class CallStatus(str, enum.Enum):
@@ -19,7 +19,7 @@ class CallStatus(str, enum.Enum):
 
 @dataclass(slots=True)
 class CallProgress:
-    call: SubmittedCall
+    call: SchedCall
     status: CallStatus = CallStatus.WAITING
     generated: int = 0
     first_token_at: float | None = None
@@ -54,7 +54,7 @@ class CallTable:
         self.waiting: dict[str, list[str]] = {m: [] for m in models}
         self.running: list[str] = []
 
-    def add(self, call: SubmittedCall) -> CallProgress:
+    def add(self, call: SchedCall) -> CallProgress:
         rec = self.records[call.call_id] = CallProgress(call)
         self.waiting[call.model].append(call.call_id)
         return rec

@@ -3,14 +3,39 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from talariad.types import KVState, SwitchPath
 
 
+class SchedCall(Protocol):
+    """What the scheduler reads of a submitted call, and never changes: a `SubmittedCall`, or the
+    instance core's own `InstanceCall` (the core hands its record over instead of a copy)."""
+
+    @property
+    def call_id(self) -> str: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def prefix_tokens(self) -> int: ...
+    @property
+    def prefix_state(self) -> KVState: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def arrived_at(self) -> float: ...
+    @property
+    def is_continuation(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class SubmittedCall:
-    """One call placed on this instance; prefix_* say how much of the prompt is reusable here."""
+    """One call placed on this instance; prefix_* say how much of the prompt is reusable here.
+    The scheduler's own `SchedCall`, for drivers that have no instance core (tests, figure 4)."""
 
     call_id: str
     session_id: str

@@ -16,7 +16,7 @@ from .admission import BatchBuilder
 from .budget import prefill_batch_s, restore_batch_s
 from .calls import CallProgress, CallStatus, CallTable, SessionLedger
 from .knobs import SchedKnobs
-from .messages import Action, Completion, Decode, Idle, Prefill, PrefillItem, SubmittedCall, Switch
+from .messages import Action, Completion, Decode, Idle, Prefill, PrefillItem, SchedCall, Switch
 from .policy import SlotPolicy
 from .rounds import RoundLog, SwitchCosts
 from .slot import Slot, SlotPhase
@@ -61,7 +61,7 @@ class ColdScheduler(SlotPolicy):
 
     # ---- events from the driver -------------------------------------------------------------
 
-    def submit(self, call: SubmittedCall, now: float) -> None:
+    def submit(self, call: SchedCall, now: float) -> None:
         self._tick(now)
         validate_call(call, self.models, self.knobs, self.table.records)
         rec = self.table.add(call)

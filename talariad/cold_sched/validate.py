@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from talariad.types import KVState, LatencyProfile
 
 from .knobs import SchedKnobs
-from .messages import SubmittedCall
+from .messages import SchedCall
 
 MODES = ("pinned", "time_shared")
 
@@ -25,11 +25,11 @@ def validate_setup(profiles: Mapping[str, LatencyProfile], models: list[str], mo
 
 
 def validate_call(
-    call: SubmittedCall, models: list[str], knobs: SchedKnobs, live: Mapping[str, object]
+    call: SchedCall, models: list[str], knobs: SchedKnobs, live: Mapping[str, object]
 ) -> None:
     def bad(field: str, why: str) -> ValueError:
         return ValueError(
-            f"SubmittedCall.{field}={getattr(call, field)!r} (call {call.call_id!r}) {why}"
+            f"{type(call).__name__}.{field}={getattr(call, field)!r} (call {call.call_id!r}) {why}"
         )
 
     if call.call_id in live:

@@ -1,10 +1,37 @@
-"""The instance core's results as the internal API's stream events (`wire.messages`)."""
+"""The instance process's edge between the internal API (`wire.messages`) and the instance core:
+a request becomes the core's `CallOrder`; the core's results become stream events and its
+`InstanceTelemetry` the `Telemetry` reply. The core itself never sees the wire's types."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from talariad.cold_sched import Prefill
-from talariad.instance import CallOutput, Done, Refusal, StepPlan
-from talariad.wire.messages import DoneEvent, ErrorEvent, TokenEvent, Usage
+from talariad.instance import CallOrder, CallOutput, Done, InstanceTelemetry, Refusal, StepPlan
+from talariad.wire.messages import (
+    DoneEvent,
+    ErrorEvent,
+    GenerateRequest,
+    Telemetry,
+    TokenEvent,
+    Usage,
+)
+
+_TELEMETRY_FIELDS = tuple(f.name for f in fields(InstanceTelemetry))
+
+
+def call_order(req: GenerateRequest) -> CallOrder:
+    """What the core reads of a request; the request itself rides along for the executor."""
+    return CallOrder(
+        req.call_id, req.session_id, req.model, req.max_tokens, req.clamp_max_tokens, req
+    )
+
+
+def telemetry_message(t: InstanceTelemetry) -> Telemetry:
+    """The internal API's reply for the core's snapshot: the same fields, not validated again."""
+    values = {name: getattr(t, name) for name in _TELEMETRY_FIELDS}
+    # given: model_construct fills an omitted factory default via inspect.signature, ~65 µs a field
+    return Telemetry.model_construct(**values, sessions_removed=[])
 
 
 def token_event(plan: StepPlan, call_id: str, out: CallOutput) -> TokenEvent:

@@ -16,7 +16,13 @@ from typing import Protocol
 from talariad.cold_sched import Idle
 from talariad.config import InstanceConfig, TalariaConfig
 from talariad.engine.deltas import SessionDeltas
-from talariad.engine.events import done_event, refusal_event, token_event
+from talariad.engine.events import (
+    call_order,
+    done_event,
+    refusal_event,
+    telemetry_message,
+    token_event,
+)
 from talariad.instance import Executor, InstanceCall, InstanceCore, Refusal, StepPlan, StepResult
 from talariad.instance.rounds import HISTORY, RoundRecorder
 from talariad.knobs import config_sched_knobs
@@ -139,7 +145,7 @@ class Worker:
     def start(self, req: GenerateRequest, events: EventSink) -> ErrorEvent | None:
         """Admit `req`; the loop hands its events to `events.put_nowait` as they come, the last one
         a `DoneEvent` or `ErrorEvent`. The refusal's event when the core refuses the call."""
-        call = self.core.admit(req, self.now())
+        call = self.core.admit(call_order(req), self.now())
         if isinstance(call, Refusal):
             return refusal_event(call)
         self.queues[req.call_id] = events
@@ -179,12 +185,12 @@ class Worker:
 
     def telemetry(self) -> Telemetry:
         """A fresh, versioned snapshot (every read is a new observation)."""
-        return self.core.telemetry(self.now())
+        return telemetry_message(self.core.telemetry(self.now()))
 
     def telemetry_since(self, since: int | None) -> Telemetry:
         """A snapshot whose sessions are the changes since the consumer's view `since` (the
         `sessions_epoch` of its last one; `SessionDeltas`)."""
-        t = self.core.telemetry(self.now(), sessions=False)
+        t = telemetry_message(self.core.telemetry(self.now(), sessions=False))
         return self.deltas.apply(t, since, self.core.session_rows())
 
     def rounds(self, limit: int = ROUNDS_LIMIT) -> dict:

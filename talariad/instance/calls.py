@@ -6,13 +6,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from talariad.types import KVState
+
 if TYPE_CHECKING:
     from talariad.cold_sched.calls import CallProgress
     from talariad.wire.messages import GenerateRequest
 
 
+@dataclass(frozen=True, slots=True)
+class CallOrder:
+    """A call an instance is asked to run, as its core reads it (`InstanceCore.admit`). The
+    instance process builds it from the internal API's request (`engine.events.call_order`);
+    `request` rides along for the executor alone, which encodes its prompt and samples."""
+
+    call_id: str
+    session_id: str | None
+    model: str
+    max_tokens: int
+    clamp_max_tokens: bool = False
+    """Lower `max_tokens` to what fits the context instead of refusing the call."""
+    request: GenerateRequest | None = None
+
+
 @dataclass(slots=True, eq=False)
 class InstanceCall:
+    """The core's record of a call; it is also what the scheduler holds (a `SchedCall`)."""
+
     call_id: str
     session_id: str
     model: str
@@ -20,8 +39,10 @@ class InstanceCall:
     max_tokens: int
     """The output limit decided at admission (the request's, lowered to what fits when it asks)."""
     arrived_at: float = 0.0
+    """When it was submitted (`InstanceCore.submit_resolved` sets it)."""
     request: GenerateRequest | None = None
-    """The internal API's request as the gateway sent it (daemon shell); None in the simulator."""
+    """The internal API's request as the gateway sent it, for the executor (daemon shell); None
+    in the simulator. The core never reads it."""
     prompt: list = field(default_factory=list)
     """The encoded prompt (daemon shell; the simulator only knows its length)."""
     out: list[str] = field(default_factory=list)
@@ -43,6 +64,12 @@ class InstanceCall:
     """The client left while the call was in the running batch: it ends at its next step."""
     state: object = None
     """Executor-private state (sampler, block table, planned words ...): only its executor reads it."""
+    prefix_tokens: int = 0
+    """Prompt tokens the scheduler plans to reuse (set at submission)."""
+    prefix_state: KVState = KVState.MISSING
+    """Where that prefix lives (set at submission)."""
+    is_continuation: bool = False
+    """The session had context here at submission."""
 
     @property
     def generated(self) -> int:

@@ -18,7 +18,6 @@ from talariad.cold_sched import (
     Idle,
     Prefill,
     SchedKnobs,
-    SubmittedCall,
     Switch,
 )
 from talariad.cold_sched.snapshot import (
@@ -30,13 +29,13 @@ from talariad.cold_sched.snapshot import (
 from talariad.types import (
     KVState,
     LatencyProfile,
+    ModelLoad,
     Pool,
     RoundMeasurement,
     SwitchRecord,
 )
-from talariad.wire.messages import GenerateRequest, ModelLoad, Telemetry
 
-from .calls import InstanceCall, Refusal
+from .calls import CallOrder, InstanceCall, Refusal
 from .contract import (
     CallOutput,
     Executor,
@@ -47,6 +46,7 @@ from .contract import (
     StepResult,
 )
 from .rounds import RoundRecorder
+from .telemetry import InstanceTelemetry
 
 ROUND_REPORTS = 32
 """Round measurements kept between two reads (a reader that polls less often than rounds close
@@ -125,34 +125,34 @@ class InstanceCore:
 
     # ---- calls ------------------------------------------------------------------------------
 
-    def admit(self, request: GenerateRequest, now: float) -> InstanceCall | Refusal:
+    def admit(self, order: CallOrder, now: float) -> InstanceCall | Refusal:
         """A call from the internal API: encode it, lower its output limit to what fits when it asks
         to (`clamp_max_tokens`), and queue it; the client's error when it is not served here.
-        Needs an `Executor` (it encodes)."""
+        Needs an `Executor` (it encodes `order.request`)."""
         executor: Executor = self.executor
-        model = request.model
+        model = order.model
         if model not in self.models:
             message = f"instance {self.name} does not serve model {model!r} now"
             return Refusal("model_not_loaded", None, message, status=503)
         try:
-            prompt = executor.encode(request)
+            prompt = executor.encode(order.request)
         except ValueError as err:  # a conversation the model's chat template refuses
             return Refusal("invalid_value", "messages", str(err))
-        max_tokens = request.max_tokens  # the request stays as the gateway sent it
-        if request.clamp_max_tokens and prompt:  # at least one token
+        max_tokens = order.max_tokens
+        if order.clamp_max_tokens and prompt:  # at least one token
             max_tokens = max(1, min(max_tokens, self.room(model, len(prompt))))
         refusal = self.refusal(model, len(prompt), max_tokens)
         if refusal is not None:
             return refusal
-        session = request.session_id or f"call-{request.call_id}"
+        session = order.session_id or f"call-{order.call_id}"
         call = InstanceCall(
-            request.call_id,
+            order.call_id,
             session,
             model,
             len(prompt),
             max_tokens,
             now,
-            request=request,
+            request=order.request,
             prompt=prompt,
         )
         try:
@@ -209,19 +209,11 @@ class InstanceCore:
         self, call: InstanceCall, prefix: int, state: KVState, continuation: bool, now: float
     ) -> None:
         """Queue a call whose reusable prefix and its location are already known (`submit`
-        resolves them against the ledger; a scripted test states them)."""
-        sub = SubmittedCall(
-            call.call_id,
-            call.session_id,
-            call.model,
-            call.prompt_tokens,
-            prefix,
-            state,
-            call.max_tokens,
-            now,
-            continuation,
-        )
-        self.sched.submit(sub, now)
+        resolves them against the ledger; a scripted test states them). The scheduler holds
+        the call's record itself (a `SchedCall`), not a copy."""
+        call.prefix_tokens, call.prefix_state = prefix, state
+        call.arrived_at, call.is_continuation = now, continuation
+        self.sched.submit(call, now)
         call.progress = self.sched.table.records[call.call_id]
         self.calls[call.call_id] = call
         self.version += 1
@@ -459,7 +451,7 @@ class InstanceCore:
 
     def telemetry(
         self, now: float, memory: MemoryStats | None = None, sessions: bool = True
-    ) -> Telemetry:
+    ) -> InstanceTelemetry:
         """A fresh, versioned snapshot (every read is a new observation). `sessions=False`: leave
         the session list empty (a caller that sends changes reads `session_rows` instead)."""
         s = self.sched
@@ -470,7 +462,7 @@ class InstanceCore:
         kv_occ = memory.kv_occupancy if memory is not None else None
         if kv_occ is None:
             kv_occ = s.table.kv_used() / max(s.knobs.kv_capacity_tokens, 1)
-        return Telemetry.model_construct(
+        return InstanceTelemetry(
             instance=self.name,
             version=self.published,
             pool=self.pool.value,
@@ -492,8 +484,6 @@ class InstanceCore:
             round_load_s=round_load_s(s),
             deadline_risk_share=deadline_risk_share(s),
             rounds=self._new_reports(),
-            sessions_removed=[],  # given: model_construct fills an omitted factory default via
-            # inspect.signature, ~65 µs a field (a simulated replay reads telemetry per arrival)
         )
 
     def session_rows(self) -> list[tuple[tuple[str, str], KVState, int]]:
@@ -516,7 +506,7 @@ class InstanceCore:
     def _model_load(self, model: str) -> ModelLoad:
         s = self.sched
         running = len(s.table.running) if model == s.active else 0
-        return ModelLoad.model_construct(
+        return ModelLoad(
             queued_calls=len(s.table.waiting[model]),
             queued_tokens=queued_suffix_tokens(s, model),
             running=running,

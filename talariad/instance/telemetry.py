@@ -1,23 +1,66 @@
-"""The one mapping from an instance's telemetry (`wire.messages.Telemetry`, built only by
-`InstanceCore.telemetry`) to what the router reads: an `InstanceSnapshot` on the router's clock and
-`RoundMeasurement`s for its profile EWMA. The daemon's gateway and the simulator both use it."""
+"""An instance's telemetry (`InstanceTelemetry`, built only by `InstanceCore.telemetry`) and the
+one mapping from it to what the router reads: an `InstanceSnapshot` on the router's clock. The
+simulator maps the core's snapshot; the daemon's gateway maps the internal API's `Telemetry`,
+which carries the same fields."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from talariad.router import (
     InstanceSnapshot,
     ModelResidency,
     ModelState,
 )
-from talariad.types import Pool
-from talariad.wire.messages import Telemetry
+from talariad.types import KVLocation, ModelLoad, Pool, RoundMeasurement
+
+if TYPE_CHECKING:
+    from talariad.wire.messages import Telemetry
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceTelemetry:
+    """Versioned snapshot of one instance (§4.1). The instance process encodes it as the internal
+    API's `Telemetry` (`engine.events.telemetry_message`), field for field."""
+
+    instance: str
+    version: int
+    pool: str
+    """hot | cold (`Pool`'s value)."""
+    models: list[str]
+    active_model: str | None
+    loaded_models: list[str]
+    queued: dict[str, int]
+    running: int
+    sessions: list[KVLocation]
+    round_remaining_s: float
+    kv_occupancy: float
+    hbm_free_bytes: int | None
+    """None: the executor does not measure its memory (the router then skips its HBM check)."""
+    staging_slack_bytes: int | None
+    switches: int
+    opened_models: list[str]
+    """Models opened here at least once: switching them in costs a switch, not a full open."""
+    model_load: dict[str, ModelLoad]
+    round_load_s: float
+    """Predicted length of the next round: what is left of this one plus queued prefill work."""
+    deadline_risk_share: float
+    """Share of the last rounds whose wall time exceeded γ·T_TTFT."""
+    rounds: list[RoundMeasurement]
+    """Round measurements since the previous snapshot (bounded), for the router's profile EWMA."""
 
 
 def router_snapshot(
-    t: Telemetry, allowed: list[str], taken_at: float, healthy: bool, sessions: dict | None = None
+    t: Telemetry | InstanceTelemetry,
+    allowed: list[str],
+    taken_at: float,
+    healthy: bool,
+    sessions: dict | None = None,
 ) -> InstanceSnapshot:
-    """The router's view of one telemetry reply; `sessions`: the merged session view when the
-    reply carries only changes (default: the reply's own list)."""
+    """The router's view of one snapshot (the core's, or the internal API's reply: same fields);
+    `sessions`: the merged session view when the reply carries only changes (default: its own
+    list)."""
     models = {}
     opened = set(t.opened_models)
     for m in allowed:

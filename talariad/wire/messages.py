@@ -6,16 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from talariad.types import KVLocation, RoundMeasurement
-
-
-class ToolCall(BaseModel):
-    """A function call the model made (rendered back into the template on the next turn)."""
-
-    id: str
-    name: str
-    arguments: dict[str, Any] | str = Field(default_factory=dict)
-    """Parsed JSON arguments; a string for free-form (custom) tools or arguments that are not JSON."""
+from talariad.types import KVLocation, ModelLoad, RoundMeasurement, ToolCall
 
 
 class ChatMessage(BaseModel):
@@ -129,18 +120,9 @@ StreamEvent = TokenEvent | DoneEvent | ErrorEvent
 """One line of an instance's generate stream."""
 
 
-class ModelLoad(BaseModel):
-    queued_calls: int = 0
-    queued_tokens: int = 0
-    """Prompt tokens of calls not yet prefilled."""
-    running: int = 0
-    switch_cost_s: float | None = None
-    """Predicted cost of switching this model in (measured EWMA once it has switched)."""
-    open_cost_s: float | None = None
-
-
 class Telemetry(BaseModel):
-    """Versioned instance snapshot the gateway's router reads (§4.1)."""
+    """Versioned instance snapshot the gateway's router reads (§4.1): the instance core's
+    `InstanceTelemetry` (same field names), plus the session-delta fields its process adds."""
 
     instance: str
     version: int

@@ -15,7 +15,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def _worker():
     cfg = load_config(ROOT / "etc" / "talaria.yaml")
     insts = [i.model_copy(update={"executor": "sim", "time_scale": 0.001}) for i in cfg.instances]
-    cfg = cfg.model_copy(update={"instances": insts})
+    # τ on the same clock: a drained slot holds 1 ms for a returning call, not a second per call
+    policy = cfg.policy.model_copy(update={"tau_s": cfg.policy.tau_s * 0.001})
+    cfg = cfg.model_copy(update={"instances": insts, "policy": policy})
     return build_worker(cfg, next(i for i in cfg.instances if i.pool == "cold"))
 
 

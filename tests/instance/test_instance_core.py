@@ -3,18 +3,24 @@ cancellation, and the executor contract's per-call outputs."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from talariad.cold_sched import Idle, Prefill, SchedKnobs, Switch
+from talariad.engine.events import call_order, telemetry_message
 from talariad.instance import (
+    CallOrder,
     CallOutput,
     InstanceCall,
     InstanceCore,
+    InstanceTelemetry,
     KVLocation,
     Refusal,
     StepResult,
 )
 from talariad.instance.rounds import RoundRecorder
+from talariad.instance.telemetry import router_snapshot
 from talariad.types import KVState, LatencyProfile
-from talariad.wire.messages import GenerateRequest
+from talariad.wire.messages import GenerateRequest, Telemetry
 
 PROFILE = LatencyProfile()
 
@@ -144,8 +150,10 @@ def test_cancel_drops_a_queued_call_and_ends_a_running_one_at_its_next_step():
     c.check_integrity()
 
 
-def request(cid: str, prompt: str, max_tokens: int, model: str = "m", **kw) -> GenerateRequest:
-    return GenerateRequest(call_id=cid, model=model, prompt=prompt, max_tokens=max_tokens, **kw)
+def request(cid: str, prompt: str, max_tokens: int, model: str = "m", **kw) -> CallOrder:
+    """An internal API request as the instance process hands it to its core."""
+    req = GenerateRequest(call_id=cid, model=model, prompt=prompt, max_tokens=max_tokens, **kw)
+    return call_order(req)
 
 
 def test_admission_refuses_clamps_and_queues():
@@ -159,7 +167,8 @@ def test_admission_refuses_clamps_and_queues():
     req = request("d", "w " * 40, 20, clamp_max_tokens=True, session_id="s")
     ok = c.admit(req, 1.0)
     assert isinstance(ok, InstanceCall) and ok.max_tokens == 10  # 50 - 40
-    assert req.max_tokens == 20  # the request stays as the gateway sent it
+    assert req.max_tokens == req.request.max_tokens == 20  # both stay as the gateway sent them
+    assert ok.request is req.request  # for the executor
     assert (ok.session_id, ok.arrived_at, ok.prompt_tokens) == ("s", 1.0, 40)
     assert c.calls == {"d": ok} and not c.calls["d"].generated
     alone = c.admit(request("e", "x", 1), 1.0)
@@ -208,3 +217,23 @@ def test_round_records_are_kept_only_when_asked():
     report = c.rounds(1.0, 5)
     assert [w["to_model"] for w in report["switches"]] == ["m"]
     assert report["rounds"][0]["slots"][0]["model"] == "m"
+
+
+def test_the_scheduler_holds_the_cores_call_record_not_a_copy():
+    c = core()
+    a = call("a")
+    c.submit(a, 4, 2.0)
+    assert c.sched.table.records["a"].call is a
+    assert (a.prefix_tokens, a.prefix_state, a.arrived_at) == (0, KVState.MISSING, 2.0)
+
+
+def test_telemetry_is_the_cores_dataclass_and_its_wire_form_carries_every_field():
+    c = core(pool="cold", models=("m", "n"))
+    c.submit(call("a"), 0, 0.0)
+    run_step(c, 0.0)  # the switch in
+    t = c.telemetry(0.5)
+    assert isinstance(t, InstanceTelemetry) and t.model_load["m"].queued_calls == 1
+    wire = Telemetry.model_validate_json(telemetry_message(t).model_dump_json())
+    for name in (f.name for f in fields(InstanceTelemetry)):
+        assert getattr(wire, name) == getattr(t, name), name
+    assert router_snapshot(wire, ["m", "n"], 1.0, True) == router_snapshot(t, ["m", "n"], 1.0, True)

@@ -7,6 +7,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from talariad.memory import BlockState, KVLayout, PrefixAgreement
 from talariad.memory.transfer import block_copies
+from tests.support.props import examples
 
 from .conftest import (
     DeferredDevice,
@@ -196,6 +197,6 @@ class SubstrateMachine(RuleBasedStateMachine):
 
 
 SubstrateMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=50, deadline=None
+    max_examples=examples(60), stateful_step_count=50, deadline=None
 )
 TestSubstrateProperties = SubstrateMachine.TestCase

@@ -22,6 +22,7 @@ from talariad.router.cost import rank_all  # the reference
 from talariad.router.search.lazy import LazyCandidates
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath
 from tests.router.router_factories import MODEL
+from tests.support.props import examples
 
 NAMES = tuple(f"i{n}" for n in range(8))
 MODELS = ("m1", "m2")
@@ -171,7 +172,7 @@ def _apply(r: Router, ev: tuple, now: float, version: int, flying: list, n: int)
     return None
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(knobs, events)
 def test_pruned_ranking_decides_as_scoring_every_instance(kn, evs):
     fast, ref = _pair(kn)

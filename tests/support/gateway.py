@@ -35,6 +35,8 @@ async def hop_client(monkeypatch):
 
     monkeypatch.setattr(LocalClient, "generate", generate)
     monkeypatch.setattr(LocalClient, "count_tokens", count_tokens)
-    async with local_gateway() as c:
+    # τ on the instances' clock (time_scale 0.01): a switch away from a drained slot waits 10 ms
+    # for a returning call, not a whole second, while nothing here tests that wait
+    async with local_gateway(overrides={"policy": {"tau_s": 0.01}}) as c:
         c.counted = calls
         yield c

@@ -97,16 +97,20 @@ async def local_gateway(script: str | None = None, overrides: dict | None = None
     directory = LocalDirectory(workers)
     gw = Gateway(cfg, directory, routing, lambda name: True)
 
+    def observe() -> None:
+        for w in workers.values():
+            routing.observe(w.telemetry(), time.monotonic())
+
     async def telemetry():
         while True:
-            for w in workers.values():
-                routing.observe(w.telemetry(), time.monotonic())
             await asyncio.sleep(0.05)
+            observe()
 
+    observe()  # the router knows every instance before the first call: no warm-up to wait for
     tasks = [asyncio.create_task(w.run()) for w in workers.values()] + [
         asyncio.create_task(telemetry())
     ]
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0)  # the workers' loops start
     client = httpx2.AsyncClient(
         transport=httpx2.ASGITransport(app=build_app(gw)), base_url="http://talaria", timeout=30
     )

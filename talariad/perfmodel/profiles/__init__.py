@@ -10,6 +10,7 @@ field for (box size, architecture numbers) are in `ProfileSet` / `ModelSpec`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,14 @@ def load_set(name: str = "paper-tp8") -> ProfileSet:
     path = Path(name) if name.endswith((".yaml", ".yml")) else HERE / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown profile set {name!r}; bundled: {available()}")
+    stat = path.stat()
+    return _read_set(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_set(path: Path, mtime_ns: int, size: int) -> ProfileSet:
+    """One parse per version of a file: every model lookup (`find_model`) reads the bundled sets,
+    and YAML parsing dominated building a config's instances. Callers never change a set."""
     try:
         return _parse_set(path, yaml.safe_load(path.read_text()) or {})
     except yaml.YAMLError as err:

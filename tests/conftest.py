@@ -1,0 +1,3 @@
+"""Registers the `fast` Hypothesis profile before the plugin reads `--hypothesis-profile`."""
+
+import tests.support.props  # noqa: F401
