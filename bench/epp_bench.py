@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -23,7 +24,6 @@ from talariad.epp import devpool, envoy
 from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.picker import EPPRequest, Pick
 from talariad.router import Router, RouterKnobs
-from talariad.types import KVLocation, KVState
 from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
 from talariad.wire.messages import Telemetry
 
@@ -168,9 +168,8 @@ def run_arms(arms: dict[str, str], calls: int) -> dict[str, list[float]]:
 # --- decision time: the picker over synthetic boxes ---------------------------------------------
 
 
-def box_snapshot(index: int, sessions: list[str]) -> BoxSnapshot:
-    """One box of one sim instance holding `sessions`' prefixes on the device."""
-    kv = [KVLocation(s, MODEL, KVState.DEVICE, 2000) for s in sessions]
+def box_snapshot(index: int, round_load_s: float) -> BoxSnapshot:
+    """One box of one hot sim instance, its round `round_load_s` long."""
     t = Telemetry(
         instance=f"i{index}",
         version=1,
@@ -179,57 +178,99 @@ def box_snapshot(index: int, sessions: list[str]) -> BoxSnapshot:
         active_model=MODEL,
         loaded_models=[MODEL],
         opened_models=[MODEL],
-        round_load_s=0.5,
+        round_load_s=round_load_s,
         hbm_free_bytes=None,
-        sessions=kv,
     )
     inst = BoxInstance(name=f"i{index}", healthy=True, age_s=0.0, telemetry=t)
     return BoxSnapshot(version=1, instances=[inst], models=[BoxModel(name=MODEL)])
 
 
-def decision_time(boxes: int, live_sessions: int, decisions: int) -> dict:
-    """p50/p99 of `BoxPicker.pick` (with its served and finished) for calls of live sessions."""
+SYSTEM = "You are a coding agent working in a repository. " * 20
+
+
+def _request(call_id: str, sid: str, messages: list[dict]) -> EPPRequest:
+    body = {"model": MODEL, "max_tokens": 64, "messages": messages}
+    heads = {"x-session-id": sid}
+    return EPPRequest(call_id, "POST", "/v1/chat/completions", heads, json.dumps(body).encode())
+
+
+picks: list = []  # every measured pick, to count refusals (a bench measuring 503s is wrong)
+
+
+def _timed_turn(picker: BoxPicker, req: EPPRequest, now: float) -> float:
+    """One call through the picker, answered at once; the seconds `pick` took."""
+    started = time.perf_counter()
+    pick = picker.pick(req, now)
+    took = time.perf_counter() - started
+    picks.append(pick)
+    if isinstance(pick, Pick):
+        picker.served(req.call_id, pick.endpoint, 200, now)
+        picker.finished(req.call_id, True, now)
+    return took
+
+
+def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0) -> dict:
+    """p50/p99 of `BoxPicker.pick` with `live_sessions` sessions the picker placed itself on
+    `boxes` boxes of varied round load (uniform 0.1-1 s, seeded), by kind of call: a return
+    within τ of its previous answer (the lease), a return after it (cost placement, the prefix
+    where the previous call left it) and a new session's first call."""
+    rng = random.Random(seed)
     picker = BoxPicker(Router(RouterKnobs(), {}))
-    per_box = live_sessions // boxes
-    for b in range(boxes):
-        sessions = [f"s{b * per_box + k}" for k in range(per_box)]
-        picker.box_seen(
-            f"box{b}", f"10.0.{b // 250}.{b % 250 + 1}:8000", box_snapshot(b, sessions), 0.0
-        )
-    system = "You are a coding agent. " * 40
-    times = []
+    pool = [
+        (f"box{b}", f"10.0.{b // 250}.{b % 250 + 1}:8000", box_snapshot(b, rng.uniform(0.1, 1.0)))
+        for b in range(boxes)
+    ]
+    polled = [-1.0]
+
+    def poll(now: float) -> None:  # the poller's work, every 100 ms, off the timed path
+        if now - polled[0] >= 0.1:
+            polled[0] = now
+            for name, address, snap in pool:
+                picker.box_seen(name, address, snap, now)
+
+    history: dict[str, list[dict]] = {}
+    now = 1.0
+    for i in range(live_sessions):  # every session's first call: the picker's live state
+        poll(now)
+        sid = f"s{i}"
+        history[sid] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Fix issue {i}."},
+        ]
+        _timed_turn(picker, _request(f"w{i}", sid, history[sid]), now)
+        history[sid].append({"role": "assistant", "content": f"Looking at issue {i}."})
+        now += 1e-4
+    now += 2 * picker.router.knobs.tau_s  # every lease has expired
+    times: dict[str, list[float]] = {"lease": [], "cost": [], "new": []}
     for i in range(decisions):
-        sid = f"s{(i * 7919) % live_sessions}"
-        body = {
-            "model": MODEL,
-            "max_tokens": 64,
-            "messages": [
-                {"role": "system", "content": system},
-                {"role": "user", "content": f"turn {i}"},
-            ],
+        kind = ("lease", "cost", "new")[i % 3]
+        if kind == "new":
+            sid = f"n{i}"
+            messages = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Fix issue n{i}."},
+            ]
+        else:
+            sid = f"s{rng.randrange(live_sessions)}"
+            messages = history[sid] + [{"role": "user", "content": f"turn {i}"}]
+        poll(now)
+        took = _timed_turn(picker, _request(f"c{i}", sid, messages), now)
+        times[kind].append(took)
+        if kind == "lease":  # its next call comes back within τ: timed as the lease kind
+            messages.append({"role": "assistant", "content": "done"})
+            again = messages + [{"role": "user", "content": "next"}]
+            times[kind][-1] = _timed_turn(picker, _request(f"l{i}", sid, again), now + 0.3)
+        now += 2 * picker.router.knobs.tau_s  # the next measured call sees no live lease
+    refused = sum(not isinstance(p, Pick) for p in picks)
+    out: dict = {"boxes": boxes, "live_sessions": live_sessions, "refused": refused}
+    for kind, seconds in times.items():
+        us = [t * 1e6 for t in seconds]
+        out[kind] = {
+            "decisions": len(us),
+            "p50_us": round(statistics.median(us), 1),
+            "p99_us": round(pct(us, 0.99), 1),
         }
-        req = EPPRequest(
-            f"c{i}",
-            "POST",
-            "/v1/chat/completions",
-            {"x-session-id": sid},
-            json.dumps(body).encode(),
-        )
-        now = 1.0 + i * 1e-3
-        started = time.perf_counter()
-        pick = picker.pick(req, now)
-        times.append(time.perf_counter() - started)
-        if isinstance(pick, Pick):
-            picker.served(req.call_id, pick.endpoint, 200, now)
-            picker.finished(req.call_id, True, now)
-    us = [t * 1e6 for t in times]
-    return {
-        "boxes": boxes,
-        "live_sessions": live_sessions,
-        "decisions": decisions,
-        "p50_us": round(statistics.median(us), 1),
-        "p99_us": round(pct(us, 0.99), 1),
-    }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
