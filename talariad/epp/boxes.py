@@ -17,7 +17,7 @@ from typing import Protocol
 import httpx
 
 from talariad.instance.telemetry import router_snapshot
-from talariad.router import InstanceSnapshot
+from talariad.router import InstanceSnapshot, KVLocation
 from talariad.router.boxes import box_snapshot
 from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
 
@@ -32,17 +32,39 @@ async def fixed_boxes(boxes: Mapping[str, str]) -> Discovery:
     await asyncio.Event().wait()
 
 
-def project(name: str, version: int, snap: BoxSnapshot, now: float) -> InstanceSnapshot:
-    """The box as one placement target. Its instances' telemetry is `age_s` old, so the box
-    counts as taken when its oldest live telemetry was: a call the picker forwarded after that
-    stays in the router's overlay until a snapshot that has seen it."""
+Views = dict[str, dict[tuple[str, str], KVLocation]]
+"""A box's merged session views: per instance, (session, model) -> where its prefix is."""
+
+
+def merge_views(held: Views, snap: BoxSnapshot, since: int | None) -> Views | None:
+    """The box's session views after `snap`, the reply to `?since=since`, given the views
+    `held` after the snapshot `since` names (`held`'s dicts are updated in place: O(changes)).
+    None when `snap` carries changes to a view not held: ask for the whole views again."""
+    views: Views = {}
+    for i in snap.instances:
+        t, view = i.telemetry, held.get(i.name)
+        if t.sessions_base is not None and (view is None or t.sessions_base != since):
+            return None
+        view = {} if view is None else view
+        t.merge_into(view)
+        views[i.name] = view
+    return views
+
+
+def project(
+    name: str, version: int, snap: BoxSnapshot, now: float, views: Views | None = None
+) -> InstanceSnapshot:
+    """The box as one placement target (`views`: its merged session views, default: each
+    instance's own list). Its instances' telemetry is `age_s` old, so the box counts as taken
+    when its oldest live telemetry was: a call the picker forwarded after that stays in the
+    router's overlay until a snapshot that has seen it."""
     parts = [
         router_snapshot(
             i.telemetry,
             i.telemetry.models,
             now - i.age_s,
             i.healthy,
-            {(s.session_id, s.model): s for s in i.telemetry.sessions},
+            views[i.name] if views is not None else None,
         )
         for i in snap.instances
     ]
@@ -53,7 +75,9 @@ def project(name: str, version: int, snap: BoxSnapshot, now: float) -> InstanceS
 class BoxFeed(Protocol):
     """What the poller tells: the picker (`BoxPicker`)."""
 
-    def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> None: ...
+    def box_seen(
+        self, name: str, endpoint: str, snap: BoxSnapshot, now: float, views: Views | None = None
+    ) -> None: ...
 
     def box_lost(self, name: str, now: float) -> None: ...
 
@@ -83,6 +107,8 @@ class BoxPoller:
         self._client = httpx.AsyncClient(timeout=min(stale_after_s, 1.0))
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}
         self.last_ok: dict[str, float] = {}
+        self.views: dict[str, Views] = {}  # per box, its merged session views
+        self._since: dict[str, int] = {}  # per box, the `sessions_epoch` of `views`
 
     def boxes(self) -> dict[str, str]:
         return {name: ep for name, (ep, _) in self._tasks.items()}
@@ -94,7 +120,7 @@ class BoxPoller:
             if boxes.get(name) != ep:
                 task.cancel()
                 del self._tasks[name]
-                self.last_ok.pop(name, None)
+                self._forget(name)
                 self.feed.box_gone(name, now)
         for name, ep in boxes.items():
             if name not in self._tasks:
@@ -107,6 +133,11 @@ class BoxPoller:
                 self.set_boxes(boxes)
         finally:
             await self.aclose()
+
+    def _forget(self, name: str) -> None:
+        self.last_ok.pop(name, None)
+        self.views.pop(name, None)
+        self._since.pop(name, None)
 
     async def aclose(self) -> None:
         tasks = [t for _, t in self._tasks.values()]
@@ -122,11 +153,12 @@ class BoxPoller:
             await asyncio.sleep(self.interval_s)
 
     async def poll(self, name: str, endpoint: str) -> bool:
-        """One poll of one box; True when it answered with a snapshot."""
+        """One poll of one box; True when it answered with a snapshot. Sessions come as changes
+        since the views held (`?since=`); a box that cannot send them (a restart, a token too
+        old) sends them whole."""
+        since = self._since.get(name)
         try:
-            r = await self._client.get(f"http://{endpoint}{SNAPSHOT_PATH}", headers=self._headers)
-            r.raise_for_status()
-            snap = BoxSnapshot.model_validate_json(r.content)
+            snap = await self._fetch(endpoint, since)
         except httpx.ConnectError as err:
             log.debug("box %s (%s) refused: %s", name, endpoint, err)
             self.feed.box_lost(name, self.clock())
@@ -137,7 +169,24 @@ class BoxPoller:
             if now - self.last_ok.get(name, float("-inf")) > self.stale_after_s:
                 self.feed.box_lost(name, now)
             return False
+        views = merge_views(self.views.get(name, {}), snap, since)
+        if views is None:  # changes to views we lost: ask for them whole at once
+            self.views.pop(name, None)
+            self._since.pop(name, None)
+            return await self.poll(name, endpoint)
         now = self.clock()
-        self.last_ok[name] = now
-        self.feed.box_seen(name, endpoint, snap, now)
+        self.last_ok[name], self.views[name] = now, views
+        if snap.sessions_epoch is None:
+            self._since.pop(name, None)
+        else:
+            self._since[name] = snap.sessions_epoch
+        self.feed.box_seen(name, endpoint, snap, now, views)
         return True
+
+    async def _fetch(self, endpoint: str, since: int | None) -> BoxSnapshot:
+        params = {} if since is None else {"since": since}
+        r = await self._client.get(
+            f"http://{endpoint}{SNAPSHOT_PATH}", headers=self._headers, params=params
+        )
+        r.raise_for_status()
+        return BoxSnapshot.model_validate_json(r.content)
