@@ -12,13 +12,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
 
 from talariad.instance.telemetry import router_snapshot
 from talariad.router import InstanceSnapshot, KVLocation
-from talariad.router.boxes import box_snapshot
+from talariad.router.boxes import BoxSessions, box_snapshot
 from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
 
 log = logging.getLogger("talariad.epp")
@@ -36,25 +37,37 @@ Views = dict[str, dict[tuple[str, str], KVLocation]]
 """A box's merged session views: per instance, (session, model) -> where its prefix is."""
 
 
-def merge_views(held: Views, snap: BoxSnapshot, since: int | None) -> Views | None:
-    """The box's session views after `snap`, the reply to `?since=since`, given the views
-    `held` after the snapshot `since` names (`held`'s dicts are updated in place: O(changes)).
-    None when `snap` carries changes to a view not held: ask for the whole views again."""
+@dataclass
+class BoxViews:
+    """What the poller holds of one box: its instances' merged session views, and the box's
+    sessions over them, kept for the projection (`router.boxes.BoxSessions`)."""
+
+    instances: Views = field(default_factory=dict)
+    sessions: BoxSessions = field(default_factory=BoxSessions)
+
+
+def merge_views(held: BoxViews, snap: BoxSnapshot, since: int | None) -> bool:
+    """Bring `held`, the views after the snapshot `since` names, to `snap`, the reply to
+    `?since=since`, in place (O(changes)). False when `snap` carries changes to a view not
+    held: `held` is then spoilt, ask for the whole views again."""
     views: Views = {}
+    keys: set[tuple[str, str]] | None = held.sessions.keys
     for i in snap.instances:
-        t, view = i.telemetry, held.get(i.name)
+        t, view = i.telemetry, held.instances.get(i.name)
         if t.sessions_base is not None and (view is None or t.sessions_base != since):
-            return None
+            return False
         view = {} if view is None else view
-        t.merge_into(view)
+        changed = t.merge_into(view)
+        keys = None if changed is None or keys is None else keys.union(changed)
         views[i.name] = view
-    return views
+    held.instances, held.sessions.keys = views, keys
+    return True
 
 
 def project(
-    name: str, version: int, snap: BoxSnapshot, now: float, views: Views | None = None
+    name: str, version: int, snap: BoxSnapshot, now: float, held: BoxViews | None = None
 ) -> InstanceSnapshot:
-    """The box as one placement target (`views`: its merged session views, default: each
+    """The box as one placement target (`held`: its merged session views, default: each
     instance's own list). Its instances' telemetry is `age_s` old, so the box counts as taken
     when its oldest live telemetry was: a call the picker forwarded after that stays in the
     router's overlay until a snapshot that has seen it."""
@@ -64,19 +77,20 @@ def project(
             i.telemetry.models,
             now - i.age_s,
             i.healthy,
-            views[i.name] if views is not None else None,
+            held.instances[i.name] if held is not None else None,
         )
         for i in snap.instances
     ]
     ages = [i.age_s for i in snap.instances if i.healthy]
-    return box_snapshot(name, version, now - max(ages, default=0.0), parts)
+    sessions = held.sessions if held is not None else None
+    return box_snapshot(name, version, now - max(ages, default=0.0), parts, sessions)
 
 
 class BoxFeed(Protocol):
     """What the poller tells: the picker (`BoxPicker`)."""
 
     def box_seen(
-        self, name: str, endpoint: str, snap: BoxSnapshot, now: float, views: Views | None = None
+        self, name: str, endpoint: str, snap: BoxSnapshot, now: float, held: BoxViews | None = None
     ) -> None: ...
 
     def box_lost(self, name: str, now: float) -> None: ...
@@ -107,7 +121,7 @@ class BoxPoller:
         self._client = httpx.AsyncClient(timeout=min(stale_after_s, 1.0))
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}
         self.last_ok: dict[str, float] = {}
-        self.views: dict[str, Views] = {}  # per box, its merged session views
+        self.views: dict[str, BoxViews] = {}  # per box, its merged session views
         self._since: dict[str, int] = {}  # per box, the `sessions_epoch` of `views`
 
     def boxes(self) -> dict[str, str]:
@@ -169,18 +183,18 @@ class BoxPoller:
             if now - self.last_ok.get(name, float("-inf")) > self.stale_after_s:
                 self.feed.box_lost(name, now)
             return False
-        views = merge_views(self.views.get(name, {}), snap, since)
-        if views is None:  # changes to views we lost: ask for them whole at once
+        held = self.views.setdefault(name, BoxViews())
+        if not merge_views(held, snap, since):  # changes to views we lost: ask for them whole
             self.views.pop(name, None)
             self._since.pop(name, None)
-            return await self.poll(name, endpoint)
+            return since is not None and await self.poll(name, endpoint)  # once
         now = self.clock()
-        self.last_ok[name], self.views[name] = now, views
+        self.last_ok[name] = now
         if snap.sessions_epoch is None:
             self._since.pop(name, None)
         else:
             self._since[name] = snap.sessions_epoch
-        self.feed.box_seen(name, endpoint, snap, now, views)
+        self.feed.box_seen(name, endpoint, snap, now, held)
         return True
 
     async def _fetch(self, endpoint: str, since: int | None) -> BoxSnapshot:

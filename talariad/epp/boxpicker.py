@@ -29,7 +29,7 @@ from talariad.types import KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
 from talariad.wire.messages import ChatMessage
 
-from .boxes import Views, project
+from .boxes import BoxViews, project
 from .picker import EPPRequest, Pick, Refusal
 
 MAX_OPEN_CALLS = 100_000  # picked calls whose end was never reported are failed past this
@@ -108,10 +108,10 @@ class BoxPicker:
 
     # --- boxes (the poller's `BoxFeed`) -----------------------------------------------------
     def box_seen(
-        self, name: str, endpoint: str, snap: BoxSnapshot, now: float, views: Views | None = None
+        self, name: str, endpoint: str, snap: BoxSnapshot, now: float, held: BoxViews | None = None
     ) -> None:
         """A box answered: install its projection (our own version: a box restart resets its
-        own) and the profiles it refined (the picker sees no rounds). `views`: its merged
+        own) and the profiles it refined (the picker sees no rounds). `held`: its merged
         session views (default: each instance's own list, whole)."""
         self._versions[name] = version = self._versions.get(name, 0) + 1
         self._set_endpoint(name, endpoint)
@@ -119,7 +119,7 @@ class BoxPicker:
         self._seen_at[name] = now
         for m in snap.models:
             self.router.set_profile(m.name, m.profile.profile())
-        self.router.observe(project(name, version, snap, now, views), now)
+        self.router.observe(project(name, version, snap, now, held), now)
         self.router.heartbeat(name, now, healthy=any(i.healthy for i in snap.instances))
         if now - self._expired_at >= 1.0:  # leases and idle sessions, about once a second
             self._expired_at = now

@@ -2,7 +2,8 @@
 rows go out as its telemetry deltas (`SessionDeltas`), the box's `RouterShell` merges them and
 logs what changed, `PoolEndpoint` answers a token with the changes since, and the picker's
 `merge_views` applies them. Whatever happens in between (lost replies, restarts, a log too short,
-a view over the bound), the picker's views equal a fresh whole snapshot's."""
+a view over the bound), the picker's views equal a fresh whole snapshot's, and so does the box's
+projection its router installs with O(changes) work."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from talariad.engine.deltas import SessionDeltas
-from talariad.epp.boxes import Views, merge_views
+from talariad.epp.boxes import BoxViews, merge_views, project
 from talariad.gateway.pool import PoolEndpoint, SessionLog
 from talariad.gateway.routing import RouterShell
 from talariad.router import Router, RouterKnobs
@@ -108,9 +109,7 @@ DEVICE, HOST = KVState.DEVICE, KVState.HOST
     st.lists(STEPS, min_size=10, max_size=80), st.sampled_from([2, 5, 100, 100]), st.integers(1, 8)
 )
 def test_merged_changes_equal_a_fresh_whole_view(steps, max_sessions, max_changes):
-    box = Box(max_sessions, max_changes)
-    held: Views = {}
-    since: int | None = None
+    box, picker = Box(max_sessions, max_changes), Picker()
     for step in steps:
         kind, args = step[0], step[1:]
         if kind == "set":
@@ -125,15 +124,32 @@ def test_merged_changes_equal_a_fresh_whole_view(steps, max_sessions, max_change
         elif kind == "box restart":  # a new daemon: its log knows no old token
             box = Box(max_sessions, max_changes)
         else:
-            snap = box.snapshot(since)
-            if args[0]:  # the reply is lost: the picker keeps its views and token
-                continue
-            merged = merge_views(held, snap, since)
-            assert merged is not None
-            held, since = merged, snap.sessions_epoch
-    snap = box.snapshot(since)
-    held = merge_views(held, snap, since)
-    assert held == merge_views({}, box.snapshot(None), None)
+            picker.poll(box, lost=args[0])
+    picker.poll(box, lost=False)
+    whole = box.snapshot(None)
+    fresh = BoxViews()
+    assert merge_views(fresh, whole, None)
+    assert picker.held.instances == fresh.instances
+    assert picker.installed.sessions == project("box", 1, whole, 0.0).sessions
+    picker.router.check_integrity()
+
+
+class Picker:
+    """The picker's side: the views it holds of the box, its token, its router."""
+
+    def __init__(self) -> None:
+        self.held, self.since, self.version = BoxViews(), None, 0
+        self.router, self.installed = Router(RouterKnobs(), {}), None
+
+    def poll(self, box: Box, lost: bool) -> None:
+        snap = box.snapshot(self.since)
+        if lost:  # the reply is lost: the picker keeps its views and token
+            return
+        assert merge_views(self.held, snap, self.since)
+        self.since, self.version = snap.sessions_epoch, self.version + 1
+        self.installed = project("box", self.version, snap, 0.0, self.held)
+        assert self.router.observe(self.installed, 0.0)
+        self.router.check_integrity()  # its index of who holds which session, among others
 
 
 def test_a_quiet_box_sends_no_sessions():
@@ -152,4 +168,4 @@ def test_a_change_to_views_not_held_asks_for_them_whole():
     box.rows["i0"][("s", "m1")] = (KVState.DEVICE, 3)
     box.telemetry("i0", lost=False)
     token = box.snapshot(None).sessions_epoch
-    assert merge_views({}, box.snapshot(token), token) is None
+    assert not merge_views(BoxViews(), box.snapshot(token), token)

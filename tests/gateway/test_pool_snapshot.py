@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from talariad.admin.client import AdminClient
-from talariad.epp.boxes import Views, merge_views
+from talariad.epp.boxes import BoxViews, merge_views
 from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
 from tests.support.daemon import start_daemon, stop_daemon
 
@@ -157,21 +157,22 @@ def test_an_unknown_token_gets_the_whole_view(box):
 
 
 def test_merged_changes_equal_a_fresh_whole_view(box):
-    held: Views = {}
-    since = None
+    held, since = BoxViews(), None
     for n in range(6):
         snap = _snap(box, since)
-        held = merge_views(held, snap, since)
+        assert merge_views(held, snap, since)
         since = snap.sessions_epoch
         _call(box, f"delta-m{n % 3}", turns=n + 1)
     deadline = time.monotonic() + 20
     while True:  # the last changes: merged again until the two views agree
         delta, whole = _snap(box, since), _snap(box)
-        held = merge_views(held, delta, since)
-        since = delta.sessions_epoch
-        fresh = merge_views({}, whole, None)
-        if held == fresh and delta.sessions_epoch == whole.sessions_epoch:
+        assert merge_views(held, delta, since)
+        since, fresh = delta.sessions_epoch, BoxViews()
+        assert merge_views(fresh, whole, None)
+        if held.instances == fresh.instances and since == whole.sessions_epoch:
             break
         assert time.monotonic() < deadline, (held, fresh)
         time.sleep(0.2)
-    assert {"delta-m0", "delta-m1", "delta-m2"} <= {k[0] for v in held.values() for k in v}
+    assert {"delta-m0", "delta-m1", "delta-m2"} <= {
+        k[0] for v in held.instances.values() for k in v
+    }
