@@ -8,8 +8,7 @@ The box's side is the daemon's own code (`RouterShell` merging telemetry, `PoolE
 it) over a stand-in for the rest of the gateway; `--changes` sessions of each instance change
 between two polls (a call each: its prefix grows). The picker's side is what its poller and
 `BoxPicker.box_seen` run per poll: parse, `merge_views`, `project`, `Router.observe`. Prints one
-row per mode ("whole": every poll whole and projected from the instances' own lists, as before
-`?since=`), medians over `--polls` polls.
+row per mode (`measure`), medians over `--polls` polls.
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from talariad.epp.boxes import BoxViews, merge_views, project  # noqa: E402
+from talariad.epp.boxes import BoxViews, merge_views  # noqa: E402
+from talariad.epp.boxpicker import BoxPicker  # noqa: E402
 from talariad.gateway.pool import PoolEndpoint  # noqa: E402
 from talariad.gateway.routing import RouterShell  # noqa: E402
 from talariad.router import Router, RouterKnobs  # noqa: E402
@@ -84,34 +84,34 @@ def _loc(session: str, kv_len: int) -> KVLocation:
     return KVLocation(session, MODEL, KVState.DEVICE, kv_len)
 
 
-def measure(box: BenchBox, delta: bool, changes: int, polls: int) -> dict[str, float]:
-    """Median bytes and seconds per poll of one picker polling `box`: whole snapshots projected
-    as before `?since=` (each instance's own list), or changes merged into the views held."""
-    router, held, since = Router(RouterKnobs(), {}), BoxViews(), None
+def measure(box: BenchBox, mode: str, changes: int, polls: int) -> dict[str, float]:
+    """Median bytes and seconds per poll of one picker polling `box`. "whole": every poll whole,
+    projected from the instances' own lists, as before `?since=`; "delta": changes merged into
+    the views held; "idle": as "delta", with no new telemetry between polls."""
+    picker, held, since = BoxPicker(Router(RouterKnobs(), {})), BoxViews(), None
     rows: dict[str, list[float]] = {}
-    for version in range(1, polls + 2):  # the first poll is whole in both modes: left out
-        shell_s = box.calls(changes)
+    for n in range(polls + 1):  # the first poll is whole in every mode: left out
+        shell_s = box.calls(changes) if mode != "idle" or n == 0 else 0.0
         body, serve_s = box.serve(since)
         t0 = time.perf_counter()
         snap = BoxSnapshot.model_validate_json(body)
         t1 = time.perf_counter()
-        if delta:
+        if mode != "whole":
             assert merge_views(held, snap, since)
             since = snap.sessions_epoch
         t2 = time.perf_counter()
-        target = project("box", version, snap, time.monotonic(), held if delta else None)
+        picker.box_seen(
+            "box", "10.0.0.1:80", snap, time.monotonic(), None if mode == "whole" else held
+        )
         t3 = time.perf_counter()
-        router.observe(target, time.monotonic())
-        t4 = time.perf_counter()
         for key, v in (
             ("bytes", len(body)),
             ("shell", shell_s),
             ("serve", serve_s),
             ("parse", t1 - t0),
             ("merge", t2 - t1),
-            ("project", t3 - t2),
-            ("observe", t4 - t3),
-            ("picker", t4 - t0),
+            ("install", t3 - t2),
+            ("picker", t3 - t0),
         ):
             rows.setdefault(key, []).append(v)
     return {k: statistics.median(v[1:]) for k, v in rows.items()}
@@ -130,17 +130,16 @@ def main() -> None:
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs"
     )
     box = BenchBox(args.instances, args.sessions)
-    whole = measure(box, False, args.changes, args.polls)
-    delta = measure(box, True, args.changes, args.polls)
-    ms = ("shell", "serve", "parse", "merge", "project", "observe", "picker")
+    ms = ("shell", "serve", "parse", "merge", "install", "picker")
     print(f"{'mode':<7}{'bytes/poll':>12}" + "".join(f"{c + ' ms':>12}" for c in ms))
-    for mode, row in (("whole", whole), ("delta", delta)):
+    for mode in ("whole", "delta", "idle"):
+        row = measure(box, mode, args.changes, args.polls)
         cells = "".join(f"{row[c] * 1e3:>12.3f}" for c in ms)
         print(f"{mode:<7}{row['bytes']:>12.0f}{cells}")
     print(
-        "picker ms = parse + merge + project + observe (EPP side, per box per poll); "
-        "serve ms = the box's snapshot + JSON; shell ms = the box's RouterShell.observe of one "
-        "instance's telemetry delta (not the picker's: the same in both modes)"
+        "picker ms = parse + merge + install (BoxPicker.box_seen: project, Router.observe; per "
+        "box per poll); serve ms = the box's snapshot + JSON; shell ms = the box's own "
+        "RouterShell.observe of one instance's telemetry delta (the same in every mode)"
     )
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from talariad.engine.deltas import SessionDeltas
 from talariad.epp.boxes import BoxViews, merge_views, project
+from talariad.epp.boxpicker import BoxPicker
 from talariad.gateway.pool import PoolEndpoint, SessionLog
 from talariad.gateway.routing import RouterShell
 from talariad.router import Router, RouterKnobs
@@ -169,3 +170,28 @@ def test_a_change_to_views_not_held_asks_for_them_whole():
     box.telemetry("i0", lost=False)
     token = box.snapshot(None).sessions_epoch
     assert not merge_views(BoxViews(), box.snapshot(token), token)
+
+
+def test_a_box_resending_the_replies_installed_is_not_projected_again():
+    box, picker, held = Box(100, 100), BoxPicker(Router(RouterKnobs(), {})), BoxViews()
+    since = None
+
+    def poll(now: float) -> None:
+        nonlocal since
+        snap = box.snapshot(since)
+        assert merge_views(held, snap, since)
+        since = snap.sessions_epoch
+        picker.box_seen("box", "10.0.0.1:80", snap, now, held)
+
+    box.rows["i0"][A] = (DEVICE, 3)
+    box.telemetry("i0", lost=False)
+    poll(0.0)
+    poll(0.1)  # the same reply of i0, nothing changed
+    assert picker._versions["box"] == 1
+    box.telemetry("i0", lost=False)  # a new reply, the same sessions
+    poll(0.2)
+    box.rows["i0"][B] = (DEVICE, 3)
+    box.telemetry("i0", lost=False)
+    poll(0.3)
+    assert picker._versions["box"] == 3
+    assert picker.healthy_boxes(0.3) == ["box"]
