@@ -12,13 +12,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
 
 from talariad.instance.telemetry import router_snapshot
-from talariad.router import InstanceSnapshot
-from talariad.router.boxes import box_snapshot
+from talariad.router import InstanceSnapshot, KVLocation
+from talariad.router.boxes import BoxSessions, box_snapshot
 from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
 
 log = logging.getLogger("talariad.epp")
@@ -32,28 +33,65 @@ async def fixed_boxes(boxes: Mapping[str, str]) -> Discovery:
     await asyncio.Event().wait()
 
 
-def project(name: str, version: int, snap: BoxSnapshot, now: float) -> InstanceSnapshot:
-    """The box as one placement target. Its instances' telemetry is `age_s` old, so the box
-    counts as taken when its oldest live telemetry was: a call the picker forwarded after that
-    stays in the router's overlay until a snapshot that has seen it."""
+Views = dict[str, dict[tuple[str, str], KVLocation]]
+"""A box's merged session views: per instance, (session, model) -> where its prefix is."""
+
+
+@dataclass
+class BoxViews:
+    """What the poller holds of one box: its instances' merged session views, and the box's
+    sessions over them, kept for the projection (`router.boxes.BoxSessions`)."""
+
+    instances: Views = field(default_factory=dict)
+    sessions: BoxSessions = field(default_factory=BoxSessions)
+
+
+def merge_views(held: BoxViews, snap: BoxSnapshot, since: int | None) -> bool:
+    """Bring `held`, the views after the snapshot `since` names, to `snap`, the reply to
+    `?since=since`, in place (O(changes)). False when `snap` carries changes to a view not
+    held: `held` is then spoilt, ask for the whole views again."""
+    views: Views = {}
+    keys: set[tuple[str, str]] | None = held.sessions.keys
+    for i in snap.instances:
+        t, view = i.telemetry, held.instances.get(i.name)
+        if t.sessions_base is not None and (view is None or t.sessions_base != since):
+            return False
+        view = {} if view is None else view
+        changed = t.merge_into(view)
+        keys = None if changed is None or keys is None else keys.union(changed)
+        views[i.name] = view
+    held.instances, held.sessions.keys = views, keys
+    return True
+
+
+def project(
+    name: str, version: int, snap: BoxSnapshot, now: float, held: BoxViews | None = None
+) -> InstanceSnapshot:
+    """The box as one placement target (`held`: its merged session views, default: each
+    instance's own list). Its instances' telemetry is `age_s` old, so the box counts as taken
+    when its oldest live telemetry was: a call the picker forwarded after that stays in the
+    router's overlay until a snapshot that has seen it."""
     parts = [
         router_snapshot(
             i.telemetry,
             i.telemetry.models,
             now - i.age_s,
             i.healthy,
-            {(s.session_id, s.model): s for s in i.telemetry.sessions},
+            held.instances[i.name] if held is not None else None,
         )
         for i in snap.instances
     ]
     ages = [i.age_s for i in snap.instances if i.healthy]
-    return box_snapshot(name, version, now - max(ages, default=0.0), parts)
+    sessions = held.sessions if held is not None else None
+    return box_snapshot(name, version, now - max(ages, default=0.0), parts, sessions)
 
 
 class BoxFeed(Protocol):
     """What the poller tells: the picker (`BoxPicker`)."""
 
-    def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> None: ...
+    def box_seen(
+        self, name: str, endpoint: str, snap: BoxSnapshot, now: float, held: BoxViews | None = None
+    ) -> None: ...
 
     def box_lost(self, name: str, now: float) -> None: ...
 
@@ -83,6 +121,8 @@ class BoxPoller:
         self._client = httpx.AsyncClient(timeout=min(stale_after_s, 1.0))
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}
         self.last_ok: dict[str, float] = {}
+        self.views: dict[str, BoxViews] = {}  # per box, its merged session views
+        self._since: dict[str, int] = {}  # per box, the `sessions_epoch` of `views`
 
     def boxes(self) -> dict[str, str]:
         return {name: ep for name, (ep, _) in self._tasks.items()}
@@ -94,7 +134,7 @@ class BoxPoller:
             if boxes.get(name) != ep:
                 task.cancel()
                 del self._tasks[name]
-                self.last_ok.pop(name, None)
+                self._forget(name)
                 self.feed.box_gone(name, now)
         for name, ep in boxes.items():
             if name not in self._tasks:
@@ -107,6 +147,11 @@ class BoxPoller:
                 self.set_boxes(boxes)
         finally:
             await self.aclose()
+
+    def _forget(self, name: str) -> None:
+        self.last_ok.pop(name, None)
+        self.views.pop(name, None)
+        self._since.pop(name, None)
 
     async def aclose(self) -> None:
         tasks = [t for _, t in self._tasks.values()]
@@ -122,11 +167,12 @@ class BoxPoller:
             await asyncio.sleep(self.interval_s)
 
     async def poll(self, name: str, endpoint: str) -> bool:
-        """One poll of one box; True when it answered with a snapshot."""
+        """One poll of one box; True when it answered with a snapshot. Sessions come as changes
+        since the views held (`?since=`); a box that cannot send them (a restart, a token too
+        old) sends them whole."""
+        since = self._since.get(name)
         try:
-            r = await self._client.get(f"http://{endpoint}{SNAPSHOT_PATH}", headers=self._headers)
-            r.raise_for_status()
-            snap = BoxSnapshot.model_validate_json(r.content)
+            snap = await self._fetch(endpoint, since)
         except httpx.ConnectError as err:
             log.debug("box %s (%s) refused: %s", name, endpoint, err)
             self.feed.box_lost(name, self.clock())
@@ -137,7 +183,24 @@ class BoxPoller:
             if now - self.last_ok.get(name, float("-inf")) > self.stale_after_s:
                 self.feed.box_lost(name, now)
             return False
+        held = self.views.setdefault(name, BoxViews())
+        if not merge_views(held, snap, since):  # changes to views we lost: ask for them whole
+            self.views.pop(name, None)
+            self._since.pop(name, None)
+            return since is not None and await self.poll(name, endpoint)  # once
         now = self.clock()
         self.last_ok[name] = now
-        self.feed.box_seen(name, endpoint, snap, now)
+        if snap.sessions_epoch is None:
+            self._since.pop(name, None)
+        else:
+            self._since[name] = snap.sessions_epoch
+        self.feed.box_seen(name, endpoint, snap, now, held)
         return True
+
+    async def _fetch(self, endpoint: str, since: int | None) -> BoxSnapshot:
+        params = {} if since is None else {"since": since}
+        r = await self._client.get(
+            f"http://{endpoint}{SNAPSHOT_PATH}", headers=self._headers, params=params
+        )
+        r.raise_for_status()
+        return BoxSnapshot.model_validate_json(r.content)

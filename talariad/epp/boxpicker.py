@@ -29,7 +29,7 @@ from talariad.types import KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
 from talariad.wire.messages import ChatMessage
 
-from .boxes import project
+from .boxes import BoxViews, project
 from .picker import EPPRequest, Pick, Refusal
 
 MAX_OPEN_CALLS = 100_000  # picked calls whose end was never reported are failed past this
@@ -100,6 +100,7 @@ class BoxPicker:
         self._models: dict[str, list[BoxModel]] = {}  # box -> its models
         self._versions: dict[str, int] = {}
         self._seen_at: dict[str, float] = {}
+        self._facts: dict[str, tuple] = {}  # box -> what its installed projection was made of
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._branch_open: dict[tuple[str, str], str] = {}  # a branch's open call
         self._rr = count()
@@ -107,16 +108,24 @@ class BoxPicker:
         self._expired_at = float("-inf")
 
     # --- boxes (the poller's `BoxFeed`) -----------------------------------------------------
-    def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> None:
+    def box_seen(
+        self, name: str, endpoint: str, snap: BoxSnapshot, now: float, held: BoxViews | None = None
+    ) -> None:
         """A box answered: install its projection (our own version: a box restart resets its
-        own) and the profiles it refined (the picker sees no rounds)."""
-        self._versions[name] = version = self._versions.get(name, 0) + 1
+        own) and the profiles it refined (the picker sees no rounds). `held`: its merged
+        session views (default: each instance's own list, whole)."""
         self._set_endpoint(name, endpoint)
         self._models[name] = snap.models
         self._seen_at[name] = now
         for m in snap.models:
             self.router.set_profile(m.name, m.profile.profile())
-        self.router.observe(project(name, version, snap, now), now)
+        facts = _facts(snap)
+        if held is None or held.sessions.keys != set() or self._facts.get(name) != facts:
+            self._versions[name] = version = self._versions.get(name, 0) + 1
+            self.router.observe(project(name, version, snap, now, held), now)
+            self._facts[name] = facts
+        # else the box re-sent the telemetry replies installed (the daemon polls its instances
+        # less often than we poll it) and no session changed: the installed projection stands
         self.router.heartbeat(name, now, healthy=any(i.healthy for i in snap.instances))
         if now - self._expired_at >= 1.0:  # leases and idle sessions, about once a second
             self._expired_at = now
@@ -132,6 +141,7 @@ class BoxPicker:
         self._boxes_at.pop(self.endpoints.pop(name, ""), None)
         self._models.pop(name, None)
         self._seen_at.pop(name, None)
+        self._facts.pop(name, None)
 
     def _set_endpoint(self, name: str, endpoint: str) -> None:
         old = self.endpoints.get(name)
@@ -315,6 +325,15 @@ class BoxPicker:
                 }
             )
         return {"boxes": rows, "decisions_per_s": round(self.decisions_per_s(now), 3)}
+
+
+def _facts(snap: BoxSnapshot) -> tuple:
+    """What a box's projection reads besides sessions: each instance's telemetry reply (its
+    version names it) and health. Ages are left out: a reply re-sent is older by as much as
+    the poll is later, so the projection's `taken_at` is the same."""
+    return tuple(
+        (i.name, i.telemetry.instance, i.telemetry.version, i.healthy) for i in snap.instances
+    )
 
 
 def _no_box() -> APIError:

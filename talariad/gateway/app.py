@@ -151,7 +151,9 @@ def _probe_routes(app: FastAPI, gw: Gateway) -> None:
     async def pool_snapshot(request: Request) -> Response:
         """The box's snapshot for the pool's endpoint picker (`pool.token_file`'s bearer token)."""
         gw.pool.authorize(request.headers.get("authorization"))
-        snap = gw.pool.snapshot(gw, gw.clock())
+        since = request.query_params.get("since", "")
+        token = int(since) if since.isdigit() else None  # anything else: the whole view
+        snap = gw.pool.snapshot(gw, gw.clock(), token)
         return Response(snap.model_dump_json(), media_type="application/json")
 
     @app.get("/metrics")

@@ -331,6 +331,12 @@ class RouterShell:
     evicted: Callable[[str], None] = staticmethod(lambda branch: None)
     """Forget an evicted branch on the instances, without waiting (the gateway sets it)."""
 
+    merged: Callable[[str, list[tuple[str, str]] | None], None] = staticmethod(
+        lambda instance, keys: None
+    )
+    """Which session pairs of an instance's view a reply changed (None: all of them, the view
+    was replaced or dropped); the gateway's pool change log (`pool.SessionLog.record`)."""
+
     def _evicted(self, branch: str) -> None:
         self.router.forget_session(branch)
         self.evicted(branch)
@@ -354,12 +360,7 @@ class RouterShell:
 
     def _merge(self, t: Telemetry) -> dict[tuple[str, str], KVLocation]:
         view = self._sessions.setdefault(t.instance, {})
-        if t.sessions_base is None:
-            view.clear()
-        for key in t.sessions_removed:
-            view.pop(tuple(key), None)
-        for s in t.sessions:
-            view[(s.session_id, s.model)] = s  # the telemetry's own record
+        self.merged(t.instance, t.merge_into(view))
         return view
 
     def _feed_rounds(self, t: Telemetry, now: float) -> None:
@@ -386,6 +387,7 @@ class RouterShell:
     def instance_down(self, instance: str, now: float) -> None:
         """The supervisor lost the process: forget it; its restart reports in as a new instance."""
         self._sessions.pop(instance, None)
+        self.merged(instance, None)
         self._fed.pop(instance, None)
         if any(s.instance == instance for s in self.router.instances(now)):
             self.router.remove_instance(instance, now)

@@ -21,11 +21,21 @@ _KV_RANK = {KVState.DEVICE: 0, KVState.HOST: 1, KVState.MISSING: 2}
 
 
 def box_snapshot(
-    box: str, version: int, taken_at: float, instances: Sequence[InstanceSnapshot]
+    box: str,
+    version: int,
+    taken_at: float,
+    instances: Sequence[InstanceSnapshot],
+    sessions: BoxSessions | None = None,
 ) -> InstanceSnapshot:
     """The box `box` as one placement target, from its instances' snapshots (unhealthy ones
-    count for nothing; a box with no healthy instance is unhealthy)."""
+    count for nothing; a box with no healthy instance is unhealthy). `sessions`: the box's
+    sessions kept across snapshots, brought up to date with O(changes) work when it can be."""
     live = [s for s in instances if s.healthy]
+    if sessions is None:
+        best, changed = _sessions(live), None
+    else:
+        sessions.update(live)
+        best, changed = sessions.best, sessions.changed
     allowed = frozenset().union(*(s.allowed_models for s in live))
     known_hbm = [s.hbm_free_bytes for s in live if s.hbm_free_bytes is not None]
     rates = [s.restore_s_per_token for s in live if s.restore_s_per_token is not None]
@@ -38,7 +48,7 @@ def box_snapshot(
         healthy=bool(live),
         allowed_models=allowed,
         models={m: _residency(m, live) for m in sorted(allowed)},
-        sessions=_sessions(live),
+        sessions=best,
         round_remaining_s=min(cold, default=0.0),
         round_load_s=min((s.round_load_s for s in live), default=0.0),
         deadline_risk=min((s.deadline_risk for s in live), default=0.0),
@@ -46,6 +56,7 @@ def box_snapshot(
         hbm_free_bytes=max(known_hbm) if known_hbm else None,
         staging_slack_bytes=max((s.staging_slack_bytes for s in live), default=0),
         restore_s_per_token=min(rates) if rates else None,
+        sessions_changed=changed,
     )
 
 
@@ -74,14 +85,42 @@ def _preference(snap: InstanceSnapshot, model: str) -> tuple:
 
 def _sessions(live: list[InstanceSnapshot]) -> dict[tuple[str, str], KVLocation]:
     """Each (session, model) prefix at its best place on the box: on a device before on the
-    host, then the longest."""
+    host, then the longest (the first instance of equals)."""
     best: dict[tuple[str, str], KVLocation] = {}
     for snap in live:
         for key, loc in snap.sessions.items():
             have = best.get(key)
-            if have is None or (_KV_RANK[loc.state], -loc.kv_len) < (
-                _KV_RANK[have.state],
-                -have.kv_len,
-            ):
+            if have is None or _rank(loc) < _rank(have):
                 best[key] = loc
     return best
+
+
+def _rank(loc: KVLocation) -> tuple[int, int]:
+    return _KV_RANK[loc.state], -loc.kv_len
+
+
+class BoxSessions:
+    """A box's sessions (`_sessions`) kept across its snapshots: `keys`, the pairs its
+    instances' session views changed since the last update (None: unknown), lets `update`
+    recompute only those while the same instances are live and their views are the same
+    mappings; the snapshot then names them (`sessions_changed`)."""
+
+    def __init__(self) -> None:
+        self.best: dict[tuple[str, str], KVLocation] = {}
+        self.keys: set[tuple[str, str]] | None = None
+        self.changed: frozenset[tuple[str, str]] | None = None
+        self._live: list[tuple[str, int]] = []  # (instance, id of its session view)
+
+    def update(self, live: list[InstanceSnapshot]) -> None:
+        views = [(s.instance, id(s.sessions)) for s in live]
+        if self.keys is None or views != self._live:
+            self.best, self.changed = _sessions(live), None  # a new mapping: the router diffs
+        else:
+            for key in self.keys:
+                locs = [loc for s in live if (loc := s.sessions.get(key)) is not None]
+                if locs:
+                    self.best[key] = min(locs, key=_rank)  # the first of equals, as `_sessions`
+                else:
+                    self.best.pop(key, None)
+            self.changed = frozenset(self.keys)
+        self._live, self.keys = views, set()

@@ -86,6 +86,10 @@ class InstanceSnapshot:
     """None: the instance does not measure its memory; the HBM check is skipped for it."""
     staging_slack_bytes: int = 0
     restore_s_per_token: float | None = None  # measured H2D restore rate on this instance
+    sessions_changed: frozenset[tuple[str, str]] | None = None
+    """The pairs whose entry may differ from the instance's installed snapshot (None: any). A
+    snapshot whose `sessions` is the installed snapshot's own mapping, updated in place (the
+    pool's picker keeps one per box), must name them: the router re-indexes only those."""
 
     def residency(self, model: str) -> ModelResidency:
         return self.models.get(model, _ABSENT)

@@ -267,6 +267,18 @@ class InstanceBook:
         for key in new.keys() - old.keys():
             holders.setdefault(key, set()).add(name)
 
+    def _rehold_keys(self, name: str, sessions, keys) -> None:
+        """Move `name` in the `holders` sets of `keys` only: O(changes), where the snapshot
+        updated its predecessor's mapping in place (the old key set is gone)."""
+        holders = self._holders
+        for key in keys:
+            if key in sessions:
+                holders.setdefault(key, set()).add(name)
+            elif (names := holders.get(key)) is not None:
+                names.discard(name)
+                if not names:
+                    del holders[key]
+
     def hot(self) -> set[str]:
         """Instances whose snapshot puts them in the hot pool."""
         return self._hot
@@ -313,7 +325,10 @@ class InstanceBook:
         self.generation += 1
         self.changes += 1
         self._index(inst)
-        self._rehold(inst.name, old, snapshot.sessions)
+        if old is snapshot.sessions and snapshot.sessions_changed is not None:
+            self._rehold_keys(inst.name, snapshot.sessions, snapshot.sessions_changed)
+        else:
+            self._rehold(inst.name, old, snapshot.sessions)
         self._reoverlay(inst, self._overlaid.keys() | inst.ov_model.keys())  # recounted
         inst.report_health(snapshot.healthy, now)
         self._reshare(inst, inst.open_share.keys() | snapshot.models.keys() | inst.ov_model.keys())

@@ -1,5 +1,5 @@
 """A box's snapshot for the pool's endpoint picker (`GET /pool/snapshot` on the daemon's HTTP
-port): each instance's latest telemetry with its whole session view, and each model's latency
+port): each instance's latest telemetry with its session view (whole or as changes), and each model's latency
 profile, so the picker's `Router` places calls on boxes with the facts a box's router has."""
 
 from __future__ import annotations
@@ -45,9 +45,10 @@ class BoxModel(BaseModel):
 
 
 class BoxInstance(BaseModel):
-    """One instance of the box: its latest telemetry (`sessions` the whole merged view, never a
-    delta; `rounds` empty: the profiles carry what they taught), whether the box takes its calls,
-    and the telemetry's age when the snapshot was taken."""
+    """One instance of the box: its latest telemetry (`sessions` its merged view, whole or, with
+    `sessions_base` set, the changes since the snapshot the caller named with `?since=`, as the
+    instance's own telemetry sends them; `rounds` empty: the profiles carry what they taught),
+    whether the box takes its calls, and the telemetry's age when the snapshot was taken."""
 
     name: str
     healthy: bool
@@ -63,5 +64,8 @@ class BoxSnapshot(BaseModel):
     the picker keeps versions of its own)."""
 
     version: int
+    sessions_epoch: int | None = None
+    """Names this snapshot's session views; pass it back as `?since=` to get only what changes
+    (an instance whose `sessions_base` is None was sent whole all the same)."""
     instances: list[BoxInstance] = Field(default_factory=list)
     models: list[BoxModel] = Field(default_factory=list)

@@ -155,3 +155,18 @@ class Telemetry(BaseModel):
     rounds: list[RoundMeasurement] = Field(default_factory=list)
     """Round measurements since the previous snapshot (bounded); the gateway feeds them to the
     router's profile EWMA."""
+
+    def merge_into(self, view: dict[tuple[str, str], KVLocation]) -> list[tuple[str, str]] | None:
+        """Apply this reply's sessions to `view`, the merged view it was sent against, in place
+        (O(changes)). Returns the (session, model) pairs changed or removed; None when the reply
+        carried the whole list, which replaced `view`."""
+        if self.sessions_base is None:
+            view.clear()
+        changed = [tuple(key) for key in self.sessions_removed]
+        for key in changed:
+            view.pop(key, None)
+        for s in self.sessions:
+            key = (s.session_id, s.model)
+            view[key] = s  # the telemetry's own record
+            changed.append(key)
+        return None if self.sessions_base is None else changed  # type: ignore[return-value]

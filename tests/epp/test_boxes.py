@@ -60,3 +60,45 @@ def test_a_polled_box_takes_calls_and_a_refusing_one_is_lost(box):
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     req = EPPRequest("c1", "POST", "/v1/chat/completions", {}, json.dumps(body).encode())
     assert picker.pick(req, now) == Pick("c1", live)
+
+
+class _Seen(BoxPicker):
+    """The picker, keeping each snapshot the poller hands it."""
+
+    def __init__(self) -> None:
+        super().__init__(Router(RouterKnobs(), {}))
+        self.snaps: list = []
+
+    def box_seen(self, name, endpoint, snap, now, held=None) -> None:
+        self.snaps.append(snap)
+        super().box_seen(name, endpoint, snap, now, held)
+
+
+def test_the_poller_asks_for_changes_and_falls_back_to_whole_views(box):
+    picker, live = _Seen(), box.endpoint.removeprefix("http://")
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+    async def run() -> None:
+        poller = BoxPoller(picker, TOKEN)
+        try:
+            assert await poller.poll("live", live)
+            await poller._client.post(
+                box.endpoint + "/v1/chat/completions", json=body, headers={"x-session-id": "p1"}
+            )
+            for _ in range(100):  # until the session reaches the box's view, as a change
+                assert await poller.poll("live", live)
+                held = poller.views["live"].instances
+                if any(k[0] == "p1" for v in held.values() for k in v):
+                    break
+                await asyncio.sleep(0.1)
+            last = picker.snaps[-1]
+            assert all(i.telemetry.sessions_base is not None for i in last.instances)
+            poller._since["live"] = 12345  # a token the box does not know (it restarted)
+            assert await poller.poll("live", live)
+            assert all(i.telemetry.sessions_base is None for i in picker.snaps[-1].instances)
+            assert poller._since["live"] == picker.snaps[-1].sessions_epoch
+        finally:
+            await poller.aclose()
+
+    asyncio.run(run())
+    assert any(k[0] == "p1" for k in picker.router._instances.get("live").snapshot.sessions)

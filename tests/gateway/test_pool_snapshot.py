@@ -1,5 +1,6 @@
 """`GET /pool/snapshot` on a real daemon (sim executor): the token guards it, the body is a
-`BoxSnapshot` with every instance's telemetry and every model's profile."""
+`BoxSnapshot` with every instance's telemetry and every model's profile; `?since=` a token
+gets only the session entries that changed since."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import time
 import httpx
 import pytest
 
+from talariad.admin.client import AdminClient
+from talariad.epp.boxes import BoxViews, merge_views
 from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
 from tests.support.daemon import start_daemon, stop_daemon
 
@@ -63,3 +66,113 @@ def test_no_token_configured_means_no_endpoint(tmp_path):
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     finally:
         stop_daemon(d)
+
+
+# --- sessions as changes (`?since=`) --------------------------------------------------------
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+def _snap(box, since=None) -> BoxSnapshot:
+    params = {} if since is None else {"since": since}
+    r = httpx.get(box.endpoint + SNAPSHOT_PATH, headers=AUTH, params=params, timeout=5)
+    assert r.status_code == 200
+    return BoxSnapshot.model_validate_json(r.content)
+
+
+def _call(box, session: str, turns: int = 1) -> None:
+    """A call in `session`; more `turns`: a longer prompt, so its prefix changes."""
+    messages = [{"role": "user", "content": "hi " * turns}]
+    body = {"model": "tiny-chat", "messages": messages, "max_tokens": 4}
+    r = httpx.post(
+        box.endpoint + "/v1/chat/completions",
+        json=body,
+        headers={"x-session-id": session},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+
+
+def _ids(snap: BoxSnapshot) -> set[str]:
+    """The sessions listed (a branch `s~N` counts as its session `s`)."""
+    return {s.session_id.split("~")[0] for i in snap.instances for s in i.telemetry.sessions}
+
+
+def _whole_until(box, pred) -> BoxSnapshot:
+    deadline = time.monotonic() + 20
+    while not pred(snap := _snap(box)):
+        assert time.monotonic() < deadline, snap
+        time.sleep(0.1)
+    return snap
+
+
+def _quiet_token(box, token: int) -> int:
+    """A token after which nothing changes for a poll (the calls' KV settled)."""
+    deadline = time.monotonic() + 20
+    while True:
+        snap = _snap(box, token)
+        if all(
+            not i.telemetry.sessions and not i.telemetry.sessions_removed for i in snap.instances
+        ):
+            return token
+        assert time.monotonic() < deadline, snap
+        token = snap.sessions_epoch
+        time.sleep(0.3)
+
+
+def test_a_token_gets_only_the_changes_and_removals(box):
+    _whole_until(box, lambda s: s.instances and all(i.healthy for i in s.instances))
+    _call(box, "delta-a")
+    _call(box, "delta-b")
+    first = _whole_until(box, lambda s: {"delta-a", "delta-b"} <= _ids(s))
+    assert all(i.telemetry.sessions_base is None for i in first.instances)
+    token = _quiet_token(box, first.sessions_epoch)
+
+    _call(box, "delta-a", turns=40)
+    deadline = time.monotonic() + 20
+    while not (delta := _snap(box, token)) or not _ids(delta):
+        assert time.monotonic() < deadline, delta
+        time.sleep(0.1)
+    assert _ids(delta) == {"delta-a"}
+    assert all(i.telemetry.sessions_base == token for i in delta.instances)
+
+    token = _quiet_token(box, delta.sessions_epoch)
+    AdminClient(box.socket_path).forget("delta-a")
+    deadline = time.monotonic() + 20
+    removed: set = set()
+    while not any(k[0].startswith("delta-a") for k in removed):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+        delta = _snap(box, token)
+        removed |= {tuple(k) for i in delta.instances for k in i.telemetry.sessions_removed}
+    assert all(k[0].split("~")[0] == "delta-a" for k in removed)
+
+
+def test_an_unknown_token_gets_the_whole_view(box):
+    _call(box, "delta-c")
+    whole = _whole_until(box, lambda s: "delta-c" in _ids(s))
+    for since in (whole.sessions_epoch + 10**6, 0, "not-a-token"):
+        snap = _snap(box, since)
+        assert all(i.telemetry.sessions_base is None for i in snap.instances)
+        assert "delta-c" in _ids(snap)
+
+
+def test_merged_changes_equal_a_fresh_whole_view(box):
+    held, since = BoxViews(), None
+    for n in range(6):
+        snap = _snap(box, since)
+        assert merge_views(held, snap, since)
+        since = snap.sessions_epoch
+        _call(box, f"delta-m{n % 3}", turns=n + 1)
+    deadline = time.monotonic() + 20
+    while True:  # the last changes: merged again until the two views agree
+        delta, whole = _snap(box, since), _snap(box)
+        assert merge_views(held, delta, since)
+        since, fresh = delta.sessions_epoch, BoxViews()
+        assert merge_views(fresh, whole, None)
+        if held.instances == fresh.instances and since == whole.sessions_epoch:
+            break
+        assert time.monotonic() < deadline, (held, fresh)
+        time.sleep(0.2)
+    assert {"delta-m0", "delta-m1", "delta-m2"} <= {
+        k[0] for v in held.instances.values() for k in v
+    }
