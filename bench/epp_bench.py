@@ -21,9 +21,12 @@ from pathlib import Path
 import httpx
 
 from talariad.epp import devpool, envoy
+from talariad.epp.boxes import BoxViews, merge_views
 from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.picker import EPPRequest, Pick
+from talariad.gc_tuning import settle_gc
 from talariad.router import Router, RouterKnobs
+from talariad.types import KVLocation, KVState
 from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
 from talariad.wire.messages import Telemetry
 
@@ -168,21 +171,45 @@ def run_arms(arms: dict[str, str], calls: int) -> dict[str, list[float]]:
 # --- decision time: the picker over synthetic boxes ---------------------------------------------
 
 
-def box_snapshot(index: int, round_load_s: float) -> BoxSnapshot:
-    """One box of one hot sim instance, its round `round_load_s` long."""
-    t = Telemetry(
-        instance=f"i{index}",
-        version=1,
-        pool="hot",
-        models=[MODEL],
-        active_model=MODEL,
-        loaded_models=[MODEL],
-        opened_models=[MODEL],
-        round_load_s=round_load_s,
-        hbm_free_bytes=None,
-    )
-    inst = BoxInstance(name=f"i{index}", healthy=True, age_s=0.0, telemetry=t)
-    return BoxSnapshot(version=1, instances=[inst], models=[BoxModel(name=MODEL)])
+class SyntheticBox:
+    """One box of one hot sim instance, its round `round_load_s` long, that reports the
+    prefixes of the calls the picker sent it, as a box does: by deltas (`?since=`)."""
+
+    def __init__(self, index: int, round_load_s: float) -> None:
+        self.name, self.index, self.round_load_s = f"box{index}", index, round_load_s
+        self.address = f"10.0.{index // 250}.{index % 250 + 1}:8000"
+        self.token: int | None = None
+        self.changed: list[KVLocation] = []
+        self.held = BoxViews()
+
+    def served(self, session: str, kv_len: int) -> None:
+        self.changed.append(KVLocation(session, MODEL, KVState.DEVICE, kv_len))
+
+    def poll(self, picker: BoxPicker, now: float) -> None:
+        """What the poller does with the box's reply to `?since=<its last token>`."""
+        t = Telemetry(
+            instance=f"i{self.index}",
+            version=1,
+            pool="hot",
+            models=[MODEL],
+            active_model=MODEL,
+            loaded_models=[MODEL],
+            opened_models=[MODEL],
+            round_load_s=self.round_load_s,
+            hbm_free_bytes=None,
+            sessions=self.changed,
+            sessions_base=self.token,
+        )
+        since, self.token, self.changed = self.token, (self.token or 0) + 1, []
+        inst = BoxInstance(name=f"i{self.index}", healthy=True, age_s=0.0, telemetry=t)
+        snap = BoxSnapshot(
+            version=self.token,
+            sessions_epoch=self.token,
+            instances=[inst],
+            models=[BoxModel(name=MODEL)],
+        )
+        assert merge_views(self.held, snap, since)
+        picker.box_seen(self.name, self.address, snap, now, self.held)
 
 
 SYSTEM = "You are a coding agent working in a repository. " * 20
@@ -197,8 +224,11 @@ def _request(call_id: str, sid: str, messages: list[dict]) -> EPPRequest:
 picks: list = []  # every measured pick, to count refusals (a bench measuring 503s is wrong)
 
 
-def _timed_turn(picker: BoxPicker, req: EPPRequest, now: float) -> float:
-    """One call through the picker, answered at once; the seconds `pick` took."""
+def _timed_turn(
+    picker: BoxPicker, req: EPPRequest, now: float, boxes: dict[str, SyntheticBox]
+) -> float:
+    """One call through the picker, answered at once (the box it went to holds its prompt
+    from then on); the seconds `pick` took."""
     started = time.perf_counter()
     pick = picker.pick(req, now)
     took = time.perf_counter() - started
@@ -206,6 +236,7 @@ def _timed_turn(picker: BoxPicker, req: EPPRequest, now: float) -> float:
     if isinstance(pick, Pick):
         picker.served(req.call_id, pick.endpoint, 200, now)
         picker.finished(req.call_id, True, now)
+        boxes[pick.endpoint].served(req.headers["x-session-id"], len(req.body) // 4)
     return took
 
 
@@ -216,17 +247,16 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
     where the previous call left it) and a new session's first call."""
     rng = random.Random(seed)
     picker = BoxPicker(Router(RouterKnobs(), {}))
-    pool = [
-        (f"box{b}", f"10.0.{b // 250}.{b % 250 + 1}:8000", box_snapshot(b, rng.uniform(0.1, 1.0)))
-        for b in range(boxes)
-    ]
+    settle_gc()  # as `talariad epp` does once started: the live sessions come after it
+    pool = [SyntheticBox(b, rng.uniform(0.1, 1.0)) for b in range(boxes)]
+    by_address = {box.address: box for box in pool}
     polled = [-1.0]
 
     def poll(now: float) -> None:  # the poller's work, every 100 ms, off the timed path
         if now - polled[0] >= 0.1:
             polled[0] = now
-            for name, address, snap in pool:
-                picker.box_seen(name, address, snap, now)
+            for box in pool:
+                box.poll(picker, now)
 
     history: dict[str, list[dict]] = {}
     now = 1.0
@@ -237,7 +267,7 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": f"Fix issue {i}."},
         ]
-        _timed_turn(picker, _request(f"w{i}", sid, history[sid]), now)
+        _timed_turn(picker, _request(f"w{i}", sid, history[sid]), now, by_address)
         history[sid].append({"role": "assistant", "content": f"Looking at issue {i}."})
         now += 1e-4
     now += 2 * picker.router.knobs.tau_s  # every lease has expired
@@ -254,12 +284,15 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
             sid = f"s{rng.randrange(live_sessions)}"
             messages = history[sid] + [{"role": "user", "content": f"turn {i}"}]
         poll(now)
-        took = _timed_turn(picker, _request(f"c{i}", sid, messages), now)
+        took = _timed_turn(picker, _request(f"c{i}", sid, messages), now, by_address)
         times[kind].append(took)
         if kind == "lease":  # its next call comes back within τ: timed as the lease kind
             messages.append({"role": "assistant", "content": "done"})
             again = messages + [{"role": "user", "content": "next"}]
-            times[kind][-1] = _timed_turn(picker, _request(f"l{i}", sid, again), now + 0.3)
+            poll(now + 0.3)
+            times[kind][-1] = _timed_turn(
+                picker, _request(f"l{i}", sid, again), now + 0.3, by_address
+            )
         now += 2 * picker.router.knobs.tau_s  # the next measured call sees no live lease
     refused = sum(not isinstance(p, Pick) for p in picks)
     out: dict = {"boxes": boxes, "live_sessions": live_sessions, "refused": refused}

@@ -1,5 +1,6 @@
-"""The daemon's garbage-collector settings once start-up is done (the gateway process only:
-instances are separate processes and keep CPython's defaults)."""
+"""The garbage-collector settings of the placing processes once start-up is done (the daemon's
+gateway and the pool's endpoint picker: instances are separate processes and keep CPython's
+defaults)."""
 
 from __future__ import annotations
 

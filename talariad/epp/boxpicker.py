@@ -34,6 +34,7 @@ from .picker import EPPRequest, Pick, Refusal
 
 MAX_OPEN_CALLS = 100_000  # picked calls whose end was never reported are failed past this
 _RATE_WINDOW_S = 10.0
+_RESOLVED_MAX = 1024
 
 
 class _Unstored(ResponseStore):
@@ -98,6 +99,7 @@ class BoxPicker:
         self.endpoints: dict[str, str] = {}  # box -> "ip:port"
         self._boxes_at: dict[str, str] = {}  # "ip:port" -> box
         self._models: dict[str, list[BoxModel]] = {}  # box -> its models
+        self._resolved: dict[str, BoxModel | None] = {}  # requested name -> model (a cache)
         self._versions: dict[str, int] = {}
         self._seen_at: dict[str, float] = {}
         self._facts: dict[str, tuple] = {}  # box -> what its installed projection was made of
@@ -115,7 +117,9 @@ class BoxPicker:
         own) and the profiles it refined (the picker sees no rounds). `held`: its merged
         session views (default: each instance's own list, whole)."""
         self._set_endpoint(name, endpoint)
-        self._models[name] = snap.models
+        if self._models.get(name) != snap.models:
+            self._models[name] = snap.models
+            self._resolved.clear()
         self._seen_at[name] = now
         for m in snap.models:
             self.router.set_profile(m.name, m.profile.profile())
@@ -140,6 +144,7 @@ class BoxPicker:
         self.router.remove_instance(name, now)
         self._boxes_at.pop(self.endpoints.pop(name, ""), None)
         self._models.pop(name, None)
+        self._resolved.clear()
         self._seen_at.pop(name, None)
         self._facts.pop(name, None)
 
@@ -284,7 +289,16 @@ class BoxPicker:
             self._decided.popleft()
 
     def _resolve(self, requested: str) -> BoxModel | None:
-        """The model `requested` names on some box: a name, an exact alias, then a glob."""
+        """The model `requested` names on some box (cached until a box's models change: the
+        walk is O(boxes), the pick must not be)."""
+        if requested not in self._resolved:
+            if len(self._resolved) >= _RESOLVED_MAX:  # names are the clients' to choose
+                self._resolved.clear()
+            self._resolved[requested] = self._lookup(requested)
+        return self._resolved[requested]
+
+    def _lookup(self, requested: str) -> BoxModel | None:
+        """A name, an exact alias, then a glob, over every box's models."""
         models = [m for ms in self._models.values() for m in ms]
         return (
             next((m for m in models if m.name == requested), None)

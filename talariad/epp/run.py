@@ -17,6 +17,7 @@ from talariad.epp.admin import admin_app
 from talariad.epp.boxes import BoxPoller, Discovery
 from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.config import EPPConfig, read_token
+from talariad.gc_tuning import settle_gc
 from talariad.router import Router
 
 log = logging.getLogger("talariad.epp")
@@ -81,6 +82,7 @@ async def run_epp(cfg: EPPConfig, config_path: str) -> None:
     http, http_task = await httpserver.start(
         admin_app(picker, registries), httpserver.bind(host.strip("[]"), int(port))
     )
+    settle_gc()  # start-up is done: the picker's p99 is the collector's as much as its own
     polling = asyncio.create_task(poller.run(discovered(cfg, base)))
     serving = asyncio.create_task(serve_ext_proc(picker, cfg, base, registries))
     try:
