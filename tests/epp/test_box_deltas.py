@@ -21,6 +21,7 @@ from talariad.router import Router, RouterKnobs
 from talariad.types import KVState
 from talariad.wire.box import BoxSnapshot
 from talariad.wire.messages import Telemetry
+from tests.support.props import examples
 
 INSTANCES = ("i0", "i1")
 
@@ -93,7 +94,7 @@ A, B, C = ("a", "m1"), ("b", "m1"), ("c", "m1")
 DEVICE, HOST = KVState.DEVICE, KVState.HOST
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @example(  # a removal goes out as a change
     [("set", "i0", A, DEVICE, 1), ("set", "i0", B, DEVICE, 1), ("telemetry", "i0", False)]
     + [("poll", False), ("drop", "i0", A), ("telemetry", "i0", False), ("poll", False)],

@@ -17,6 +17,8 @@ from tests.support.daemon import start_daemon, stop_daemon
 
 TOKEN = "pool-secret-2"
 
+pytestmark = pytest.mark.e2e  # a real daemon on a loopback port
+
 
 @pytest.fixture(scope="module")
 def box(tmp_path_factory):

@@ -16,6 +16,8 @@ from tests.support.daemon import start_daemon, stop_daemon
 
 TOKEN = "pool-secret-1"
 
+pytestmark = pytest.mark.e2e  # a real daemon on a loopback port
+
 
 @pytest.fixture(scope="module")
 def box(tmp_path_factory):
