@@ -240,60 +240,71 @@ def _timed_turn(
     return took
 
 
+class PickerPool:
+    """The picker over synthetic boxes, polled every 100 ms of its clock (off the timed path),
+    and the conversations of the sessions it has placed."""
+
+    def __init__(self, boxes: int, rng: random.Random) -> None:
+        self.picker = BoxPicker(Router(RouterKnobs(), {}))
+        settle_gc()  # as `talariad epp` does once started: the live sessions come after it
+        self.boxes = [SyntheticBox(b, rng.uniform(0.1, 1.0)) for b in range(boxes)]
+        self.by_address = {box.address: box for box in self.boxes}
+        self.polled = -1.0
+        self.history: dict[str, list[dict]] = {}
+        self.tau_s = self.picker.router.knobs.tau_s
+
+    def turn(self, call_id: str, sid: str, messages: list[dict], now: float) -> float:
+        """One call at `now` after the poller's work due by then; the seconds `pick` took."""
+        if now - self.polled >= 0.1:
+            self.polled = now
+            for box in self.boxes:
+                box.poll(self.picker, now)
+        return _timed_turn(self.picker, _request(call_id, sid, messages), now, self.by_address)
+
+    def warm(self, sessions: int, now: float) -> float:
+        """Every session's first call (the picker's live state); the clock after them."""
+        for i in range(sessions):
+            sid = f"s{i}"
+            self.history[sid] = _opening(f"{i}")
+            self.turn(f"w{i}", sid, self.history[sid], now)
+            self.history[sid].append({"role": "assistant", "content": f"Looking at issue {i}."})
+            now += 1e-4
+        return now + 2 * self.tau_s  # every lease has expired
+
+    def measure(self, kind: str, i: int, now: float, rng: random.Random) -> float:
+        """One measured call of `kind` at `now` (no lease is live then)."""
+        if kind == "new":
+            return self.turn(f"c{i}", f"n{i}", _opening(f"n{i}"), now)
+        sid = f"s{rng.randrange(len(self.history))}"
+        messages = self.history[sid] + [{"role": "user", "content": f"turn {i}"}]
+        took = self.turn(f"c{i}", sid, messages, now)
+        if kind == "cost":
+            return took
+        # its next call comes back within τ: that one is timed as the lease kind
+        again = messages + [{"role": "assistant", "content": "done"}]
+        return self.turn(f"l{i}", sid, again + [{"role": "user", "content": "next"}], now + 0.3)
+
+
+def _opening(issue: str) -> list[dict]:
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"Fix issue {issue}."},
+    ]
+
+
 def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0) -> dict:
     """p50/p99 of `BoxPicker.pick` with `live_sessions` sessions the picker placed itself on
     `boxes` boxes of varied round load (uniform 0.1-1 s, seeded), by kind of call: a return
     within τ of its previous answer (the lease), a return after it (cost placement, the prefix
     where the previous call left it) and a new session's first call."""
     rng = random.Random(seed)
-    picker = BoxPicker(Router(RouterKnobs(), {}))
-    settle_gc()  # as `talariad epp` does once started: the live sessions come after it
-    pool = [SyntheticBox(b, rng.uniform(0.1, 1.0)) for b in range(boxes)]
-    by_address = {box.address: box for box in pool}
-    polled = [-1.0]
-
-    def poll(now: float) -> None:  # the poller's work, every 100 ms, off the timed path
-        if now - polled[0] >= 0.1:
-            polled[0] = now
-            for box in pool:
-                box.poll(picker, now)
-
-    history: dict[str, list[dict]] = {}
-    now = 1.0
-    for i in range(live_sessions):  # every session's first call: the picker's live state
-        poll(now)
-        sid = f"s{i}"
-        history[sid] = [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"Fix issue {i}."},
-        ]
-        _timed_turn(picker, _request(f"w{i}", sid, history[sid]), now, by_address)
-        history[sid].append({"role": "assistant", "content": f"Looking at issue {i}."})
-        now += 1e-4
-    now += 2 * picker.router.knobs.tau_s  # every lease has expired
+    pool = PickerPool(boxes, rng)
+    now = pool.warm(live_sessions, 1.0)
     times: dict[str, list[float]] = {"lease": [], "cost": [], "new": []}
     for i in range(decisions):
         kind = ("lease", "cost", "new")[i % 3]
-        if kind == "new":
-            sid = f"n{i}"
-            messages = [
-                {"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"Fix issue n{i}."},
-            ]
-        else:
-            sid = f"s{rng.randrange(live_sessions)}"
-            messages = history[sid] + [{"role": "user", "content": f"turn {i}"}]
-        poll(now)
-        took = _timed_turn(picker, _request(f"c{i}", sid, messages), now, by_address)
-        times[kind].append(took)
-        if kind == "lease":  # its next call comes back within τ: timed as the lease kind
-            messages.append({"role": "assistant", "content": "done"})
-            again = messages + [{"role": "user", "content": "next"}]
-            poll(now + 0.3)
-            times[kind][-1] = _timed_turn(
-                picker, _request(f"l{i}", sid, again), now + 0.3, by_address
-            )
-        now += 2 * picker.router.knobs.tau_s  # the next measured call sees no live lease
+        times[kind].append(pool.measure(kind, i, now, rng))
+        now += 2 * pool.tau_s  # the next measured call sees no live lease
     refused = sum(not isinstance(p, Pick) for p in picks)
     out: dict = {"boxes": boxes, "live_sessions": live_sessions, "refused": refused}
     for kind, seconds in times.items():

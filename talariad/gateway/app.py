@@ -49,6 +49,8 @@ def build_app(gw: Gateway) -> FastAPI:
     # routes match in the order they are added: the calls first, the probes after
     _call_routes(app, gw)
     _probe_routes(app, gw)
+    _model_routes(app, gw)
+    _pool_routes(app, gw)
     return app
 
 
@@ -127,6 +129,12 @@ def _probe_routes(app: FastAPI, gw: Gateway) -> None:
             status_code=503 if unavailable else 200,
         )
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _model_routes(app: FastAPI, gw: Gateway) -> None:
     @app.get("/v1/models")
     async def models() -> dict:
         """Every model and every exact alias, each an id a client can send; glob aliases are no
@@ -147,6 +155,8 @@ def _probe_routes(app: FastAPI, gw: Gateway) -> None:
         entry = _model_entry(gw, m)
         return entry if model_id == m.name else {**entry, "id": model_id, "alias_of": m.name}
 
+
+def _pool_routes(app: FastAPI, gw: Gateway) -> None:
     @app.get(SNAPSHOT_PATH)
     async def pool_snapshot(request: Request) -> Response:
         """The box's snapshot for the pool's endpoint picker (`pool.token_file`'s bearer token)."""
@@ -155,10 +165,6 @@ def _probe_routes(app: FastAPI, gw: Gateway) -> None:
         token = int(since) if since.isdigit() else None  # anything else: the whole view
         snap = gw.pool.snapshot(gw, gw.clock(), token)
         return Response(snap.model_dump_json(), media_type="application/json")
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def _model_entry(gw: Gateway, m: ModelConfig) -> dict:
