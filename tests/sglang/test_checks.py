@@ -158,6 +158,6 @@ def test_sampling_params_use_only_keys_sglang_accepts():
         "sampling_seed": 3,
     }
     assert sampling_params(req, max_tokens=3)["max_new_tokens"] == 3  # a clamped budget
-    from tests.fakes.sglang_server import SAMPLING_KEYS
+    from tests.fakes.sglang_engine import SAMPLING_KEYS
 
     assert set(sampling_params(req)) <= SAMPLING_KEYS

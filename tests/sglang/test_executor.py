@@ -10,7 +10,7 @@ import pytest
 
 from talariad.engine.build import build_worker
 from talariad.wire.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
-from tests.fakes.sglang_server import FakeGpu
+from tests.fakes.sglang_engine import FakeGpu
 from tests.support.sglang import check_safe_sequence, read_log, sglang_config
 
 pytestmark = pytest.mark.proc
