@@ -4,6 +4,7 @@ reading the picker's status and explanations."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -14,6 +15,8 @@ from talaria_ctl import epp as epp_ctl
 from talaria_ctl.main import app as ctl
 from talariad.cli import app
 from talariad.epp.admin import admin_app
+from talariad.epp.config import EPPConfig
+from talariad.epp.discovery.file import parse_boxes
 from tests.epp.test_boxpicker import Session, _picker, _turn
 
 GOOD = {"discovery": {"static": {"file": "boxes.yaml"}}, "token_file": "pool.token"}
@@ -95,3 +98,12 @@ def test_ctl_call_explain_shows_every_box_weighed(served):
     assert other.exit_code == 2 and "status and call explain" in other.stderr
     recent = CliRunner().invoke(ctl, ["--epp", "x:1", "call", "recent"])
     assert recent.exit_code == 3 and "status and call explain" in recent.stderr
+
+
+def test_the_example_pool_config_and_its_boxes_parse():
+    """etc/examples/epp.yaml is what the README points operators at: it must stay valid."""
+    examples = Path(__file__).resolve().parents[2] / "etc" / "examples"
+    cfg = EPPConfig.model_validate(yaml.safe_load((examples / "epp.yaml").read_text()))
+    assert cfg.discovery.static is not None
+    boxes = parse_boxes((examples / cfg.discovery.static.file).read_text())
+    assert [b.name for b in boxes.values()] == ["box0", "box1"]
