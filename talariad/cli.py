@@ -43,6 +43,17 @@ def check_config(path: Annotated[str, typer.Argument(help="Config file to valida
     print(f"{path}: ok ({len(cfg.models)} models, {len(cfg.instances)} instances)")
 
 
+def _logging(log_level: str) -> None:
+    """Log at `log_level` (exit 2 on an unknown one); httpx only from warnings up: it would log
+    one line per telemetry or snapshot poll."""
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        print(f"talariad: --log-level: unknown level {log_level!r}", file=sys.stderr)
+        raise typer.Exit(2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))
+
+
 @app.command()
 def run(
     config: ConfigOpt = DEFAULT_CONFIG,
@@ -51,14 +62,7 @@ def run(
     """Start the supervisor, instances, gateway and admin API; stop on SIGTERM or SIGINT."""
     from talariad.daemon import Daemon
 
-    level = getattr(logging, log_level.upper(), None)
-    if not isinstance(level, int):
-        print(f"talariad: --log-level: unknown level {log_level!r}", file=sys.stderr)
-        raise typer.Exit(2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(
-        max(level, logging.WARNING)
-    )  # one line per telemetry poll otherwise
+    _logging(log_level)
     cfg = _load(config)
     try:
         asyncio.run(Daemon(cfg, config).run())
@@ -79,12 +83,7 @@ def epp(
     from talariad.epp.config import load_epp_config
     from talariad.epp.run import run_epp
 
-    level = getattr(logging, log_level.upper(), None)
-    if not isinstance(level, int):
-        print(f"talariad: --log-level: unknown level {log_level!r}", file=sys.stderr)
-        raise typer.Exit(2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))  # one line a poll otherwise
+    _logging(log_level)
     try:
         cfg = load_epp_config(config)
     except ConfigError as err:

@@ -122,7 +122,7 @@ class BoxPicker:
             self._resolved.clear()
         self._seen_at[name] = now
         for m in snap.models:
-            self.router.set_profile(m.name, m.profile.profile())
+            self.router.set_profile(m.name, m.profile)
         facts = _facts(snap)
         if held is None or held.sessions.keys != set() or self._facts.get(name) != facts:
             self._versions[name] = version = self._versions.get(name, 0) + 1

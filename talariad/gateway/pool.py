@@ -11,8 +11,8 @@ import random
 from typing import TYPE_CHECKING
 
 from talariad.gateway.errors import APIError
-from talariad.types import KVLocation, KVState
-from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot, ProfileFacts
+from talariad.types import KVLocation, KVState, LatencyProfile
+from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
 
 if TYPE_CHECKING:
     from talariad.gateway.gateway import Gateway
@@ -109,7 +109,7 @@ class PoolEndpoint:
                 name=m.name,
                 aliases=list(m.aliases),
                 default_max_tokens=m.default_max_tokens,
-                profile=ProfileFacts.of(profiles[m.name]) if m.name in profiles else ProfileFacts(),
+                profile=profiles.get(m.name, LatencyProfile()),
             )
             for m in gw.cfg.models
         ]

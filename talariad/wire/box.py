@@ -6,32 +6,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from talariad.types import LatencyProfile, SwitchPath
+from talariad.types import LatencyProfile
 from talariad.wire.messages import Telemetry
 
 SNAPSHOT_PATH = "/pool/snapshot"
-
-
-class ProfileFacts(BaseModel):
-    """`LatencyProfile` on the wire (its switch table keyed by the path's name)."""
-
-    prefill_base_s: float = 0.0
-    prefill_s_per_token: float = 1e-4
-    decode_step_s: float = 0.03
-    decode_s_per_seq: float = 0.0
-    restore_s_per_token: float = 1e-5
-    switch_s: dict[SwitchPath, float] | None = None
-    fallback_s: float | None = None
-    open_s: float = 3.0
-    weight_bytes: int = 0
-    kv_bytes_per_token: int = 0
-
-    @classmethod
-    def of(cls, p: LatencyProfile) -> ProfileFacts:
-        return cls(**{name: getattr(p, name) for name in cls.model_fields})
-
-    def profile(self) -> LatencyProfile:
-        return LatencyProfile(**{name: getattr(self, name) for name in type(self).model_fields})
 
 
 class BoxModel(BaseModel):
@@ -41,7 +19,8 @@ class BoxModel(BaseModel):
     name: str
     aliases: list[str] = Field(default_factory=list)
     default_max_tokens: int = 4096
-    profile: ProfileFacts = ProfileFacts()
+    profile: LatencyProfile = LatencyProfile()
+    """On the wire as its fields (pydantic reads the dataclass), its switch table keyed by path."""
 
 
 class BoxInstance(BaseModel):

@@ -56,7 +56,7 @@ def test_the_token_gets_every_instance_and_model(box):
     for inst in snap.instances:
         assert inst.telemetry.sessions_base is None and inst.age_s >= 0
         assert inst.telemetry.rounds == []
-    assert snap.models and all(m.profile.profile().decode_step_s > 0 for m in snap.models)
+    assert snap.models and all(m.profile.decode_step_s > 0 for m in snap.models)
     again = BoxSnapshot.model_validate_json(_get(box, {"authorization": f"Bearer {TOKEN}"}).content)
     assert again.version > snap.version
 
