@@ -315,6 +315,10 @@ async def test_tui_shows_instances(daemon):
         assert str(rounds.get_row_at(0)[0]) == "cold0" and str(switches.get_row_at(0)[0]) == "cold0"
 
 
+def _ready(daemon) -> bool:
+    return httpx.get(daemon.endpoint + "/ready", timeout=5).status_code == 200
+
+
 def test_supervisor_restarts_a_crashed_instance(daemon):
     victim = next(p for p in daemon.children() if "cold0" in " ".join(p.cmdline()))
     victim.kill()
@@ -327,6 +331,7 @@ def test_supervisor_restarts_a_crashed_instance(daemon):
             inst["cold0"]["restarts"] == 1
             and inst["cold0"]["state"] == "ready"
             and inst["cold0"]["pid"] != victim.pid
+            and _ready(daemon)  # the gateway takes its calls again once it has read its telemetry
         ):
             break
         time.sleep(0.3)
