@@ -58,6 +58,8 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     )
     fallback = clusters["pool_fallback"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
     assert len(fallback) == len(BOXES)
+    # failing open never panic-routes to a box its health check found dead
+    assert clusters["pool_fallback"]["common_lb_config"]["healthy_panic_threshold"]["value"] == 0
 
 
 @needs_envoy
