@@ -30,7 +30,7 @@ from talariad.wire.box import BoxModel, BoxSnapshot
 from talariad.wire.messages import ChatMessage
 
 from .boxes import BoxViews, project
-from .picker import EPPRequest, Pick, Refusal
+from .picker import EPPRequest, ImmediateAnswer, Pick
 
 MAX_OPEN_CALLS = 100_000  # picked calls whose end was never reported are failed past this
 _RATE_WINDOW_S = 10.0
@@ -66,7 +66,7 @@ def _spec(path: str, raw: bytes) -> CallSpec | None:
     return spec(body)  # type: ignore[operator]
 
 
-def refusal(path: str, err: APIError) -> Refusal:
+def refusal(path: str, err: APIError) -> ImmediateAnswer:
     """`err` as an immediate answer, in the error shape of the API `path` belongs to."""
     body = (
         anthropic_error_body(err.status, err.message)
@@ -75,7 +75,7 @@ def refusal(path: str, err: APIError) -> Refusal:
     )
     headers = {k.lower(): str(v) for k, v in err.headers.items()}
     headers["content-type"] = "application/json"
-    return Refusal(err.status, json.dumps(body).encode(), headers)
+    return ImmediateAnswer(err.status, json.dumps(body).encode(), headers)
 
 
 @dataclass(slots=True)
@@ -155,7 +155,7 @@ class BoxPicker:
             self.endpoints[name], self._boxes_at[endpoint] = endpoint, name
 
     # --- calls (the `Picker` protocol) ------------------------------------------------------
-    def pick(self, request: EPPRequest, now: float) -> Pick | Refusal:
+    def pick(self, request: EPPRequest, now: float) -> Pick | ImmediateAnswer:
         """A call path's body picks a box by placement; any other request any healthy box."""
         path = request.path
         try:
@@ -204,7 +204,7 @@ class BoxPicker:
         max_tokens = spec.max_tokens or model.default_max_tokens
         return CallRequest(request.call_id, branch, model.name, tokens, reused, max_tokens)
 
-    def _refuse(self, path: str, spec: CallSpec, d: Decision, now: float) -> Refusal:
+    def _refuse(self, path: str, spec: CallSpec, d: Decision, now: float) -> ImmediateAnswer:
         """429 with `retry-after` when boxes are busy (the picker cannot hold a call: a held
         one leaves the router's queue at once), 503 when no box is healthy."""
         if d.kind is DecisionKind.OVERLOAD_QUEUE:
@@ -223,7 +223,7 @@ class BoxPicker:
             ),
         )
 
-    def _any_box(self, request: EPPRequest, now: float) -> Pick | Refusal:
+    def _any_box(self, request: EPPRequest, now: float) -> Pick | ImmediateAnswer:
         """Round robin over the healthy boxes (model lists, probes, unknown models)."""
         boxes = self.healthy_boxes(now)
         if not boxes:

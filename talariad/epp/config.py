@@ -5,14 +5,10 @@ from __future__ import annotations
 import pathlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from talariad.config import ConfigError, _pydantic_lines, read_config_data
+from talariad.config import ConfigError, _pydantic_lines, _Strict, read_config_data
 from talariad.router import RouterKnobs
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class TLSConfig(_Strict):

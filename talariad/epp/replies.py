@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from talariad.epp import ext_proc_pb2 as pb
-from talariad.epp.picker import Refusal
+from talariad.epp.picker import ImmediateAnswer
 
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
@@ -81,7 +81,7 @@ def request_body_pieces(body: bytes, end_of_stream: bool = True) -> Iterator[pb.
         yield streamed(piece, end_of_stream and last, response=False)
 
 
-def refuse(refusal: Refusal, details: str) -> pb.ProcessingResponse:
+def refuse(refusal: ImmediateAnswer, details: str) -> pb.ProcessingResponse:
     """`refusal` as the answer to the client, in place of routing. `details` reaches Envoy's
     access log (%RESPONSE_CODE_DETAILS%): a token, no spaces."""
     headers = {"content-type": "application/json", **refusal.headers}

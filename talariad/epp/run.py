@@ -65,7 +65,7 @@ async def serve_ext_proc(
     tls = None
     if cfg.tls is not None:
         tls = server.TLSFiles(base / cfg.tls.cert_file, base / cfg.tls.key_file)
-    started = await server.start(server.ExternalProcessor(picker, metrics=metrics), cfg.listen, tls)
+    started = await server.start(server.ExtProcServicer(picker, metrics=metrics), cfg.listen, tls)
     print(f"talariad epp: ext_proc listening on {cfg.listen}", file=sys.stderr, flush=True)
     await server.serve(started, cfg.drain_s)
 

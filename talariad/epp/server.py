@@ -23,7 +23,7 @@ MAX_MESSAGE_BYTES = 16 * 2**20
 """Largest message taken from Envoy; it sends body chunks of up to 1 MiB."""
 
 
-class ExternalProcessor(ext_proc_pb2_grpc.ExternalProcessorServicer):
+class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
     def __init__(
         self,
         picker: Picker,
@@ -76,9 +76,7 @@ class EPPServer:
         await self.server.wait_for_termination()
 
 
-async def start(
-    processor: ExternalProcessor, address: str, tls: TLSFiles | None = None
-) -> EPPServer:
+async def start(processor: ExtProcServicer, address: str, tls: TLSFiles | None = None) -> EPPServer:
     """Serve `processor` and health on `address` ("host:port"), over TLS when `tls` is given."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(processor, server)

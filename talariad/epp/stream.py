@@ -19,7 +19,7 @@ from itertools import chain
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import replies
 from talariad.epp.metrics import EPPMetrics
-from talariad.epp.picker import EPPRequest, Pick, Picker, Refusal
+from talariad.epp.picker import EPPRequest, ImmediateAnswer, Pick, Picker
 from talariad.gateway.errors import APIError, anthropic_error_body
 
 log = logging.getLogger("talariad.epp")
@@ -100,7 +100,7 @@ class Stream:
         started = time.perf_counter()
         body, self.body = bytes(self.body), bytearray()
         outcome, decision = self._decide(body)
-        if isinstance(decision, Refusal):
+        if isinstance(decision, ImmediateAnswer):
             first = replies.refuse(decision, details=f"epp_{outcome}")
         else:
             self.pick = decision
@@ -110,7 +110,7 @@ class Stream:
             return [first]
         return chain([first], replies.request_body_pieces(body, body_ends))
 
-    def _decide(self, body: bytes) -> tuple[str, Pick | Refusal]:
+    def _decide(self, body: bytes) -> tuple[str, Pick | ImmediateAnswer]:
         if self.body_bytes > self.max_body:
             message = f"request body is {self.body_bytes} bytes; the limit is {self.max_body} bytes"
             return "too_large", error(self.path, 413, message, "request_too_large")
@@ -172,7 +172,7 @@ _HANDLERS = {
 }
 
 
-def error(path: str, status: int, message: str, code: str) -> Refusal:
+def error(path: str, status: int, message: str, code: str) -> ImmediateAnswer:
     """A refusal in the error shape of the API `path` belongs to (Anthropic's for /v1/messages,
     else OpenAI's)."""
     if path.startswith("/v1/messages"):
@@ -180,7 +180,7 @@ def error(path: str, status: int, message: str, code: str) -> Refusal:
     else:
         kind = "invalid_request_error" if status < 500 else "server_error"
         body = APIError(status, message, type=kind, code=code).body()
-    return Refusal(status, json.dumps(body).encode())
+    return ImmediateAnswer(status, json.dumps(body).encode())
 
 
 def _check_endpoint(endpoint: str) -> None:

@@ -20,7 +20,7 @@ from talariad.replay.progress import progress_bar
 from talariad.replay.report import print_report, to_json
 from talariad.replay.swebv import load_swebv
 from talariad.replay.trace import Trace, TraceError, read_jsonl
-from talariad.sim.box_pickers import PICKER_ORDER
+from talariad.sim.box_policies import POLICY_ORDER
 from talariad.sim.configs import SUITES, SimConfig, config_models, from_config, map_models, suite
 from talariad.sim.pool import ROW_FIELDS, SESSIONS_PER_BOX, pool_trace, run_pool
 from talariad.sim.simulator import simulate
@@ -156,13 +156,13 @@ def pool_compare(args) -> int:
     pset = load_set(args.profiles or ROUTER_BOX)
     models, per = list(pset.models), args.sessions_per_box
     sizes = parse_boxes(args.boxes)
-    total = sum(n * per for n in sizes) * len(PICKER_ORDER)
+    total = sum(n * per for n in sizes) * len(POLICY_ORDER)
     rows = []
     quiet = args.no_progress or args.json == "-"
     with progress_bar(total, "simulating", enabled=not quiet) as advance:
         for n in sizes:
             trace = pool_trace(n, per, args.seed, models)
-            for picker in PICKER_ORDER:
+            for picker in POLICY_ORDER:
                 advance(0, description=f"{picker}@{n}")
                 rows.append(run_pool(n, picker, trace, pset, on_session_done=advance))
     if args.json:

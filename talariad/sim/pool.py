@@ -1,6 +1,6 @@
 """The pool suite: N boxes, each a copy of the router suite's testbed, behind one box picker.
 
-Two levels in virtual time: the picker (`box_pickers.BOX_PICKERS`) chooses a box per call from
+Two levels in virtual time: the picker (`box_policies.BOX_POLICIES`) chooses a box per call from
 what it last polled (every `POLL_S`), then that box's own Talaria `Router` places the call on
 the box's instances exactly as the single-box simulation does. A call refused by its box's
 router waits at that box, as a daemon holds it. Sessions per box and the per-box arrival rate
@@ -21,7 +21,7 @@ from talariad.replay.generate import characterization
 from talariad.replay.metrics import RunResult, nearest_rank
 from talariad.replay.trace import Trace, TraceCall
 from talariad.router import Lease, Router
-from talariad.sim.box_pickers import BOX_PICKERS, POLL_S
+from talariad.sim.box_policies import BOX_POLICIES, POLL_S
 from talariad.sim.configs import LOADS, InstanceSpec, SimConfig, router_configs
 from talariad.sim.simulator import RETRY, Pending, SimInstance, Simulator, request
 
@@ -86,7 +86,7 @@ class PoolSimulator(Simulator):
             b: Router(config.router, self.profiles, policy=config.policy) for b in members
         }
         rng = random.Random(config.router.seed)
-        self.picker = BOX_PICKERS.get(picker)(config.router, self.profiles, rng)
+        self.picker = BOX_POLICIES.get(picker)(config.router, self.profiles, rng)
         self.result.policy = picker
         self.recomputed = 0
         self._box_for: dict[str, str] = {}  # call id -> the box it was sent to

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from talariad.epp.server import EPPServer, ExternalProcessor, TLSFiles, start
+from talariad.epp.server import EPPServer, ExtProcServicer, TLSFiles, start
 from tests.epp.fake_envoy import Conversation, RecordingPicker
 
 
 @dataclass
 class Running:
     server: EPPServer
-    processor: ExternalProcessor
+    processor: ExtProcServicer
     picker: RecordingPicker
     channel: grpc.aio.Channel
 
@@ -34,7 +34,7 @@ async def epp():
         **options,
     ) -> Running:
         picker = picker or RecordingPicker()
-        processor = ExternalProcessor(picker, clock=lambda: 100.0, **options)
+        processor = ExtProcServicer(picker, clock=lambda: 100.0, **options)
         server = await start(processor, "127.0.0.1:0", tls)
         chan = (
             channel(server.port)

@@ -10,7 +10,7 @@ import grpc
 
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import ext_proc_pb2_grpc
-from talariad.epp.picker import EPPRequest, Pick, Refusal
+from talariad.epp.picker import EPPRequest, ImmediateAnswer, Pick
 
 ENDPOINT = "10.0.0.7:8000"
 FULL_DUPLEX = pb.ProcessingMode.FULL_DUPLEX_STREAMED
@@ -156,14 +156,14 @@ class RecordingPicker:
     """Picks `endpoint` (or answers `refusal`, or raises) and records every call."""
 
     def __init__(
-        self, endpoint: str = ENDPOINT, refusal: Refusal | None = None, fail: bool = False
+        self, endpoint: str = ENDPOINT, refusal: ImmediateAnswer | None = None, fail: bool = False
     ):
         self.endpoint, self.refusal, self.fail = endpoint, refusal, fail
         self.requests: list[EPPRequest] = []
         self.served_calls: list[tuple[str, str | None, int]] = []
         self.finished_calls: list[tuple[str, bool]] = []
 
-    def pick(self, request: EPPRequest, now: float) -> Pick | Refusal:
+    def pick(self, request: EPPRequest, now: float) -> Pick | ImmediateAnswer:
         self.requests.append(request)
         if self.fail:
             raise RuntimeError("picker bug")

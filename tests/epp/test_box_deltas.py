@@ -26,7 +26,7 @@ from tests.support.props import examples
 INSTANCES = ("i0", "i1")
 
 
-class Box:
+class FakeDaemon:
     """The daemon's side: instances with session rows, the shell that merges their telemetry,
     the pool endpoint that serves it."""
 
@@ -111,7 +111,7 @@ DEVICE, HOST = KVState.DEVICE, KVState.HOST
     st.lists(STEPS, min_size=10, max_size=80), st.sampled_from([2, 5, 100, 100]), st.integers(1, 8)
 )
 def test_merged_changes_equal_a_fresh_whole_view(steps, max_sessions, max_changes):
-    box, picker = Box(max_sessions, max_changes), Picker()
+    box, picker = FakeDaemon(max_sessions, max_changes), Picker()
     for step in steps:
         kind, args = step[0], step[1:]
         if kind == "set":
@@ -124,7 +124,7 @@ def test_merged_changes_equal_a_fresh_whole_view(steps, max_sessions, max_change
         elif kind == "restart":
             box.restart(args[0])
         elif kind == "box restart":  # a new daemon: its log knows no old token
-            box = Box(max_sessions, max_changes)
+            box = FakeDaemon(max_sessions, max_changes)
         else:
             picker.poll(box, lost=args[0])
     picker.poll(box, lost=False)
@@ -143,7 +143,7 @@ class Picker:
         self.held, self.since, self.version = BoxViews(), None, 0
         self.router, self.installed = Router(RouterKnobs(), {}), None
 
-    def poll(self, box: Box, lost: bool) -> None:
+    def poll(self, box: FakeDaemon, lost: bool) -> None:
         snap = box.snapshot(self.since)
         if lost:  # the reply is lost: the picker keeps its views and token
             return
@@ -155,7 +155,7 @@ class Picker:
 
 
 def test_a_quiet_box_sends_no_sessions():
-    box = Box(100, 100)
+    box = FakeDaemon(100, 100)
     box.rows["i0"][("s", "m1")] = (KVState.DEVICE, 3)
     box.telemetry("i0", lost=False)
     first = box.snapshot(None)
@@ -166,7 +166,7 @@ def test_a_quiet_box_sends_no_sessions():
 
 
 def test_a_change_to_views_not_held_asks_for_them_whole():
-    box = Box(100, 100)
+    box = FakeDaemon(100, 100)
     box.rows["i0"][("s", "m1")] = (KVState.DEVICE, 3)
     box.telemetry("i0", lost=False)
     token = box.snapshot(None).sessions_epoch
@@ -174,7 +174,7 @@ def test_a_change_to_views_not_held_asks_for_them_whole():
 
 
 def test_a_box_resending_the_replies_installed_is_not_projected_again():
-    box, picker, held = Box(100, 100), BoxPicker(Router(RouterKnobs(), {})), BoxViews()
+    box, picker, held = FakeDaemon(100, 100), BoxPicker(Router(RouterKnobs(), {})), BoxViews()
     since = None
 
     def poll(now: float) -> None:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from talariad.epp.boxpicker import BoxPicker
-from talariad.epp.picker import EPPRequest, Pick, Refusal
+from talariad.epp.picker import EPPRequest, ImmediateAnswer, Pick
 from talariad.router import Router, RouterKnobs
 from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
 from talariad.wire.messages import Telemetry
@@ -145,7 +145,7 @@ def test_no_box_with_room_is_429_with_retry_after():
     p = _picker("reject", round_load_s=60.0)
     for path in ("/v1/chat/completions", "/v1/messages"):
         r = p.pick(Session("s1").request(path), 0.1)
-        assert isinstance(r, Refusal) and r.status == 429, r
+        assert isinstance(r, ImmediateAnswer) and r.status == 429, r
         assert int(r.headers["retry-after"]) >= 1
         body = json.loads(r.body)
         if path == "/v1/messages":
@@ -174,7 +174,7 @@ def test_under_queue_a_full_round_budget_waits_in_the_cheapest_boxs_queue():
 )
 def test_a_malformed_body_is_400_in_its_apis_shape(path, raw):
     r = _picker().pick(EPPRequest("c1", "POST", path, {}, raw), 0.1)
-    assert isinstance(r, Refusal) and r.status == 400
+    assert isinstance(r, ImmediateAnswer) and r.status == 400
     body = json.loads(r.body)
     if path == "/v1/messages":
         assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
@@ -190,13 +190,13 @@ def test_gets_go_round_robin_and_no_healthy_box_is_503():
         p.box_lost(name, 0.2)
     for req in (EPPRequest("g9", "GET", "/v1/models", {}), Session("s").request()):
         r = p.pick(req, 0.3)
-        assert isinstance(r, Refusal) and r.status == 503 and r.headers["retry-after"]
+        assert isinstance(r, ImmediateAnswer) and r.status == 503 and r.headers["retry-after"]
 
 
 def test_stale_boxes_take_no_new_calls():
     p = _picker()
     r = p.pick(EPPRequest("g", "GET", "/v1/models", {}), 5.0)  # 5 s without a snapshot
-    assert isinstance(r, Refusal) and r.status == 503
+    assert isinstance(r, ImmediateAnswer) and r.status == 503
 
 
 def test_aliases_and_other_apis_place_like_chat():

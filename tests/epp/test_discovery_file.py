@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from talariad.epp.discovery import Box, endpoints
+from talariad.epp.discovery import BoxEndpoint, endpoints
 from talariad.epp.discovery.file import DiscoveryError, FileSource, parse_boxes
 
 GOOD = """
@@ -21,9 +21,9 @@ GOOD = """
 def test_a_good_file_names_its_boxes():
     boxes = parse_boxes(GOOD)
     assert boxes == {
-        "box-a": Box("box-a", "10.0.0.5", 8000),
-        "box-b": Box("box-b", "fd00::7", 8001),
-        "box-c": Box("box-c", "box-c.lan", 65535),
+        "box-a": BoxEndpoint("box-a", "10.0.0.5", 8000),
+        "box-b": BoxEndpoint("box-b", "fd00::7", 8001),
+        "box-c": BoxEndpoint("box-c", "box-c.lan", 65535),
     }
     assert endpoints(boxes) == {
         "box-a": "10.0.0.5:8000",
@@ -34,7 +34,7 @@ def test_a_good_file_names_its_boxes():
 
 def test_the_list_may_sit_under_endpoints_and_may_be_empty():
     assert parse_boxes("endpoints:\n- {name: a, address: 10.0.0.1, port: 80}\n") == {
-        "a": Box("a", "10.0.0.1", 80)
+        "a": BoxEndpoint("a", "10.0.0.1", 80)
     }
     assert parse_boxes("[]") == {}
 

@@ -13,7 +13,7 @@ pytest.importorskip("lightkube", reason="Kubernetes discovery needs the k8s extr
 
 from lightkube import AsyncClient, KubeConfig  # noqa: E402
 
-from talariad.epp.discovery import Box  # noqa: E402
+from talariad.epp.discovery import BoxEndpoint  # noqa: E402
 from talariad.epp.discovery.file import DiscoveryError  # noqa: E402
 from talariad.epp.discovery.kube import KubeSource, parse_pool, pod_boxes  # noqa: E402
 from tests.support.fake_kube import FakeKube  # noqa: E402
@@ -70,8 +70,8 @@ def test_a_pod_serves_a_box_per_target_port_only_when_ready_alive_and_addressed(
     meta = {"name": "p", "labels": APP}
     ready = {"podIP": "10.1.0.4", "conditions": [{"type": "Ready", "status": "True"}]}
     assert pod_boxes({"metadata": meta, "status": ready}, spec) == [
-        Box("p-rank-0", "10.1.0.4", 8000),
-        Box("p-rank-1", "10.1.0.4", 8001),
+        BoxEndpoint("p-rank-0", "10.1.0.4", 8000),
+        BoxEndpoint("p-rank-1", "10.1.0.4", 8001),
     ]
     unready = {**ready, "conditions": [{"type": "Ready", "status": "False"}]}
     dying = {**meta, "deletionTimestamp": "2026-01-01T00:00:00Z"}
@@ -81,7 +81,7 @@ def test_a_pod_serves_a_box_per_target_port_only_when_ready_alive_and_addressed(
     assert pod_boxes({"metadata": {**meta, "labels": {"app": "x"}}, "status": ready}, spec) == []
     narrowed = {**meta, "annotations": {"llm-d.ai/active-ports": "8001"}}
     assert pod_boxes({"metadata": narrowed, "status": ready}, spec) == [
-        Box("p-rank-1", "10.1.0.4", 8001)
+        BoxEndpoint("p-rank-1", "10.1.0.4", 8001)
     ]
     with pytest.raises(DiscoveryError, match="malformed pod"):
         pod_boxes({"metadata": meta, "status": {**ready, "conditions": "Ready"}}, spec)

@@ -23,7 +23,7 @@ def pool(tmp_path_factory):
         yield p
 
 
-def second_gateway(pool: devpool.Pool, name: str, epp: str, failure_mode: str) -> str:
+def second_gateway(pool: devpool.LocalPool, name: str, epp: str, failure_mode: str) -> str:
     """Another Envoy on the same boxes (a part of the pool, stopped with it)."""
     spec = envoy.GatewaySpec("127.0.0.1:0", epp, tuple(pool.boxes), 0, failure_mode, "full-duplex")
     return devpool.start_gateway(pool, spec, name).listen

@@ -10,7 +10,7 @@ import os
 import grpc
 
 from talariad.epp import ext_proc_pb2 as pb
-from talariad.epp.picker import Refusal
+from talariad.epp.picker import ImmediateAnswer
 from tests.epp import fake_envoy as envoy
 from tests.epp.fake_envoy import ENDPOINT, MIB, RecordingPicker
 
@@ -109,7 +109,7 @@ async def test_sse_chunks_are_echoed_at_once_in_order(epp):
 
 
 async def test_a_refusal_is_an_immediate_response_in_place_of_routing(epp):
-    refusal = Refusal(429, b'{"error": {"message": "busy"}}', {"retry-after": "3"})
+    refusal = ImmediateAnswer(429, b'{"error": {"message": "busy"}}', {"retry-after": "3"})
     run = await epp(RecordingPicker(refusal=refusal))
     call = run.stream()
     await call.post(b"{}")

@@ -6,7 +6,7 @@ import pytest
 
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import replies
-from talariad.epp.picker import Refusal
+from talariad.epp.picker import ImmediateAnswer
 
 # (message, the first tag byte on the wire): field number << 3 | wire type (2 = length-delimited,
 # 0 = varint), as in Envoy's data-plane-api external_processor.proto.
@@ -81,6 +81,8 @@ def test_reading_the_served_endpoint_adds_no_metadata():
 
 
 def test_refusal_headers_may_override_the_content_type():
-    reply = replies.refuse(Refusal(503, b"busy", {"content-type": "text/plain"}), "epp_refused")
+    reply = replies.refuse(
+        ImmediateAnswer(503, b"busy", {"content-type": "text/plain"}), "epp_refused"
+    )
     (option,) = reply.immediate_response.headers.set_headers
     assert (option.header.key, option.header.raw_value) == ("content-type", b"text/plain")

@@ -16,10 +16,10 @@ from talariad.router import (
     RouterKnobs,
 )
 from talariad.sim.__main__ import main
-from talariad.sim.box_pickers import (
-    BOX_PICKERS,
-    PICKER_ORDER,
-    LlmDSessionBoxPicker,
+from talariad.sim.box_policies import (
+    BOX_POLICIES,
+    POLICY_ORDER,
+    LlmDSessionBoxPolicy,
     prefix_score,
 )
 from talariad.sim.pool import ROW_FIELDS, pool_trace, run_pool
@@ -45,11 +45,11 @@ def testbed():
 def rows(testbed):
     """Every picker over two boxes of three sessions each (light load: nothing forces a move)."""
     trace = pool_trace(2, 3, 0, list(testbed.models))
-    return {p: run_pool(2, p, trace, testbed) for p in PICKER_ORDER}
+    return {p: run_pool(2, p, trace, testbed) for p in POLICY_ORDER}
 
 
 def test_every_picker_is_registered():
-    assert set(PICKER_ORDER) == set(BOX_PICKERS.names())
+    assert set(POLICY_ORDER) == set(BOX_POLICIES.names())
 
 
 def test_rows_carry_exactly_the_fields_typed(rows):
@@ -89,8 +89,8 @@ def _call(k: int, session: str = "s") -> CallRequest:
     return CallRequest(f"{session}#{k}", session, "m", 1000 + 100 * k, 1000 + 100 * k - 100, 8)
 
 
-def _session_picker() -> LlmDSessionBoxPicker:
-    return LlmDSessionBoxPicker(RouterKnobs(), {}, random.Random(0))
+def _session_picker() -> LlmDSessionBoxPolicy:
+    return LlmDSessionBoxPolicy(RouterKnobs(), {}, random.Random(0))
 
 
 def test_session_affinity_keeps_the_box_while_the_ttl_lasts():
@@ -139,7 +139,7 @@ def test_cli_json_rows(capsys):
     argv = ["compare", "--suite", "pool", "--boxes", "2", "--sessions-per-box", "2"]
     assert main([*argv, "--json", "-"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["policy"] for r in rows] == list(PICKER_ORDER)
+    assert [r["policy"] for r in rows] == list(POLICY_ORDER)
     assert all(tuple(r) == ROW_FIELDS for r in rows)
 
 

@@ -22,7 +22,7 @@ needs_envoy = pytest.mark.skipif(
 
 
 @contextlib.contextmanager
-def running_pool(workdir: Path, **kw) -> Iterator[devpool.Pool]:
+def running_pool(workdir: Path, **kw) -> Iterator[devpool.LocalPool]:
     """`devpool.start_pool` in `workdir`, stopped (every process, by PID) however the block ends."""
     pool = devpool.start_pool(workdir, **kw)
     try:
@@ -89,7 +89,7 @@ async def chat(
     return answer
 
 
-def served_by_id(pool: devpool.Pool, wait_s: float = 5) -> dict[str, dict]:
+def served_by_id(pool: devpool.LocalPool, wait_s: float = 5) -> dict[str, dict]:
     """Envoy's access log by request id (waits for the file to be flushed)."""
     time.sleep(0.3)  # the access log is flushed every 200 ms
     deadline = time.monotonic() + wait_s

@@ -1,6 +1,6 @@
 """Where the pool's boxes are: a source yields the full set of boxes each time it changes.
 
-A source has one method, `changes()`, an async iterator of `dict[name, Box]`: the first good
+A source has one method, `changes()`, an async iterator of `dict[name, BoxEndpoint]`: the first good
 set, then one per change (never two equal sets in a row). One consumer iterates it
 (`async for boxes in source.changes(): ...`) until it stops (`aclose()`). Bad input is logged,
 one line, and the last good set stays. Sources: `file.FileSource` (llm-d's file-discovery
@@ -16,7 +16,7 @@ from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
-class Box:
+class BoxEndpoint:
     """One box's gateway: `address` an IP or hostname, `port` its HTTP port."""
 
     name: str
@@ -30,7 +30,7 @@ class Box:
         return f"{host}:{self.port}"
 
 
-Boxes = dict[str, Box]
+Boxes = dict[str, BoxEndpoint]
 """A full set of boxes by name."""
 
 

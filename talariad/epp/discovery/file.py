@@ -22,7 +22,7 @@ from typing import Annotated
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from talariad.epp.discovery import Box, Boxes
+from talariad.epp.discovery import BoxEndpoint, Boxes
 
 log = logging.getLogger("talariad.epp")
 
@@ -93,7 +93,7 @@ def parse_boxes(text: str | bytes) -> Boxes:
     for e in entries:
         if e.name in boxes:
             raise DiscoveryError(f"the name {e.name!r} appears twice")
-        boxes[e.name] = Box(e.name, e.address, e.port)
+        boxes[e.name] = BoxEndpoint(e.name, e.address, e.port)
     return boxes
 
 

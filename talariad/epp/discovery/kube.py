@@ -20,7 +20,7 @@ from lightkube import AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from talariad.epp.discovery import Box, Boxes
+from talariad.epp.discovery import BoxEndpoint, Boxes
 from talariad.epp.discovery.file import DiscoveryError
 
 log = logging.getLogger("talariad.epp")
@@ -94,7 +94,7 @@ def _active_ports(annotations: Mapping[str, str], ports: tuple[int, ...]) -> set
     return set(ports)
 
 
-def pod_boxes(pod: Mapping[str, Any], spec: PoolSpec) -> list[Box]:
+def pod_boxes(pod: Mapping[str, Any], spec: PoolSpec) -> list[BoxEndpoint]:
     """The boxes one pod serves under `spec`: none unless it is Ready, not being deleted, has
     an IP and carries the selector's labels (DiscoveryError: the pod object is malformed)."""
     try:
@@ -109,7 +109,9 @@ def pod_boxes(pod: Mapping[str, Any], spec: PoolSpec) -> list[Box]:
     except (KeyError, TypeError, AttributeError) as err:
         raise DiscoveryError(f"malformed pod object ({type(err).__name__}: {err})") from None
     return [
-        Box(f"{name}-rank-{i}", ip, port) for i, port in enumerate(spec.ports) if port in active
+        BoxEndpoint(f"{name}-rank-{i}", ip, port)
+        for i, port in enumerate(spec.ports)
+        if port in active
     ]
 
 
@@ -120,7 +122,7 @@ class _View:
     spec: PoolSpec | None = None
     absent: bool = False  # the pool was found missing or deleted
     pods: dict[str, Mapping[str, Any]] | None = None  # None until the first pod list
-    served: dict[str, list[Box]] = field(default_factory=dict)  # by pod
+    served: dict[str, list[BoxEndpoint]] = field(default_factory=dict)  # by pod
 
     def set_spec(self, spec: PoolSpec | None) -> None:
         self.spec, self.absent = spec, spec is None
@@ -142,7 +144,7 @@ class _View:
             self.pods[name] = pod
             self.served[name] = self._serve(name, pod)
 
-    def _serve(self, name: str, pod: Mapping[str, Any]) -> list[Box]:
+    def _serve(self, name: str, pod: Mapping[str, Any]) -> list[BoxEndpoint]:
         if self.spec is None:
             return []
         try:

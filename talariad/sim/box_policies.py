@@ -47,7 +47,7 @@ def box_stats(box: str, snaps: Sequence[InstanceSnapshot]) -> BoxStats:
     return BoxStats(box, bool(live), queued / n, kv / n, len(live))
 
 
-class BoxPicker(ABC):
+class BoxPolicy(ABC):
     """Picks a box per call from polled box state and its own record of calls in flight."""
 
     name: ClassVar[str] = ""
@@ -89,11 +89,11 @@ class BoxPicker(ABC):
         return None  # a hook: only a picker with latency profiles learns from rounds
 
 
-BOX_PICKERS: Registry[BoxPicker] = Registry("box picker")
+BOX_POLICIES: Registry[BoxPolicy] = Registry("box policy")
 
 
-@BOX_PICKERS.register("talaria")
-class TalariaBoxPicker(BoxPicker):
+@BOX_POLICIES.register("talaria")
+class TalariaBoxPolicy(BoxPolicy):
     """The same `Router` (policy "talaria") with boxes as targets, fed `box_snapshot`s; a
     completion installs the session's lease on the box that served it."""
 
@@ -122,8 +122,8 @@ class TalariaBoxPicker(BoxPicker):
         self.router.round_summary("", model, measured, now)
 
 
-@BOX_PICKERS.register("round-robin")
-class RoundRobinBoxPicker(BoxPicker):
+@BOX_POLICIES.register("round-robin")
+class RoundRobinBoxPolicy(BoxPolicy):
     """One counter over the healthy boxes (SGLang / vLLM `round_robin`)."""
 
     def __init__(self, knobs, profiles, rng) -> None:
@@ -136,8 +136,8 @@ class RoundRobinBoxPicker(BoxPicker):
         return box
 
 
-@BOX_PICKERS.register("least-load")
-class LeastLoadBoxPicker(BoxPicker):
+@BOX_POLICIES.register("least-load")
+class LeastLoadBoxPolicy(BoxPolicy):
     """Fewest calls the picker sent to a box and has not seen complete (L_w, counted at
     dispatch and completion, so it is never stale), ties to the first box (`min_by_key`)."""
 
@@ -154,8 +154,8 @@ def prefix_score(matched: int, total: int, w: float, scale: float) -> float:
     return w * near + (1.0 - w) * matched / total
 
 
-@BOX_PICKERS.register("llm-d")
-class LlmDBoxPicker(BoxPicker):
+@BOX_POLICIES.register("llm-d")
+class LlmDBoxPolicy(BoxPolicy):
     """GIE's default profile (`pkg/epp/config/loader/defaults.go`, peer-policies.md §3):
     prefix-cache ×3, queue ×2, kv-cache-utilization ×2, max-score picker (shuffled ties).
     Prefix matches come from a router-side index of what it sent where (the approximate
@@ -218,8 +218,8 @@ def _queue_scores(live: list[BoxStats]) -> dict[str, float]:
     return {b.name: 1.0 if hi == lo else (hi - b.queue) / (hi - lo) for b in live}
 
 
-@BOX_PICKERS.register("llm-d-session")
-class LlmDSessionBoxPicker(LlmDBoxPicker):
+@BOX_POLICIES.register("llm-d-session")
+class LlmDSessionBoxPolicy(LlmDBoxPolicy):
     """llm-d's default mix plus its session-affinity scorer in `session_id` mode: the session's
     bound box scores 1.0, every other 0; an unbound session scores 0 everywhere; each placement
     (re)binds the session to where the call went; bindings idle past the TTL (300 s) go at the
@@ -227,7 +227,7 @@ class LlmDSessionBoxPicker(LlmDBoxPicker):
 
     # NOTE: no llm-d doc gives this scorer's weight in a mix; 3 is the weight GIE's default
     # gives its other affinity scorer (prefix-cache)
-    WEIGHTS: ClassVar[dict[str, float]] = {**LlmDBoxPicker.WEIGHTS, "session": 3.0}
+    WEIGHTS: ClassVar[dict[str, float]] = {**LlmDBoxPolicy.WEIGHTS, "session": 3.0}
     TTL_S = 300.0
     SWEEP_S = 10.0
 
@@ -256,4 +256,4 @@ class LlmDSessionBoxPicker(LlmDBoxPicker):
         self._next_sweep = (math.floor(now / self.SWEEP_S) + 1) * self.SWEEP_S
 
 
-PICKER_ORDER = ("talaria", "round-robin", "least-load", "llm-d", "llm-d-session")
+POLICY_ORDER = ("talaria", "round-robin", "least-load", "llm-d", "llm-d-session")
