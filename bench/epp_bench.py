@@ -221,25 +221,6 @@ def _request(call_id: str, sid: str, messages: list[dict]) -> EPPRequest:
     return EPPRequest(call_id, "POST", "/v1/chat/completions", heads, json.dumps(body).encode())
 
 
-picks: list = []  # every measured pick, to count refusals (a bench measuring 503s is wrong)
-
-
-def _timed_turn(
-    picker: BoxPicker, req: EPPRequest, now: float, boxes: dict[str, SyntheticBox]
-) -> float:
-    """One call through the picker, answered at once (the box it went to holds its prompt
-    from then on); the seconds `pick` took."""
-    started = time.perf_counter()
-    pick = picker.pick(req, now)
-    took = time.perf_counter() - started
-    picks.append(pick)
-    if isinstance(pick, Pick):
-        picker.served(req.call_id, pick.endpoint, 200, now)
-        picker.finished(req.call_id, True, now)
-        boxes[pick.endpoint].served(req.headers["x-session-id"], len(req.body) // 4)
-    return took
-
-
 class PickerPool:
     """The picker over synthetic boxes, polled every 100 ms of its clock (off the timed path),
     and the conversations of the sessions it has placed."""
@@ -252,6 +233,7 @@ class PickerPool:
         self.polled = -1.0
         self.history: dict[str, list[dict]] = {}
         self.tau_s = self.picker.router.knobs.tau_s
+        self.refused = 0  # picks that were not placements (a bench measuring 503s is wrong)
 
     def turn(self, call_id: str, sid: str, messages: list[dict], now: float) -> float:
         """One call at `now` after the poller's work due by then; the seconds `pick` took."""
@@ -259,7 +241,18 @@ class PickerPool:
             self.polled = now
             for box in self.boxes:
                 box.poll(self.picker, now)
-        return _timed_turn(self.picker, _request(call_id, sid, messages), now, self.by_address)
+        req = _request(call_id, sid, messages)
+        started = time.perf_counter()
+        pick = self.picker.pick(req, now)
+        took = time.perf_counter() - started
+        if not isinstance(pick, Pick):
+            self.refused += 1
+            return took
+        # answered at once: the box it went to holds its prompt from then on
+        self.picker.served(call_id, pick.endpoint, 200, now)
+        self.picker.finished(call_id, True, now)
+        self.by_address[pick.endpoint].served(sid, len(req.body) // 4)
+        return took
 
     def warm(self, sessions: int, now: float) -> float:
         """Every session's first call (the picker's live state); the clock after them."""
@@ -305,8 +298,7 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
         kind = ("lease", "cost", "new")[i % 3]
         times[kind].append(pool.measure(kind, i, now, rng))
         now += 2 * pool.tau_s  # the next measured call sees no live lease
-    refused = sum(not isinstance(p, Pick) for p in picks)
-    out: dict = {"boxes": boxes, "live_sessions": live_sessions, "refused": refused}
+    out: dict = {"boxes": boxes, "live_sessions": live_sessions, "refused": pool.refused}
     for kind, seconds in times.items():
         us = [t * 1e6 for t in seconds]
         out[kind] = {
