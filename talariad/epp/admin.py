@@ -30,7 +30,7 @@ def decision_dict(d: Decision) -> dict:
     }
 
 
-def admin_app(picker: BoxPicker, registry: CollectorRegistry | None = None) -> FastAPI:
+def admin_app(picker: BoxPicker, registry: CollectorRegistry) -> FastAPI:
     app = fastapi_app(title="talariad epp", docs_url=None, redoc_url=None)
 
     @app.get("/status")
@@ -47,7 +47,6 @@ def admin_app(picker: BoxPicker, registry: CollectorRegistry | None = None) -> F
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        body = generate_latest(registry) if registry is not None else b""
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -1,10 +1,9 @@
-"""The EPP's Prometheus series, in a registry of its own, and the HTTP listener that shows them."""
+"""The EPP's Prometheus series, in a registry of its own (served on the operators' HTTP side,
+`epp.admin`)."""
 
 from __future__ import annotations
 
-from wsgiref.simple_server import WSGIServer
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 OUTCOMES = ("picked", "refused", "too_large", "error")
 """A decision: routed; refused by the picker; body over the bound (413); picker failed (503)."""
@@ -39,10 +38,3 @@ class EPPMetrics:
     def decided(self, outcome: str, seconds: float) -> None:
         self.decisions.labels(outcome).inc()
         self.decision_seconds.observe(seconds)
-
-
-def serve_metrics(metrics: EPPMetrics, port: int, host: str = "127.0.0.1") -> WSGIServer:
-    """Serve `metrics` at http://host:port/metrics from a daemon thread; port 0 takes a free one
-    (`.server_port`). Stop it with `.shutdown()`."""
-    server, _thread = start_http_server(port, host, registry=metrics.registry)
-    return server

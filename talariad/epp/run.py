@@ -1,6 +1,5 @@
 """`talariad epp`: discovery → box poller → picker ← ext_proc server, and the operators' HTTP
-side. The ext_proc server (`epp.server`) and discovery (`epp.discovery`) are reached through
-one function each (`serve_ext_proc`, `discovered`), so each is changed in one place."""
+side (`/metrics` of the server's series, `/status`, `/calls/ID`)."""
 
 from __future__ import annotations
 
@@ -10,13 +9,15 @@ import pathlib
 import sys
 from collections.abc import AsyncIterator
 
-from prometheus_client import CollectorRegistry
-
 from talariad import httpserver
+from talariad.epp import server
 from talariad.epp.admin import admin_app
 from talariad.epp.boxes import BoxPoller, Discovery
 from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.config import EPPConfig, read_token
+from talariad.epp.discovery import endpoints
+from talariad.epp.discovery.file import FileSource
+from talariad.epp.metrics import EPPMetrics
 from talariad.gc_tuning import settle_gc
 from talariad.router import Router
 
@@ -30,38 +31,22 @@ def build_picker(cfg: EPPConfig) -> BoxPicker:
 
 async def discovered(cfg: EPPConfig, base: pathlib.Path) -> Discovery:
     """The configured discovery source as `{name: "ip:port"}` sets."""
-    try:
-        from talariad.epp import discovery
-    except ImportError:  # the discovery sources land on their own branch
-        raise RuntimeError("discovery (talariad.epp.discovery) is not in this build") from None
     if cfg.discovery.static is not None:
-        from talariad.epp.discovery.file import FileSource
-
         source = FileSource(base / cfg.discovery.static.file)
     else:
-        from talariad.epp.discovery.kube import KubeSource
+        from talariad.epp.discovery.kube import KubeSource  # lightkube: the `k8s` extra
 
         k = cfg.discovery.kubernetes
         source = KubeSource(k.pool, k.namespace)  # type: ignore[union-attr]
     changes: AsyncIterator = source.changes()
     async for boxes in changes:
-        yield discovery.endpoints(boxes)
+        yield endpoints(boxes)
 
 
 async def serve_ext_proc(
-    picker: BoxPicker, cfg: EPPConfig, base: pathlib.Path, registries: list[CollectorRegistry]
+    picker: BoxPicker, cfg: EPPConfig, base: pathlib.Path, metrics: EPPMetrics
 ) -> None:
-    """Serve Envoy's ext_proc with `picker` until SIGTERM/SIGINT, then drain: the one call into
-    `epp.server` (it adds its metrics registry to `registries`)."""
-    try:
-        from talariad.epp import server
-        from talariad.epp.metrics import EPPMetrics
-    except ImportError:  # the server lands on its own branch
-        raise RuntimeError(
-            "the ext_proc server (talariad.epp.server) is not in this build"
-        ) from None
-    metrics = EPPMetrics()
-    registries.append(metrics.registry)
+    """Serve Envoy's ext_proc with `picker` until SIGTERM/SIGINT, then drain."""
     tls = None
     if cfg.tls is not None:
         tls = server.TLSFiles(base / cfg.tls.cert_file, base / cfg.tls.key_file)
@@ -77,14 +62,14 @@ async def run_epp(cfg: EPPConfig, config_path: str) -> None:
     poller = BoxPoller(
         picker, read_token(base / cfg.token_file), cfg.poll_interval_s, cfg.stale_after_s
     )
-    registries: list[CollectorRegistry] = []
+    metrics = EPPMetrics()
     host, _, port = cfg.metrics.rpartition(":")
     http, http_task = await httpserver.start(
-        admin_app(picker, registries), httpserver.bind(host.strip("[]"), int(port))
+        admin_app(picker, metrics.registry), httpserver.bind(host.strip("[]"), int(port))
     )
     settle_gc()  # start-up is done: the picker's p99 is the collector's as much as its own
     polling = asyncio.create_task(poller.run(discovered(cfg, base)))
-    serving = asyncio.create_task(serve_ext_proc(picker, cfg, base, registries))
+    serving = asyncio.create_task(serve_ext_proc(picker, cfg, base, metrics))
     try:
         # either ending ends both: no picker without boxes, no boxes without a server
         done, _ = await asyncio.wait((polling, serving), return_when=asyncio.FIRST_COMPLETED)

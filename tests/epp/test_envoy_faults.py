@@ -92,6 +92,8 @@ def test_a_dead_epp_fails_open_through_the_health_check_or_closed(pool):
     pool.kill("epp")
     assert [post(closed, f"closed-{i}").status_code for i in range(5)] == [500] * 5
     wait_epp_unhealthy(pool.envoy_admin)
+    for box in dead_boxes(pool):  # failing open skips them once Envoy's check has found them
+        wait_unhealthy(pool.envoy_admin, f"pool_fallback::{box}::")
     answers = [post(pool.gateway, f"open-{i}", stream=i % 2 == 1) for i in range(12)]
     assert [a.status_code for a in answers] == [200] * 12, [a.text[:80] for a in answers]
     assert all(a.text.rstrip().endswith(("}", "data: [DONE]")) for a in answers)
@@ -102,12 +104,21 @@ def test_a_dead_epp_fails_open_through_the_health_check_or_closed(pool):
 
 def wait_epp_unhealthy(admin: str, wait_s: float = 10) -> None:
     """Until Envoy's active health check has marked the EPP down (about a second)."""
+    wait_unhealthy(admin, "epp::", wait_s)
+
+
+def wait_unhealthy(admin: str, host: str, wait_s: float = 10) -> None:
+    """Until Envoy's active health check has marked `host` ("cluster::" or "cluster::ip:port::")
+    failed."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         text = httpx.get(f"{admin}/clusters", timeout=5).text
-        if any(
-            line.startswith("epp::") and "failed_active_hc" in line for line in text.splitlines()
-        ):
+        if any(line.startswith(host) and "failed_active_hc" in line for line in text.splitlines()):
             return
         time.sleep(0.1)
-    raise AssertionError("Envoy never marked the dead EPP unhealthy")
+    raise AssertionError(f"Envoy never marked {host} unhealthy")
+
+
+def dead_boxes(pool) -> list[str]:
+    """The boxes this module killed (their parts are gone from the pool)."""
+    return [address for i, address in enumerate(pool.boxes) if f"box{i}" not in pool.procs]

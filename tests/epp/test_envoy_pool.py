@@ -98,6 +98,24 @@ def test_sse_arrives_progressively(pool):
     assert spread > 0.05 and 0 < early < len(a.arrivals), a.arrivals
 
 
+def test_the_pickers_metrics_count_what_it_decided(pool):
+    asyncio.run(_one_call(pool))
+    text = httpx.get(f"http://{pool.epp_admin}/metrics", timeout=5).text
+    picked = next(
+        line
+        for line in text.splitlines()
+        if line.startswith('talaria_epp_decisions_total{outcome="picked"}')
+    )
+    assert float(picked.split()[-1]) >= 1
+    assert "talaria_epp_decision_seconds_bucket" in text
+
+
+async def _one_call(pool) -> None:
+    async with client(pool.gateway) as c:
+        answer = await chat(c, "metrics-1", [{"role": "user", "content": "hi"}], stream=False)
+    assert answer.status == 200
+
+
 def test_an_8_mib_body_arrives_whole(pool):
     words = (hashlib.sha256(str(i).encode()).hexdigest() for i in range((8 << 20) // 65 + 1))
     body = {"model": "claude-sonnet-4", "messages": [{"role": "user", "content": " ".join(words)}]}

@@ -17,6 +17,7 @@ from talariad.cli import app
 from talariad.epp.admin import admin_app
 from talariad.epp.config import EPPConfig
 from talariad.epp.discovery.file import parse_boxes
+from talariad.epp.metrics import EPPMetrics
 from tests.epp.test_boxpicker import Session, _picker, _turn
 
 GOOD = {"discovery": {"static": {"file": "boxes.yaml"}}, "token_file": "pool.token"}
@@ -67,7 +68,7 @@ def served(monkeypatch):
     picker = _picker()
     session = Session("s1")
     _turn(picker, session, 0.1)
-    client = TestClient(admin_app(picker))
+    client = TestClient(admin_app(picker, EPPMetrics().registry))
     monkeypatch.setattr(epp_ctl.httpx, "get", lambda url, timeout: client.get(url))
     monkeypatch.setattr("talariad.epp.admin.time.monotonic", lambda: 0.2)
     return picker

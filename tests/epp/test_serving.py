@@ -6,14 +6,17 @@ import asyncio
 import os
 import signal
 import subprocess
-import urllib.request
 
 import grpc
 import pytest
+from fastapi.testclient import TestClient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from talariad.epp.metrics import EPPMetrics, serve_metrics
+from talariad.epp.admin import admin_app
+from talariad.epp.boxpicker import BoxPicker
+from talariad.epp.metrics import EPPMetrics
 from talariad.epp.server import SERVICE, TLSFiles, serve
+from talariad.router import Router, RouterKnobs
 from tests.epp import fake_envoy as envoy
 from tests.epp.fake_envoy import ENDPOINT
 
@@ -105,17 +108,11 @@ async def test_tls(epp, tmp_path):
     await plain.close()
 
 
-async def test_metrics_port():
+def test_the_operators_http_side_shows_the_metrics():
     metrics = EPPMetrics()
     metrics.decided("picked", 0.001)
-    server = serve_metrics(metrics, 0)
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/metrics"
-        text = await asyncio.to_thread(
-            lambda: urllib.request.urlopen(url, timeout=5).read().decode()
-        )
-    finally:
-        server.shutdown()
+    picker = BoxPicker(Router(RouterKnobs(), {}))
+    text = TestClient(admin_app(picker, metrics.registry)).get("/metrics").text
     assert 'talaria_epp_decisions_total{outcome="picked"} 1.0' in text
     assert 'talaria_epp_decisions_total{outcome="error"} 0.0' in text
     for name in (
