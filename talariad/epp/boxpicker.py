@@ -118,11 +118,16 @@ class BoxPicker:
         session views (default: each instance's own list, whole)."""
         self._set_endpoint(name, endpoint)
         if self._models.get(name) != snap.models:
+            if _names(self._models.get(name, [])) != _names(snap.models):
+                self._resolved.clear()
+            # a profile only when this box refined it anew: boxes refine their own, and taking
+            # every box's on every poll would swap them back and forth, voiding cached cost rows
+            before = {m.name: m.profile for m in self._models.get(name, [])}
+            for m in snap.models:
+                if before.get(m.name) != m.profile:
+                    self.router.set_profile(m.name, m.profile)
             self._models[name] = snap.models
-            self._resolved.clear()
         self._seen_at[name] = now
-        for m in snap.models:
-            self.router.set_profile(m.name, m.profile)
         facts = _facts(snap)
         if held is None or held.sessions.keys != set() or self._facts.get(name) != facts:
             self._versions[name] = version = self._versions.get(name, 0) + 1
@@ -348,6 +353,11 @@ def _facts(snap: BoxSnapshot) -> tuple:
     return tuple(
         (i.name, i.telemetry.instance, i.telemetry.version, i.healthy) for i in snap.instances
     )
+
+
+def _names(models: list[BoxModel]) -> list[tuple]:
+    """What resolving a requested name reads of a box's models."""
+    return [(m.name, tuple(m.aliases)) for m in models]
 
 
 def _no_box() -> APIError:

@@ -11,13 +11,12 @@ import random
 from typing import TYPE_CHECKING
 
 from talariad.gateway.errors import APIError
-from talariad.types import KVLocation, KVState, LatencyProfile
+from talariad.router.boxes import prefix_rank
+from talariad.types import KVLocation, LatencyProfile
 from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
 
 if TYPE_CHECKING:
     from talariad.gateway.gateway import Gateway
-
-_KV_RANK = {KVState.DEVICE: 0, KVState.HOST: 1, KVState.MISSING: 2}
 
 
 def load_token(path: pathlib.Path) -> str:
@@ -174,7 +173,7 @@ class PoolEndpoint:
         listed = list(view.values())
         cut = len(listed) > self.max_sessions
         if cut:  # what the picker gains most from: prefixes on a device, then the longest
-            listed = sorted(listed, key=lambda s: (_KV_RANK[s.state], -s.kv_len))
+            listed = sorted(listed, key=prefix_rank)
             del listed[self.max_sessions :]
             self._cut_at[name] = self.log.seq  # changes to a cut view are no delta to send
         return listed, [], cut

@@ -11,6 +11,7 @@ counts the other models' calls of the whole box. Design: docs/pool.md.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from talariad.router.messages import InstanceSnapshot, ModelResidency, ModelState
@@ -64,18 +65,7 @@ def _residency(model: str, live: list[InstanceSnapshot]) -> ModelResidency:
     """The model's residency on the instance the box would most likely give it."""
     serving = [s for s in live if model in s.allowed_models]
     best = min(serving, key=lambda s: _preference(s, model))
-    res = best.residency(model)
-    slot_wait = 0.0 if best.pool is Pool.HOT else best.round_remaining_s
-    return ModelResidency(
-        res.state,
-        res.staged_fraction,
-        res.queued_tokens,
-        res.queued_calls,
-        res.running_calls,
-        res.switch_cost_s,
-        res.open_cost_s,
-        slot_wait,
-    )
+    return dataclasses.replace(best.residency(model), slot_wait_s=best.slot_wait_s())
 
 
 def _preference(snap: InstanceSnapshot, model: str) -> tuple:
@@ -90,12 +80,13 @@ def _sessions(live: list[InstanceSnapshot]) -> dict[tuple[str, str], KVLocation]
     for snap in live:
         for key, loc in snap.sessions.items():
             have = best.get(key)
-            if have is None or _rank(loc) < _rank(have):
+            if have is None or prefix_rank(loc) < prefix_rank(have):
                 best[key] = loc
     return best
 
 
-def _rank(loc: KVLocation) -> tuple[int, int]:
+def prefix_rank(loc: KVLocation) -> tuple[int, int]:
+    """Lower ranks first: on a device before on the host, then the longest."""
     return _KV_RANK[loc.state], -loc.kv_len
 
 
@@ -119,7 +110,9 @@ class BoxSessions:
             for key in self.keys:
                 locs = [loc for s in live if (loc := s.sessions.get(key)) is not None]
                 if locs:
-                    self.best[key] = min(locs, key=_rank)  # the first of equals, as `_sessions`
+                    self.best[key] = min(
+                        locs, key=prefix_rank
+                    )  # the first of equals, as `_sessions`
                 else:
                     self.best.pop(key, None)
             self.changed = frozenset(self.keys)

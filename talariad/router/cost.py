@@ -63,7 +63,7 @@ def cost_row(snap, model: str, prof: LatencyProfile, epoch: int) -> tuple:
     rate = prof.restore_s_per_token if rate is None else rate  # measured beats profiled
     slot_wait = res.slot_wait_s
     if slot_wait is None:
-        slot_wait = 0.0 if snap.pool is Pool.HOT else snap.round_remaining_s
+        slot_wait = snap.slot_wait_s()
     return (
         epoch,
         res.queued_tokens,

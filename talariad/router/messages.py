@@ -94,6 +94,11 @@ class InstanceSnapshot:
     def residency(self, model: str) -> ModelResidency:
         return self.models.get(model, _ABSENT)
 
+    def slot_wait_s(self) -> float:
+        """The wait for a model's next slot here when its residency sets none: 0 on a hot
+        instance, else what is left of the round."""
+        return 0.0 if self.pool is Pool.HOT else self.round_remaining_s
+
 
 _ABSENT = ModelResidency(ModelState.ABSENT)
 

@@ -11,6 +11,7 @@ import pytest
 from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.picker import EPPRequest, ImmediateAnswer, Pick
 from talariad.router import Router, RouterKnobs
+from talariad.types import LatencyProfile
 from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
 from talariad.wire.messages import Telemetry
 
@@ -209,3 +210,20 @@ def test_aliases_and_other_apis_place_like_chat():
     assert isinstance(r, Pick)
     unknown = p.pick(Session("s3").request(model="who"), 0.3)  # the box answers 404 itself
     assert isinstance(unknown, Pick) and p.explain("s3-1") is None
+
+
+def test_a_profile_is_taken_when_its_box_refines_it_not_on_every_poll():
+    p = BoxPicker(Router(RouterKnobs(), {}))
+    taken = []
+    set_profile = p.router.set_profile
+    p.router.set_profile = lambda m, prof: taken.append(prof) or set_profile(m, prof)
+    snaps = {name: _snap() for name in BOXES}
+    snaps["b"].models[0].profile = LatencyProfile(decode_step_s=0.05)  # b refined its own
+    for t in range(10):
+        for name, ep in BOXES.items():
+            p.box_seen(name, ep, snaps[name], 0.1 * t)
+    assert len(taken) == 2  # once per box: the two never swap back and forth
+    refined = _snap()  # each poll brings a new snapshot
+    refined.models[0].profile = LatencyProfile(decode_step_s=0.07)
+    p.box_seen("a", BOXES["a"], refined, 2.0)
+    assert taken[-1].decode_step_s == 0.07
