@@ -1,9 +1,8 @@
 """Box snapshots in: the discovered boxes' `GET /pool/snapshot`, polled with the pool token,
 each projected onto one placement target (`router.boxes.box_snapshot`) for the picker's router.
 
-Discovery is any async iterator of `{name: "ip:port"}` (each item the whole current set); the
-static list here (`fixed_boxes`) is for tests and single-file setups; `epp.discovery` provides
-the file and Kubernetes sources.
+Discovery is any async iterator of `{name: "ip:port"}` (each item the whole current set):
+`epp.discovery` provides the file and Kubernetes sources.
 """
 
 from __future__ import annotations
@@ -25,12 +24,6 @@ from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
 log = logging.getLogger("talariad.epp")
 
 Discovery = AsyncIterator[Mapping[str, str]]
-
-
-async def fixed_boxes(boxes: Mapping[str, str]) -> Discovery:
-    """A box set that never changes: yielded once, then nothing more."""
-    yield dict(boxes)
-    await asyncio.Event().wait()
 
 
 Views = dict[str, dict[tuple[str, str], KVLocation]]
@@ -123,9 +116,6 @@ class BoxPoller:
         self.last_ok: dict[str, float] = {}
         self.views: dict[str, BoxViews] = {}  # per box, its merged session views
         self._since: dict[str, int] = {}  # per box, the `sessions_epoch` of `views`
-
-    def boxes(self) -> dict[str, str]:
-        return {name: ep for name, (ep, _) in self._tasks.items()}
 
     def set_boxes(self, boxes: Mapping[str, str]) -> None:
         """Follow discovery: poll new boxes, stop and forget those gone or moved."""

@@ -47,15 +47,19 @@ class _Unstored(ResponseStore):
         return []
 
 
+_UNSTORED = _Unstored()
+_PARSERS: dict[str, tuple[type[BaseModel], object]] = {
+    "/v1/chat/completions": (chat.ChatCompletionRequest, chat.spec),
+    "/v1/completions": (completions.CompletionRequest, completions.spec),
+    "/v1/messages": (messages.MessagesRequest, messages.spec),
+    "/v1/responses": (responses.ResponsesRequest, lambda b: responses.spec(b, _UNSTORED)[0]),
+}
+"""Each call path's body model and its dialect's parse into a `CallSpec`."""
+
+
 def _spec(path: str, raw: bytes) -> CallSpec | None:
     """The body of a call path as its dialect reads it; None for any other path."""
-    parsers: dict[str, tuple[type[BaseModel], object]] = {
-        "/v1/chat/completions": (chat.ChatCompletionRequest, chat.spec),
-        "/v1/completions": (completions.CompletionRequest, completions.spec),
-        "/v1/messages": (messages.MessagesRequest, messages.spec),
-        "/v1/responses": (responses.ResponsesRequest, lambda b: responses.spec(b, _Unstored())[0]),
-    }
-    found = parsers.get(path.split("?", 1)[0])
+    found = _PARSERS.get(path.split("?", 1)[0])
     if found is None:
         return None
     model, spec = found

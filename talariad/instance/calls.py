@@ -23,9 +23,9 @@ class CallOrder:
     session_id: str | None
     model: str
     max_tokens: int
-    clamp_max_tokens: bool = False
+    clamp_max_tokens: bool
     """Lower `max_tokens` to what fits the context instead of refusing the call."""
-    request: GenerateRequest | None = None
+    request: GenerateRequest
 
 
 @dataclass(slots=True, eq=False)

@@ -222,9 +222,14 @@ def test_round_records_are_kept_only_when_asked():
 def test_the_scheduler_holds_the_cores_call_record_not_a_copy():
     c = core()
     a = call("a")
-    c.submit(a, 4, 2.0)
+    c.submit_resolved(a, 4, KVState.HOST, True, 2.0)
     assert c.sched.table.records["a"].call is a
-    assert (a.prefix_tokens, a.prefix_state, a.arrived_at) == (0, KVState.MISSING, 2.0)
+    assert (a.prefix_tokens, a.prefix_state, a.arrived_at, a.is_continuation) == (
+        4,
+        KVState.HOST,
+        2.0,
+        True,
+    )
 
 
 def test_telemetry_is_the_cores_dataclass_and_its_wire_form_carries_every_field():
