@@ -18,11 +18,10 @@ from itertools import count
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from talariad.gateway.call import CallSpec, canonical_prompt, estimate_tokens
+from talariad.gateway.call import CallSpec, canonical_prompt, plan_call
 from talariad.gateway.dialects import chat, completions, messages, responses
 from talariad.gateway.errors import APIError, anthropic_error_body, validation_error
-from talariad.gateway.routing import PrefixBranches, Prompt
-from talariad.gateway.session import session_headers, session_id
+from talariad.gateway.routing import PrefixBranches
 from talariad.gateway.store import ResponseStore
 from talariad.router import CallRequest, Decision, DecisionKind, Router
 from talariad.types import KVState
@@ -199,19 +198,22 @@ class BoxPicker:
             self.finished(prev, True, now)  # type: ignore[arg-type]
 
     def _call(self, request: EPPRequest, spec: CallSpec, model: BoxModel) -> CallRequest:
-        """The router's request. The picker has no tokenizer: lengths are the gateway's own
-        estimate (4 characters a token of the canonical prompt), the box counts exactly."""
-        prompt: Prompt = canonical_prompt(spec.messages, spec.prompt, spec.tools)
-        session = session_id(
-            session_headers(request.headers),
-            spec.session_fields,
-            [(m.role, m.content) for m in spec.messages],
-        )
-        branch, covered = self.branches.branch_covered(session, model.name, prompt)
-        tokens = estimate_tokens(len(prompt.text))
-        reused = min(estimate_tokens(covered), tokens) if covered else 0
+        """The router's request, planned as the box's gateway plans it (`call.plan_call`); the
+        box's config may also clamp an Anthropic client's output limit, which the picker does not
+        see, so it clamps only where the client set none."""
+        clamp_to = model.max_context if not spec.max_tokens else None
         max_tokens = spec.max_tokens or model.default_max_tokens
-        return CallRequest(request.call_id, branch, model.name, tokens, reused, max_tokens)
+        _, _, call = plan_call(
+            request.call_id,
+            spec,
+            canonical_prompt(spec.messages, spec.prompt, spec.tools),
+            request.headers,
+            self.branches,
+            model.name,
+            max_tokens,
+            clamp_to,
+        )
+        return call
 
     def _refuse(self, path: str, spec: CallSpec, d: Decision, now: float) -> ImmediateAnswer:
         """429 with `retry-after` when boxes are busy (the picker cannot hold a call: a held

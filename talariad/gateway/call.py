@@ -21,7 +21,7 @@ from pydantic_core import to_json
 
 from talariad.gateway import limits
 from talariad.gateway.errors import APIError
-from talariad.gateway.routing import ModelUnavailable, Prompt
+from talariad.gateway.routing import ModelUnavailable, PrefixBranches, Prompt
 from talariad.gateway.session import session_headers, session_id
 from talariad.router import CallRequest
 from talariad.tools import ToolStream, arguments_json
@@ -115,6 +115,30 @@ def _calls_text(calls: list[ToolCall]) -> str:
     return "".join(f"<tool_call>{c.name} {arguments_json(c)}</tool_call>" for c in calls)
 
 
+def plan_call(
+    call_id: str,
+    spec: CallSpec,
+    prompt: Prompt,
+    headers: Mapping[str, str],
+    branches: PrefixBranches,
+    model: str,
+    max_tokens: int,
+    clamp_to: int | None,
+) -> tuple[str, str, CallRequest]:
+    """A call's session, its branch and the router's request for it, the same at a box's gateway
+    and at the pool's picker. Lengths are estimates (4 characters a token of `prompt`); the
+    instance counts exactly. `clamp_to`: the model's context, when the output limit is lowered
+    to fit it rather than refused (the router then plans with what can fit)."""
+    session = session_id(
+        session_headers(headers), spec.session_fields, [(m.role, m.content) for m in spec.messages]
+    )
+    branch, covered = branches.branch_covered(session, model, prompt)
+    estimate = estimate_tokens(len(prompt.text))
+    plan = max_tokens if clamp_to is None else max(1, min(max_tokens, clamp_to - estimate))
+    reused = min(estimate_tokens(covered) if covered else 0, estimate)
+    return session, branch, CallRequest(call_id, branch, model, estimate, reused, plan)
+
+
 class Call:
     """One admitted call: its placement, the instance's request, and its completion books."""
 
@@ -135,21 +159,18 @@ class Call:
         # tokenizes it; whether max_tokens fits is the instance's to say (it knows the exact count)
         limits.check_context(self.text, 1, model.max_context, gw.cfg.limits)
         self.id = make_call_id()
-        self.session = session_id(
-            session_headers(headers),
-            spec.session_fields,
-            [(m.role, m.content) for m in spec.messages],
-        )
         self.started = gw.clock()
-        self.branch, covered = gw.routing.branches.branch_covered(
-            self.session, self.model, self.prompt
-        )
         max_tokens = spec.max_tokens or model.default_max_tokens
-        estimate = estimate_tokens(len(self.text))
-        # the router plans with what can fit; the instance, which knows the exact prompt, clamps
-        plan = max(1, min(max_tokens, model.max_context - estimate)) if clamp else max_tokens
-        reused = min(estimate_tokens(covered) if covered else 0, estimate)
-        self.info = CallRequest(self.id, self.branch, self.model, estimate, reused, plan)
+        self.session, self.branch, self.info = plan_call(
+            self.id,
+            spec,
+            self.prompt,
+            headers,
+            gw.routing.branches,
+            self.model,
+            max_tokens,
+            model.max_context if clamp else None,
+        )
         self.req = GenerateRequest(
             call_id=self.id,
             session_id=self.branch,

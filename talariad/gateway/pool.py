@@ -108,6 +108,7 @@ class PoolEndpoint:
                 name=m.name,
                 aliases=list(m.aliases),
                 default_max_tokens=m.default_max_tokens,
+                max_context=m.max_context,
                 profile=profiles.get(m.name, LatencyProfile()),
             )
             for m in gw.cfg.models

@@ -14,11 +14,14 @@ SNAPSHOT_PATH = "/pool/snapshot"
 
 class BoxModel(BaseModel):
     """A model the box serves: its name, the exact aliases and glob patterns a client may send
-    for it, its default output limit and its current (EWMA-refined) latency profile."""
+    for it, its default output limit, its context and its current (EWMA-refined) latency profile."""
 
     name: str
     aliases: list[str] = Field(default_factory=list)
     default_max_tokens: int = 4096
+    max_context: int | None = None
+    """Prompt plus output tokens the model takes (None: not said; the output limit is then
+    planned as sent)."""
     profile: LatencyProfile = LatencyProfile()
     """On the wire as its fields (pydantic reads the dataclass), its switch table keyed by path."""
 

@@ -227,3 +227,18 @@ def test_a_profile_is_taken_when_its_box_refines_it_not_on_every_poll():
     refined.models[0].profile = LatencyProfile(decode_step_s=0.07)
     p.box_seen("a", BOXES["a"], refined, 2.0)
     assert taken[-1].decode_step_s == 0.07
+
+
+def test_the_picker_plans_an_unset_output_limit_as_the_boxs_gateway_does():
+    p = _picker()
+    for name, ep in BOXES.items():
+        snap = _snap()
+        snap.models[0].max_context, snap.models[0].default_max_tokens = 200, 4096
+        p.box_seen(name, ep, snap, 0.2)
+    planned = []
+    place = p.router.place
+    p.router.place = lambda call, now: planned.append(call) or place(call, now)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 400}]}  # ~100 tokens
+    p.pick(EPPRequest("c1", "POST", "/v1/chat/completions", {}, json.dumps(body).encode()), 0.3)
+    (call,) = planned
+    assert call.max_tokens == 200 - call.prompt_tokens  # what fits, not the default 4096
