@@ -9,7 +9,8 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import pathlib
-from typing import Annotated, Literal
+from collections.abc import Sequence
+from typing import Annotated, Literal, Protocol, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -316,21 +317,31 @@ class TalariaConfig(_Strict):
         return next((m for m in self.models if m.name == name), None)
 
     def resolve_model(self, requested: str) -> ModelConfig | None:
-        """The model serving `requested`: a name, an exact alias, then the first matching glob alias."""
-        found = self.model(requested) or next(
-            (m for m in self.models if requested in m.aliases), None
-        )
-        if found is not None:
-            return found
-        return next(
-            (
-                m
-                for m in self.models
-                for a in m.aliases
-                if _is_glob(a) and fnmatch.fnmatchcase(requested, a)
-            ),
-            None,
-        )
+        """The model serving `requested` (`resolve_model`)."""
+        return resolve_model(self.models, requested)
+
+
+class _Named(Protocol):
+    name: str
+    aliases: list[str]
+
+
+M = TypeVar("M", bound=_Named)
+
+
+def resolve_model(models: Sequence[M], requested: str) -> M | None:
+    """The model of `models` (anything with a `name` and `aliases`) that serves `requested`: a
+    name, an exact alias, then the first matching glob alias. The daemon's config and the
+    pool's picker (over the boxes' models) resolve alike."""
+    found = next((m for m in models if m.name == requested), None) or next(
+        (m for m in models if requested in m.aliases), None
+    )
+    if found is not None:
+        return found
+    return next(
+        (m for m in models for a in m.aliases if _is_glob(a) and fnmatch.fnmatchcase(requested, a)),
+        None,
+    )
 
 
 class ConfigError(Exception):

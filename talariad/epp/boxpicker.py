@@ -8,7 +8,6 @@ what a call is; the box's router then places it on an instance. Design: docs/poo
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import math
 from collections import OrderedDict, deque
@@ -18,6 +17,7 @@ from itertools import count
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from talariad.config import resolve_model
 from talariad.gateway.call import CallSpec, canonical_prompt, plan_call
 from talariad.gateway.dialects import chat, completions, messages, responses
 from talariad.gateway.errors import APIError, anthropic_error_body, validation_error
@@ -310,20 +310,7 @@ class BoxPicker:
 
     def _lookup(self, requested: str) -> BoxModel | None:
         """A name, an exact alias, then a glob, over every box's models."""
-        models = [m for ms in self._models.values() for m in ms]
-        return (
-            next((m for m in models if m.name == requested), None)
-            or next((m for m in models if requested in m.aliases), None)
-            or next(
-                (
-                    m
-                    for m in models
-                    for a in m.aliases
-                    if any(c in a for c in "*?[") and fnmatch.fnmatchcase(requested, a)
-                ),
-                None,
-            )
-        )
+        return resolve_model([m for ms in self._models.values() for m in ms], requested)
 
     def status(self, now: float) -> dict:
         """Every box: its state, snapshot age, sessions, calls in flight and leases."""
