@@ -8,7 +8,6 @@ what a call is; the box's router then places it on an instance. Design: docs/poo
 
 from __future__ import annotations
 
-import json
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from talariad.config import resolve_model
 from talariad.gateway.call import CallSpec, canonical_prompt, plan_call
 from talariad.gateway.dialects import chat, completions, messages, responses
-from talariad.gateway.errors import APIError, anthropic_error_body, validation_error
+from talariad.gateway.errors import APIError, validation_error
 from talariad.gateway.routing import PrefixBranches
 from talariad.gateway.store import ResponseStore
 from talariad.router import CallRequest, Decision, DecisionKind, Router
@@ -30,6 +29,7 @@ from talariad.wire.messages import ChatMessage
 
 from .boxes import BoxViews, project
 from .picker import EPPRequest, ImmediateAnswer, Pick
+from .replies import answer
 
 MAX_OPEN_CALLS = 100_000  # picked calls whose end was never reported are failed past this
 _RATE_WINDOW_S = 10.0
@@ -67,18 +67,6 @@ def _spec(path: str, raw: bytes) -> CallSpec | None:
     except ValidationError as err:
         raise validation_error(RequestValidationError(err.errors(include_url=False))) from None
     return spec(body)  # type: ignore[operator]
-
-
-def refusal(path: str, err: APIError) -> ImmediateAnswer:
-    """`err` as an immediate answer, in the error shape of the API `path` belongs to."""
-    body = (
-        anthropic_error_body(err.status, err.message)
-        if path.startswith("/v1/messages")
-        else err.body()
-    )
-    headers = {k.lower(): str(v) for k, v in err.headers.items()}
-    headers["content-type"] = "application/json"
-    return ImmediateAnswer(err.status, json.dumps(body).encode(), headers)
 
 
 @dataclass(slots=True)
@@ -169,7 +157,7 @@ class BoxPicker:
         try:
             spec = _spec(path, request.body) if request.method == "POST" else None
         except APIError as err:
-            return refusal(path, err)
+            return answer(path, err)
         model = self._resolve(spec.requested) if spec is not None else None
         if spec is None or model is None:  # an unknown model is the box's to answer (404)
             return self._any_box(request, now)
@@ -221,9 +209,9 @@ class BoxPicker:
         if d.kind is DecisionKind.OVERLOAD_QUEUE:
             self.router.failed(d.call_id, now)
         if not self.healthy_boxes(now):
-            return refusal(path, _no_box())
+            return answer(path, _no_box())
         retry = str(max(1, math.ceil(d.retry_after_s or 1)))
-        return refusal(
+        return answer(
             path,
             APIError(
                 429,
@@ -238,7 +226,7 @@ class BoxPicker:
         """Round robin over the healthy boxes (model lists, probes, unknown models)."""
         boxes = self.healthy_boxes(now)
         if not boxes:
-            return refusal(request.path, _no_box())
+            return answer(request.path, _no_box())
         return Pick(request.call_id, self.endpoints[boxes[next(self._rr) % len(boxes)]])
 
     def served(self, call_id: str, endpoint: str | None, status: int, now: float) -> None:

@@ -3,10 +3,12 @@ FULL_DUPLEX_STREAMED (pure). Each rule below is a failure seen with the real Env
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp.picker import ImmediateAnswer
+from talariad.gateway.errors import APIError, error_body
 
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
@@ -79,6 +81,12 @@ def request_body_pieces(body: bytes, end_of_stream: bool = True) -> Iterator[pb.
         last = i == len(starts) - 1
         piece = bytes(view[start : start + PIECE_BYTES])
         yield streamed(piece, end_of_stream and last, response=False)
+
+
+def answer(path: str, err: APIError) -> ImmediateAnswer:
+    """`err` as an immediate answer, in the error shape of the API `path` belongs to."""
+    headers = {k.lower(): str(v) for k, v in err.headers.items()}
+    return ImmediateAnswer(err.status, json.dumps(error_body(path, err)).encode(), headers)
 
 
 def refuse(refusal: ImmediateAnswer, details: str) -> pb.ProcessingResponse:

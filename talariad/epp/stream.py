@@ -9,7 +9,6 @@ empty end-of-stream chunk. A GET has its end of stream on the request headers.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -20,7 +19,7 @@ from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import replies
 from talariad.epp.metrics import EPPMetrics
 from talariad.epp.picker import EPPRequest, ImmediateAnswer, Pick, Picker
-from talariad.gateway.errors import APIError, anthropic_error_body
+from talariad.gateway.errors import APIError
 
 log = logging.getLogger("talariad.epp")
 
@@ -173,14 +172,9 @@ _HANDLERS = {
 
 
 def error(path: str, status: int, message: str, code: str) -> ImmediateAnswer:
-    """A refusal in the error shape of the API `path` belongs to (Anthropic's for /v1/messages,
-    else OpenAI's)."""
-    if path.startswith("/v1/messages"):
-        body = anthropic_error_body(status, message)
-    else:
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        body = APIError(status, message, type=kind, code=code).body()
-    return ImmediateAnswer(status, json.dumps(body).encode())
+    """A refusal in the error shape of the API `path` belongs to."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return replies.answer(path, APIError(status, message, type=kind, code=code))
 
 
 def _check_endpoint(endpoint: str) -> None:

@@ -114,15 +114,16 @@ def anthropic_error_body(status: int, message: str) -> dict:
     }
 
 
+def error_body(path: str, err: APIError) -> dict:
+    """`err`'s body in the error shape of the API that `path` belongs to."""
+    if path.startswith("/v1/messages"):  # Anthropic clients expect their own error shape
+        return anthropic_error_body(err.status, err.message)
+    return err.body()
+
+
 def error_response(path: str, err: APIError) -> JSONResponse:
     """`err` in the error shape of the API that `path` belongs to."""
-    if path.startswith("/v1/messages"):  # Anthropic clients expect their own error shape
-        return JSONResponse(
-            anthropic_error_body(err.status, err.message),
-            status_code=err.status,
-            headers=err.headers,
-        )
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    return JSONResponse(error_body(path, err), status_code=err.status, headers=err.headers)
 
 
 def _response(request: Request, err: APIError) -> JSONResponse:
