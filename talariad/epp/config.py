@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from talariad.config import ConfigError, _pydantic_lines, _Strict, read_config_data
+from talariad.gateway.pool import load_token
 from talariad.router import RouterKnobs
 
 
@@ -103,21 +104,18 @@ def load_epp_config(path: str | pathlib.Path) -> EPPConfig:
 
 
 def _file_lines(cfg: EPPConfig, base: pathlib.Path) -> list[tuple[str, str]]:
-    named = [("token_file", cfg.token_file)]
-    if cfg.tls is not None:
-        named += [("tls.cert_file", cfg.tls.cert_file), ("tls.key_file", cfg.tls.key_file)]
     out = []
-    for where, name in named:
-        try:
-            (base / name).read_bytes()
-        except OSError as err:
-            out.append((where, f"cannot read {base / name}: {err.strerror or err}"))
-    if not out and not read_token(base / cfg.token_file):
-        out.append(("token_file", f"{base / cfg.token_file} holds no token"))
+    if cfg.tls is not None:
+        for where, name in (
+            ("tls.cert_file", cfg.tls.cert_file),
+            ("tls.key_file", cfg.tls.key_file),
+        ):
+            try:
+                (base / name).read_bytes()
+            except OSError as err:
+                out.append((where, f"cannot read {base / name}: {err.strerror or err}"))
+    try:
+        load_token(base / cfg.token_file, "token_file")
+    except ValueError as err:
+        out.append(("token_file", str(err).removeprefix("token_file: ")))
     return out
-
-
-def read_token(path: pathlib.Path) -> str:
-    """The first non-blank line of `path` ("" when none)."""
-    text = path.read_text(encoding="utf-8", errors="replace")
-    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")

@@ -14,10 +14,11 @@ from talariad.epp import server
 from talariad.epp.admin import admin_app
 from talariad.epp.boxes import BoxPoller, Discovery
 from talariad.epp.boxpicker import BoxPicker
-from talariad.epp.config import EPPConfig, read_token
+from talariad.epp.config import EPPConfig
 from talariad.epp.discovery import endpoints
 from talariad.epp.discovery.file import FileSource
 from talariad.epp.metrics import EPPMetrics
+from talariad.gateway.pool import load_token
 from talariad.gc_tuning import settle_gc
 from talariad.router import Router
 
@@ -60,7 +61,10 @@ async def run_epp(cfg: EPPConfig, config_path: str) -> None:
     base = pathlib.Path(config_path).parent
     picker = build_picker(cfg)
     poller = BoxPoller(
-        picker, read_token(base / cfg.token_file), cfg.poll_interval_s, cfg.stale_after_s
+        picker,
+        load_token(base / cfg.token_file, "token_file"),
+        cfg.poll_interval_s,
+        cfg.stale_after_s,
     )
     metrics = EPPMetrics()
     host, _, port = cfg.metrics.rpartition(":")

@@ -19,16 +19,17 @@ if TYPE_CHECKING:
     from talariad.gateway.gateway import Gateway
 
 
-def load_token(path: pathlib.Path) -> str:
-    """The token on the first non-blank line of `path`; ValueError with one line if none."""
+def load_token(path: pathlib.Path, field: str = "pool.token_file") -> str:
+    """The token on the first non-blank line of `path`; ValueError with one line (naming the
+    config `field`) if none. The box and the pool's picker read it alike."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         why = getattr(err, "strerror", None) or err
-        raise ValueError(f"pool.token_file: cannot read {path}: {why}") from None
+        raise ValueError(f"{field}: cannot read {path}: {why}") from None
     token = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     if not token:
-        raise ValueError(f"pool.token_file: {path} holds no token")
+        raise ValueError(f"{field}: {path} holds no token")
     return token
 
 
