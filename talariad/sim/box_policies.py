@@ -51,6 +51,8 @@ class BoxPolicy(ABC):
     """Picks a box per call from polled box state and its own record of calls in flight."""
 
     name: ClassVar[str] = ""
+    reads_sessions: ClassVar[bool] = False
+    """It reads where the boxes hold each session's prefix (their snapshots' session lists)."""
 
     def __init__(
         self, knobs: RouterKnobs, profiles: dict[str, LatencyProfile], rng: random.Random
@@ -96,6 +98,8 @@ BOX_POLICIES: Registry[BoxPolicy] = Registry("box policy")
 class TalariaBoxPolicy(BoxPolicy):
     """The same `Router` (policy "talaria") with boxes as targets, fed `box_snapshot`s; a
     completion installs the session's lease on the box that served it."""
+
+    reads_sessions = True
 
     def __init__(self, knobs, profiles, rng) -> None:
         super().__init__(knobs, profiles, rng)

@@ -90,8 +90,8 @@ class PoolSimulator(Simulator):
         self.result.policy = picker
         self.recomputed = 0
         self._box_for: dict[str, str] = {}  # call id -> the box it was sent to
-        self._polled = dict.fromkeys(members, -math.inf)
-        self._version = dict.fromkeys(members, 0)
+        self._polled_at = -math.inf  # every box is polled together: one time, one version
+        self._poll_version = 0
 
     def _first_look(self) -> None:
         for box, insts in self.members.items():
@@ -114,14 +114,18 @@ class PoolSimulator(Simulator):
         self._dispatch(p, req, self.routers[box].place(req, now), now)
 
     def _poll(self, now: float) -> None:
-        """The EPP's view: each box's instance snapshots, re-read at most every `POLL_S`."""
+        """The EPP's view: each box's instance snapshots, re-read at most every `POLL_S` (the
+        session lists only for a policy that reads them)."""
+        if now - self._polled_at < POLL_S:
+            return
+        self._polled_at, self._poll_version = now, self._poll_version + 1
+        sessions = self.picker.reads_sessions
         for box, insts in self.members.items():
-            if now - self._polled[box] < POLL_S:
-                continue
-            self._polled[box] = now
-            self._version[box] += 1
-            snaps = [router_snapshot(i.core.telemetry(now), i.models, now, True) for i in insts]
-            self.picker.observe(box, self._version[box], snaps, now)
+            snaps = [
+                router_snapshot(i.core.telemetry(now, sessions=sessions), i.models, now, True)
+                for i in insts
+            ]
+            self.picker.observe(box, self._poll_version, snaps, now)
 
     def _settle(self, inst: SimInstance, p: Pending, done: Done, now: float) -> Lease | None:
         box = self.box_of[inst.name]
