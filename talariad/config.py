@@ -20,6 +20,15 @@ GIB = 1 << 30
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
 
 
+def split_host_port(address: str) -> tuple[str, int]:
+    """("host", port) of "host:port" or "[v6]:port" (port 0..65535); ValueError, one line, when
+    it is not one. Every listen address and endpoint in the configs reads through it."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected host:port with a port in 0..65535, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -44,18 +53,16 @@ class ListenConfig(_Strict):
     @field_validator("http")
     @classmethod
     def _host_port(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"expected host:port with a port in 0..65535, got {v!r}")
+        split_host_port(v)
         return v
 
     @property
     def http_host(self) -> str:
-        return self.http.rpartition(":")[0].strip("[]")
+        return split_host_port(self.http)[0]
 
     @property
     def http_port(self) -> int:
-        return int(self.http.rpartition(":")[2])
+        return split_host_port(self.http)[1]
 
     @property
     def loopback(self) -> bool:

@@ -7,7 +7,13 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from talariad.config import ConfigError, _pydantic_lines, _Strict, read_config_data
+from talariad.config import (
+    ConfigError,
+    _pydantic_lines,
+    _Strict,
+    read_config_data,
+    split_host_port,
+)
 from talariad.gateway.pool import load_token
 from talariad.router import RouterKnobs
 
@@ -64,9 +70,7 @@ class EPPConfig(_Strict):
     @field_validator("listen", "metrics")
     @classmethod
     def _address(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-            raise ValueError(f"expected 'host:port', got {v!r}")
+        split_host_port(v)
         return v
 
     @field_validator("router")

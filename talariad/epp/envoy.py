@@ -18,6 +18,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from talariad.config import split_host_port
+
 TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "envoy" / "gateway.yaml"
 """The shipped template; it lives in the source tree, beside the operators' README."""
 
@@ -49,10 +51,10 @@ class GatewaySpec:
 
 def split_address(address: str) -> tuple[str, int]:
     """("host", port) from "host:port" or "[v6]:port"; EnvoyError when it is not one."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise EnvoyError(f"{address!r} is not host:port")
-    return host.strip("[]"), int(port)
+    try:
+        return split_host_port(address)
+    except ValueError:
+        raise EnvoyError(f"{address!r} is not host:port") from None
 
 
 def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 
 from talariad import httpserver
+from talariad.config import split_host_port
 from talariad.epp import server
 from talariad.epp.admin import admin_app
 from talariad.epp.boxes import BoxPoller, Discovery
@@ -67,9 +68,9 @@ async def run_epp(cfg: EPPConfig, config_path: str) -> None:
         cfg.stale_after_s,
     )
     metrics = EPPMetrics()
-    host, _, port = cfg.metrics.rpartition(":")
+    host, port = split_host_port(cfg.metrics)
     http, http_task = await httpserver.start(
-        admin_app(picker, metrics.registry), httpserver.bind(host.strip("[]"), int(port))
+        admin_app(picker, metrics.registry), httpserver.bind(host, port)
     )
     settle_gc()  # start-up is done: the picker's p99 is the collector's as much as its own
     polling = asyncio.create_task(poller.run(discovered(cfg, base)))

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from itertools import chain
 
+from talariad.config import split_host_port
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import replies
 from talariad.epp.metrics import EPPMetrics
@@ -179,9 +180,12 @@ def error(path: str, status: int, message: str, code: str) -> ImmediateAnswer:
 
 def _check_endpoint(endpoint: str) -> None:
     # Stock Envoy's ORIGINAL_DST takes exactly one ip:port; a GIE fallback list there is a 503.
-    host, sep, port = endpoint.rpartition(":")
-    if not (sep and host and port.isdigit()) or "," in endpoint or " " in endpoint:
-        raise ValueError(f"the picker returned {endpoint!r}, not one ip:port")
+    try:
+        if "," in endpoint or " " in endpoint:
+            raise ValueError
+        split_host_port(endpoint)
+    except ValueError:
+        raise ValueError(f"the picker returned {endpoint!r}, not one ip:port") from None
 
 
 def _status(text: str) -> int:

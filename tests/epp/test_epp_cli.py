@@ -37,7 +37,7 @@ def _epp(tmp_path, data) -> CliRunner:
         ({"router": {"tau": 1}}, "router: Value error, unknown knob 'tau'"),
         ({"router": {"gamma": 2}}, "gamma must satisfy"),
         ({"poll_interval_s": 0}, "poll_interval_s"),
-        ({"listen": "nowhere"}, "listen: Value error, expected 'host:port'"),
+        ({"listen": "nowhere"}, "listen: Value error, expected host:port"),
         ({"colour": "blue"}, "colour: unknown key"),
         ({"tls": {"cert_file": "c.pem", "key_file": "k.pem"}}, "tls.cert_file: cannot read"),
     ],
