@@ -1,5 +1,6 @@
 """What the pool's gateway costs: the latency Envoy + EPP adds over Envoy alone and over a direct
-call to a box (p50/p99, arms interleaved, c=1, response body echoed and NONE), and the EPP's
+call to a box (p50/p99, arms interleaved, c=1, response body echoed and NONE; beside them the
+floor, Envoy + an ext_proc server that picks nothing, `null_ext_proc.py`), and the EPP's
 decision time at 16, 64 and 256 boxes with 100k live sessions (the picker in-process, fed
 synthetic box snapshots).
 
@@ -31,6 +32,7 @@ from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
 from talariad.wire.messages import Telemetry
 
 MODEL = "tiny-agent"
+NULL_EXT_PROC = Path(__file__).with_name("null_ext_proc.py")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -120,11 +122,21 @@ def latency(calls: int) -> dict:
         pool.procs["envoy-plain"] = devpool.Proc(
             "envoy-plain", plain.proc, workdir / "envoy-plain.log"
         )
+        null_at = f"127.0.0.1:{devpool.free_port()}"
+        null = pool.spawn(
+            "null-ext-proc", [sys.executable, str(NULL_EXT_PROC), null_at, pool.boxes[0]], workdir
+        )
+        _wait_listening(null, null_at)
+        null_spec = envoy.GatewaySpec(
+            "127.0.0.1:0", null_at, tuple(pool.boxes), 0, "fail_closed", "none"
+        )
+        null_gw = devpool.start_gateway(pool, null_spec, "envoy-null").listen
         arms = {
             "direct": pool.boxes[0],
             "envoy": plain.listen,
             "envoy_epp_echo": pool.gateway,
             "envoy_epp_none": none_gw,
+            "envoy_null_none": null_gw,
         }
         load_before = os.getloadavg()
         times = run_arms(arms, calls)
@@ -132,7 +144,7 @@ def latency(calls: int) -> dict:
     finally:
         pool.stop()
     out = {name: summary_ms(ts) for name, ts in times.items()}
-    for arm in ("envoy_epp_echo", "envoy_epp_none"):
+    for arm in ("envoy_epp_echo", "envoy_epp_none", "envoy_null_none"):
         for base in ("envoy", "direct"):
             out[f"{arm}_over_{base}"] = {
                 k: round(out[arm][k] - out[base][k], 3) for k in ("p50_ms", "p99_ms")
@@ -143,6 +155,14 @@ def latency(calls: int) -> dict:
         [round(x, 2) for x in load_after],
     )
     return out
+
+
+def _wait_listening(proc: devpool.Proc, address: str, wait_s: float = 30) -> None:
+    deadline = time.monotonic() + wait_s
+    while not devpool.connects(address):
+        if proc.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the null ext_proc server did not start: see {proc.log}")
+        time.sleep(0.1)
 
 
 def run_arms(arms: dict[str, str], calls: int) -> dict[str, list[float]]:

@@ -158,7 +158,7 @@ def start_epp(
     argv = [sys.executable, "-m", "talariad.cli", "epp", "--config", f"{name}.yaml"]
     p = pool.spawn(name, argv, pool.workdir)
     deadline = time.monotonic() + 60
-    while len(epp_status(admin).get("healthy", ())) < len(boxes) or not _connects(address):
+    while len(epp_status(admin).get("healthy", ())) < len(boxes) or not connects(address):
         _check_alive(p, deadline)
         time.sleep(0.1)
     return address, admin
@@ -243,7 +243,7 @@ def _status(url: str) -> int | None:
         return None
 
 
-def _connects(address: str) -> bool:
+def connects(address: str) -> bool:
     host, port = envoy.split_address(address)
     try:
         with socket.create_connection((host, port), timeout=0.5):
