@@ -1,18 +1,21 @@
 """What the pool's gateway costs: the latency Envoy + EPP adds over Envoy alone and over a direct
 call to a box (p50/p99, arms interleaved, c=1, response body echoed and NONE; beside them the
-floor, Envoy + an ext_proc server that picks nothing, `null_ext_proc.py`), and the EPP's
-decision time at 16, 64 and 256 boxes with 100k live sessions (the picker in-process, fed
-synthetic box snapshots).
+floor, Envoy + an ext_proc server that picks nothing, `null_ext_proc.py`), the EPP's CPU per box
+poll (its poller beside a bare httpx GET), and the EPP's decision time at 16, 64 and 256 boxes
+with 100k live sessions (the picker in-process, fed synthetic box snapshots).
 
-    python bench/epp_bench.py [--calls 300] [--decisions 2000] [--part latency|decision|all] [--json]
+    python bench/epp_bench.py [--calls 300] [--polls 300] [--decisions 2000]
+        [--part latency|poll|decision|all] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
+import secrets
 import statistics
 import sys
 import tempfile
@@ -22,13 +25,13 @@ from pathlib import Path
 import httpx
 
 from talariad.epp import devpool, envoy
-from talariad.epp.boxes import BoxViews, merge_views
+from talariad.epp.boxes import BoxPoller, BoxViews, merge_views
 from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.picker import EPPRequest, Pick
 from talariad.gc_tuning import settle_gc
 from talariad.router import Router, RouterKnobs
 from talariad.types import KVLocation, KVState
-from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
+from talariad.wire.box import SNAPSHOT_PATH, BoxInstance, BoxModel, BoxSnapshot
 from talariad.wire.messages import Telemetry
 
 MODEL = "tiny-agent"
@@ -188,6 +191,51 @@ def run_arms(arms: dict[str, str], calls: int) -> dict[str, list[float]]:
     return times
 
 
+# --- polling: the EPP's CPU per box poll ----------------------------------------------------------
+
+
+def poll_cost(polls: int) -> dict:
+    """CPU (this process) per poll of one sim box: the EPP's poller (`BoxPoller.poll`: fetch,
+    parse, merge, install), beside the bare GET through httpx, the client the poller had before,
+    in one run. At 256 boxes polled ten times a second this is what the picker's loop pays."""
+    workdir = Path(tempfile.mkdtemp(prefix="epp-bench-"))
+    pool = devpool.LocalPool(workdir)
+    (workdir / devpool.TOKEN_FILE).write_text(secrets.token_urlsafe(32) + "\n")
+    try:
+        box = devpool.start_box(pool, 0)
+        token = (workdir / devpool.TOKEN_FILE).read_text().strip()
+        return asyncio.run(_poll_cost(box, token, polls))
+    finally:
+        pool.stop()
+
+
+async def _poll_cost(box: str, token: str, polls: int) -> dict:
+    poller = BoxPoller(BoxPicker(Router(RouterKnobs(), {})), token)
+    url, headers = f"http://{box}{SNAPSHOT_PATH}", {"authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient() as client:
+
+        async def with_httpx() -> None:
+            (await client.get(url, headers=headers)).raise_for_status()
+
+        async def with_poller() -> None:
+            assert await poller.poll("box0", box)
+
+        try:
+            arms = {"poller": with_poller, "httpx_get": with_httpx}
+            cpu = {name: 0.0 for name in arms}
+            for i in range(polls + 20):  # the first 20 warm up
+                for name, one in arms.items():
+                    started = time.process_time()
+                    await one()
+                    if i >= 20:
+                        cpu[name] += time.process_time() - started
+        finally:
+            await poller.aclose()
+    out = {f"{name}_cpu_ms": round(total / polls * 1e3, 3) for name, total in cpu.items()}
+    out["polls"] = polls
+    return out
+
+
 # --- decision time: the picker over synthetic boxes ---------------------------------------------
 
 
@@ -336,13 +384,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=300, help="measured calls per latency arm")
     ap.add_argument("--decisions", type=int, default=2000, help="measured picks per pool size")
     ap.add_argument("--sessions", type=int, default=100_000, help="live sessions in the pool")
-    ap.add_argument("--part", choices=["latency", "decision", "all"], default="all")
+    ap.add_argument("--polls", type=int, default=300, help="measured box polls")
+    ap.add_argument("--part", choices=["latency", "poll", "decision", "all"], default="all")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args(argv)
     out: dict = {"load_start": [round(x, 2) for x in os.getloadavg()]}
     try:
         if args.part in ("latency", "all"):
             out["latency"] = latency(args.calls)
+        if args.part in ("poll", "all"):
+            out["poll"] = poll_cost(args.polls)
         if args.part in ("decision", "all"):
             out["decision"] = [
                 decision_time(n, args.sessions, args.decisions) for n in (16, 64, 256)

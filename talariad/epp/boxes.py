@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import httpx
+import aiohttp
 
 from talariad.instance.telemetry import router_snapshot
 from talariad.router import InstanceSnapshot, KVLocation
@@ -111,7 +111,8 @@ class BoxPoller:
             clock,
         )
         self._headers = {"authorization": f"Bearer {token}"}
-        self._client = httpx.AsyncClient(timeout=min(stale_after_s, 1.0))
+        self._timeout = aiohttp.ClientTimeout(total=min(stale_after_s, 1.0))
+        self._session: aiohttp.ClientSession | None = None  # made on the loop, at first use
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}
         self.last_ok: dict[str, float] = {}
         self.views: dict[str, BoxViews] = {}  # per box, its merged session views
@@ -149,7 +150,9 @@ class BoxPoller:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def _poll_forever(self, name: str, endpoint: str) -> None:
         while True:
@@ -163,11 +166,12 @@ class BoxPoller:
         since = self._since.get(name)
         try:
             snap = await self._fetch(endpoint, since)
-        except httpx.ConnectError as err:
+        except aiohttp.ClientConnectorError as err:
             log.debug("box %s (%s) refused: %s", name, endpoint, err)
             self.feed.box_lost(name, self.clock())
             return False
-        except (httpx.HTTPError, ValueError) as err:  # ValueError: a body that is no snapshot
+        # ValueError: a body that is no snapshot
+        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
             now = self.clock()
             log.debug("box %s (%s) did not answer: %s", name, endpoint, err)
             if now - self.last_ok.get(name, float("-inf")) > self.stale_after_s:
@@ -188,9 +192,21 @@ class BoxPoller:
         return True
 
     async def _fetch(self, endpoint: str, since: int | None) -> BoxSnapshot:
-        params = {} if since is None else {"since": since}
-        r = await self._client.get(
-            f"http://{endpoint}{SNAPSHOT_PATH}", headers=self._headers, params=params
-        )
-        r.raise_for_status()
-        return BoxSnapshot.model_validate_json(r.content)
+        params = {} if since is None else {"since": str(since)}
+        url = f"http://{endpoint}{SNAPSHOT_PATH}"
+        async with self._client().get(url, params=params) as r:
+            r.raise_for_status()
+            body = await r.read()
+        return BoxSnapshot.model_validate_json(body)
+
+    def _client(self) -> aiohttp.ClientSession:
+        # NOTE: aiohttp, not httpx: a poll is 4x cheaper in CPU (0.15 against 0.64 ms), and at
+        # hundreds of boxes ten times a second the polls share the picker's event loop. One
+        # kept-alive connection per box, and no pool-wide cap (httpx's and aiohttp's default,
+        # 100 connections, would queue the polls of a larger pool behind each other).
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=2)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, headers=self._headers
+            )
+        return self._session

@@ -7,6 +7,7 @@ import asyncio
 import json
 import socket
 
+import httpx
 import pytest
 
 from talariad.epp.boxes import BoxPoller
@@ -84,9 +85,12 @@ def test_the_poller_asks_for_changes_and_falls_back_to_whole_views(box):
         poller = BoxPoller(picker, TOKEN)
         try:
             assert await poller.poll("live", live)
-            await poller._client.post(
-                box.endpoint + "/v1/chat/completions", json=body, headers={"x-session-id": "p1"}
-            )
+            async with httpx.AsyncClient() as client:
+                await client.post(
+                    box.endpoint + "/v1/chat/completions",
+                    json=body,
+                    headers={"x-session-id": "p1"},
+                )
             for _ in range(100):  # until the session reaches the box's view, as a change
                 assert await poller.poll("live", live)
                 held = poller.views["live"].instances
