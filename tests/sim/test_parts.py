@@ -255,4 +255,5 @@ def test_the_measured_tiny_profile_prices_an_unobserved_path_as_an_open():
 
     prof = load_set("tiny-torch").models["tiny"].profile
     assert prof.switch_cost_s(SwitchPath.PARTIAL) == prof.open_s  # not measured: no own entry
-    assert prof.switch_cost_s(SwitchPath.D2D) <= prof.switch_cost_s(SwitchPath.H2D)
+    # NOTE: no order between d2d and h2d here: for a model of ~100 KB both are the switch's fixed
+    # work, ~10 ms, and one h2d sample against twelve d2d ones may fall either side
