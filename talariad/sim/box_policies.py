@@ -20,12 +20,12 @@ from typing import ClassVar
 
 from talariad.router import CallRequest, InstanceSnapshot, Router, RouterKnobs
 from talariad.router.boxes import box_snapshot
+from talariad.router.policies.peers import BLOCK, LLMD_LRU_BLOCKS, llmd_scores
 from talariad.router.policies.prefix_index import RoutedPrefixIndex
 from talariad.router.registry import Registry
 from talariad.types import KVState, LatencyProfile, RoundMeasurement
 
 POLL_S = 0.1  # the EPP polls each box's snapshot about this often (issue 29, item 2)
-BLOCK = 16  # llm-d's approximate prefix producer: 16-token blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,15 +149,6 @@ class LeastLoadBoxPolicy(BoxPolicy):
         return min(live, key=lambda b: self.load[b.name]).name
 
 
-def prefix_score(matched: int, total: int, w: float, scale: float) -> float:
-    """llm-d's prefix-cache scorer, `w·min(1, matched/scale)² + (1−w)·matched/total`, in
-    blocks (gie-epp-protocol.md §3)."""
-    if total <= 0:
-        return 0.0
-    near = min(1.0, matched / scale) ** 2 if scale > 0 else 0.0
-    return w * near + (1.0 - w) * matched / total
-
-
 @BOX_POLICIES.register("llm-d")
 class LlmDBoxPolicy(BoxPolicy):
     """GIE's default profile (`pkg/epp/config/loader/defaults.go`, peer-policies.md §3):
@@ -165,17 +156,13 @@ class LlmDBoxPolicy(BoxPolicy):
     Prefix matches come from a router-side index of what it sent where (the approximate
     producer: per box an LRU of 31,250 blocks per server, at most 256 blocks matched)."""
 
-    WEIGHTS: ClassVar[dict[str, float]] = {"prefix": 3.0, "queue": 2.0, "kv": 2.0}
-    # NOTE: the docs give the prefix formula but not w or scale; w=0 is the plain
-    # matched/total score peer-policies.md reads in the scorer's README
-    PREFIX_W, PREFIX_SCALE = 0.0, 256.0
-    MAX_BLOCKS = 256
-    LRU_BLOCKS = 31_250
+    # NOTE: the docs also give a prefix formula with a near-match term, `w·min(1, m/scale)²`,
+    # but neither w nor scale; w = 0 leaves the plain matched/total score that peer-policies.md
+    # reads in the scorer's README, the one `llmd_scores` computes
 
     def __init__(self, knobs, profiles, rng) -> None:
         super().__init__(knobs, profiles, rng)
-        self.index = RoutedPrefixIndex(self.LRU_BLOCKS * BLOCK)
-        self._capacity: dict[str, int] = {}
+        self.index = RoutedPrefixIndex(LLMD_LRU_BLOCKS * BLOCK)
 
     def choose(self, call, live, now) -> str | None:
         scores = self.scores(call, live, now)
@@ -186,14 +173,13 @@ class LlmDBoxPolicy(BoxPolicy):
         return box
 
     def scores(self, call: CallRequest, live: list[BoxStats], now: float) -> dict[str, float]:
-        w = self.WEIGHTS
-        prefix, queue = self._prefix(call, live), _queue_scores(live)
-        return {
-            b.name: w["prefix"] * prefix[b.name]
-            + w["queue"] * queue[b.name]
-            + w["kv"] * (1.0 - b.kv_util)
-            for b in live
-        }
+        held = self.index.matches(call.model, call.session_id, call.prefix_tokens)
+        return llmd_scores(
+            call.prompt_tokens,
+            {name: m[0] for name, m in held.items()},
+            {b.name: b.queue for b in live},
+            {b.name: b.kv_util for b in live},
+        )
 
     def placed(self, call: CallRequest, box: str, now: float) -> None:
         """The producer's asynchronous update: after scheduling, with the chosen box."""
@@ -203,23 +189,7 @@ class LlmDBoxPolicy(BoxPolicy):
     def observe(self, box, version, snaps, now) -> None:
         super().observe(box, version, snaps, now)
         # the index budget is per server; a box's servers pool theirs
-        self.index.capacity = self.LRU_BLOCKS * BLOCK * max(self.boxes[box].instances, 1)
-
-    def _prefix(self, call: CallRequest, live: list[BoxStats]) -> dict[str, float]:
-        total = min(math.ceil(call.prompt_tokens / BLOCK), self.MAX_BLOCKS)
-        held = self.index.matches(call.model, call.session_id, call.prefix_tokens)
-        out = {}
-        for b in live:
-            matched = min(held.get(b.name, (0, 0))[0] // BLOCK, total)
-            out[b.name] = prefix_score(matched, total, self.PREFIX_W, self.PREFIX_SCALE)
-        return out
-
-
-def _queue_scores(live: list[BoxStats]) -> dict[str, float]:
-    """queue-scorer: (maxQ − Q)/(maxQ − minQ); all equal → 1.0."""
-    lo = min(b.queue for b in live)
-    hi = max(b.queue for b in live)
-    return {b.name: 1.0 if hi == lo else (hi - b.queue) / (hi - lo) for b in live}
+        self.index.capacity = LLMD_LRU_BLOCKS * BLOCK * max(self.boxes[box].instances, 1)
 
 
 @BOX_POLICIES.register("llm-d-session")
@@ -231,7 +201,7 @@ class LlmDSessionBoxPolicy(LlmDBoxPolicy):
 
     # NOTE: no llm-d doc gives this scorer's weight in a mix; 3 is the weight GIE's default
     # gives its other affinity scorer (prefix-cache)
-    WEIGHTS: ClassVar[dict[str, float]] = {**LlmDBoxPolicy.WEIGHTS, "session": 3.0}
+    SESSION_WEIGHT = 3.0
     TTL_S = 300.0
     SWEEP_S = 10.0
 
@@ -245,7 +215,7 @@ class LlmDSessionBoxPolicy(LlmDBoxPolicy):
         out = super().scores(call, live, now)
         bound = self.bound.get(call.session_id) if call.session_id is not None else None
         if bound is not None and bound[0] in out:
-            out[bound[0]] += self.WEIGHTS["session"]
+            out[bound[0]] += self.SESSION_WEIGHT
         return out
 
     def placed(self, call, box, now) -> None:

@@ -15,12 +15,12 @@ from talariad.router import (
     ModelState,
     RouterKnobs,
 )
+from talariad.router.policies.peers import llmd_scores
 from talariad.sim.__main__ import main
 from talariad.sim.box_policies import (
     BOX_POLICIES,
     POLICY_ORDER,
     LlmDSessionBoxPolicy,
-    prefix_score,
 )
 from talariad.sim.pool import ROW_FIELDS, pool_trace, run_pool
 from talariad.types import Pool
@@ -128,11 +128,13 @@ def test_unbound_session_expresses_no_preference():
     assert scores["a"] == scores["b"]
 
 
-def test_prefix_score_formula():
-    assert prefix_score(0, 10, 0.0, 256.0) == 0.0
-    assert prefix_score(5, 10, 0.0, 256.0) == 0.5
-    assert prefix_score(128, 256, 1.0, 256.0) == 0.25
-    assert prefix_score(3, 0, 0.5, 256.0) == 0.0
+def test_llmd_scores_are_gies_default_mix():
+    # 160 prompt tokens = 10 blocks; a matched 5 blocks, b none; queues 0 and 4; KV use 0.5, 0
+    got = llmd_scores(160, {"a": 80}, {"a": 0.0, "b": 4.0}, {"a": 0.5, "b": 0.0})
+    assert got == {"a": 3 * 0.5 + 2 * 1.0 + 2 * 0.5, "b": 3 * 0.0 + 2 * 0.0 + 2 * 1.0}
+    # equal queues all score 1; a match never counts past the prompt's blocks (or 256)
+    got = llmd_scores(16, {"a": 10_000}, {"a": 2.0, "b": 2.0}, {"a": 0.0, "b": 0.0})
+    assert got == {"a": 3.0 + 2.0 + 2.0, "b": 2.0 + 2.0}
 
 
 def test_cli_json_rows(capsys):

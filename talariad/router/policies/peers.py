@@ -100,15 +100,38 @@ class DynamoKVPolicy(Policy):
         return self.OVERLAP_WEIGHT * prefill_tokens / BLOCK + active_blocks + new_blocks
 
 
+LLMD_WEIGHTS = (3.0, 2.0, 2.0)  # prefix-cache, queue, kv-cache-utilization (GIE's defaults)
+LLMD_MAX_BLOCKS = 256  # the prefix scorer matches at most this many blocks
+LLMD_LRU_BLOCKS = 31_250  # its approximate producer's index, per server
+
+
+def llmd_scores(
+    prompt_tokens: int,
+    matched_tokens: dict[str, int],
+    queues: dict[str, float],
+    kv_util: dict[str, float],
+) -> dict[str, float]:
+    """GIE's default scorer mix per endpoint (each of `queues`): prefix-cache (matched / total
+    16-token blocks, at most LLMD_MAX_BLOCKS), queue ((max Q - Q) / (max Q - min Q), 1.0 when
+    all are equal) and kv-cache-utilization (1 - use), weighted by LLMD_WEIGHTS."""
+    total = min(math.ceil(prompt_tokens / BLOCK), LLMD_MAX_BLOCKS)
+    lo, hi = min(queues.values(), default=0), max(queues.values(), default=0)
+    wp, wq, wk = LLMD_WEIGHTS
+    out = {}
+    for name, q in queues.items():
+        matched = min(matched_tokens.get(name, 0) // BLOCK, total)
+        prefix = matched / total if total else 0.0
+        queue = 1.0 if hi == lo else (hi - q) / (hi - lo)
+        kv = 1.0 - min(max(kv_util[name], 0.0), 1.0)
+        out[name] = wp * prefix + wq * queue + wk * kv
+    return out
+
+
 @POLICIES.register("llm-d")
 class LlmDPolicy(Policy):
-    WEIGHTS = (3.0, 2.0, 2.0)  # prefix, queue, kv-cache utilisation (GIE defaults)
-    MAX_BLOCKS = 256
-    LRU_BLOCKS = 31_250
-
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.index = RoutedPrefixIndex(self.LRU_BLOCKS * BLOCK)
+        self.index = RoutedPrefixIndex(LLMD_LRU_BLOCKS * BLOCK)
 
     def choose(self, call: CallRequest, view: ClusterView, now: float) -> Choice:
         insts = view.eligible(call.model, now)
@@ -123,19 +146,13 @@ class LlmDPolicy(Policy):
         self.index.evict()
 
     def _scores(self, call: CallRequest, insts: list[InstanceState]) -> dict[str, float]:
-        queues = {i.name: self._queue_len(i) for i in insts}
-        lo, hi = min(queues.values(), default=0), max(queues.values(), default=0)
-        total = min(math.ceil(call.prompt_tokens / BLOCK), self.MAX_BLOCKS)
         matches = self.index.matches(call.model, call.session_id, call.prefix_tokens)
-        wp, wq, wk = self.WEIGHTS
-        out = {}
-        for i in insts:
-            matched = min(matches.get(i.name, (0, 0))[0] // BLOCK, total)
-            prefix = matched / total if total else 0.0
-            queue = 1.0 if hi == lo else (hi - queues[i.name]) / (hi - lo)
-            kv = 1.0 - min(max(i.snapshot.kv_occupancy, 0.0), 1.0)
-            out[i.name] = wp * prefix + wq * queue + wk * kv
-        return out
+        return llmd_scores(
+            call.prompt_tokens,
+            {name: m[0] for name, m in matches.items()},
+            {i.name: self._queue_len(i) for i in insts},
+            {i.name: i.snapshot.kv_occupancy for i in insts},
+        )
 
     @staticmethod
     def _queue_len(inst: InstanceState) -> int:
