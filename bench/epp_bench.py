@@ -365,7 +365,9 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
     """p50/p99 of `BoxPicker.pick` with `live_sessions` sessions the picker placed itself on
     `boxes` boxes of varied round load (uniform 0.1-1 s, seeded), by kind of call: a return
     within τ of its previous answer (the lease), a return after it (cost placement, the prefix
-    where the previous call left it) and a new session's first call."""
+    where the previous call left it) and a new session's first call; their bodies are 1-2 KB.
+    Beside them `agent_body`: new sessions whose first call carries an agent-sized conversation
+    (~70 KB, 202 messages), what a coding agent sends a hundred tool rounds in."""
     rng = random.Random(seed)
     pool = PickerPool(boxes, rng)
     now = pool.warm(live_sessions, 1.0)
@@ -374,6 +376,12 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
         kind = ("lease", "cost", "new")[i % 3]
         times[kind].append(pool.measure(kind, i, now, rng))
         now += 2 * pool.tau_s  # the next measured call sees no live lease
+    # an agent's real call: a long conversation resent whole (parsing it is most of the pick)
+    agent = _agent_conversation()
+    times["agent_body"] = []
+    for i in range(max(decisions // 15, 1)):
+        times["agent_body"].append(pool.turn(f"a{i}", f"agent{i}", agent, now))
+        now += 2 * pool.tau_s
     out: dict = {"boxes": boxes, "live_sessions": live_sessions, "refused": pool.refused}
     for kind, seconds in times.items():
         us = [t * 1e6 for t in seconds]
@@ -382,6 +390,17 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
             "p50_us": round(statistics.median(us), 1),
             "p99_us": round(pct(us, 0.99), 1),
         }
+    out["agent_body"]["body_bytes"] = len(_request("", "", agent).body)
+    out["agent_body"]["messages"] = len(agent)
+    return out
+
+
+def _agent_conversation(turns: int = 100) -> list[dict]:
+    """A coding agent's conversation `turns` tool rounds in (~70 KB as JSON, 202 messages)."""
+    out = _opening("agent")
+    for i in range(turns):
+        out.append({"role": "assistant", "content": "I will run the tests now. " * 8})
+        out.append({"role": "user", "content": f"tool output line {i}\n" * 20})
     return out
 
 
