@@ -21,8 +21,9 @@ from pathlib import Path
 
 from talariad.config import split_host_port
 
-TEMPLATE = Path(__file__).with_name("gateway.yaml")  # package data; deploy/envoy/ links to it
-"""The shipped template; it lives in the source tree, beside the operators' README."""
+TEMPLATE = Path(__file__).with_name("gateway.yaml")
+"""The shipped template: package data, so an installed `talariad` has it; deploy/envoy/gateway.yaml,
+beside the operators' README, is a link to it."""
 
 BODY_MODES = {"full-duplex": ("FULL_DUPLEX_STREAMED", "SEND"), "none": ("NONE", "SKIP")}
 """Response body mode → (response_body_mode, response_trailer_mode): with NONE the EPP sees no
