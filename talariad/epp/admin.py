@@ -10,24 +10,10 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from talariad.admin import views
+from talariad.admin.client import as_dict
 from talariad.epp.boxpicker import BoxPicker
 from talariad.httpserver import fastapi_app
-from talariad.router import Decision
-
-
-def decision_dict(d: Decision) -> dict:
-    """One decision as the daemon's `call explain` shows it (candidates term by term)."""
-    return {
-        "call_id": d.call_id,
-        "kind": d.kind.value,
-        "instance": d.instance,
-        "policy": d.policy,
-        "reason": d.reason,
-        "retry_after_s": d.retry_after_s,
-        "candidates": [
-            {**c._asdict(), "kv_state": c.kv_state.value, "rank_s": c.rank_s} for c in d.candidates
-        ],
-    }
 
 
 def admin_app(picker: BoxPicker, registry: CollectorRegistry) -> FastAPI:
@@ -43,7 +29,8 @@ def admin_app(picker: BoxPicker, registry: CollectorRegistry) -> FastAPI:
         if found is None:
             msg = f"no decision for call {call_id!r} (unknown, or older than the log keeps)"
             return JSONResponse({"error": {"message": msg}}, status_code=404)
-        return JSONResponse(decision_dict(found))
+        # the daemon's admin message, so `call explain` reads a box pick as it reads its own
+        return JSONResponse(as_dict(views.decision(found, time.monotonic())))
 
     @app.get("/metrics")
     async def metrics() -> Response:
