@@ -123,19 +123,15 @@ def serving_lines(
     `check-config` and `run` both refuse on these (exit 2)."""
     machine_gib = machine_memory_gib() if machine_gib is None else machine_gib
     problems = _unserved_lines(cfg) + _memory_lines(cfg, machine_gib)
-    if cfg.listen.api_keys_file:
-        from talariad.gateway.auth import load_keys
+    from talariad.gateway.auth import load_keys
+    from talariad.gateway.pool import load_token
 
+    for name, load in ((cfg.listen.api_keys_file, load_keys), (cfg.pool.token_file, load_token)):
+        if not name:
+            continue
         try:
-            load_keys(config_dir / cfg.listen.api_keys_file)
+            load(config_dir / name)
         except ValueError as err:  # its message starts with the field's name
-            problems.append(tuple(str(err).split(": ", 1)))
-    if cfg.pool.token_file:
-        from talariad.gateway.pool import load_token
-
-        try:
-            load_token(config_dir / cfg.pool.token_file)
-        except ValueError as err:
             problems.append(tuple(str(err).split(": ", 1)))
     return problems
 

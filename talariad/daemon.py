@@ -15,6 +15,8 @@ import os
 import pathlib
 import signal
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from talariad import __version__, httpserver, lockfile, sdnotify
 from talariad.admin import admin_pb2
@@ -35,6 +37,7 @@ from talariad.knobs import config_router_knobs, model_profile
 from talariad.supervisor import ProcState, Supervisor
 
 log = logging.getLogger("talariad")
+T = TypeVar("T")
 
 LIVE_FIELDS = (
     "policy.tau_s",
@@ -295,18 +298,17 @@ class Daemon:
     # -- configuration -------------------------------------------------------------------------
 
     def _keys(self, cfg: TalariaConfig) -> frozenset[str] | None:
-        if not cfg.listen.api_keys_file:
-            return None
-        try:
-            return load_keys(pathlib.Path(self.config_path).parent / cfg.listen.api_keys_file)
-        except ValueError as err:
-            raise RuntimeError(str(err)) from None
+        return self._secret(cfg.listen.api_keys_file, load_keys)
 
     def _pool_token(self, cfg: TalariaConfig) -> str | None:
-        if not cfg.pool.token_file:
+        return self._secret(cfg.pool.token_file, load_token)
+
+    def _secret(self, name: str | None, load: Callable[[pathlib.Path], T]) -> T | None:
+        """A secrets file named in the config, read beside it (None when not configured)."""
+        if not name:
             return None
         try:
-            return load_token(pathlib.Path(self.config_path).parent / cfg.pool.token_file)
+            return load(pathlib.Path(self.config_path).parent / name)
         except ValueError as err:
             raise RuntimeError(str(err)) from None
 

@@ -14,18 +14,24 @@ from collections.abc import Callable
 from talariad.gateway.errors import APIError, error_response
 
 
-def load_keys(path: pathlib.Path) -> frozenset[str]:
-    """The keys in `path`, one per line, blank lines and `#` comments skipped.
-    Raises ValueError with a one-line reason when the file is unreadable or holds no key."""
+def secret_lines(path: pathlib.Path, field: str) -> list[str]:
+    """The lines of a secrets file (API keys, a pool token), stripped, blank lines and `#`
+    comments skipped. Raises ValueError, one line naming the config `field`, when the file is
+    unreadable."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(
-            f"listen.api_keys_file: cannot read {path}: {getattr(err, 'strerror', None) or err}"
-        ) from None
-    keys = frozenset(
+        why = getattr(err, "strerror", None) or err
+        raise ValueError(f"{field}: cannot read {path}: {why}") from None
+    return [
         ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")
-    )
+    ]
+
+
+def load_keys(path: pathlib.Path) -> frozenset[str]:
+    """The keys in `path`, one per line (`secret_lines`). Raises ValueError with a one-line reason
+    when the file is unreadable or holds no key."""
+    keys = frozenset(secret_lines(path, "listen.api_keys_file"))
     if not keys:
         raise ValueError(f"listen.api_keys_file: {path} holds no key")
     return keys

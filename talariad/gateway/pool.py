@@ -10,6 +10,7 @@ import pathlib
 import random
 from typing import TYPE_CHECKING
 
+from talariad.gateway.auth import secret_lines
 from talariad.gateway.errors import APIError
 from talariad.router.boxes import prefix_rank
 from talariad.types import KVLocation, LatencyProfile
@@ -20,17 +21,12 @@ if TYPE_CHECKING:
 
 
 def load_token(path: pathlib.Path, field: str = "pool.token_file") -> str:
-    """The token on the first non-blank line of `path`; ValueError with one line (naming the
-    config `field`) if none. The box and the pool's picker read it alike."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        why = getattr(err, "strerror", None) or err
-        raise ValueError(f"{field}: cannot read {path}: {why}") from None
-    token = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    if not token:
+    """The token on the first line of `path` (`auth.secret_lines`); ValueError with one line
+    (naming the config `field`) if none. The box and the pool's picker read it alike."""
+    lines = secret_lines(path, field)
+    if not lines:
         raise ValueError(f"{field}: {path} holds no token")
-    return token
+    return lines[0]
 
 
 Key = tuple[str, str]
