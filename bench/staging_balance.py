@@ -112,23 +112,47 @@ def needed_restore_s(mem, models, knobs, target_mean_s: float) -> float | None:
     return hi
 
 
-def replay_restore_per_slot(pset, seeds: list[int]) -> float:
-    """Link seconds HKVR restores take per switch in the simulated Talaria replay (mean)."""
+def replay_measures(pset, seeds: list[int]) -> dict[str, float]:
+    """From the simulated Talaria replay: link seconds HKVR restores take per switch (mean over
+    seeds) and the device KV per GPU when a switch is planned (p50 / p95 over every switch)."""
     taken: list[float] = []
-    real = SimMemory.note_restore
+    kv_at_switch: list[int] = []
+    note_restore, plan_switch = SimMemory.note_restore, SimMemory.plan_switch
 
     def note(self, seconds: float) -> None:
         taken.append(seconds)
-        real(self, seconds)
+        note_restore(self, seconds)
+
+    def plan(self, active, target, device_kv_bytes, now):
+        kv_at_switch.append(device_kv_bytes)
+        return plan_switch(self, active, target, device_kv_bytes, now)
 
     per = []
     cfg = next(c for c in ablation_configs(pset, PAPER_MODELS) if c.name == "Talaria")
     for seed in seeds:
         taken.clear()
-        with mock.patch.object(SimMemory, "note_restore", note):
+        with (
+            mock.patch.object(SimMemory, "note_restore", note),
+            mock.patch.object(SimMemory, "plan_switch", plan),
+        ):
             run = simulate(fixed_replay(seed), cfg, pset)
         per.append(sum(taken) / max(len(run.switches), 1))
-    return statistics.mean(per)
+    kv = statistics.quantiles(kv_at_switch, n=20)
+    return {
+        "restore_per_switch_s": statistics.mean(per),
+        "kv_at_switch_p50_bytes": statistics.median(kv_at_switch),
+        "kv_at_switch_p95_bytes": kv[18],
+    }
+
+
+def kv_limits(mem: SimMemory, models: list[str]) -> dict[str, tuple[float, float]]:
+    """Per target: the device KV per GPU above which its staging cannot complete, and above which
+    it cannot start (the room above the weights of the model before it in the rotation)."""
+    spec, out = mem.spec, {}
+    for i, target in enumerate(models):
+        room = spec.hbm_bytes - spec.weight_bytes[models[i - 1]]
+        out[target] = (room - spec.weight_bytes[target], room)
+    return out
 
 
 def seeds(text: str) -> list[int]:
@@ -147,7 +171,7 @@ def row(r: dict, models: list[str]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--profile", default="paper-tp8")
-    p.add_argument("--seeds", default="0-4", help="replay seeds for the measured restore time")
+    p.add_argument("--seeds", default="0-4", help="replay seeds for the measured restore and KV")
     p.add_argument("--json")
     args = p.parse_args()
     pset = load_set(args.profile)
@@ -179,7 +203,7 @@ def main() -> None:
     )
     need = needed_restore_s(mem, models, knobs, PAPER_MEAN_SWITCH_S)
     at_need = None if need is None else settle(mem, models, knobs, need, 0.0)
-    measured = replay_restore_per_slot(pset, seeds(args.seeds))
+    measured = replay_measures(pset, seeds(args.seeds))
     print(
         f"restore time per slot for a settled mean switch of {1000 * PAPER_MEAN_SWITCH_S:.0f} ms: "
         + (
@@ -189,7 +213,16 @@ def main() -> None:
             + ", ".join(f"{m} {p}" for m, p in at_need["path"].items())
             + ")"
         )
-        + f"; the simulated replay's restores take {measured:.2f} s per switch (seeds {args.seeds})"
+        + f"; the simulated replay's restores take {measured['restore_per_switch_s']:.2f} s per"
+        f" switch (seeds {args.seeds})"
+    )
+    limits = kv_limits(mem, models)
+    print(
+        "device KV per GPU above which staging cannot complete / cannot start: "
+        + ", ".join(f"{m} {a / 1e9:.0f} / {b / 1e9:.0f} GB" for m, (a, b) in limits.items())
+        + f"; the simulated replay's device KV at its switches: p50 "
+        f"{measured['kv_at_switch_p50_bytes'] / 1e9:.0f} GB, p95 "
+        f"{measured['kv_at_switch_p95_bytes'] / 1e9:.0f} GB"
     )
     if args.json:
         out = {
@@ -200,7 +233,8 @@ def main() -> None:
             "at_paper_slot_mean_switch_s": mean,
             "needed_restore_s": need,
             "at_needed_restore": at_need,
-            "replay_restore_per_switch_s": measured,
+            "replay": measured,
+            "kv_limits_bytes": limits,
         }
         Path(args.json).write_text(json.dumps(out, indent=2))
 
