@@ -27,10 +27,13 @@ from pathlib import Path
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ablation_seeds import seeds  # noqa: E402
 
 from talariad.cold_sched import SchedKnobs  # noqa: E402
 from talariad.cold_sched.budget import plan_slot  # noqa: E402
-from talariad.perfmodel.memory import SimMemory, SwitchPlan, memory_spec  # noqa: E402
+from talariad.perfmodel.memory import SimMemory, memory_spec  # noqa: E402
 from talariad.perfmodel.profiles import load_set  # noqa: E402
 from talariad.replay.generate import PAPER_MODELS, fixed_replay  # noqa: E402
 from talariad.sim.configs import ablation_configs  # noqa: E402
@@ -43,29 +46,17 @@ PAPER_MIX = "27.7 / 36.3 / 36.0"  # Fig. 12: full D2D / partial / H2D fallback (
 RESTORE_SWEEP_S = (0.0, 0.25, 0.5, 1.0, 1.5)
 
 
-def price(mem: SimMemory, target: str, staged: float) -> tuple[SwitchPath, float]:
-    """The path and seconds of a switch to `target` with `staged` clean bytes staged."""
-    weight = mem.spec.weight_bytes[target]
-    staged = min(max(staged, 0.0), weight)
-    if staged >= weight:
-        plan = SwitchPlan(SwitchPath.D2D, 0.0, weight)
-    elif staged > 0:
-        plan = SwitchPlan(SwitchPath.PARTIAL, 1.0 - staged / weight, int(staged))
-    else:
-        plan = SwitchPlan(SwitchPath.H2D, 1.0, 0)
-    return plan.path, sum(mem.switch_phases(target, plan))
-
-
 def switches_after(mem: SimMemory, models: list[str], active_s: float, restore_s: float):
-    """Each model's switch after a slot of `active_s` of the model before it in the rotation:
-    staging ran at the H2D rate for the slot less `restore_s`, into the room above the active
-    model's weights (no KV: the most room staging can have)."""
-    spec, out = mem.spec, {}
+    """Each model's switch (path, seconds) after a slot of `active_s` of the model before it in
+    the rotation, through the simulator's own staging (`SimMemory`): staging began at the slot's
+    start with no device KV (the most room it can have), and restores took `restore_s` of the
+    link."""
+    out = {}
     for i, target in enumerate(models):
-        before = models[i - 1]
-        room = spec.hbm_bytes - spec.weight_bytes[before]
-        staged = min(spec.h2d_bytes_per_s * max(active_s - restore_s, 0.0), room)
-        out[target] = price(mem, target, staged)
+        mem.switched(0.0, target)
+        mem.note_restore(restore_s)
+        plan = mem.plan_switch(models[i - 1], target, 0, active_s)
+        out[target] = plan.path, sum(mem.switch_phases(target, plan))
     return out
 
 
@@ -148,16 +139,11 @@ def replay_measures(pset, seeds: list[int]) -> dict[str, float]:
 def kv_limits(mem: SimMemory, models: list[str]) -> dict[str, tuple[float, float]]:
     """Per target: the device KV per GPU above which its staging cannot complete, and above which
     it cannot start (the room above the weights of the model before it in the rotation)."""
-    spec, out = mem.spec, {}
+    out = {}
     for i, target in enumerate(models):
-        room = spec.hbm_bytes - spec.weight_bytes[models[i - 1]]
-        out[target] = (room - spec.weight_bytes[target], room)
+        room = mem.kv_budget_bytes(models[i - 1])
+        out[target] = (room - mem.spec.weight_bytes[target], room)
     return out
-
-
-def seeds(text: str) -> list[int]:
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
 
 
 def row(r: dict, models: list[str]) -> str:
@@ -177,7 +163,7 @@ def main() -> None:
     pset = load_set(args.profile)
     mem, knobs = SimMemory(memory_spec(pset)), SchedKnobs()
     models = [m for m in PAPER_MODELS if m in pset.models]
-    dearest = max(price(mem, m, 0.0)[1] for m in models)
+    dearest = max(s for _, s in switches_after(mem, models, 0.0, 0.0).values())
     print(
         f"{args.profile}: round bound {knobs.round_bound_s:.1f} s, H2D "
         f"{mem.spec.h2d_bytes_per_s / 1e9:.2f} GB/s per GPU, weights per GPU "
