@@ -57,14 +57,12 @@ def merge_views(held: BoxViews, snap: BoxSnapshot, since: int | None) -> bool:
     return True
 
 
-def project(
-    name: str, version: int, snap: BoxSnapshot, now: float, held: BoxViews | None = None
-) -> InstanceSnapshot:
-    """The box as one placement target (`held`: its merged session views, default: each
-    instance's own list). Its instances' telemetry is `age_s` old, so the box counts as taken
-    when its oldest live telemetry was: a call the picker forwarded after that stays in the
-    router's overlay until a snapshot that has seen it."""
-    parts = [
+def instance_parts(
+    snap: BoxSnapshot, now: float, held: BoxViews | None = None
+) -> list[InstanceSnapshot]:
+    """Each instance of the box as the router reads one, on the picker's clock (`held`: the
+    box's merged session views, default: each instance's own list)."""
+    return [
         router_snapshot(
             i.telemetry,
             i.telemetry.models,
@@ -74,6 +72,22 @@ def project(
         )
         for i in snap.instances
     ]
+
+
+def project(
+    name: str,
+    version: int,
+    snap: BoxSnapshot,
+    now: float,
+    held: BoxViews | None = None,
+    parts: list[InstanceSnapshot] | None = None,
+) -> InstanceSnapshot:
+    """The box as one placement target (`parts`: `instance_parts`, computed if not given). Its
+    instances' telemetry is `age_s` old, so the box counts as taken when its oldest live
+    telemetry was: a call the picker forwarded after that stays in the router's overlay until a
+    snapshot that has seen it."""
+    if parts is None:
+        parts = instance_parts(snap, now, held)
     ages = [i.age_s for i in snap.instances if i.healthy]
     sessions = held.sessions if held is not None else None
     return box_snapshot(name, version, now - max(ages, default=0.0), parts, sessions)

@@ -8,7 +8,9 @@ what a call is; the box's router then places it on an instance. Design: docs/poo
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from itertools import count
@@ -23,11 +25,12 @@ from talariad.gateway.errors import APIError, validation_error
 from talariad.gateway.routing import PrefixBranches
 from talariad.gateway.store import ResponseStore
 from talariad.router import CallRequest, Decision, DecisionKind, Router
+from talariad.router.box_policies import BOX_POLICIES, box_stats
 from talariad.types import KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
 from talariad.wire.messages import ChatMessage
 
-from .boxes import BoxViews, project
+from .boxes import BoxViews, instance_parts, project
 from .picker import EPPRequest, ImmediateAnswer, Pick
 from .replies import answer
 
@@ -81,10 +84,19 @@ class _Open:
 
 
 class BoxPicker:
-    """`Picker` over boxes. `pick` runs on the server's event loop: sync, no IO, bounded."""
+    """`Picker` over boxes. `pick` runs on the server's event loop: sync, no IO, bounded.
 
-    def __init__(self, router: Router, max_branches: int = 4) -> None:
+    `place` is the part after the body is read, the same for the running picker and the
+    simulator's pool (one picker, two clocks); `policy` names the box-level policy
+    (`router.box_policies.BOX_POLICIES`)."""
+
+    ARRIVAL_GRACE_S = 1.0
+    """How long past its expiry a lease stays in the book for a call that arrived in time and is
+    still being read (a lease is judged at the call's arrival, `CallRequest.arrived_at`)."""
+
+    def __init__(self, router: Router, max_branches: int = 4, policy: str = "talaria") -> None:
         self.router = router
+        self.policy = BOX_POLICIES.get(policy)(router, random.Random(router.knobs.seed))
         self.branches = PrefixBranches(max_branches, router.knobs.max_sessions)
         self.branches.on_evict = lambda name: router.forget_session(name)
         self.endpoints: dict[str, str] = {}  # box -> "ip:port"
@@ -122,14 +134,21 @@ class BoxPicker:
         facts = _facts(snap)
         if held is None or held.sessions.keys != set() or self._facts.get(name) != facts:
             self._versions[name] = version = self._versions.get(name, 0) + 1
-            self.router.observe(project(name, version, snap, now, held), now)
+            parts = instance_parts(snap, now, held)
+            self.router.observe(project(name, version, snap, now, held, parts), now)
+            self.policy.observe(box_stats(name, parts), now)
             self._facts[name] = facts
         # else the box re-sent the telemetry replies installed (the daemon polls its instances
         # less often than we poll it) and no session changed: the installed projection stands
         self.router.heartbeat(name, now, healthy=any(i.healthy for i in snap.instances))
-        if now - self._expired_at >= 1.0:  # leases and idle sessions, about once a second
+        self.expire(now)
+
+    def expire(self, now: float) -> None:
+        """Leases and idle sessions, about once a second; a lease stays `ARRIVAL_GRACE_S` past
+        its expiry, for a call that arrived before it and is still being read."""
+        if now - self._expired_at >= 1.0:
             self._expired_at = now
-            self.router.expire(now)
+            self.router.expire(now - self.ARRIVAL_GRACE_S)
 
     def box_lost(self, name: str, now: float) -> None:
         """The box stopped answering: no new call and no lease return goes there."""
@@ -162,19 +181,24 @@ class BoxPicker:
         if spec is None or model is None:  # an unknown model is the box's to answer (404)
             return self._any_box(request, now)
         call = self._call(request, spec, model)
+        return self.place(call, path, spec.requested, now)
+
+    def place(
+        self, call: CallRequest, path: str, requested: str, now: float
+    ) -> Pick | ImmediateAnswer:
+        """Place one planned call (its session branch named, its prefix counted); `requested`:
+        the model id the client sent, for a refusal's wording."""
         branch = None if call.session_id is None else (call.session_id, call.model)
         if branch is not None:
-            self._settle_answered(branch, now)
-        decision = self.router.place(call, now)
+            self._settle_answered(branch, call.judged_at(now))
+        decision = self.policy.place(call, now)
         self._count(now)
         if decision.instance is None:
-            return self._refuse(path, spec, decision, now)
+            return self._refuse(path, requested, decision, now)
         endpoint = self.endpoints[decision.instance]
         # the lease will say the box holds the prompt (the answer's length is not seen here)
-        self._remember(
-            request.call_id, _Open(decision.instance, endpoint, call.prompt_tokens, branch)
-        )
-        return Pick(request.call_id, endpoint)
+        self._remember(call.call_id, _Open(decision.instance, endpoint, call.prompt_tokens, branch))
+        return Pick(call.call_id, endpoint, decision.kind.value)
 
     def _settle_answered(self, branch: tuple[str, str], now: float) -> None:
         """A branch's next call means its previous answer ended: settle that call now if its box
@@ -201,13 +225,24 @@ class BoxPicker:
             max_tokens,
             clamp_to,
         )
-        return call
+        return self.learned(dataclasses.replace(call, arrived_at=request.arrived))
 
-    def _refuse(self, path: str, spec: CallSpec, d: Decision, now: float) -> ImmediateAnswer:
+    def learned(self, call: CallRequest) -> CallRequest:
+        """`call` with the prefix the boxes say its branch holds, where this picker has seen none
+        of the branch's text (a picker restarted, or another replica placed its calls): the box's
+        snapshot is the session's memory, and its KV what the cost weighs."""
+        if call.session_id is None or call.prefix_tokens > 0:
+            return call
+        held = self.router.held_prefix(call.session_id, call.model)
+        if held <= 0:
+            return call
+        return dataclasses.replace(call, prefix_tokens=min(held, max(call.prompt_tokens - 1, 0)))
+
+    def _refuse(self, path: str, requested: str, d: Decision, now: float) -> ImmediateAnswer:
         """429 with `retry-after` when boxes are busy (the picker cannot hold a call: a held
         one leaves the router's queue at once), 503 when no box is healthy."""
         if d.kind is DecisionKind.OVERLOAD_QUEUE:
-            self.router.failed(d.call_id, now)
+            self.policy.failed(d.call_id, now)
         if not self.healthy_boxes(now):
             return answer(path, _no_box())
         retry = str(max(1, math.ceil(d.retry_after_s or 1)))
@@ -215,7 +250,7 @@ class BoxPicker:
             path,
             APIError(
                 429,
-                f"no box can take a {spec.requested!r} call now ({d.reason})",
+                f"no box can take a {requested!r} call now ({d.reason})",
                 type="rate_limit_exceeded",
                 code=d.kind.value,
                 headers={"Retry-After": retry},
@@ -227,7 +262,8 @@ class BoxPicker:
         boxes = self.healthy_boxes(now)
         if not boxes:
             return answer(request.path, _no_box())
-        return Pick(request.call_id, self.endpoints[boxes[next(self._rr) % len(boxes)]])
+        box = boxes[next(self._rr) % len(boxes)]
+        return Pick(request.call_id, self.endpoints[box], "round_robin")
 
     def served(self, call_id: str, endpoint: str | None, status: int, now: float) -> None:
         """Envoy's response headers: re-target the call if Envoy served it elsewhere."""
@@ -248,9 +284,9 @@ class BoxPicker:
         if rec.branch is not None and self._branch_open.get(rec.branch) == call_id:
             del self._branch_open[rec.branch]
         if ok and rec.status < 400:
-            self.router.completed(call_id, rec.box, KVState.DEVICE, rec.kv_len, now)
+            self.policy.completed(call_id, rec.box, KVState.DEVICE, rec.kv_len, now)
         else:
-            self.router.failed(call_id, now)
+            self.policy.failed(call_id, now)
 
     def _remember(self, call_id: str, rec: _Open) -> None:
         self._open[call_id] = rec
@@ -260,7 +296,7 @@ class BoxPicker:
             old, lost = self._open.popitem(last=False)
             if lost.branch is not None and self._branch_open.get(lost.branch) == old:
                 del self._branch_open[lost.branch]
-            self.router.failed(old, 0.0)  # `failed` reads no clock
+            self.policy.failed(old, 0.0)  # `failed` reads no clock
 
     # --- reads ------------------------------------------------------------------------------
     def explain(self, call_id: str) -> Decision | None:
@@ -302,10 +338,12 @@ class BoxPicker:
 
     def status(self, now: float) -> dict:
         """Every box: its state, snapshot age, sessions, calls in flight and leases."""
-        sessions: dict[str, int] = {}
+        # a box's sessions: those this picker saw end there, and those the box says it holds
+        # (what a restarted picker knows)
+        sessions: dict[str, set[str]] = {}
         for e in self.router.sessions():
             if e.instance is not None:
-                sessions[e.instance] = sessions.get(e.instance, 0) + 1
+                sessions.setdefault(e.instance, set()).add(e.session_id)
         rows = []
         for s in self.router.instances(now):
             seen = self._seen_at.get(s.instance)
@@ -319,12 +357,18 @@ class BoxPicker:
                     if s.healthy
                     else "down",
                     "snapshot_age_s": None if seen is None else round(now - seen, 3),
-                    "sessions": sessions.get(s.instance, 0),
+                    "sessions": len(
+                        sessions.get(s.instance, set()) | self.router.held_sessions(s.instance)
+                    ),
                     "in_flight": s.in_flight,
                     "leases": s.leases,
                 }
             )
-        return {"boxes": rows, "decisions_per_s": round(self.decisions_per_s(now), 3)}
+        return {
+            "policy": self.policy.name,
+            "boxes": rows,
+            "decisions_per_s": round(self.decisions_per_s(now), 3),
+        }
 
 
 def _facts(snap: BoxSnapshot) -> tuple:

@@ -16,6 +16,7 @@ from talariad.config import (
 )
 from talariad.gateway.pool import load_token
 from talariad.router import RouterKnobs
+from talariad.router.box_policies import BOX_POLICIES
 
 
 class TLSConfig(_Strict):
@@ -61,6 +62,9 @@ class EPPConfig(_Strict):
     """What Envoy does when this process is down; the gateway's config enforces it (its EPP
     cluster's health check), this field documents which one the pool was deployed with."""
     max_branches: int = Field(default=4, ge=1, le=64)
+    policy: str = "talaria"
+    """The box-level policy (`router.box_policies`): talaria (the router: leases, KV locality,
+    model residency), round-robin, least-load, llm-d (GIE's default scorer mix), llm-d-session."""
     drain_s: float = Field(default=10.0, ge=0)
     """On SIGTERM: how long calls in flight may finish."""
     router: dict[str, Any] = Field(default_factory=dict)
@@ -71,6 +75,12 @@ class EPPConfig(_Strict):
     @classmethod
     def _address(cls, v: str) -> str:
         split_host_port(v)
+        return v
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        BOX_POLICIES.get(v)  # ValueError naming the valid ones
         return v
 
     @field_validator("router")

@@ -29,12 +29,27 @@ class EPPMetrics:
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.0),
             registry=r,
         )
+        self.lag_seconds = Histogram(
+            "talaria_epp_arrival_to_decision_seconds",
+            "From the request's headers reaching the picker to its routing reply: the body's "
+            "transfer and the wait for the picker (a lease is judged at the arrival)",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        self.kinds = Counter(
+            "talaria_epp_decision_kinds",
+            "Placed calls by the kind of decision (lease_hit, cost, replica_open, ...)",
+            ["kind"],
+            registry=r,
+        )
         self.served_mismatch = Counter(
             "talaria_epp_served_mismatch",
             "Responses Envoy reports served by an endpoint other than the one picked",
             registry=r,
         )
 
-    def decided(self, outcome: str, seconds: float) -> None:
+    def decided(self, outcome: str, seconds: float, lag_s: float | None = None) -> None:
         self.decisions.labels(outcome).inc()
         self.decision_seconds.observe(seconds)
+        if lag_s is not None:
+            self.lag_seconds.observe(max(lag_s, 0.0))

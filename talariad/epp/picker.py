@@ -18,6 +18,8 @@ class EPPRequest:
     path: str
     headers: Mapping[str, str]
     body: bytes = b""
+    arrived: float | None = None
+    """When its headers reached the picker (the picker's clock): a lease is judged then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,9 @@ class Pick:
 
     call_id: str
     endpoint: str
+    kind: str = field(default="", compare=False)
+    """How it was placed: the router's decision kind (`lease_hit`, `cost`, ...), or
+    `round_robin` for a request that names no model a box serves."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ class Stream:
             max_body_bytes,
         )
         self.call_id, self.method, self.path = "", "", ""
+        self.arrived: float | None = None  # the request headers' arrival, on `clock`
         self.headers: dict[str, str] = {}
         self.body = bytearray()
         self.body_bytes = 0  # all received, also past the bound (then `body` stops growing)
@@ -74,6 +75,7 @@ class Stream:
     # ---- request ---------------------------------------------------------------------------
 
     def _request_headers(self, msg: pb.HttpHeaders, _req) -> Replies:
+        self.arrived = self.clock()
         self.headers = replies.headers_of(msg.headers)
         self.call_id = self.headers.get("x-request-id") or uuid.uuid4().hex
         self.method, self.path = self.headers.get(":method", ""), self.headers.get(":path", "")
@@ -105,7 +107,10 @@ class Stream:
         else:
             self.pick = decision
             first = replies.route_to(decision.endpoint)
-        self.metrics.decided(outcome, time.perf_counter() - started)
+            if decision.kind:
+                self.metrics.kinds.labels(decision.kind).inc()
+        lag = None if self.arrived is None else self.clock() - self.arrived
+        self.metrics.decided(outcome, time.perf_counter() - started, lag)
         if not body_follows or self.pick is None:
             return [first]
         return chain([first], replies.request_body_pieces(body, body_ends))
@@ -114,7 +119,9 @@ class Stream:
         if self.body_bytes > self.max_body:
             message = f"request body is {self.body_bytes} bytes; the limit is {self.max_body} bytes"
             return "too_large", error(self.path, 413, message, "request_too_large")
-        request = EPPRequest(self.call_id, self.method, self.path, self.headers, body)
+        request = EPPRequest(
+            self.call_id, self.method, self.path, self.headers, body, arrived=self.arrived
+        )
         try:
             decision = self.picker.pick(request, self.clock())
             if isinstance(decision, Pick):

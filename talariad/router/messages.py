@@ -27,6 +27,17 @@ class CallRequest:
     prompt_tokens: int
     prefix_tokens: int = 0
     max_tokens: int = 256
+    arrived_at: float | None = None
+    """When the call reached the shell (None: when it is placed). A lease is judged at the call's
+    arrival, not at its decision: the time a body takes to arrive and wait for the placement is
+    not the agent's tool gap."""
+    prefix_of: str | None = None
+    """The branch whose context holds the reusable prefix when it is not the call's own (a new
+    branch of a session sharing its head: tools, system prompt): its place is the prefix's."""
+
+    def judged_at(self, now: float) -> float:
+        """The time a lease for this call is judged at: its arrival, never later than `now`."""
+        return now if self.arrived_at is None else min(self.arrived_at, now)
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 0 or self.max_tokens < 0:

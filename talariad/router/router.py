@@ -136,7 +136,7 @@ class Router:
     # --- calls -------------------------------------------------------------------------------
     def place(self, call: CallRequest, now: float) -> Decision:
         """Algorithm 1 (or the configured baseline) for one arriving or held call."""
-        self._leases.expire(now)
+        self._leases.expire(call.judged_at(now))
         if call.call_id not in self._queued:
             suffix = call.prompt_tokens - call.prefix_tokens
             self._demand.record(call.model, now, self._profiles.get(call.model).prefill_s(suffix))
@@ -238,6 +238,28 @@ class Router:
     def recent(self, limit: int) -> tuple[Decision, ...]:
         """The latest `limit` decisions, newest first."""
         return tuple(reversed(list(self._decisions.values())[-limit:])) if limit > 0 else ()
+
+    def held_prefix(self, session_id: str, model: str) -> int:
+        """The longest prefix of (session, model) that any instance's snapshot holds, in tokens
+        (0: none does): what a shell that has not seen the session's calls (a restarted picker)
+        can still count on reusing."""
+        key = (session_id, model)
+        lens = []
+        for name in self._instances.holders(key):
+            snap = self._instances.get(name).snapshot
+            loc = snap.sessions.get(key) if snap is not None else None
+            if loc is not None:
+                lens.append(loc.kv_len)
+        return max(lens, default=0)
+
+    def held_sessions(self, instance: str) -> set[str]:
+        """The sessions whose prefix `instance`'s installed snapshot says it holds."""
+        inst = self._instances.get(instance)
+        return (
+            set()
+            if inst is None or inst.snapshot is None
+            else {s for s, _ in inst.snapshot.sessions}
+        )
 
     def profiles(self) -> dict[str, LatencyProfile]:
         return self._profiles.all()

@@ -20,7 +20,7 @@ from talariad.replay.progress import progress_bar
 from talariad.replay.report import print_report, to_json
 from talariad.replay.swebv import load_swebv
 from talariad.replay.trace import Trace, TraceError, read_jsonl
-from talariad.sim.box_policies import POLICY_ORDER
+from talariad.router.box_policies import POLICY_ORDER
 from talariad.sim.configs import SUITES, SimConfig, config_models, from_config, map_models, suite
 from talariad.sim.pool import ROW_FIELDS, SESSIONS_PER_BOX, pool_trace, run_pool
 from talariad.sim.simulator import simulate
@@ -166,7 +166,7 @@ def pool_compare(args) -> int:
                 advance(0, description=f"{picker}@{n}")
                 rows.append(run_pool(n, picker, trace, pset, on_session_done=advance))
     if args.json:
-        text = json.dumps(rows, indent=1)
+        text = json.dumps({"rows": rows}, indent=1)  # the shape of every suite's JSON
         if args.json == "-":
             print(text)
             return 0

@@ -1,30 +1,39 @@
-"""The pool suite: N boxes, each a copy of the router suite's testbed, behind one box picker.
+"""The pool suite: N boxes, each a copy of the router suite's testbed, behind the shipped picker.
 
-Two levels in virtual time: the picker (`box_policies.BOX_POLICIES`) chooses a box per call from
-what it last polled (every `POLL_S`), then that box's own Talaria `Router` places the call on
-the box's instances exactly as the single-box simulation does. A call refused by its box's
-router waits at that box, as a daemon holds it. Sessions per box and the per-box arrival rate
-stay constant as the pool grows; every picker replays the same trace at a pool size.
+Two levels in virtual time: the pool's picker (`epp.boxpicker.BoxPicker`, the one `talariad epp`
+runs, with a box-level policy from `router.box_policies`) chooses a box per call from the box
+snapshots it last polled (every `POLL_S`: each box's `BoxSnapshot`, the wire message a daemon
+serves, with its telemetry's age), and learns a call's end as Envoy would tell it (the response
+ended well: a lease on that box, its KV taken as on a device); then that box's own Talaria
+`Router` places the call on the box's instances exactly as the single-box simulation does. A
+call the picker refuses (429, 503) comes back after its `Retry-After`, as a client would; one
+refused by its box's router waits at that box, as a daemon holds it. Sessions per box and the
+per-box arrival rate stay constant as the pool grows; every policy replays the same trace at a
+pool size.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import random
 from collections.abc import Callable
+from dataclasses import replace
 
+from talariad.engine.events import telemetry_message
+from talariad.epp.boxpicker import BoxPicker
+from talariad.epp.picker import ImmediateAnswer
 from talariad.instance.core import Done
-from talariad.instance.telemetry import router_snapshot
 from talariad.perfmodel.profiles import ProfileSet
 from talariad.replay.generate import characterization
 from talariad.replay.metrics import RunResult, nearest_rank
 from talariad.replay.trace import Trace, TraceCall
 from talariad.router import Lease, Router
-from talariad.sim.box_policies import BOX_POLICIES, POLL_S
 from talariad.sim.configs import LOADS, InstanceSpec, SimConfig, router_configs
 from talariad.sim.simulator import RETRY, Pending, SimInstance, Simulator, request
+from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
 
+POLL_S = 0.1  # the picker's `poll_interval_s` default
+CALL_PATH = "/v1/chat/completions"  # what a refusal's wording is for
 SESSIONS_PER_BOX = 30  # the router testbed's 30 model-sessions (§5.3), on every box
 ROW_FIELDS = (
     "boxes",
@@ -65,7 +74,7 @@ def pool_trace(n: int, per_box: int, seed: int, models: list[str]) -> Trace:
 
 
 class PoolSimulator(Simulator):
-    """The simulator with one `Router` per box and a box picker above them."""
+    """The simulator with one `Router` per box and the shipped `BoxPicker` above them."""
 
     def __init__(
         self,
@@ -85,13 +94,13 @@ class PoolSimulator(Simulator):
         self.routers = {
             b: Router(config.router, self.profiles, policy=config.policy) for b in members
         }
-        rng = random.Random(config.router.seed)
-        self.picker = BOX_POLICIES.get(picker)(config.router, self.profiles, rng)
+        # the picker starts knowing no profile: the boxes' snapshots carry theirs
+        self.picker = BoxPicker(Router(config.router, {}), policy=picker)
         self.result.policy = picker
         self.recomputed = 0
         self._box_for: dict[str, str] = {}  # call id -> the box it was sent to
-        self._polled_at = -math.inf  # every box is polled together: one time, one version
-        self._poll_version = 0
+        self._polled_at = -math.inf  # every box is polled together: one time
+        self._served_version = 0
 
     def _first_look(self) -> None:
         for box, insts in self.members.items():
@@ -104,34 +113,54 @@ class PoolSimulator(Simulator):
         box = self._box_for.get(p.call_id)
         if box is None:
             self._poll(now)
-            box, retry = self.picker.pick(req, now)
-            if box is None:
-                self._push(now + retry, RETRY, p.call_id)
+            # a retried call is a new request: it arrives now
+            picked = self.picker.place(replace(req, arrived_at=now), CALL_PATH, req.model, now)
+            if isinstance(picked, ImmediateAnswer):
+                self._push(now + float(picked.headers.get("Retry-After", 1)), RETRY, p.call_id)
                 return
-            self._box_for[p.call_id] = box
-        for _, model, measured in self._refresh(self.routers[box], self.members[box], now):
-            self.picker.round_summary(model, measured, now)
+            box = self._box_for[p.call_id] = picked.endpoint  # a box's endpoint is its name
+        self._refresh(self.routers[box], self.members[box], now)
         self._dispatch(p, req, self.routers[box].place(req, now), now)
 
     def _poll(self, now: float) -> None:
-        """The EPP's view: each box's instance snapshots, re-read at most every `POLL_S` (the
-        session lists only for a policy that reads them)."""
+        """The picker's poll: each box's snapshot as its daemon serves it, at most every
+        `POLL_S` (a session list only for a policy that reads one)."""
         if now - self._polled_at < POLL_S:
             return
-        self._polled_at, self._poll_version = now, self._poll_version + 1
-        sessions = self.picker.reads_sessions
+        self._polled_at = now
         for box, insts in self.members.items():
-            snaps = [
-                router_snapshot(i.core.telemetry(now, sessions=sessions), i.models, now, True)
+            self._refresh(self.routers[box], insts, now)  # the box reads its instances on
+            self.picker.box_seen(box, box, self._snapshot(box, insts, now), now)
+
+    def _snapshot(self, box: str, insts: list[SimInstance], now: float) -> BoxSnapshot:
+        """`GET /pool/snapshot` of `box` (`gateway.pool.PoolEndpoint.snapshot`): each instance's
+        telemetry as the box last read it, with its age, and the box router's profiles."""
+        self._served_version += 1
+        profiles = self.routers[box].profiles()
+        models = sorted({m for i in insts for m in i.models})
+        return BoxSnapshot.model_construct(
+            version=self._served_version,
+            sessions_epoch=None,
+            instances=[
+                BoxInstance.model_construct(
+                    name=i.name,
+                    healthy=True,
+                    age_s=max(now - i.heard_at, 0.0),
+                    telemetry=telemetry_message(i.published),
+                    sessions_truncated=False,
+                )
                 for i in insts
-            ]
-            self.picker.observe(box, self._poll_version, snaps, now)
+            ],
+            models=[BoxModel(name=m, profile=profiles[m]) for m in models if m in profiles],
+        )
 
     def _settle(self, inst: SimInstance, p: Pending, done: Done, now: float) -> Lease | None:
         box = self.box_of[inst.name]
         call_id = done.completion.call_id
         self._box_for.pop(call_id, None)
-        self.picker.completed(call_id, box, done.kv_state, done.kv_len, now)
+        # what Envoy tells the picker: the response came from `box`, and it ended well
+        self.picker.served(call_id, box, 200, now)
+        self.picker.finished(call_id, True, now)
         self.recomputed += recomputed_tokens(p.call, done.cached_tokens)
         return self.routers[box].completed(call_id, inst.name, done.kv_state, done.kv_len, now)
 

@@ -13,15 +13,18 @@ from talariad.router import (
     InstanceSnapshot,
     ModelResidency,
     ModelState,
+    Router,
     RouterKnobs,
 )
-from talariad.router.policies.peers import llmd_scores
-from talariad.sim.__main__ import main
-from talariad.sim.box_policies import (
+from talariad.router.box_policies import (
     BOX_POLICIES,
     POLICY_ORDER,
     LlmDSessionBoxPolicy,
+    box_stats,
 )
+from talariad.router.boxes import box_snapshot
+from talariad.router.policies.peers import llmd_scores
+from talariad.sim.__main__ import main
 from talariad.sim.pool import ROW_FIELDS, pool_trace, run_pool
 from talariad.types import Pool
 
@@ -90,40 +93,60 @@ def _call(k: int, session: str = "s") -> CallRequest:
 
 
 def _session_picker() -> LlmDSessionBoxPolicy:
-    return LlmDSessionBoxPolicy(RouterKnobs(), {}, random.Random(0))
+    return LlmDSessionBoxPolicy(Router(RouterKnobs(), {}), random.Random(0))
+
+
+def _feed(picker, box: str, version: int, queued: int, kv: float, now: float, healthy=True):
+    """One poll of `box`, as the shipped picker gives it: the router's target and the stats."""
+    snap = _snap(box, queued, kv, healthy)
+    picker.router.observe(box_snapshot(box, version, now, [snap]), now)
+    picker.observe(box_stats(box, [snap]), now)
+
+
+def _pick(picker, call: CallRequest, now: float) -> str | None:
+    return picker.place(call, now).instance
 
 
 def test_session_affinity_keeps_the_box_while_the_ttl_lasts():
     picker = _session_picker()
-    picker.observe("a", 1, [_snap("a", 0, 0.0)], 0.0)
-    picker.observe("b", 1, [_snap("b", 0, 0.0)], 0.0)
-    first, _ = picker.pick(_call(0), 0.0)
+    _feed(picker, "a", 1, 0, 0.0, 0.0)
+    _feed(picker, "b", 1, 0, 0.0, 0.0)
+    first = _pick(picker, _call(0), 0.0)
     other = "b" if first == "a" else "a"
     # the bound box is now the busier one: queue and KV both favour the other
-    picker.observe(first, 2, [_snap(first, 8, 0.9)], 1.0)
-    picker.observe(other, 2, [_snap(other, 0, 0.0)], 1.0)
     for k, at in enumerate((1.0, 100.0, 390.0), start=1):
-        assert picker.pick(_call(k), at)[0] == first
+        _feed(picker, first, 1 + k, 8, 0.9, at)
+        _feed(picker, other, 1 + k, 0, 0.0, at)
+        assert _pick(picker, _call(k), at) == first
     # idle past the TTL: the next sweep drops the binding; the session keeps only its prefix
-    picker.pick(_call(9, "t"), 700.0)
+    _feed(picker, first, 9, 8, 0.9, 700.0)
+    _feed(picker, other, 9, 0, 0.0, 700.0)
+    _pick(picker, _call(9, "t"), 700.0)
     assert "s" not in picker.bound
 
 
 def test_session_affinity_rebinds_when_the_bound_box_is_gone():
     picker = _session_picker()
-    picker.observe("a", 1, [_snap("a", 0, 0.0)], 0.0)
-    picker.observe("b", 1, [_snap("b", 0, 0.0)], 0.0)
-    first, _ = picker.pick(_call(0), 0.0)
+    _feed(picker, "a", 1, 0, 0.0, 0.0)
+    _feed(picker, "b", 1, 0, 0.0, 0.0)
+    first = _pick(picker, _call(0), 0.0)
     other = "b" if first == "a" else "a"
-    picker.observe(first, 2, [_snap(first, 0, 0.0, healthy=False)], 1.0)
-    assert picker.pick(_call(1), 1.0)[0] == other
+    _feed(picker, first, 2, 0, 0.0, 1.0, healthy=False)
+    assert _pick(picker, _call(1), 1.0) == other
     assert picker.bound["s"][0] == other
+
+
+def test_a_peer_with_no_healthy_box_places_nothing():
+    picker = _session_picker()
+    _feed(picker, "a", 1, 0, 0.0, 0.0, healthy=False)
+    decision = picker.place(_call(0), 0.0)
+    assert decision.instance is None and decision.retry_after_s
 
 
 def test_unbound_session_expresses_no_preference():
     picker = _session_picker()
     for box in ("a", "b"):
-        picker.observe(box, 1, [_snap(box, 0, 0.0)], 0.0)
+        _feed(picker, box, 1, 0, 0.0, 0.0)
     scores = picker.scores(_call(0), list(picker.boxes.values()), 0.0)
     assert scores["a"] == scores["b"]
 
@@ -140,7 +163,7 @@ def test_llmd_scores_are_gies_default_mix():
 def test_cli_json_rows(capsys):
     argv = ["compare", "--suite", "pool", "--boxes", "2", "--sessions-per-box", "2"]
     assert main([*argv, "--json", "-"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["policy"] for r in rows] == list(POLICY_ORDER)
     assert all(tuple(r) == ROW_FIELDS for r in rows)
 

@@ -41,7 +41,7 @@ class TalariaPolicy(Policy):
         if lease is None:
             return None, ""
         inst = view.instances.get(lease.instance)
-        if not lease.live(now):
+        if not lease.live(call.judged_at(now)):
             return None, "lease expired"
         if inst is None or not inst.healthy() or call.model not in inst.snapshot.allowed_models:
             return None, "lease instance unhealthy"

@@ -58,7 +58,7 @@ class CostModel:
 
     def plan(self, call: CallRequest, now: float | None = None) -> CallPlan:
         prof, suffix = self.profiles.get(call.model), call.prompt_tokens - call.prefix_tokens
-        sid = call.session_id
+        sid = call.prefix_of or call.session_id  # where the prefix lives
         key = (sid, call.model) if sid is not None else None
         rec = self.sessions.kv_record(sid, call.model) if sid is not None else None
         kv_bytes = prof.kv_bytes_per_token * (call.prompt_tokens + call.max_tokens)
@@ -164,7 +164,7 @@ class CostModel:
 
     def kv_on(self, inst: InstanceState, call: CallRequest) -> tuple[KVState, int]:
         """Newest word on the session's prefix there: a later completion beats the snapshot."""
-        sid = call.session_id
+        sid = call.prefix_of or call.session_id
         rec = self.sessions.kv_record(sid, call.model) if sid is not None else None
         return _kv_lookup(inst, (sid, call.model) if sid is not None else None, rec)
 

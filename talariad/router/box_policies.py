@@ -1,36 +1,39 @@
-"""The pool's upper level in the simulator: who picks the box for a call (issue 29, item 7).
+"""Box-level placement policies: who picks the box for a call in a pool (`epp.boxpicker`, the
+shipped picker, and the simulator's pool, which runs that picker).
 
-Talaria's picker is the same `Router` a box runs, with boxes as its targets (`router.boxes`).
-The peers are built as their authors built them (`shared/reference/peer-policies.md`,
+`talaria` is the same `Router` a box runs, with boxes as its targets (`router.boxes`). The peers
+are built as their authors built them (`shared/reference/peer-policies.md`,
 `shared/reference/gie-epp-protocol.md` §3): round-robin, least-load, llm-d's default scorer mix
-and llm-d's session-affinity scorer on top of it. They sit behind a registry of their own, not
-`router.POLICIES`: an llm-d EPP whose endpoints are whole boxes scores pool-average metrics (mean
-queue and KV use over a box's servers), which a box's one-target projection does not carry.
+and llm-d's session-affinity scorer on top of it. An llm-d EPP whose endpoints are whole boxes
+scores pool-average metrics (mean queue and KV use over a box's servers): `BoxStats`, which a
+box's one-target projection does not carry.
+
+Every policy answers with the router's own `Decision`, so the picker explains, counts and
+settles a peer's pick as it does its own.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from talariad.router import CallRequest, InstanceSnapshot, Router, RouterKnobs
-from talariad.router.boxes import box_snapshot
+from talariad.router.messages import CallRequest, Decision, DecisionKind, InstanceSnapshot
 from talariad.router.policies.peers import BLOCK, LLMD_LRU_BLOCKS, llmd_scores
 from talariad.router.policies.prefix_index import RoutedPrefixIndex
 from talariad.router.registry import Registry
-from talariad.types import KVState, LatencyProfile, RoundMeasurement
+from talariad.router.router import Router
+from talariad.types import KVState
 
-POLL_S = 0.1  # the EPP polls each box's snapshot about this often (issue 29, item 2)
+RETRY_S = 0.1  # a peer with no healthy box answers "retry after" about one poll
 
 
 @dataclass(frozen=True, slots=True)
 class BoxStats:
-    """What the EPP last polled from one box: pool-average queue and KV use over its servers."""
+    """What the picker last polled from one box: pool-average queue and KV use over its servers."""
 
     name: str
     healthy: bool
@@ -47,48 +50,27 @@ def box_stats(box: str, snaps: Sequence[InstanceSnapshot]) -> BoxStats:
     return BoxStats(box, bool(live), queued / n, kv / n, len(live))
 
 
-class BoxPolicy(ABC):
-    """Picks a box per call from polled box state and its own record of calls in flight."""
+class BoxPolicy:
+    """Places a call on a box. The picker's `Router` holds the boxes as targets (health,
+    freshness, the in-flight overlay); a policy reads what it needs of them and of `BoxStats`."""
 
     name: ClassVar[str] = ""
-    reads_sessions: ClassVar[bool] = False
-    """It reads where the boxes hold each session's prefix (their snapshots' session lists)."""
 
-    def __init__(
-        self, knobs: RouterKnobs, profiles: dict[str, LatencyProfile], rng: random.Random
-    ) -> None:
-        self.knobs, self.rng = knobs, rng
-        self.boxes: dict[str, BoxStats] = {}
-        self.load: Counter[str] = Counter()  # calls sent to a box and not yet completed
-        self._sent: dict[str, str] = {}  # call id -> box
+    def __init__(self, router: Router, rng: random.Random) -> None:
+        self.router, self.rng = router, rng
 
-    def observe(
-        self, box: str, version: int, snaps: Sequence[InstanceSnapshot], now: float
-    ) -> None:
-        """One poll of `box`: its instances' snapshots as the EPP reads them."""
-        self.boxes[box] = box_stats(box, snaps)
+    def observe(self, stats: BoxStats, now: float) -> None:
+        """One poll of a box."""
 
-    def pick(self, call: CallRequest, now: float) -> tuple[str | None, float]:
-        """(box, 0) or (None, seconds until a retry)."""
-        live = [b for b in self.boxes.values() if b.healthy]
-        box = self.choose(call, live, now) if live else None
-        if box is None:
-            return None, POLL_S
-        self.load[box] += 1
-        self._sent[call.call_id] = box
-        return box, 0.0
-
-    @abstractmethod
-    def choose(self, call: CallRequest, live: list[BoxStats], now: float) -> str | None:
-        """The box for `call` among the healthy ones (in a stable order)."""
+    def place(self, call: CallRequest, now: float) -> Decision:
+        return self.router.place(call, now)
 
     def completed(self, call_id: str, box: str, kv_state: KVState, kv_len: int, now: float) -> None:
-        """The call finished on `box` (the gateway's response end and served endpoint)."""
-        if self._sent.pop(call_id, None) is not None:
-            self.load[box] -= 1
+        """The call's response ended well on `box`: the router installs the session's lease."""
+        self.router.completed(call_id, box, kv_state, kv_len, now)
 
-    def round_summary(self, model: str, measured: RoundMeasurement, now: float) -> None:
-        return None  # a hook: only a picker with latency profiles learns from rounds
+    def failed(self, call_id: str, now: float) -> None:
+        self.router.failed(call_id, now)
 
 
 BOX_POLICIES: Registry[BoxPolicy] = Registry("box policy")
@@ -96,42 +78,57 @@ BOX_POLICIES: Registry[BoxPolicy] = Registry("box policy")
 
 @BOX_POLICIES.register("talaria")
 class TalariaBoxPolicy(BoxPolicy):
-    """The same `Router` (policy "talaria") with boxes as targets, fed `box_snapshot`s; a
-    completion installs the session's lease on the box that served it."""
+    """The router itself (policy "talaria"): leases, KV locality, model residency, Eq. (1)/(2)."""
 
-    reads_sessions = True
 
-    def __init__(self, knobs, profiles, rng) -> None:
-        super().__init__(knobs, profiles, rng)
-        self.router = Router(knobs, profiles, policy="talaria")
+class PeerBoxPolicy(BoxPolicy):
+    """A peer: chooses among the healthy boxes from `BoxStats` and its own count of calls it
+    sent and has not seen end; the router only keeps the boxes' health and freshness."""
 
-    def observe(self, box, version, snaps, now) -> None:
-        super().observe(box, version, snaps, now)
-        self.router.observe(box_snapshot(box, version, now, snaps), now)
+    def __init__(self, router: Router, rng: random.Random) -> None:
+        super().__init__(router, rng)
+        self.boxes: dict[str, BoxStats] = {}
+        self.load: Counter[str] = Counter()  # calls sent to a box and not yet completed
+        self._sent: dict[str, str] = {}  # call id -> box
 
-    def pick(self, call: CallRequest, now: float) -> tuple[str | None, float]:
-        self.router.expire(now)
-        decision = self.router.place(call, now)
-        if decision.instance is None:
-            return None, decision.retry_after_s or POLL_S
-        return decision.instance, 0.0
+    def observe(self, stats: BoxStats, now: float) -> None:
+        self.boxes[stats.name] = stats
 
-    def choose(self, call, live, now) -> str | None:
-        raise NotImplementedError("the router chooses (see pick)")
+    def place(self, call: CallRequest, now: float) -> Decision:
+        placeable = {s.instance for s in self.router.instances(now) if s.healthy and s.fresh}
+        live = [b for n, b in sorted(self.boxes.items()) if b.healthy and n in placeable]
+        box = self.choose(call, live, now) if live else None
+        if box is None:
+            why = "no healthy box"
+            return Decision(
+                call.call_id, DecisionKind.OVERLOAD_REJECT, None, self.name, now, why, RETRY_S
+            )
+        self.load[box] += 1
+        self._sent[call.call_id] = box
+        return Decision(call.call_id, DecisionKind.COST, box, self.name, now, self.name)
+
+    def choose(self, call: CallRequest, live: list[BoxStats], now: float) -> str | None:
+        """The box for `call` among the healthy ones (by name)."""
+        raise NotImplementedError
 
     def completed(self, call_id, box, kv_state, kv_len, now) -> None:
-        self.router.completed(call_id, box, kv_state, kv_len, now)
+        self._release(call_id)
 
-    def round_summary(self, model, measured, now) -> None:
-        self.router.round_summary("", model, measured, now)
+    def failed(self, call_id: str, now: float) -> None:
+        self._release(call_id)
+
+    def _release(self, call_id: str) -> None:
+        box = self._sent.pop(call_id, None)
+        if box is not None:
+            self.load[box] -= 1
 
 
 @BOX_POLICIES.register("round-robin")
-class RoundRobinBoxPolicy(BoxPolicy):
+class RoundRobinBoxPolicy(PeerBoxPolicy):
     """One counter over the healthy boxes (SGLang / vLLM `round_robin`)."""
 
-    def __init__(self, knobs, profiles, rng) -> None:
-        super().__init__(knobs, profiles, rng)
+    def __init__(self, router, rng) -> None:
+        super().__init__(router, rng)
         self._counter = 0
 
     def choose(self, call, live, now) -> str | None:
@@ -141,7 +138,7 @@ class RoundRobinBoxPolicy(BoxPolicy):
 
 
 @BOX_POLICIES.register("least-load")
-class LeastLoadBoxPolicy(BoxPolicy):
+class LeastLoadBoxPolicy(PeerBoxPolicy):
     """Fewest calls the picker sent to a box and has not seen complete (L_w, counted at
     dispatch and completion, so it is never stale), ties to the first box (`min_by_key`)."""
 
@@ -150,7 +147,7 @@ class LeastLoadBoxPolicy(BoxPolicy):
 
 
 @BOX_POLICIES.register("llm-d")
-class LlmDBoxPolicy(BoxPolicy):
+class LlmDBoxPolicy(PeerBoxPolicy):
     """GIE's default profile (`pkg/epp/config/loader/defaults.go`, peer-policies.md §3):
     prefix-cache ×3, queue ×2, kv-cache-utilization ×2, max-score picker (shuffled ties).
     Prefix matches come from a router-side index of what it sent where (the approximate
@@ -160,8 +157,8 @@ class LlmDBoxPolicy(BoxPolicy):
     # but neither w nor scale; w = 0 leaves the plain matched/total score that peer-policies.md
     # reads in the scorer's README, the one `llmd_scores` computes
 
-    def __init__(self, knobs, profiles, rng) -> None:
-        super().__init__(knobs, profiles, rng)
+    def __init__(self, router, rng) -> None:
+        super().__init__(router, rng)
         self.index = RoutedPrefixIndex(LLMD_LRU_BLOCKS * BLOCK)
 
     def choose(self, call, live, now) -> str | None:
@@ -186,10 +183,10 @@ class LlmDBoxPolicy(BoxPolicy):
         self.index.insert(call.model, call.session_id, box, call.prompt_tokens)
         self.index.evict()
 
-    def observe(self, box, version, snaps, now) -> None:
-        super().observe(box, version, snaps, now)
+    def observe(self, stats, now) -> None:
+        super().observe(stats, now)
         # the index budget is per server; a box's servers pool theirs
-        self.index.capacity = LLMD_LRU_BLOCKS * BLOCK * max(self.boxes[box].instances, 1)
+        self.index.capacity = LLMD_LRU_BLOCKS * BLOCK * max(stats.instances, 1)
 
 
 @BOX_POLICIES.register("llm-d-session")
@@ -205,8 +202,8 @@ class LlmDSessionBoxPolicy(LlmDBoxPolicy):
     TTL_S = 300.0
     SWEEP_S = 10.0
 
-    def __init__(self, knobs, profiles, rng) -> None:
-        super().__init__(knobs, profiles, rng)
+    def __init__(self, router, rng) -> None:
+        super().__init__(router, rng)
         self.bound: dict[str, tuple[str, float]] = {}  # session -> (box, last used)
         self._next_sweep = self.SWEEP_S
 
@@ -231,3 +228,4 @@ class LlmDSessionBoxPolicy(LlmDBoxPolicy):
 
 
 POLICY_ORDER = ("talaria", "round-robin", "least-load", "llm-d", "llm-d-session")
+"""The order the pool suite prints its rows in."""
