@@ -130,6 +130,7 @@ class Call:
     cached_tokens: int = 0
     text: str = ""
     kind: str | None = None
+    reason: str | None = None  # the picker's reason for its decision
     decided: float | None = None
     policy: str | None = None
     at_envoy: float | None = None  # when Envoy received it (its access log), monotonic
@@ -338,7 +339,7 @@ class Decisions:
                 if r.status_code != 200:
                     return
                 d = r.json()
-                call.kind, call.policy = d["kind"], d.get("policy")
+                call.kind, call.policy, call.reason = d["kind"], d.get("policy"), d.get("reason")
                 # the picker read its clock between `asked` and `answered`
                 error = (answered - asked) / 2
                 if error <= LAG_BOUND_S:
@@ -566,6 +567,15 @@ def summarize(run: Run, args: argparse.Namespace, tau_s: float) -> tuple[dict, d
             if c.kind is None
         ),
         "kinds": collections.Counter(c.kind or "unknown" for c in calls),
+        # why a return within tau missed its lease: the reason's first clause
+        "missed": collections.Counter(
+            (c.reason or "unknown").split(";")[0]
+            for c in calls
+            if c.gap_s is not None
+            and c.gap_s < tau_s
+            and c.kind is not None
+            and c.kind != DecisionKind.LEASE_HIT.value
+        ),
         "lag_n": len(lags),
         "lag_max_s": max(lags, default=None),
         "lag_errors_s": run.decisions.errors_s,
@@ -631,6 +641,8 @@ def report(out: dict, extra: dict, args: argparse.Namespace) -> str:
         f"  placed by lease     {hits}/{within} "
         f"({_num(hits / within * 100 if within else None, '.1f')}%){unknown_note(extra)}",
         f"decision kinds        {kinds}",
+        "  within tau, missed  "
+        + ("  ".join(f"{k}: {v}" for k, v in extra["missed"].most_common()) or "-"),
         f"send-to-decision lag  p50 {_num(out['lag_p50_s'], '.3f')} s  "
         f"p99 {_num(out['lag_p99_s'], '.3f')} s  max {_num(extra['lag_max_s'], '.3f')} s  "
         f"({extra['lag_n']} calls; client send to the picker's decision, "
