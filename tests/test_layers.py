@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("wire", ("talariad.wire",)),
     ("config", ("talariad.config", "talariad.knobs")),
+    ("calls", ("talariad.calls",)),
     (
         "processes",
         (

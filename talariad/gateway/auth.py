@@ -11,7 +11,8 @@ import hmac
 import pathlib
 from collections.abc import Callable
 
-from talariad.gateway.errors import APIError, error_response
+from talariad.calls.errors import APIError
+from talariad.gateway.errors import error_response
 
 
 def secret_lines(path: pathlib.Path, field: str) -> list[str]:

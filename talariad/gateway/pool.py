@@ -10,8 +10,8 @@ import pathlib
 import random
 from typing import TYPE_CHECKING
 
+from talariad.calls.errors import APIError
 from talariad.gateway.auth import secret_lines
-from talariad.gateway.errors import APIError
 from talariad.router.boxes import prefix_rank
 from talariad.types import KVLocation, LatencyProfile
 from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
