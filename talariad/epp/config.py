@@ -14,8 +14,8 @@ from talariad.config import (
     read_config_data,
     split_host_port,
 )
-from talariad.gateway.pool import load_token
 from talariad.router import RouterKnobs
+from talariad.secretfiles import load_token
 
 
 class TLSConfig(_Strict):
