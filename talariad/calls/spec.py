@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from talariad.calls import template
 from talariad.calls.branches import PrefixBranches, Prompt
 from talariad.calls.session import session_headers, session_id
 from talariad.router import CallRequest
@@ -64,11 +65,9 @@ def canonical_prompt(messages: list[ChatMessage], prompt: str | None, tools: lis
     branch of an agent shares) and its first conversation turn end, and a key of that turn."""
     if prompt is not None:
         return Prompt.raw(prompt)
-    lines = [f"<|tools|> {json.dumps(t, sort_keys=True)}\n" for t in tools]
     at = next((i for i, m in enumerate(messages) if m.role not in _HEAD_ROLES), len(messages))
-    lines += [_line(m) for m in messages[:at]]
-    head = sum(map(len, lines))
-    lines += [_line(m) for m in messages[at:]]
+    lines = template.lines(messages, tools, _tool_text, _call_text)
+    head = sum(map(len, lines[: len(tools) + at]))
     text = "".join(lines)
     if at == len(messages):
         return Prompt(text, head, len(text))
@@ -79,18 +78,18 @@ def canonical_prompt(messages: list[ChatMessage], prompt: str | None, tools: lis
 _HEAD_ROLES = frozenset({"system", "developer"})
 
 
-def _line(m: ChatMessage) -> str:
-    return f"<|{m.role}|> {m.content}{_calls_text(m.tool_calls)}\n"
+def _tool_text(tool: dict) -> str:
+    return json.dumps(tool, sort_keys=True)
+
+
+def _call_text(c: ToolCall) -> str:
+    return f"<tool_call>{c.name} {arguments_json(c)}</tool_call>"
 
 
 def _thread(m: ChatMessage) -> int:
     """A key of a conversation's first turn, from its length and ends (constant time)."""
     c = m.content
     return hash((m.role, len(c), c[:256], c[-256:]))
-
-
-def _calls_text(calls: list[ToolCall]) -> str:
-    return "".join(f"<tool_call>{c.name} {arguments_json(c)}</tool_call>" for c in calls)
 
 
 def plan_call(
