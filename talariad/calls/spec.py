@@ -8,11 +8,12 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from talariad.calls import template
 from talariad.calls.branches import PrefixBranches, Prompt
-from talariad.calls.session import session_headers, session_id
+from talariad.calls.schemas import body_field, sent
+from talariad.calls.session import SESSION_FIELDS, session_headers, session_id
 from talariad.router import CallRequest
 from talariad.tools import arguments_json
 from talariad.wire.messages import ChatMessage, ToolCall
@@ -44,6 +45,48 @@ class CallSpec:
     """Body fields that may name the session (`session.SESSION_FIELDS`)."""
     context_error: Callable[[int, int, int], str] | None = None
     """The dialect's wording for a prompt that does not fit: (prompt, max_tokens, limit)."""
+
+
+class Body(Protocol):
+    """What every API's parsed body answers alike (`calls/dialects/`)."""
+
+    model: str
+    seed: int | None
+    stream: bool
+
+    def limit(self, default: int) -> int: ...
+    def stop_list(self) -> list[str]: ...
+    def include_usage(self) -> bool: ...
+
+
+def body_spec(
+    api: str,
+    body: Body,
+    messages: list[ChatMessage],
+    *,
+    prompt: str | None = None,
+    tools: list[dict] | None = None,
+    context_error: Callable[[int, int, int], str] | None = None,
+) -> CallSpec:
+    """The spec of a parsed body: its dialect reads the messages and tools, the rest every body
+    names alike (model, limit, sampling, stream, the fields that may name the session)."""
+    return CallSpec(
+        api=api,
+        requested=body.model,
+        messages=messages,
+        prompt=prompt,
+        tools=[] if tools is None else tools,
+        max_tokens=body.limit(0) or None,
+        temperature=sent(body, "temperature"),
+        top_p=sent(body, "top_p"),
+        seed=body.seed,
+        stop=body.stop_list(),
+        ignore_eos=body_field(body, "ignore_eos", False),
+        stream=body.stream,
+        include_usage=body.include_usage(),
+        session_fields={k: body_field(body, k) for k in SESSION_FIELDS},
+        context_error=context_error,
+    )
 
 
 def make_call_id() -> str:

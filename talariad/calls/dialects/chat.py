@@ -7,9 +7,8 @@ from typing import Any
 
 from pydantic import Field
 
-from talariad.calls.schemas import ChatTool, Message, SamplingBody, body_field, sent
-from talariad.calls.session import SESSION_FIELDS
-from talariad.calls.spec import CallSpec
+from talariad.calls.schemas import ChatTool, Message, SamplingBody
+from talariad.calls.spec import CallSpec, body_spec
 from talariad.tools import function_tool
 
 
@@ -32,25 +31,5 @@ class ChatCompletionRequest(SamplingBody):
         ]
 
 
-def openai_spec(body: SamplingBody, messages, prompt: str | None = None, tools=()) -> CallSpec:
-    """The spec of a chat or completions body."""
-    return CallSpec(
-        api="openai",
-        requested=body.model,
-        messages=messages,
-        prompt=prompt,
-        tools=list(tools),
-        max_tokens=body.limit(0) or None,
-        temperature=sent(body, "temperature"),
-        top_p=sent(body, "top_p"),
-        seed=body.seed,
-        stop=body.stop_list(),
-        ignore_eos=body_field(body, "ignore_eos", False),
-        stream=body.stream,
-        include_usage=body.include_usage(),
-        session_fields={k: body_field(body, k) for k in SESSION_FIELDS},
-    )
-
-
 def spec(body: ChatCompletionRequest) -> CallSpec:
-    return openai_spec(body, [m.chat() for m in body.messages], tools=body.tool_defs())
+    return body_spec("openai", body, [m.chat() for m in body.messages], tools=body.tool_defs())

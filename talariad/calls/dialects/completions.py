@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pydantic import field_validator
 
-from talariad.calls.dialects.chat import openai_spec
 from talariad.calls.schemas import SamplingBody
-from talariad.calls.spec import CallSpec
+from talariad.calls.spec import CallSpec, body_spec
 from talariad.wire.messages import ChatMessage
 
 
@@ -30,4 +29,4 @@ class CompletionRequest(SamplingBody):
 
 def spec(body: CompletionRequest) -> CallSpec:
     prompt = body.text()
-    return openai_spec(body, [ChatMessage(role="user", content=prompt)], prompt)
+    return body_spec("openai", body, [ChatMessage(role="user", content=prompt)], prompt=prompt)

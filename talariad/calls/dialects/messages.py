@@ -13,9 +13,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from talariad.calls.schemas import OpenBody, body_field, sent
-from talariad.calls.session import SESSION_FIELDS
-from talariad.calls.spec import CallSpec
+from talariad.calls.schemas import OpenBody
+from talariad.calls.spec import CallSpec, body_spec
 from talariad.tools import function_tool
 from talariad.wire.messages import ChatMessage, ToolCall
 
@@ -153,18 +152,5 @@ def context_message(prompt: int, max_tokens: int, limit: int) -> str:
 
 
 def spec(body: MessagesRequest) -> CallSpec:
-    return CallSpec(
-        api="anthropic",
-        requested=body.model,
-        messages=body.chat(),
-        tools=body.tool_defs(),
-        max_tokens=body.max_tokens,
-        temperature=sent(body, "temperature"),
-        top_p=sent(body, "top_p"),
-        seed=body.seed,
-        stop=body.stop_list(),
-        ignore_eos=body_field(body, "ignore_eos", False),
-        stream=body.stream,
-        session_fields={k: body_field(body, k) for k in SESSION_FIELDS},
-        context_error=context_message,
-    )
+    messages, tools = body.chat(), body.tool_defs()
+    return body_spec("anthropic", body, messages, tools=tools, context_error=context_message)

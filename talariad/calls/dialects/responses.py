@@ -17,9 +17,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from talariad.calls.errors import APIError
-from talariad.calls.schemas import body_field, parse_arguments, sent
-from talariad.calls.session import SESSION_FIELDS
-from talariad.calls.spec import CallSpec
+from talariad.calls.schemas import parse_arguments
+from talariad.calls.spec import CallSpec, body_spec
 from talariad.calls.store import ResponseStore
 from talariad.tools import function_tool
 from talariad.wire.messages import ChatMessage, ToolCall
@@ -261,17 +260,5 @@ def spec(body: ResponsesRequest, stored: ResponseStore) -> tuple[CallSpec, Turn]
         messages = stored.get(body.previous_response_id) + messages
     if body.tool_choice == "none":
         tools.defs = []
-    call = CallSpec(
-        api="responses",
-        requested=body.model,
-        messages=messages,
-        tools=tools.defs,
-        max_tokens=body.limit(0) or None,
-        temperature=sent(body, "temperature"),
-        top_p=sent(body, "top_p"),
-        seed=body.seed,
-        ignore_eos=body_field(body, "ignore_eos", False),
-        stream=body.stream,
-        session_fields={k: body_field(body, k) for k in SESSION_FIELDS},
-    )
+    call = body_spec("responses", body, messages, tools=tools.defs)
     return call, Turn(body, messages, tools)
