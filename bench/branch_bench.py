@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from talariad.gateway.routing import PrefixBranches, Prompt  # noqa: E402
+from talariad.calls.branches import PrefixBranches, Prompt  # noqa: E402
 
 WORDS = "the file test build patch read write edit run command output error line path".split()
 

@@ -77,9 +77,10 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's talariad, here and (PYTHONPATH) in the pool
 
+from talariad.gateway.session import HEADERS  # noqa: E402
+
 from talariad.epp import devpool, envoy  # noqa: E402
 from talariad.epp.config import EPPConfig  # noqa: E402
-from talariad.gateway.session import HEADERS  # noqa: E402
 from talariad.router import DecisionKind, RouterKnobs  # noqa: E402
 from talariad.router.router import DECISION_LOG  # noqa: E402
 from tests.support.agents import words as agent_words  # noqa: E402

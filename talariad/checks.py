@@ -16,6 +16,7 @@ from talariad.config import (
     read_config_data,
     schema_lines,
 )
+from talariad.secretfiles import load_keys, load_token
 
 
 def load_checked(path: str | pathlib.Path, serving: bool = True) -> TalariaConfig:
@@ -123,9 +124,6 @@ def serving_lines(
     `check-config` and `run` both refuse on these (exit 2)."""
     machine_gib = machine_memory_gib() if machine_gib is None else machine_gib
     problems = _unserved_lines(cfg) + _memory_lines(cfg, machine_gib)
-    from talariad.gateway.auth import load_keys
-    from talariad.gateway.pool import load_token
-
     for name, load in ((cfg.listen.api_keys_file, load_keys), (cfg.pool.token_file, load_token)):
         if not name:
             continue

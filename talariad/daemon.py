@@ -26,14 +26,13 @@ from talariad.admin.sockets import daemon_socket
 from talariad.checks import load_checked, parse_checked
 from talariad.config import ConfigError, TalariaConfig
 from talariad.gateway.app import Gateway, build_app
-from talariad.gateway.auth import load_keys
 from talariad.gateway.health import Availability, InstanceView, Readiness, availability
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import InstanceMetrics
-from talariad.gateway.pool import load_token
 from talariad.gateway.routing import RouterShell
 from talariad.gc_tuning import settle_gc
 from talariad.knobs import config_router_knobs, model_profile
+from talariad.secretfiles import load_keys, load_token
 from talariad.supervisor import ProcState, Supervisor
 
 log = logging.getLogger("talariad")

@@ -3,7 +3,8 @@
 Every module of `talariad`, `talaria_ctl` and `talaria_tui` belongs to exactly one layer below;
 an import (function-local ones included; `if TYPE_CHECKING:` blocks excepted, as they never run)
 may reach its own layer or one below it. The module graph has no cycle. The cores import no
-codec (pydantic, `talariad.wire`): the shells encode what the cores return.
+codec (pydantic, `talariad.wire`): the shells encode what the cores return. Within a layer, a
+few packages must not lean on each other (`APART`): the pool's picker on the box's front.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("wire", ("talariad.wire",)),
-    ("config", ("talariad.config", "talariad.knobs")),
+    ("config", ("talariad.config", "talariad.knobs", "talariad.secretfiles")),
+    ("calls", ("talariad.calls",)),
     (
         "processes",
         (
@@ -223,6 +225,33 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+APART: list[tuple[str, tuple[str, ...], str]] = [
+    (
+        "talariad.epp",
+        ("talariad.gateway", "talariad.admin"),
+        "the pool's picker must not depend on the box's HTTP front or its admin API; what both "
+        "need lives below them (talariad.calls, talariad.wire, talariad.secretfiles)",
+    ),
+]
+"""(importer, what it must not import, why): packages of one layer kept apart."""
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def apart(edges: dict[str, set[str]]) -> list[str]:
+    """`module imports name: why` for each import that `APART` forbids."""
+    return [
+        f"{m} imports {t}: {why}"
+        for m, ts in sorted(edges.items())
+        for importer, banned, why in APART
+        if _under(m, importer)
+        for t in sorted(ts)
+        if any(_under(t, b) for b in banned)
+    ]
+
+
 def test_every_module_has_a_layer():
     for module in modules():
         layer_of(module)
@@ -247,6 +276,28 @@ def test_the_cores_import_no_codec():
 )
 def test_a_codec_import_in_a_core_is_caught(found, expected):
     assert len(codec_imports(found)) == expected
+
+
+def test_the_picker_imports_neither_the_gateway_nor_admin():
+    found = apart(graph())
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "edges, expected",
+    [
+        ({"talariad.epp.boxpicker": {"talariad.gateway.call", "talariad.gateway.routing"}}, 2),
+        ({"talariad.epp.admin": {"talariad.admin.views"}}, 1),
+        ({"talariad.epp": {"talariad.admin"}}, 1),
+        ({"talariad.epp.boxpicker": {"talariad.calls.routes", "talariad.router"}}, 0),
+        ({"talariad.daemon": {"talariad.gateway.app", "talariad.epp.run"}}, 0),
+        ({"talariad.epp.x": {"talariad.gateways"}, "talariad.epps": {"talariad.admin"}}, 0),
+    ],
+)
+def test_a_picker_import_of_the_gateway_or_admin_is_caught(edges, expected):
+    found = apart(edges)
+    assert len(found) == expected
+    assert all("the box's HTTP front or its admin API" in line for line in found)
 
 
 def test_no_two_modules_import_each_other():

@@ -14,10 +14,10 @@ from talariad.admin import admin_pb2, views
 from talariad.wire.client import InstanceUnreachable
 
 if TYPE_CHECKING:
+    from talariad.calls.branches import PrefixBranches
     from talariad.config import TalariaConfig
     from talariad.gateway.health import Availability
     from talariad.gateway.instances import InstanceDirectory
-    from talariad.gateway.routing import PrefixBranches
     from talariad.router import Router
     from talariad.supervisor import Supervisor
 

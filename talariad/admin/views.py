@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from talariad.admin import admin_pb2
 from talariad.router import Decision, Lease, Router, SessionEntry
+from talariad.wire.decision import decision_fields
 
 _RESPONSE_PREFIXES = ("chatcmpl-", "cmpl-", "msg_")
 
@@ -37,34 +38,9 @@ def lease(le: Lease, now: float) -> admin_pb2.Lease:
 
 
 def decision(d: Decision, now: float) -> admin_pb2.Decision:
-    cands = [
-        admin_pb2.Candidate(
-            instance=c.instance,
-            queue_s=c.queue_s,
-            prefill_s=c.prefill_s,
-            decode_s=c.decode_s,
-            kv_recovery_s=c.kv_recovery_s,
-            activation_s=c.activation_s,
-            total_s=c.total_s,
-            feasible=c.feasible,
-            reason=c.reason,
-            kv_state=c.kv_state.value,
-            needs_replica=c.needs_replica,
-            replica_s=c.replica_s,
-            contention_s=c.contention_s,
-        )
-        for c in d.candidates
-    ]
-    return admin_pb2.Decision(
-        call_id=d.call_id,
-        kind=d.kind.value,
-        instance=d.instance or "",
-        policy=d.policy,
-        reason=d.reason,
-        age_s=max(0.0, now - d.at),
-        retry_after_s=d.retry_after_s or 0.0,
-        candidates=cands,
-    )
+    fields = decision_fields(d, now)
+    candidates = [admin_pb2.Candidate(**c) for c in fields.pop("candidates")]
+    return admin_pb2.Decision(**fields, candidates=candidates)
 
 
 def sessions(router: Router, now: float, limit: int) -> admin_pb2.SessionsReply:

@@ -10,10 +10,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from talariad.admin import views
-from talariad.admin.client import as_dict
 from talariad.epp.boxpicker import BoxPicker
 from talariad.httpserver import fastapi_app
+from talariad.wire.decision import decision_json
 
 
 def admin_app(picker: BoxPicker, registry: CollectorRegistry) -> FastAPI:
@@ -29,8 +28,8 @@ def admin_app(picker: BoxPicker, registry: CollectorRegistry) -> FastAPI:
         if found is None:
             msg = f"no decision for call {call_id!r} (unknown, or older than the log keeps)"
             return JSONResponse({"error": {"message": msg}}, status_code=404)
-        # the daemon's admin message, so `call explain` reads a box pick as it reads its own
-        return JSONResponse(as_dict(views.decision(found, time.monotonic())))
+        # the daemon's admin message as JSON, so `call explain` reads a box pick as its own
+        return JSONResponse(decision_json(found, time.monotonic()))
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -1,9 +1,10 @@
 """The pool's placement: one `Router` whose placement targets are boxes (`router.boxes`), fed by
 the boxes' snapshots (`epp.boxes`), asked once per call that Envoy hands over (`epp.picker`).
 
-A call's body is read with the gateway's own dialect parsers, its session with the gateway's
-own rules and its branch with the gateway's `PrefixBranches`, so the picker and the box agree on
-what a call is; the box's router then places it on an instance. Design: docs/pool.md.
+A call's body is read with the dialect parsers the box's gateway reads it with (`calls.routes`),
+its session with the same rules and its branch with the same `PrefixBranches`, so the picker and
+the box agree on what a call is; the box's router then places it on an instance. Design:
+docs/pool.md.
 """
 
 from __future__ import annotations
@@ -15,20 +16,15 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from itertools import count
 
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
-
+from talariad.calls import routes
+from talariad.calls.branches import PrefixBranches
+from talariad.calls.errors import APIError
+from talariad.calls.spec import CallSpec, canonical_prompt, plan_call
 from talariad.config import resolve_model
-from talariad.gateway.call import CallSpec, canonical_prompt, plan_call
-from talariad.gateway.dialects import chat, completions, messages, responses
-from talariad.gateway.errors import APIError, validation_error
-from talariad.gateway.routing import PrefixBranches
-from talariad.gateway.store import ResponseStore
 from talariad.router import CallRequest, Decision, DecisionKind, Router
 from talariad.router.box_policies import BOX_POLICIES, box_stats
 from talariad.types import KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
-from talariad.wire.messages import ChatMessage
 
 from .boxes import BoxViews, instance_parts, project
 from .picker import EPPRequest, ImmediateAnswer, Pick
@@ -37,39 +33,6 @@ from .replies import answer
 MAX_OPEN_CALLS = 100_000  # picked calls whose end was never reported are failed past this
 _RATE_WINDOW_S = 10.0
 _RESOLVED_MAX = 1024
-
-
-class _Unstored(ResponseStore):
-    """The picker keeps no Responses: a `previous_response_id` is the box's to resolve."""
-
-    def __init__(self) -> None:
-        super().__init__(0)
-
-    def get(self, response_id: str) -> list[ChatMessage]:
-        return []
-
-
-_UNSTORED = _Unstored()
-_PARSERS: dict[str, tuple[type[BaseModel], object]] = {
-    "/v1/chat/completions": (chat.ChatCompletionRequest, chat.spec),
-    "/v1/completions": (completions.CompletionRequest, completions.spec),
-    "/v1/messages": (messages.MessagesRequest, messages.spec),
-    "/v1/responses": (responses.ResponsesRequest, lambda b: responses.spec(b, _UNSTORED)[0]),
-}
-"""Each call path's body model and its dialect's parse into a `CallSpec`."""
-
-
-def _spec(path: str, raw: bytes) -> CallSpec | None:
-    """The body of a call path as its dialect reads it; None for any other path."""
-    found = _PARSERS.get(path.split("?", 1)[0])
-    if found is None:
-        return None
-    model, spec = found
-    try:
-        body = model.model_validate_json(raw or b"")
-    except ValidationError as err:
-        raise validation_error(RequestValidationError(err.errors(include_url=False))) from None
-    return spec(body)  # type: ignore[operator]
 
 
 @dataclass(slots=True)
@@ -174,7 +137,7 @@ class BoxPicker:
         """A call path's body picks a box by placement; any other request any healthy box."""
         path = request.path
         try:
-            spec = _spec(path, request.body) if request.method == "POST" else None
+            spec = routes.parse(path, request.body) if request.method == "POST" else None
         except APIError as err:
             return answer(path, err)
         model = self._resolve(spec.requested) if spec is not None else None
@@ -210,7 +173,7 @@ class BoxPicker:
             self.finished(prev, True, now)  # type: ignore[arg-type]
 
     def _call(self, request: EPPRequest, spec: CallSpec, model: BoxModel) -> CallRequest:
-        """The router's request, planned as the box's gateway plans it (`call.plan_call`); the
+        """The router's request, planned as the box's gateway plans it (`spec.plan_call`); the
         box's config may also clamp an Anthropic client's output limit, which the picker does not
         see, so it clamps only where the client set none."""
         clamp_to = model.max_context if not spec.max_tokens else None

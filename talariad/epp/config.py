@@ -14,9 +14,9 @@ from talariad.config import (
     read_config_data,
     split_host_port,
 )
-from talariad.gateway.pool import load_token
 from talariad.router import RouterKnobs
 from talariad.router.box_policies import BOX_POLICIES
+from talariad.secretfiles import load_token
 
 
 class TLSConfig(_Strict):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+from talariad.calls.errors import APIError, error_body
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp.picker import ImmediateAnswer
-from talariad.gateway.errors import APIError, error_body
 
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"

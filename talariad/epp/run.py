@@ -19,9 +19,9 @@ from talariad.epp.config import EPPConfig
 from talariad.epp.discovery import endpoints
 from talariad.epp.discovery.file import FileSource
 from talariad.epp.metrics import EPPMetrics
-from talariad.gateway.pool import load_token
 from talariad.gc_tuning import settle_gc
 from talariad.router import Router
+from talariad.secretfiles import load_token
 
 log = logging.getLogger("talariad.epp")
 

@@ -15,12 +15,12 @@ import uuid
 from collections.abc import Callable, Iterable
 from itertools import chain
 
+from talariad.calls.errors import APIError
 from talariad.config import split_host_port
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import replies
 from talariad.epp.metrics import EPPMetrics
 from talariad.epp.picker import EPPRequest, ImmediateAnswer, Pick, Picker
-from talariad.gateway.errors import APIError
 
 log = logging.getLogger("talariad.epp")
 

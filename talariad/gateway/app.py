@@ -8,12 +8,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from talariad.calls.dialects import chat, completions, messages, responses
+from talariad.calls.errors import APIError
+from talariad.calls.routes import ROUTES
 from talariad.config import ModelConfig
 from talariad.gateway import errors, limits
 from talariad.gateway.auth import APIKeys
 from talariad.gateway.call import Call, JSONBody, respond
-from talariad.gateway.dialects import chat, completions, messages, responses
-from talariad.gateway.errors import APIError
+from talariad.gateway.dialects import chat as chat_answer
+from talariad.gateway.dialects import completions as completions_answer
+from talariad.gateway.dialects import messages as messages_answer
+from talariad.gateway.dialects import responses as responses_answer
 from talariad.gateway.gateway import Gateway
 from talariad.gateway.metrics import Children
 from talariad.httpserver import fastapi_app, post_json
@@ -55,27 +60,44 @@ def build_app(gw: Gateway) -> FastAPI:
 
 
 def _call_routes(app: FastAPI, gw: Gateway) -> None:
-    @post_json(app, "/v1/chat/completions")
+    """The call paths of `calls.routes` (the picker's too), each answered by the endpoint of its
+    body model; then count_tokens, which is no call."""
+
     async def chat_completions(body: chat.ChatCompletionRequest, request: Request) -> Response:
         call = Call(gw, chat.spec(body), body, request.headers, await request.body())
-        return await respond(call, chat.stream, chat.body)
+        return await respond(call, chat_answer.stream, chat_answer.body)
 
-    @post_json(app, "/v1/completions")
     async def text_completions(body: completions.CompletionRequest, request: Request) -> Response:
         call = Call(gw, completions.spec(body), body, request.headers, await request.body())
-        return await respond(call, completions.stream, completions.body)
+        return await respond(call, completions_answer.stream, completions_answer.body)
 
-    @post_json(app, "/v1/messages")
     async def create_message(body: messages.MessagesRequest, request: Request) -> Response:
         """Anthropic Messages; `?beta=true`, `anthropic-version` and the API key are accepted and ignored."""
         call = Call(gw, messages.spec(body), body, request.headers, await request.body())
         gw.log_dropped(call.session, body.dropped_tools())
-        return await respond(call, messages.stream, messages.body)
+        return await respond(call, messages_answer.stream, messages_answer.body)
+
+    async def create_response(body: responses.ResponsesRequest, request: Request) -> Response:
+        """OpenAI Responses (Codex): one respond path with chat, Responses shapes and events."""
+        spec, turn = responses.spec(body, gw.stored)
+        call = Call(gw, spec, body, request.headers, await request.body())
+        gw.log_dropped(call.session, turn.tools.dropped)
+        stream, full = responses_answer.stream, responses_answer.body
+        return await respond(call, partial(stream, turn), partial(full, turn))
+
+    endpoints = {
+        chat.ChatCompletionRequest: chat_completions,
+        completions.CompletionRequest: text_completions,
+        messages.MessagesRequest: create_message,
+        responses.ResponsesRequest: create_response,
+    }
+    for path, route in ROUTES.items():
+        post_json(app, path)(endpoints[route.body])
 
     @post_json(app, "/v1/messages/count_tokens")
     async def count_tokens(body: messages.CountTokensRequest, request: Request) -> Response:
         """The exact prompt length (system, messages and tools) as the serving model tokenizes it."""
-        req = messages.count_request(gw, body, await request.body())
+        req = messages_answer.count_request(gw, body, await request.body())
         for inst in gw.cfg.instances:
             if req.model in inst.models and gw.ready(inst.name):
                 count = await gw.directory.client.count_tokens(inst.name, req)
@@ -90,14 +112,6 @@ def _call_routes(app: FastAPI, gw: Gateway) -> None:
             code="instance_unavailable",
             headers={"Retry-After": "1"},
         )
-
-    @post_json(app, "/v1/responses")
-    async def create_response(body: responses.ResponsesRequest, request: Request) -> Response:
-        """OpenAI Responses (Codex): one respond path with chat, Responses shapes and events."""
-        spec, turn = responses.spec(body, gw.stored)
-        call = Call(gw, spec, body, request.headers, await request.body())
-        gw.log_dropped(call.session, turn.tools.dropped)
-        return await respond(call, partial(responses.stream, turn), partial(responses.body, turn))
 
 
 def _probe_routes(app: FastAPI, gw: Gateway) -> None:

@@ -8,33 +8,10 @@ accepted on every `/v1/` path. A refused call gets 401 in its API's error shape.
 from __future__ import annotations
 
 import hmac
-import pathlib
 from collections.abc import Callable
 
-from talariad.gateway.errors import APIError, error_response
-
-
-def secret_lines(path: pathlib.Path, field: str) -> list[str]:
-    """The lines of a secrets file (API keys, a pool token), stripped, blank lines and `#`
-    comments skipped. Raises ValueError, one line naming the config `field`, when the file is
-    unreadable."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        why = getattr(err, "strerror", None) or err
-        raise ValueError(f"{field}: cannot read {path}: {why}") from None
-    return [
-        ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")
-    ]
-
-
-def load_keys(path: pathlib.Path) -> frozenset[str]:
-    """The keys in `path`, one per line (`secret_lines`). Raises ValueError with a one-line reason
-    when the file is unreadable or holds no key."""
-    keys = frozenset(secret_lines(path, "listen.api_keys_file"))
-    if not keys:
-        raise ValueError(f"listen.api_keys_file: {path} holds no key")
-    return keys
+from talariad.calls.errors import APIError
+from talariad.gateway.errors import error_response
 
 
 def _given(headers: list[tuple[bytes, bytes]]) -> bytes | None:

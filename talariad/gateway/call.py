@@ -1,6 +1,6 @@
 """One call's lifecycle, the same for every API: admit → place → forward → finish.
 
-A dialect (`gateway/dialects/`) parses its body into a `CallSpec`; `Call` admits it (limits,
+A dialect (`calls/dialects/`) parses its body into a `CallSpec`; `Call` admits it (limits,
 model, session branch, the router's request and the instance's), `respond` places it, forwards it
 and hands the instance's events back to the dialect, which renders them as its bytes.
 """
@@ -10,23 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic_core import to_json
 
+from talariad.calls.errors import APIError
+from talariad.calls.spec import CallSpec, canonical_prompt, make_call_id, plan_call
 from talariad.gateway import limits
-from talariad.gateway.errors import APIError
-from talariad.gateway.routing import ModelUnavailable, PrefixBranches, Prompt
-from talariad.gateway.session import session_headers, session_id
-from talariad.router import CallRequest
-from talariad.tools import ToolStream, arguments_json
+from talariad.gateway.routing import ModelUnavailable
+from talariad.tools import ToolStream
 from talariad.wire.messages import (
-    ChatMessage,
     DoneEvent,
     ErrorEvent,
     GenerateRequest,
@@ -37,106 +33,6 @@ from talariad.wire.messages import (
 
 if TYPE_CHECKING:
     from talariad.gateway.gateway import Gateway
-
-
-@dataclass(slots=True)
-class CallSpec:
-    """A call as every API says it: what the lifecycle needs from the body, read once."""
-
-    api: str
-    """openai | anthropic | responses: which model fallback and error wording apply."""
-    requested: str
-    """The model id the client sent (answers echo it)."""
-    messages: list[ChatMessage]
-    prompt: str | None = None
-    """/v1/completions: the raw prompt text, rendered as it is."""
-    tools: list[dict] = field(default_factory=list)
-    max_tokens: int | None = None
-    """The client's output limit; None: the model's default."""
-    temperature: float | None = None
-    """None: the client sent none (the model's configured default applies, else 1.0)."""
-    top_p: float | None = None
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
-    stream: bool = False
-    include_usage: bool = True
-    session_fields: Mapping[str, Any] = field(default_factory=dict)
-    """Body fields that may name the session (`session.SESSION_FIELDS`)."""
-    context_error: Callable[[int, int, int], str] | None = None
-    """The dialect's wording for a prompt that does not fit: (prompt, max_tokens, limit)."""
-
-
-def make_call_id() -> str:
-    """24 random hex digits (as many as the uuid4 prefix they replace, at a fraction of its cost)."""
-    return os.urandom(12).hex()
-
-
-def estimate_tokens(chars: int) -> int:
-    return chars // 4 + 1
-
-
-def canonical(messages: list[ChatMessage], prompt: str | None, tools: list[dict]) -> str:
-    """The prompt as text for estimates and prefix matching (tools first, as templates put them)."""
-    return canonical_prompt(messages, prompt, tools).text
-
-
-def canonical_prompt(messages: list[ChatMessage], prompt: str | None, tools: list[dict]) -> Prompt:
-    """`canonical`, with where its head (the tools and the leading system turns: what every
-    branch of an agent shares) and its first conversation turn end, and a key of that turn."""
-    if prompt is not None:
-        return Prompt.raw(prompt)
-    lines = [f"<|tools|> {json.dumps(t, sort_keys=True)}\n" for t in tools]
-    at = next((i for i, m in enumerate(messages) if m.role not in _HEAD_ROLES), len(messages))
-    lines += [_line(m) for m in messages[:at]]
-    head = sum(map(len, lines))
-    lines += [_line(m) for m in messages[at:]]
-    text = "".join(lines)
-    if at == len(messages):
-        return Prompt(text, head, len(text))
-    first = head + len(lines[len(tools) + at])
-    return Prompt(text, head, first, _thread(messages[at]))
-
-
-_HEAD_ROLES = frozenset({"system", "developer"})
-
-
-def _line(m: ChatMessage) -> str:
-    return f"<|{m.role}|> {m.content}{_calls_text(m.tool_calls)}\n"
-
-
-def _thread(m: ChatMessage) -> int:
-    """A key of a conversation's first turn, from its length and ends (constant time)."""
-    c = m.content
-    return hash((m.role, len(c), c[:256], c[-256:]))
-
-
-def _calls_text(calls: list[ToolCall]) -> str:
-    return "".join(f"<tool_call>{c.name} {arguments_json(c)}</tool_call>" for c in calls)
-
-
-def plan_call(
-    call_id: str,
-    spec: CallSpec,
-    prompt: Prompt,
-    headers: Mapping[str, str],
-    branches: PrefixBranches,
-    model: str,
-    max_tokens: int,
-    clamp_to: int | None,
-) -> tuple[str, str, CallRequest]:
-    """A call's session, its branch and the router's request for it, the same at a box's gateway
-    and at the pool's picker. Lengths are estimates (4 characters a token of `prompt`); the
-    instance counts exactly. `clamp_to`: the model's context, when the output limit is lowered
-    to fit it rather than refused (the router then plans with what can fit)."""
-    session = session_id(
-        session_headers(headers), spec.session_fields, [(m.role, m.content) for m in spec.messages]
-    )
-    branch, covered = branches.branch_covered(session, model, prompt)
-    estimate = estimate_tokens(len(prompt.text))
-    plan = max_tokens if clamp_to is None else max(1, min(max_tokens, clamp_to - estimate))
-    reused = min(estimate_tokens(covered) if covered else 0, estimate)
-    return session, branch, CallRequest(call_id, branch, model, estimate, reused, plan)
 
 
 class Call:

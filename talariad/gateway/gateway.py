@@ -8,14 +8,14 @@ import logging
 import time
 from collections.abc import Callable
 
+from talariad.calls.errors import APIError
+from talariad.calls.store import ResponseStore
 from talariad.config import ModelConfig, TalariaConfig
-from talariad.gateway.errors import APIError
 from talariad.gateway.health import Availability
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import GatewayMetrics
 from talariad.gateway.pool import PoolEndpoint
 from talariad.gateway.routing import RouterShell
-from talariad.gateway.store import ResponseStore
 from talariad.wire.client import InstanceUnreachable
 
 log = logging.getLogger("talariad.gateway")

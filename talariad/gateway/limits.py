@@ -12,9 +12,10 @@ import math
 import re
 from collections.abc import Callable, Iterator
 
+from talariad.calls.errors import APIError
+from talariad.calls.schemas import body_field
 from talariad.config import LimitsConfig
-from talariad.gateway.errors import APIError, error_response
-from talariad.gateway.schemas import body_field
+from talariad.gateway.errors import error_response
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

@@ -6,27 +6,16 @@ no second poller. Design: docs/pool.md."""
 from __future__ import annotations
 
 import hmac
-import pathlib
 import random
 from typing import TYPE_CHECKING
 
-from talariad.gateway.auth import secret_lines
-from talariad.gateway.errors import APIError
+from talariad.calls.errors import APIError
 from talariad.router.boxes import prefix_rank
 from talariad.types import KVLocation, LatencyProfile
 from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
 
 if TYPE_CHECKING:
     from talariad.gateway.gateway import Gateway
-
-
-def load_token(path: pathlib.Path, field: str = "pool.token_file") -> str:
-    """The token on the first line of `path` (`auth.secret_lines`); ValueError with one line
-    (naming the config `field`) if none. The box and the pool's picker read it alike."""
-    lines = secret_lines(path, field)
-    if not lines:
-        raise ValueError(f"{field}: {path} holds no token")
-    return lines[0]
 
 
 Key = tuple[str, str]

@@ -6,8 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talariad.gateway.call import canonical_prompt
-from talariad.gateway.routing import PrefixBranches, Prompt, RouterShell, _shared
+from talariad.calls.branches import PrefixBranches, Prompt, _shared
+from talariad.calls.spec import canonical_prompt
+from talariad.gateway.routing import RouterShell
 from talariad.router import Router, RouterKnobs
 from talariad.wire.messages import ChatMessage, ToolCall
 

@@ -12,12 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from talariad import lockfile
+from talariad.calls.dialects.chat import ChatCompletionRequest
+from talariad.calls.dialects.completions import CompletionRequest
+from talariad.calls.dialects.messages import MessagesRequest
+from talariad.calls.errors import APIError
 from talariad.config import LimitsConfig
 from talariad.daemon import _flatten, _live
-from talariad.gateway.dialects.chat import ChatCompletionRequest
-from talariad.gateway.dialects.completions import CompletionRequest
-from talariad.gateway.dialects.messages import MessagesRequest
-from talariad.gateway.errors import APIError
 from talariad.gateway.health import Readiness
 from talariad.gateway.limits import (
     _all_fit,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from talariad.calls.dialects import chat, messages, responses
+from talariad.calls.store import ResponseStore
 from talariad.config import ModelConfig
 from talariad.gateway.call import _sampling
-from talariad.gateway.dialects import chat, messages, responses
-from talariad.gateway.store import ResponseStore
 
 MSG = [{"role": "user", "content": "hi"}]
 BODIES = [

@@ -1,13 +1,10 @@
-"""The gateway's shell around the router: telemetry → snapshot, prefix coverage, knobs from config."""
+"""The gateway's shell around the router: telemetry → snapshot, knobs from config."""
 
 import dataclasses
 import pathlib
 
-from hypothesis import given
-from hypothesis import strategies as st
-
 from talariad.config import load_config
-from talariad.gateway.routing import PrefixTracker, router_knobs, snapshot
+from talariad.gateway.routing import router_knobs, snapshot
 from talariad.router import ModelState
 from talariad.types import KVState
 from talariad.wire.messages import KVLocation, ModelLoad, Telemetry
@@ -42,18 +39,6 @@ def test_snapshot_maps_model_states_and_sessions():
         snap.sessions[("s1", "b")].state is KVState.HOST
         and snap.sessions[("s1", "b")].kv_len == 120
     )
-
-
-def test_prefix_tracker_covers_previous_prompt_and_answer():
-    t = PrefixTracker()
-    assert t.covered_chars("s", "m", "hello") == 0
-    t.remember("s", "m", "<|user|> hi\n", "hello there")
-    assert t.covered_chars("s", "m", "<|user|> hi\nhello there<|user|> more") == len(
-        "<|user|> hi\nhello there"
-    )
-    assert t.covered_chars("s", "m", "<|user|> hi\nsomething else") == len("<|user|> hi\n")
-    assert t.covered_chars("s", "m", "<|user|> bye\n") == 0
-    assert t.covered_chars("s", "other-model", "<|user|> hi\nhello there") == 0
 
 
 def test_router_knobs_follow_config_and_ablations():
@@ -137,28 +122,3 @@ def test_a_failed_poll_marks_the_instance_unhealthy_and_its_lease_is_not_honoure
     shell.unhealthy(first.instance, 0.2)
     again = shell.router.place(call("c2", session="s"), 0.3)
     assert again.kind is not DecisionKind.LEASE_HIT and again.instance != first.instance
-
-
-_PIECE = st.text(st.sampled_from("ab\u00e9\U0001f600\n"), max_size=8)
-
-
-@given(_PIECE, _PIECE, _PIECE, st.booleans())
-def test_prefix_tracker_agrees_with_hashing_each_prefix_whole(prompt, answer, more, diverge):
-    """The tracker hashes a text once, in pieces: it must judge exactly as hashing each candidate
-    prefix whole would (ASCII and not, the prompt alone or with its answer)."""
-    t = PrefixTracker()
-    t.remember("s", "m", prompt, answer)
-    text = (prompt + answer + more) if not diverge else (prompt + more)
-
-    def whole(n: int, digest: bytes) -> bool:
-        return n <= len(text) and PrefixTracker._digest(text[:n]) == digest
-
-    full = prompt + answer
-    expected = (
-        len(full)
-        if whole(len(full), PrefixTracker._digest(full))
-        else len(prompt)
-        if whole(len(prompt), PrefixTracker._digest(prompt))
-        else 0
-    )
-    assert t.covered_chars("s", "m", text) == expected

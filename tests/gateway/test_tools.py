@@ -9,6 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from talariad.calls.dialects import messages as anthropic
+from talariad.calls.dialects import responses
+from talariad.calls.dialects.chat import ChatCompletionRequest
+from talariad.calls.errors import APIError
 from talariad.engine.executors.sim import render_request
 from talariad.engine.model.tokenizer import (
     FALLBACK_CHAT_TEMPLATE,
@@ -16,10 +20,6 @@ from talariad.engine.model.tokenizer import (
     _render_fallback,
     build_tiny_tokenizer,
 )
-from talariad.gateway.dialects import messages as anthropic
-from talariad.gateway.dialects import responses
-from talariad.gateway.dialects.chat import ChatCompletionRequest
-from talariad.gateway.errors import APIError
 from talariad.tools import ToolStream, function_tool, parse
 from talariad.wire.messages import ChatMessage, GenerateRequest, ToolCall
 

@@ -12,7 +12,7 @@ from talariad.config import load_config
 from talariad.engine.api import build_app
 from talariad.engine.build import build_worker, model_profile
 from talariad.gateway.instances import InstanceDirectory
-from talariad.gateway.routing import PrefixTracker, RouterShell, router_knobs
+from talariad.gateway.routing import RouterShell, router_knobs
 from talariad.router.sessions import SessionTable
 from talariad.types import KVState
 from talariad.wire.messages import ChatMessage, GenerateRequest
@@ -130,12 +130,6 @@ def test_session_bounds_come_from_the_config():
     )
     knobs = router_knobs(cfg)
     assert knobs.session_idle_s == 60.0 and knobs.max_sessions == 5
-    tracker = PrefixTracker(max_entries=2)
-    for n in range(3):
-        tracker.remember(f"s{n}", "m", "p", "a")
-    assert (
-        tracker.covered_chars("s0", "m", "pa") == 0 and tracker.covered_chars("s2", "m", "pa") == 2
-    )
 
 
 def test_session_deltas_report_changes_and_removals_against_the_consumers_view():

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
+from talariad.calls import template
 from talariad.engine.executors.base import common_prefix
 from talariad.instance import (
     CallOutput,
@@ -32,7 +33,7 @@ from talariad.instance import (
 from talariad.perfmodel.dists import OUTPUT_TOKENS
 from talariad.perfmodel.model import SimModel
 from talariad.types import KVState
-from talariad.wire.messages import ChatMessage, GenerateRequest
+from talariad.wire.messages import GenerateRequest, ToolCall
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _WORDS = (
@@ -45,23 +46,21 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text)
 
 
-def render(messages: list[tuple[str, str]]) -> str:
-    """The sim chat template: one `<|role|> content` block per message, then the assistant turn."""
-    return "".join(f"<|{role}|> {content}\n" for role, content in messages) + "<|assistant|>"
-
-
 def render_request(req: GenerateRequest) -> str:
-    """`render` with tools: one `<|tools|>` block of definitions first, tool calls as
-    `<tool_call>` JSON after the assistant's text (tool results are `<|tool|>` messages)."""
-    head = "".join(f"<|tools|> {json.dumps(t, ensure_ascii=False)}\n" for t in req.tools)
-    return head + render([(m.role, m.content + _calls_text(m)) for m in req.messages])
-
-
-def _calls_text(m: ChatMessage) -> str:
-    return "".join(
-        f"<tool_call>{json.dumps({'name': c.name, 'arguments': c.arguments})}</tool_call>"
-        for c in m.tool_calls
+    """The sim chat template (`calls.template`): one `<|tools|>` line of JSON per tool, one
+    `<|role|> content` line per message, tool calls as `<tool_call>` JSON after the assistant's
+    text (tool results are `<|tool|>` messages), then the open assistant turn."""
+    return (
+        "".join(template.lines(req.messages, req.tools, _tool_json, _call_json)) + "<|assistant|>"
     )
+
+
+def _tool_json(tool: dict) -> str:
+    return json.dumps(tool, ensure_ascii=False)
+
+
+def _call_json(c: ToolCall) -> str:
+    return f"<tool_call>{json.dumps({'name': c.name, 'arguments': c.arguments})}</tool_call>"
 
 
 def _prompt_state(prompt_tokens: list[str], seed: int | None) -> int:

@@ -1,5 +1,5 @@
-"""OpenAI Chat Completions (`POST /v1/chat/completions`): the body, its `CallSpec`, and the
-answer as one `chat.completion` or as `chat.completion.chunk` events."""
+"""OpenAI Chat Completions (`POST /v1/chat/completions`): the answer as one `chat.completion` or
+as `chat.completion.chunk` events (the body and its `CallSpec`: `calls/dialects/chat.py`)."""
 
 from __future__ import annotations
 
@@ -7,57 +7,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import Field
-
-from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer, sse
-from talariad.gateway.errors import APIError
-from talariad.gateway.schemas import ChatTool, Message, SamplingBody, body_field, sent
-from talariad.gateway.session import SESSION_FIELDS
-from talariad.tools import arguments_json, function_tool
+from talariad.calls.errors import APIError
+from talariad.gateway.call import Answer, Call, TextPiece, answer, sse
+from talariad.tools import arguments_json
 from talariad.wire.messages import DoneEvent, ErrorEvent, StreamEvent, ToolCall
-
-
-class ChatCompletionRequest(SamplingBody):
-    messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[ChatTool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-
-    def limit(self, default: int) -> int:
-        return self.max_completion_tokens or self.max_tokens or default
-
-    def tool_defs(self) -> list[dict]:
-        if self.tool_choice == "none":
-            return []
-        return [
-            function_tool(t.function.name, t.function.description, t.function.parameters)
-            for t in self.tools or []
-            if t.type == "function" and t.function is not None
-        ]
-
-
-def openai_spec(body: SamplingBody, messages, prompt: str | None = None, tools=()) -> CallSpec:
-    """The spec of a chat or completions body."""
-    return CallSpec(
-        api="openai",
-        requested=body.model,
-        messages=messages,
-        prompt=prompt,
-        tools=list(tools),
-        max_tokens=body.limit(0) or None,
-        temperature=sent(body, "temperature"),
-        top_p=sent(body, "top_p"),
-        seed=body.seed,
-        stop=body.stop_list(),
-        ignore_eos=body_field(body, "ignore_eos", False),
-        stream=body.stream,
-        include_usage=body.include_usage(),
-        session_fields={k: body_field(body, k) for k in SESSION_FIELDS},
-    )
-
-
-def spec(body: ChatCompletionRequest) -> CallSpec:
-    return openai_spec(body, [m.chat() for m in body.messages], tools=body.tool_defs())
 
 
 def usage(call: Call, done: DoneEvent) -> dict:

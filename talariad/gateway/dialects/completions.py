@@ -1,39 +1,14 @@
-"""OpenAI Completions (`POST /v1/completions`): one prompt, rendered as it is; the answer as one
-`text_completion` or as its events."""
+"""OpenAI Completions (`POST /v1/completions`): the answer as one `text_completion` or as its
+events (the body and its `CallSpec`: `calls/dialects/completions.py`)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
 
-from pydantic import field_validator
-
-from talariad.gateway.call import Answer, Call, CallSpec, TextPiece, answer, sse
-from talariad.gateway.dialects.chat import error_event, openai_spec, usage
-from talariad.gateway.schemas import SamplingBody
-from talariad.wire.messages import ChatMessage, StreamEvent
-
-
-class CompletionRequest(SamplingBody):
-    prompt: str | list[str]
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, v: str | list[str]) -> str | list[str]:
-        if isinstance(v, list) and len(v) != 1:
-            raise ValueError("exactly one prompt is supported")
-        return v
-
-    def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
-    def limit(self, default: int) -> int:
-        return self.max_tokens or default
-
-
-def spec(body: CompletionRequest) -> CallSpec:
-    prompt = body.text()
-    return openai_spec(body, [ChatMessage(role="user", content=prompt)], prompt)
+from talariad.gateway.call import Answer, Call, TextPiece, answer, sse
+from talariad.gateway.dialects.chat import error_event, usage
+from talariad.wire.messages import StreamEvent
 
 
 def chunk(call: Call, delta: dict, finish: str | None) -> dict:

@@ -14,7 +14,7 @@ import hashlib
 import uuid
 from collections.abc import Mapping
 
-from talariad.gateway.schemas import parse_json
+from talariad.calls.schemas import parse_json
 
 HEADERS = (
     "x-session-id",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from talariad.gateway.errors import APIError
+from talariad.calls.errors import APIError
 from talariad.wire.messages import ChatMessage
 
 

@@ -1,4 +1,4 @@
-from talariad.gateway.session import session_headers, session_id
+from talariad.calls.session import session_headers, session_id
 
 MSGS = [("system", "you are an agent"), ("user", "fix bug 12"), ("assistant", "ok")]
 

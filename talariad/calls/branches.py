@@ -1,0 +1,197 @@
+"""A session's branches, chosen by shared content: which branch a call's prompt continues and
+how much of it that branch's context holds (the gateway and the picker name branches alike)."""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Prompt:
+    """A call's prompt as the branch index reads it: the canonical text (`spec.canonical`), where
+    its head ends (tools and leading system turns, what the branches of an agent share) and where
+    its first conversation turn ends, and a key of that turn (which thread it is; None: none)."""
+
+    text: str
+    head: int = 0
+    first: int = 0
+    thread: int | None = None
+
+    @classmethod
+    def raw(cls, text: str) -> Prompt:
+        """A prompt without turns (`/v1/completions`): its first kilobyte stands for the head."""
+        return cls(text, 0, min(len(text), 1024))
+
+
+@dataclass(slots=True)
+class _Branch:
+    """One branch: the text its instance context holds (its last prompt, then that call's answer),
+    referenced, never copied, and the thread its first conversation turn names."""
+
+    name: str
+    prompt: str
+    answer: str
+    thread: int | None
+
+    def size(self) -> int:
+        return sys.getsizeof(self.prompt) + sys.getsizeof(self.answer)
+
+    def covered(self, text: str) -> int:
+        """Characters of `text` this branch's context holds (its longest common prefix)."""
+        prompt = self.prompt
+        if text.startswith(prompt):  # the usual turn: memcmp, stops at the first difference
+            n = len(prompt)
+            return n + len(self.answer) if text.startswith(self.answer, n) else n
+        return _shared(text, prompt)
+
+
+def _shared(a: str, b: str) -> int:
+    """The length of the common prefix of `a` and `b` (b not a prefix of a): halving pieces of
+    `b` compared in place on `a`, so O(len) characters copied and O(log len) comparisons."""
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; a[:hi] != b[:hi] unless hi is the end
+    if a.startswith(b[:hi]):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a.startswith(b[lo:mid], lo):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class PrefixBranches:
+    """The branches of each (session, model), chosen by shared content (design: README, Sessions).
+
+    A call joins the branch with which it shares the longest prefix, unless what it shares ends
+    before its first conversation turn does (it shares the head, tools and system prompt, or less,
+    and maybe a few words of boilerplate): then it opens a branch of its own (a sub-agent, a
+    title, a compacted conversation), named `session` for the first and `session~<n>` after,
+    a name the router (table, leases) and the instances (KV) see as the session. One exception:
+    a call whose first conversation turn is a branch's (the same conversation, resumed under a
+    system prompt a few words different) takes that branch over when it shares at least half its
+    head, so the instance reuses what it still can.
+
+    Each branch keeps a reference to the text its instance context holds (its last prompt and
+    answer), so a lookup is a `startswith` per branch (memcmp, stopping at the first difference)
+    and never hashes or copies the prompt. Bounds, least recently used first out:
+    `max_branches` per (session, model), `max_sessions` (session, model) pairs and `max_bytes`
+    of kept text in all. A branch evicted by a bound is passed to `on_evict`, which forgets it in
+    the router and on the instances, so every view holds the same branches."""
+
+    MAX_BYTES = 256 << 20
+    """The default bound on kept text: 64M tokens at 4 characters a token, more context than
+    the instances of one box hold in KV (an evicted branch's KV is dropped everywhere)."""
+
+    def __init__(
+        self, max_branches: int, max_sessions: int = 100_000, max_bytes: int = MAX_BYTES
+    ) -> None:
+        self.max_branches, self.max_sessions, self.max_bytes = max_branches, max_sessions, max_bytes
+        self.on_evict: Callable[[str], None] = lambda name: None
+        self.bytes = 0
+        self._trees: OrderedDict[tuple[str, str], OrderedDict[str, _Branch]] = OrderedDict()
+        self._names: set[str] = set()  # every live branch name (unique across models)
+        self._serial = 0
+
+    def branch(self, session: str, model: str, text: str) -> str:
+        """The branch `text` belongs to (created, evicting the least recently used, if new)."""
+        return self.branch_covered(session, model, Prompt.raw(text))[0]
+
+    def branch_covered(self, session: str, model: str, prompt: Prompt) -> tuple[str, int]:
+        """The branch `prompt` belongs to, and how many of its characters the branch's context
+        covers; the branch now holds `prompt` (created, evicting others past a bound, if new)."""
+        tree = self._trees.get((session, model))
+        if tree is None:
+            tree = self._trees[(session, model)] = OrderedDict()
+        self._trees.move_to_end((session, model))
+        best, covered = self._choose(tree, prompt)
+        if best is None:
+            fresh = not tree and session not in self._names  # a name never reused in a tree
+            name = session if fresh else self._next_name(session)
+            best = tree[name] = _Branch(name, "", "", prompt.thread)
+            self._names.add(name)
+            self.bytes += best.size()
+            covered = 0
+        self.bytes -= best.size()
+        best.prompt, best.answer, best.thread = prompt.text, "", prompt.thread
+        self.bytes += best.size()
+        tree.move_to_end(best.name)
+        self._bound(tree)
+        return best.name, covered
+
+    def _choose(self, tree: OrderedDict[str, _Branch], p: Prompt) -> tuple[_Branch | None, int]:
+        best, covered = None, 0
+        for b in reversed(tree.values()):  # most recent first: it wins ties
+            if (n := b.covered(p.text)) > covered:
+                best, covered = b, n
+        # it continues the branch's context, or shares a conversation turn with it
+        if best is not None and (covered >= len(best.prompt) or covered >= max(p.first, 1)):
+            return best, covered
+        for b in reversed(tree.values()):
+            if p.thread is not None and b.thread == p.thread:
+                if (n := b.covered(p.text)) >= p.head // 2 and n > 0:
+                    return b, n
+        return None, 0
+
+    def _next_name(self, session: str) -> str:
+        while True:
+            self._serial += 1
+            if (name := f"{session}~{self._serial}") not in self._names:
+                return name
+
+    def _bound(self, tree: OrderedDict[str, _Branch]) -> None:
+        while len(tree) > self.max_branches:
+            self._evict(tree, next(iter(tree)))
+        while len(self._trees) > self.max_sessions or self.bytes > self.max_bytes:
+            key, oldest = next(iter(self._trees.items()))
+            if oldest is tree and len(tree) == 1:
+                break  # the call's own branch stays, whatever its size
+            self._evict(oldest, next(iter(oldest)))
+            if not oldest:
+                del self._trees[key]
+
+    def _evict(self, tree: OrderedDict[str, _Branch], name: str) -> None:
+        gone = tree.pop(name)
+        self.bytes -= gone.size()
+        self._names.discard(name)
+        self.on_evict(name)
+
+    def remember(self, session: str, model: str, branch: str, prompt: Prompt, answer: str) -> None:
+        """A call of `branch` finished: its context is `prompt` and `answer` now (a branch
+        evicted while the call ran comes back, since the instance holds its context again)."""
+        tree = self._trees.get((session, model))
+        found = tree.get(branch) if tree is not None else None
+        if found is None:
+            if branch in self._names:
+                return  # the name went to another branch meanwhile
+            if tree is None:
+                tree = self._trees[(session, model)] = OrderedDict()
+            found = tree[branch] = _Branch(branch, "", "", prompt.thread)
+            self._names.add(branch)
+            self.bytes += found.size()
+        elif found.prompt is not prompt.text:
+            return  # a later call of the branch replaced its context
+        self.bytes -= found.size()
+        found.prompt, found.answer = prompt.text, answer
+        self.bytes += found.size()
+        self._trees.move_to_end((session, model))
+        tree.move_to_end(branch)
+        self._bound(tree)
+
+    def names(self, session: str, model: str) -> list[str]:
+        """The session's branches, least recently used first."""
+        return list(self._trees.get((session, model), ()))
+
+    def forget(self, session: str) -> list[str]:
+        """Drop every branch of `session` (all models) and their text; the names it had, the
+        session's own name always among them."""
+        names = {session}
+        for key in [k for k in self._trees if k[0] == session]:
+            for b in self._trees.pop(key).values():
+                self.bytes -= b.size()
+                self._names.discard(b.name)
+                names.add(b.name)
+        return sorted(names)

@@ -1,0 +1,159 @@
+"""A call as every API says it (`CallSpec`, which a dialect parses its body into), its prompt as
+canonical text, and its plan: session, branch and the router's request, the same at a box's
+gateway and at the pool's picker."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from talariad.calls import template
+from talariad.calls.branches import PrefixBranches, Prompt
+from talariad.calls.schemas import body_field, sent
+from talariad.calls.session import SESSION_FIELDS, session_headers, session_id
+from talariad.router import CallRequest
+from talariad.tools import arguments_json
+from talariad.wire.messages import ChatMessage, ToolCall
+
+
+@dataclass(slots=True)
+class CallSpec:
+    """A call as every API says it: what the lifecycle needs from the body, read once."""
+
+    api: str
+    """openai | anthropic | responses: which model fallback and error wording apply."""
+    requested: str
+    """The model id the client sent (answers echo it)."""
+    messages: list[ChatMessage]
+    prompt: str | None = None
+    """/v1/completions: the raw prompt text, rendered as it is."""
+    tools: list[dict] = field(default_factory=list)
+    max_tokens: int | None = None
+    """The client's output limit; None: the model's default."""
+    temperature: float | None = None
+    """None: the client sent none (the model's configured default applies, else 1.0)."""
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    stream: bool = False
+    include_usage: bool = True
+    session_fields: Mapping[str, Any] = field(default_factory=dict)
+    """Body fields that may name the session (`session.SESSION_FIELDS`)."""
+    context_error: Callable[[int, int, int], str] | None = None
+    """The dialect's wording for a prompt that does not fit: (prompt, max_tokens, limit)."""
+
+
+class Body(Protocol):
+    """What every API's parsed body answers alike (`calls/dialects/`)."""
+
+    model: str
+    seed: int | None
+    stream: bool
+
+    def limit(self, default: int) -> int: ...
+    def stop_list(self) -> list[str]: ...
+    def include_usage(self) -> bool: ...
+
+
+def body_spec(
+    api: str,
+    body: Body,
+    messages: list[ChatMessage],
+    *,
+    prompt: str | None = None,
+    tools: list[dict] | None = None,
+    context_error: Callable[[int, int, int], str] | None = None,
+) -> CallSpec:
+    """The spec of a parsed body: its dialect reads the messages and tools, the rest every body
+    names alike (model, limit, sampling, stream, the fields that may name the session)."""
+    return CallSpec(
+        api=api,
+        requested=body.model,
+        messages=messages,
+        prompt=prompt,
+        tools=[] if tools is None else tools,
+        max_tokens=body.limit(0) or None,
+        temperature=sent(body, "temperature"),
+        top_p=sent(body, "top_p"),
+        seed=body.seed,
+        stop=body.stop_list(),
+        ignore_eos=body_field(body, "ignore_eos", False),
+        stream=body.stream,
+        include_usage=body.include_usage(),
+        session_fields={k: body_field(body, k) for k in SESSION_FIELDS},
+        context_error=context_error,
+    )
+
+
+def make_call_id() -> str:
+    """24 random hex digits (as many as the uuid4 prefix they replace, at a fraction of its cost)."""
+    return os.urandom(12).hex()
+
+
+def estimate_tokens(chars: int) -> int:
+    return chars // 4 + 1
+
+
+def canonical(messages: list[ChatMessage], prompt: str | None, tools: list[dict]) -> str:
+    """The prompt as text for estimates and prefix matching (tools first, as templates put them)."""
+    return canonical_prompt(messages, prompt, tools).text
+
+
+def canonical_prompt(messages: list[ChatMessage], prompt: str | None, tools: list[dict]) -> Prompt:
+    """`canonical`, with where its head (the tools and the leading system turns: what every
+    branch of an agent shares) and its first conversation turn end, and a key of that turn."""
+    if prompt is not None:
+        return Prompt.raw(prompt)
+    at = next((i for i, m in enumerate(messages) if m.role not in _HEAD_ROLES), len(messages))
+    lines = template.lines(messages, tools, _tool_text, _call_text)
+    head = sum(map(len, lines[: len(tools) + at]))
+    text = "".join(lines)
+    if at == len(messages):
+        return Prompt(text, head, len(text))
+    first = head + len(lines[len(tools) + at])
+    return Prompt(text, head, first, _thread(messages[at]))
+
+
+_HEAD_ROLES = frozenset({"system", "developer"})
+
+
+def _tool_text(tool: dict) -> str:
+    return json.dumps(tool, sort_keys=True)
+
+
+def _call_text(c: ToolCall) -> str:
+    return f"<tool_call>{c.name} {arguments_json(c)}</tool_call>"
+
+
+def _thread(m: ChatMessage) -> int:
+    """A key of a conversation's first turn, from its length and ends (constant time)."""
+    c = m.content
+    return hash((m.role, len(c), c[:256], c[-256:]))
+
+
+def plan_call(
+    call_id: str,
+    spec: CallSpec,
+    prompt: Prompt,
+    headers: Mapping[str, str],
+    branches: PrefixBranches,
+    model: str,
+    max_tokens: int,
+    clamp_to: int | None,
+) -> tuple[str, str, CallRequest]:
+    """A call's session, its branch and the router's request for it, the same at a box's gateway
+    and at the pool's picker. Lengths are estimates (4 characters a token of `prompt`); the
+    instance counts exactly. `clamp_to`: the model's context, when the output limit is lowered
+    to fit it rather than refused (the router then plans with what can fit)."""
+    session = session_id(
+        session_headers(headers), spec.session_fields, [(m.role, m.content) for m in spec.messages]
+    )
+    branch, covered = branches.branch_covered(session, model, prompt)
+    estimate = estimate_tokens(len(prompt.text))
+    plan = max_tokens if clamp_to is None else max(1, min(max_tokens, clamp_to - estimate))
+    reused = min(estimate_tokens(covered) if covered else 0, estimate)
+    return session, branch, CallRequest(call_id, branch, model, estimate, reused, plan)
