@@ -17,27 +17,7 @@ class WatchRequest(_message.Message):
     def __init__(self, interval_s: _Optional[float] = ...) -> None: ...
 
 class InstanceStatus(_message.Message):
-    __slots__ = (
-        "name",
-        "pool",
-        "executor",
-        "devices",
-        "models",
-        "active_model",
-        "loaded_models",
-        "state",
-        "healthy",
-        "pid",
-        "restarts",
-        "running",
-        "queued",
-        "switches",
-        "telemetry_age_s",
-        "admission",
-        "rotation",
-        "configured_pool",
-        "retired",
-    )
+    __slots__ = ("name", "pool", "executor", "devices", "models", "active_model", "loaded_models", "state", "healthy", "pid", "restarts", "running", "queued", "switches", "telemetry_age_s", "admission", "rotation", "configured_pool", "retired")
     NAME_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
@@ -76,28 +56,7 @@ class InstanceStatus(_message.Message):
     rotation: _containers.RepeatedScalarFieldContainer[str]
     configured_pool: str
     retired: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(
-        self,
-        name: _Optional[str] = ...,
-        pool: _Optional[str] = ...,
-        executor: _Optional[str] = ...,
-        devices: _Optional[str] = ...,
-        models: _Optional[_Iterable[str]] = ...,
-        active_model: _Optional[str] = ...,
-        loaded_models: _Optional[_Iterable[str]] = ...,
-        state: _Optional[str] = ...,
-        healthy: _Optional[bool] = ...,
-        pid: _Optional[int] = ...,
-        restarts: _Optional[int] = ...,
-        running: _Optional[int] = ...,
-        queued: _Optional[int] = ...,
-        switches: _Optional[int] = ...,
-        telemetry_age_s: _Optional[float] = ...,
-        admission: _Optional[str] = ...,
-        rotation: _Optional[_Iterable[str]] = ...,
-        configured_pool: _Optional[str] = ...,
-        retired: _Optional[_Iterable[str]] = ...,
-    ) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., pool: _Optional[str] = ..., executor: _Optional[str] = ..., devices: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., active_model: _Optional[str] = ..., loaded_models: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., healthy: _Optional[bool] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., switches: _Optional[int] = ..., telemetry_age_s: _Optional[float] = ..., admission: _Optional[str] = ..., rotation: _Optional[_Iterable[str]] = ..., configured_pool: _Optional[str] = ..., retired: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("version", "uptime_s", "http_endpoint", "instances")
@@ -109,13 +68,7 @@ class StatusReply(_message.Message):
     uptime_s: float
     http_endpoint: str
     instances: _containers.RepeatedCompositeFieldContainer[InstanceStatus]
-    def __init__(
-        self,
-        version: _Optional[str] = ...,
-        uptime_s: _Optional[float] = ...,
-        http_endpoint: _Optional[str] = ...,
-        instances: _Optional[_Iterable[_Union[InstanceStatus, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., uptime_s: _Optional[float] = ..., http_endpoint: _Optional[str] = ..., instances: _Optional[_Iterable[_Union[InstanceStatus, _Mapping]]] = ...) -> None: ...
 
 class SessionsRequest(_message.Message):
     __slots__ = ("limit",)
@@ -137,15 +90,7 @@ class Session(_message.Message):
     kv_len: int
     idle_s: float
     leased: bool
-    def __init__(
-        self,
-        session_id: _Optional[str] = ...,
-        instance: _Optional[str] = ...,
-        model: _Optional[str] = ...,
-        kv_len: _Optional[int] = ...,
-        idle_s: _Optional[float] = ...,
-        leased: _Optional[bool] = ...,
-    ) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., instance: _Optional[str] = ..., model: _Optional[str] = ..., kv_len: _Optional[int] = ..., idle_s: _Optional[float] = ..., leased: _Optional[bool] = ...) -> None: ...
 
 class SessionsReply(_message.Message):
     __slots__ = ("sessions",)
@@ -169,14 +114,7 @@ class Lease(_message.Message):
     instance: str
     kv_len: int
     expires_in_s: float
-    def __init__(
-        self,
-        session_id: _Optional[str] = ...,
-        model: _Optional[str] = ...,
-        instance: _Optional[str] = ...,
-        kv_len: _Optional[int] = ...,
-        expires_in_s: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., instance: _Optional[str] = ..., kv_len: _Optional[int] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
 
 class LeasesReply(_message.Message):
     __slots__ = ("leases",)
@@ -191,21 +129,7 @@ class ExplainRequest(_message.Message):
     def __init__(self, call_id: _Optional[str] = ...) -> None: ...
 
 class Candidate(_message.Message):
-    __slots__ = (
-        "instance",
-        "queue_s",
-        "prefill_s",
-        "decode_s",
-        "kv_recovery_s",
-        "activation_s",
-        "total_s",
-        "feasible",
-        "reason",
-        "kv_state",
-        "needs_replica",
-        "replica_s",
-        "contention_s",
-    )
+    __slots__ = ("instance", "queue_s", "prefill_s", "decode_s", "kv_recovery_s", "activation_s", "total_s", "feasible", "reason", "kv_state", "needs_replica", "replica_s", "contention_s")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_S_FIELD_NUMBER: _ClassVar[int]
     PREFILL_S_FIELD_NUMBER: _ClassVar[int]
@@ -232,34 +156,10 @@ class Candidate(_message.Message):
     needs_replica: bool
     replica_s: float
     contention_s: float
-    def __init__(
-        self,
-        instance: _Optional[str] = ...,
-        queue_s: _Optional[float] = ...,
-        prefill_s: _Optional[float] = ...,
-        decode_s: _Optional[float] = ...,
-        kv_recovery_s: _Optional[float] = ...,
-        activation_s: _Optional[float] = ...,
-        total_s: _Optional[float] = ...,
-        feasible: _Optional[bool] = ...,
-        reason: _Optional[str] = ...,
-        kv_state: _Optional[str] = ...,
-        needs_replica: _Optional[bool] = ...,
-        replica_s: _Optional[float] = ...,
-        contention_s: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, instance: _Optional[str] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., kv_recovery_s: _Optional[float] = ..., activation_s: _Optional[float] = ..., total_s: _Optional[float] = ..., feasible: _Optional[bool] = ..., reason: _Optional[str] = ..., kv_state: _Optional[str] = ..., needs_replica: _Optional[bool] = ..., replica_s: _Optional[float] = ..., contention_s: _Optional[float] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = (
-        "call_id",
-        "kind",
-        "instance",
-        "policy",
-        "reason",
-        "age_s",
-        "retry_after_s",
-        "candidates",
-    )
+    __slots__ = ("call_id", "kind", "instance", "policy", "reason", "age_s", "retry_after_s", "candidates", "session_id")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +168,7 @@ class Decision(_message.Message):
     AGE_S_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     kind: str
     instance: str
@@ -276,17 +177,8 @@ class Decision(_message.Message):
     age_s: float
     retry_after_s: float
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
-    def __init__(
-        self,
-        call_id: _Optional[str] = ...,
-        kind: _Optional[str] = ...,
-        instance: _Optional[str] = ...,
-        policy: _Optional[str] = ...,
-        reason: _Optional[str] = ...,
-        age_s: _Optional[float] = ...,
-        retry_after_s: _Optional[float] = ...,
-        candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ...,
-    ) -> None: ...
+    session_id: str
+    def __init__(self, call_id: _Optional[str] = ..., kind: _Optional[str] = ..., instance: _Optional[str] = ..., policy: _Optional[str] = ..., reason: _Optional[str] = ..., age_s: _Optional[float] = ..., retry_after_s: _Optional[float] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class DecisionsRequest(_message.Message):
     __slots__ = ("limit",)
@@ -298,9 +190,7 @@ class DecisionsReply(_message.Message):
     __slots__ = ("decisions",)
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     decisions: _containers.RepeatedCompositeFieldContainer[Decision]
-    def __init__(
-        self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...
-    ) -> None: ...
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
 
 class MemoryRequest(_message.Message):
     __slots__ = ("instance",)
@@ -318,27 +208,10 @@ class Region(_message.Message):
     offset: int
     size: int
     owner: str
-    def __init__(
-        self,
-        region: _Optional[str] = ...,
-        offset: _Optional[int] = ...,
-        size: _Optional[int] = ...,
-        owner: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class SwitchTiming(_message.Message):
-    __slots__ = (
-        "from_model",
-        "to_model",
-        "path",
-        "phase_ms",
-        "total_ms",
-        "staged_bytes",
-        "dirty_bytes",
-        "h2d_bytes",
-        "d2d_gather_ms",
-        "h2d_gather_ms",
-    )
+    __slots__ = ("from_model", "to_model", "path", "phase_ms", "total_ms", "staged_bytes", "dirty_bytes", "h2d_bytes", "d2d_gather_ms", "h2d_gather_ms")
     FROM_MODEL_FIELD_NUMBER: _ClassVar[int]
     TO_MODEL_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
@@ -359,35 +232,10 @@ class SwitchTiming(_message.Message):
     h2d_bytes: int
     d2d_gather_ms: float
     h2d_gather_ms: float
-    def __init__(
-        self,
-        from_model: _Optional[str] = ...,
-        to_model: _Optional[str] = ...,
-        path: _Optional[str] = ...,
-        phase_ms: _Optional[_Iterable[float]] = ...,
-        total_ms: _Optional[float] = ...,
-        staged_bytes: _Optional[int] = ...,
-        dirty_bytes: _Optional[int] = ...,
-        h2d_bytes: _Optional[int] = ...,
-        d2d_gather_ms: _Optional[float] = ...,
-        h2d_gather_ms: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, from_model: _Optional[str] = ..., to_model: _Optional[str] = ..., path: _Optional[str] = ..., phase_ms: _Optional[_Iterable[float]] = ..., total_ms: _Optional[float] = ..., staged_bytes: _Optional[int] = ..., dirty_bytes: _Optional[int] = ..., h2d_bytes: _Optional[int] = ..., d2d_gather_ms: _Optional[float] = ..., h2d_gather_ms: _Optional[float] = ...) -> None: ...
 
 class MemoryReply(_message.Message):
-    __slots__ = (
-        "instance",
-        "managed",
-        "active_model",
-        "capacity_bytes",
-        "hbm_free_bytes",
-        "staging_slack_bytes",
-        "layout",
-        "switches",
-        "host_kv_bytes",
-        "host_kv_capacity_bytes",
-        "host_kv_by_model",
-        "process",
-    )
+    __slots__ = ("instance", "managed", "active_model", "capacity_bytes", "hbm_free_bytes", "staging_slack_bytes", "layout", "switches", "host_kv_bytes", "host_kv_capacity_bytes", "host_kv_by_model", "process")
     class HostKvByModelEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -395,7 +243,6 @@ class MemoryReply(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
-
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     MANAGED_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -420,21 +267,7 @@ class MemoryReply(_message.Message):
     host_kv_capacity_bytes: int
     host_kv_by_model: _containers.ScalarMap[str, int]
     process: ProcessStats
-    def __init__(
-        self,
-        instance: _Optional[str] = ...,
-        managed: _Optional[bool] = ...,
-        active_model: _Optional[str] = ...,
-        capacity_bytes: _Optional[int] = ...,
-        hbm_free_bytes: _Optional[int] = ...,
-        staging_slack_bytes: _Optional[int] = ...,
-        layout: _Optional[_Iterable[_Union[Region, _Mapping]]] = ...,
-        switches: _Optional[_Iterable[_Union[SwitchTiming, _Mapping]]] = ...,
-        host_kv_bytes: _Optional[int] = ...,
-        host_kv_capacity_bytes: _Optional[int] = ...,
-        host_kv_by_model: _Optional[_Mapping[str, int]] = ...,
-        process: _Optional[_Union[ProcessStats, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, instance: _Optional[str] = ..., managed: _Optional[bool] = ..., active_model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., hbm_free_bytes: _Optional[int] = ..., staging_slack_bytes: _Optional[int] = ..., layout: _Optional[_Iterable[_Union[Region, _Mapping]]] = ..., switches: _Optional[_Iterable[_Union[SwitchTiming, _Mapping]]] = ..., host_kv_bytes: _Optional[int] = ..., host_kv_capacity_bytes: _Optional[int] = ..., host_kv_by_model: _Optional[_Mapping[str, int]] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ...) -> None: ...
 
 class ProcessStats(_message.Message):
     __slots__ = ("pid", "rss_bytes", "open_files", "asyncio_tasks", "gc_objects")
@@ -448,14 +281,7 @@ class ProcessStats(_message.Message):
     open_files: int
     asyncio_tasks: int
     gc_objects: int
-    def __init__(
-        self,
-        pid: _Optional[int] = ...,
-        rss_bytes: _Optional[int] = ...,
-        open_files: _Optional[int] = ...,
-        asyncio_tasks: _Optional[int] = ...,
-        gc_objects: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, pid: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., open_files: _Optional[int] = ..., asyncio_tasks: _Optional[int] = ..., gc_objects: _Optional[int] = ...) -> None: ...
 
 class InstanceRequest(_message.Message):
     __slots__ = ("instance", "force")
@@ -475,13 +301,7 @@ class MoveRequest(_message.Message):
     to: str
     model: str
     force: bool
-    def __init__(
-        self,
-        instance: _Optional[str] = ...,
-        to: _Optional[str] = ...,
-        model: _Optional[str] = ...,
-        force: _Optional[bool] = ...,
-    ) -> None: ...
+    def __init__(self, instance: _Optional[str] = ..., to: _Optional[str] = ..., model: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class ModelsRequest(_message.Message):
     __slots__ = ()
@@ -501,23 +321,13 @@ class ModelStatus(_message.Message):
     status: str
     max_context: int
     profile: str
-    def __init__(
-        self,
-        name: _Optional[str] = ...,
-        instances: _Optional[_Iterable[str]] = ...,
-        pinned_on: _Optional[_Iterable[str]] = ...,
-        status: _Optional[str] = ...,
-        max_context: _Optional[int] = ...,
-        profile: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., instances: _Optional[_Iterable[str]] = ..., pinned_on: _Optional[_Iterable[str]] = ..., status: _Optional[str] = ..., max_context: _Optional[int] = ..., profile: _Optional[str] = ...) -> None: ...
 
 class ModelsReply(_message.Message):
     __slots__ = ("models",)
     MODELS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelStatus]
-    def __init__(
-        self, models: _Optional[_Iterable[_Union[ModelStatus, _Mapping]]] = ...
-    ) -> None: ...
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelStatus, _Mapping]]] = ...) -> None: ...
 
 class ModelRequest(_message.Message):
     __slots__ = ("model", "instance", "force")
@@ -527,12 +337,7 @@ class ModelRequest(_message.Message):
     model: str
     instance: str
     force: bool
-    def __init__(
-        self,
-        model: _Optional[str] = ...,
-        instance: _Optional[str] = ...,
-        force: _Optional[bool] = ...,
-    ) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., instance: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class PoolsRequest(_message.Message):
     __slots__ = ()
@@ -550,14 +355,7 @@ class Pool(_message.Message):
     models: _containers.RepeatedScalarFieldContainer[str]
     running: int
     queued: int
-    def __init__(
-        self,
-        name: _Optional[str] = ...,
-        instances: _Optional[_Iterable[str]] = ...,
-        models: _Optional[_Iterable[str]] = ...,
-        running: _Optional[int] = ...,
-        queued: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., instances: _Optional[_Iterable[str]] = ..., models: _Optional[_Iterable[str]] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...
 
 class PoolsReply(_message.Message):
     __slots__ = ("pools",)
@@ -589,13 +387,7 @@ class ForgetReply(_message.Message):
     known: bool
     leases_dropped: int
     instances_freed: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(
-        self,
-        session_id: _Optional[str] = ...,
-        known: _Optional[bool] = ...,
-        leases_dropped: _Optional[int] = ...,
-        instances_freed: _Optional[_Iterable[str]] = ...,
-    ) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., known: _Optional[bool] = ..., leases_dropped: _Optional[int] = ..., instances_freed: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReloadRequest(_message.Message):
     __slots__ = ()
@@ -607,11 +399,7 @@ class ReloadReply(_message.Message):
     NEEDS_RESTART_FIELD_NUMBER: _ClassVar[int]
     applied: _containers.RepeatedScalarFieldContainer[str]
     needs_restart: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(
-        self,
-        applied: _Optional[_Iterable[str]] = ...,
-        needs_restart: _Optional[_Iterable[str]] = ...,
-    ) -> None: ...
+    def __init__(self, applied: _Optional[_Iterable[str]] = ..., needs_restart: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ConfigRequest(_message.Message):
     __slots__ = ()
@@ -633,12 +421,7 @@ class RoundsRequest(_message.Message):
     instance: str
     limit: int
     interval_s: float
-    def __init__(
-        self,
-        instance: _Optional[str] = ...,
-        limit: _Optional[int] = ...,
-        interval_s: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, instance: _Optional[str] = ..., limit: _Optional[int] = ..., interval_s: _Optional[float] = ...) -> None: ...
 
 class SlotPhase(_message.Message):
     __slots__ = ("phase", "seconds")
@@ -658,13 +441,7 @@ class Slot(_message.Message):
     phases: _containers.RepeatedCompositeFieldContainer[SlotPhase]
     sp_admitted: int
     sp_parked: int
-    def __init__(
-        self,
-        model: _Optional[str] = ...,
-        phases: _Optional[_Iterable[_Union[SlotPhase, _Mapping]]] = ...,
-        sp_admitted: _Optional[int] = ...,
-        sp_parked: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., phases: _Optional[_Iterable[_Union[SlotPhase, _Mapping]]] = ..., sp_admitted: _Optional[int] = ..., sp_parked: _Optional[int] = ...) -> None: ...
 
 class SwitchPhase(_message.Message):
     __slots__ = ("name", "ms")
@@ -675,18 +452,7 @@ class SwitchPhase(_message.Message):
     def __init__(self, name: _Optional[str] = ..., ms: _Optional[float] = ...) -> None: ...
 
 class SwitchRecord(_message.Message):
-    __slots__ = (
-        "instance",
-        "round_index",
-        "from_model",
-        "to_model",
-        "path",
-        "total_ms",
-        "phases",
-        "staged_bytes",
-        "dirty_bytes",
-        "age_s",
-    )
+    __slots__ = ("instance", "round_index", "from_model", "to_model", "path", "total_ms", "phases", "staged_bytes", "dirty_bytes", "age_s")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     ROUND_INDEX_FIELD_NUMBER: _ClassVar[int]
     FROM_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -707,35 +473,10 @@ class SwitchRecord(_message.Message):
     staged_bytes: int
     dirty_bytes: int
     age_s: float
-    def __init__(
-        self,
-        instance: _Optional[str] = ...,
-        round_index: _Optional[int] = ...,
-        from_model: _Optional[str] = ...,
-        to_model: _Optional[str] = ...,
-        path: _Optional[str] = ...,
-        total_ms: _Optional[float] = ...,
-        phases: _Optional[_Iterable[_Union[SwitchPhase, _Mapping]]] = ...,
-        staged_bytes: _Optional[int] = ...,
-        dirty_bytes: _Optional[int] = ...,
-        age_s: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, instance: _Optional[str] = ..., round_index: _Optional[int] = ..., from_model: _Optional[str] = ..., to_model: _Optional[str] = ..., path: _Optional[str] = ..., total_ms: _Optional[float] = ..., phases: _Optional[_Iterable[_Union[SwitchPhase, _Mapping]]] = ..., staged_bytes: _Optional[int] = ..., dirty_bytes: _Optional[int] = ..., age_s: _Optional[float] = ...) -> None: ...
 
 class RoundRecord(_message.Message):
-    __slots__ = (
-        "instance",
-        "index",
-        "wall_s",
-        "active_s",
-        "switch_s",
-        "predicted_s",
-        "slots",
-        "sp_admitted",
-        "sp_parked",
-        "switches",
-        "open",
-        "age_s",
-    )
+    __slots__ = ("instance", "index", "wall_s", "active_s", "switch_s", "predicted_s", "slots", "sp_admitted", "sp_parked", "switches", "open", "age_s")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     WALL_S_FIELD_NUMBER: _ClassVar[int]
@@ -760,21 +501,7 @@ class RoundRecord(_message.Message):
     switches: int
     open: bool
     age_s: float
-    def __init__(
-        self,
-        instance: _Optional[str] = ...,
-        index: _Optional[int] = ...,
-        wall_s: _Optional[float] = ...,
-        active_s: _Optional[float] = ...,
-        switch_s: _Optional[float] = ...,
-        predicted_s: _Optional[float] = ...,
-        slots: _Optional[_Iterable[_Union[Slot, _Mapping]]] = ...,
-        sp_admitted: _Optional[int] = ...,
-        sp_parked: _Optional[int] = ...,
-        switches: _Optional[int] = ...,
-        open: _Optional[bool] = ...,
-        age_s: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, instance: _Optional[str] = ..., index: _Optional[int] = ..., wall_s: _Optional[float] = ..., active_s: _Optional[float] = ..., switch_s: _Optional[float] = ..., predicted_s: _Optional[float] = ..., slots: _Optional[_Iterable[_Union[Slot, _Mapping]]] = ..., sp_admitted: _Optional[int] = ..., sp_parked: _Optional[int] = ..., switches: _Optional[int] = ..., open: _Optional[bool] = ..., age_s: _Optional[float] = ...) -> None: ...
 
 class RoundsReply(_message.Message):
     __slots__ = ("rounds", "switches")
@@ -782,11 +509,7 @@ class RoundsReply(_message.Message):
     SWITCHES_FIELD_NUMBER: _ClassVar[int]
     rounds: _containers.RepeatedCompositeFieldContainer[RoundRecord]
     switches: _containers.RepeatedCompositeFieldContainer[SwitchRecord]
-    def __init__(
-        self,
-        rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ...,
-        switches: _Optional[_Iterable[_Union[SwitchRecord, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., switches: _Optional[_Iterable[_Union[SwitchRecord, _Mapping]]] = ...) -> None: ...
 
 class WatchRouterRequest(_message.Message):
     __slots__ = ("interval_s", "sessions", "decisions")
@@ -796,12 +519,7 @@ class WatchRouterRequest(_message.Message):
     interval_s: float
     sessions: int
     decisions: int
-    def __init__(
-        self,
-        interval_s: _Optional[float] = ...,
-        sessions: _Optional[int] = ...,
-        decisions: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, interval_s: _Optional[float] = ..., sessions: _Optional[int] = ..., decisions: _Optional[int] = ...) -> None: ...
 
 class RouterState(_message.Message):
     __slots__ = ("leases", "sessions", "decisions")
@@ -811,9 +529,4 @@ class RouterState(_message.Message):
     leases: _containers.RepeatedCompositeFieldContainer[Lease]
     sessions: _containers.RepeatedCompositeFieldContainer[Session]
     decisions: _containers.RepeatedCompositeFieldContainer[Decision]
-    def __init__(
-        self,
-        leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...,
-        sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ...,
-        decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...

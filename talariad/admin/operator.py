@@ -327,15 +327,21 @@ class Operator:
         if model:
             self._model(model)
         router = self.s.router
-        dropped = router.revoke(session_id, model or None)
-        if not dropped and all(e.session_id != session_id for e in router.sessions()):
+        # a session's leases are its branches' (`S~<key>`); a branch's name revokes that branch
+        names = {session_id} | {
+            e.session_id for e in router.sessions() if _of_session(e.session_id, session_id)
+        }
+        dropped = [le for name in sorted(names) for le in router.revoke(name, model or None)]
+        if (
+            not dropped
+            and names == {session_id}
+            and all(e.session_id != session_id for e in router.sessions())
+        ):
             raise ActionRefused("not_found", f"no session {session_id!r} in the router's table")
         now = time.monotonic()
         return admin_pb2.LeasesReply(
             leases=[
-                lease
-                for lease in _live_leases(self.s.router, now)
-                if lease.session_id == session_id
+                lease for lease in _live_leases(self.s.router, now) if lease.session_id in names
             ]
         )
 
@@ -344,7 +350,7 @@ class Operator:
             raise ActionRefused("invalid_argument", "session_id is empty")
         known, dropped = False, []
         freed = []
-        # the session and its branches (`S~<n>`): each is a session to the router and the
+        # the session and its branches (`S~<key>`): each is a session to the router and the
         # instances; a branch the gateway already evicted but something still holds goes too
         for branch in self._branch_names(session_id):
             was_known, gone = self.s.router.forget_session(branch)
@@ -370,9 +376,8 @@ class Operator:
 
     def _branch_names(self, session_id: str) -> list[str]:
         names = set(self.s.branches.forget(session_id))
-        mine = f"{session_id}~"
         names.update(
-            e.session_id for e in self.s.router.sessions() if e.session_id.startswith(mine)
+            e.session_id for e in self.s.router.sessions() if _of_session(e.session_id, session_id)
         )
         return sorted(names)
 
@@ -409,6 +414,11 @@ class Operator:
             reply.rounds.extend(round_record(name, x) for x in data.get("rounds", []))
             reply.switches.extend(switch_record(name, x) for x in data.get("switches", []))
         return reply
+
+
+def _of_session(name: str, session_id: str) -> bool:
+    """`name` is one of `session_id`'s branches (`calls.branches`: `S~<key>`)."""
+    return name.startswith(f"{session_id}~")
 
 
 def _live_leases(router: Router, now: float):

@@ -3,27 +3,45 @@ how much of it that branch's context holds (the gateway and the picker name bran
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(slots=True)
 class Prompt:
     """A call's prompt as the branch index reads it: the canonical text (`spec.canonical`), where
     its head ends (tools and leading system turns, what the branches of an agent share) and where
-    its first conversation turn ends, and a key of that turn (which thread it is; None: none)."""
+    its first conversation turn ends, and a key of that turn (which thread it is; None: none):
+    the same text gives the same key in every process (`thread_key`)."""
 
     text: str
     head: int = 0
     first: int = 0
-    thread: int | None = None
+    thread: str | None = None
 
     @classmethod
     def raw(cls, text: str) -> Prompt:
         """A prompt without turns (`/v1/completions`): its first kilobyte stands for the head."""
         return cls(text, 0, min(len(text), 1024))
+
+
+def thread_key(*parts: object) -> str:
+    """A short digest of `parts`, the same in every process (Python's `hash` is salted per
+    process: a box and the pool's picker must name a branch alike)."""
+    return hashlib.blake2b(repr(parts).encode(), digest_size=5).hexdigest()
+
+
+class Branched(NamedTuple):
+    """Where a call's prompt went: its branch, the characters of it whose context some branch
+    holds, and that branch when it is another (a new branch sharing its session's head)."""
+
+    name: str
+    covered: int
+    source: str | None = None
 
 
 @dataclass(slots=True)
@@ -34,10 +52,19 @@ class _Branch:
     name: str
     prompt: str
     answer: str
-    thread: int | None
+    thread: str | None
+    head: int = 0  # where its prompt's head ends
 
     def size(self) -> int:
         return sys.getsizeof(self.prompt) + sys.getsizeof(self.answer)
+
+    def continued_by(self, p: Prompt) -> bool:
+        """`p`'s conversation (what follows its head) starts with this branch's: the same
+        conversation, whatever its head says now, and more of it (a title call resending only the
+        first turn does not continue it)."""
+        return len(p.text) - p.head > len(self.prompt) - self.head and p.text.startswith(
+            self.prompt[self.head :], p.head
+        )
 
     def covered(self, text: str) -> int:
         """Characters of `text` this branch's context holds (its longest common prefix)."""
@@ -69,11 +96,14 @@ class PrefixBranches:
     A call joins the branch with which it shares the longest prefix, unless what it shares ends
     before its first conversation turn does (it shares the head, tools and system prompt, or less,
     and maybe a few words of boilerplate): then it opens a branch of its own (a sub-agent, a
-    title, a compacted conversation), named `session` for the first and `session~<n>` after,
-    a name the router (table, leases) and the instances (KV) see as the session. One exception:
-    a call whose first conversation turn is a branch's (the same conversation, resumed under a
-    system prompt a few words different) takes that branch over when it shares at least half its
-    head, so the instance reuses what it still can.
+    title, a compacted conversation). A branch is named from its content, `session~<key of its
+    first conversation turn>` (`Prompt.thread`), so a box's gateway and the pool's picker, and a
+    restarted picker, name it alike; a second live branch of the same first turn (a title call
+    beside its conversation) adds a key of its head. The router (table, leases) and the
+    instances (KV) see that name as the session. One exception: a call whose first conversation
+    turn is a branch's and whose conversation continues that branch's (the same conversation,
+    resumed under a system prompt or tools a few words different) takes that branch over, so the
+    instance reuses the longest prefix it still shares.
 
     Each branch keeps a reference to the text its instance context holds (its last prompt and
     answer), so a lookup is a `startswith` per branch (memcmp, stopping at the first difference)
@@ -103,24 +133,31 @@ class PrefixBranches:
     def branch_covered(self, session: str, model: str, prompt: Prompt) -> tuple[str, int]:
         """The branch `prompt` belongs to, and how many of its characters the branch's context
         covers; the branch now holds `prompt` (created, evicting others past a bound, if new)."""
+        return self.branched(session, model, prompt)[:2]
+
+    def branched(self, session: str, model: str, prompt: Prompt) -> Branched:
+        """`branch_covered`, with the branch whose context holds the covered characters when a
+        new branch shares only its session's head with it (where that branch lives, the head
+        does)."""
         tree = self._trees.get((session, model))
         if tree is None:
             tree = self._trees[(session, model)] = OrderedDict()
         self._trees.move_to_end((session, model))
         best, covered = self._choose(tree, prompt)
+        source = None
         if best is None:
-            fresh = not tree and session not in self._names  # a name never reused in a tree
-            name = session if fresh else self._next_name(session)
-            best = tree[name] = _Branch(name, "", "", prompt.thread)
+            source, covered = self._nearest(tree, prompt)
+            name = self._name(session, tree, prompt)
+            best = tree[name] = _Branch(name, "", "", prompt.thread, prompt.head)
             self._names.add(name)
             self.bytes += best.size()
-            covered = 0
         self.bytes -= best.size()
         best.prompt, best.answer, best.thread = prompt.text, "", prompt.thread
+        best.head = prompt.head
         self.bytes += best.size()
         tree.move_to_end(best.name)
         self._bound(tree)
-        return best.name, covered
+        return Branched(best.name, covered, source if source in tree else None)
 
     def _choose(self, tree: OrderedDict[str, _Branch], p: Prompt) -> tuple[_Branch | None, int]:
         best, covered = None, 0
@@ -131,16 +168,31 @@ class PrefixBranches:
         if best is not None and (covered >= len(best.prompt) or covered >= max(p.first, 1)):
             return best, covered
         for b in reversed(tree.values()):
-            if p.thread is not None and b.thread == p.thread:
-                if (n := b.covered(p.text)) >= p.head // 2 and n > 0:
-                    return b, n
+            if p.thread is not None and b.thread == p.thread and b.continued_by(p):
+                return b, b.covered(p.text)
         return None, 0
 
-    def _next_name(self, session: str) -> str:
-        while True:
+    @staticmethod
+    def _nearest(tree: OrderedDict[str, _Branch], p: Prompt) -> tuple[str | None, int]:
+        """The branch sharing the longest prefix with `p` (its head, at most), and how much."""
+        best, covered = None, 0
+        for b in reversed(tree.values()):
+            if (n := b.covered(p.text)) > covered:
+                best, covered = b.name, n
+        return best, covered
+
+    def _name(self, session: str, tree: OrderedDict[str, _Branch], p: Prompt) -> str:
+        """`session~<thread>`; taken in this tree (another branch of the same first turn):
+        `session~<thread>~<head>`; then a serial, so two live branches never share a name."""
+        thread = p.thread if p.thread is not None else thread_key(p.text[: p.first])
+        name = f"{session}~{thread}"
+        if name in tree or name in self._names:
+            name = f"{name}~{thread_key(p.text[: p.head])}"
+        base = name
+        while name in tree or name in self._names:
             self._serial += 1
-            if (name := f"{session}~{self._serial}") not in self._names:
-                return name
+            name = f"{base}~{self._serial}"
+        return name
 
     def _bound(self, tree: OrderedDict[str, _Branch]) -> None:
         while len(tree) > self.max_branches:
@@ -169,7 +221,7 @@ class PrefixBranches:
                 return  # the name went to another branch meanwhile
             if tree is None:
                 tree = self._trees[(session, model)] = OrderedDict()
-            found = tree[branch] = _Branch(branch, "", "", prompt.thread)
+            found = tree[branch] = _Branch(branch, "", "", prompt.thread, prompt.head)
             self._names.add(branch)
             self.bytes += found.size()
         elif found.prompt is not prompt.text:

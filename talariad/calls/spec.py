@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from talariad.calls import template
-from talariad.calls.branches import PrefixBranches, Prompt
+from talariad.calls.branches import PrefixBranches, Prompt, thread_key
 from talariad.calls.schemas import body_field, sent
 from talariad.calls.session import SESSION_FIELDS, session_headers, session_id
 from talariad.router import CallRequest
@@ -129,10 +129,10 @@ def _call_text(c: ToolCall) -> str:
     return f"<tool_call>{c.name} {arguments_json(c)}</tool_call>"
 
 
-def _thread(m: ChatMessage) -> int:
+def _thread(m: ChatMessage) -> str:
     """A key of a conversation's first turn, from its length and ends (constant time)."""
     c = m.content
-    return hash((m.role, len(c), c[:256], c[-256:]))
+    return thread_key(m.role, len(c), c[:256], c[-256:])
 
 
 def plan_call(
@@ -152,8 +152,9 @@ def plan_call(
     session = session_id(
         session_headers(headers), spec.session_fields, [(m.role, m.content) for m in spec.messages]
     )
-    branch, covered = branches.branch_covered(session, model, prompt)
+    branch, covered, source = branches.branched(session, model, prompt)
     estimate = estimate_tokens(len(prompt.text))
     plan = max_tokens if clamp_to is None else max(1, min(max_tokens, clamp_to - estimate))
     reused = min(estimate_tokens(covered) if covered else 0, estimate)
-    return session, branch, CallRequest(call_id, branch, model, estimate, reused, plan)
+    call = CallRequest(call_id, branch, model, estimate, reused, plan, prefix_of=source)
+    return session, branch, call

@@ -164,12 +164,13 @@ class BoxPicker:
         return Pick(call.call_id, endpoint, decision.kind.value)
 
     def _settle_answered(self, branch: tuple[str, str], now: float) -> None:
-        """A branch's next call means its previous answer ended: settle that call now if its box
-        answered it. Why: Envoy reports the response's end to the EPP a few ms after the client
-        has it, and an agent's next call can arrive first, before the lease it should hit."""
+        """A branch's next call means its previous answer ended: settle that call now, unless its
+        box answered an error. Why: Envoy reports the response's end to the EPP a few ms after
+        the client has it (its headers too, under load), and an agent's next call can arrive
+        first, before the lease it should hit."""
         prev = self._branch_open.get(branch)
         rec = None if prev is None else self._open.get(prev)
-        if rec is not None and 0 < rec.status < 400:
+        if rec is not None and rec.status < 400:
             self.finished(prev, True, now)  # type: ignore[arg-type]
 
     def _call(self, request: EPPRequest, spec: CallSpec, model: BoxModel) -> CallRequest:

@@ -105,7 +105,17 @@ class PeerBoxPolicy(BoxPolicy):
             )
         self.load[box] += 1
         self._sent[call.call_id] = box
-        return Decision(call.call_id, DecisionKind.COST, box, self.name, now, self.name)
+        return Decision(
+            call.call_id,
+            DecisionKind.COST,
+            box,
+            self.name,
+            now,
+            self.name,
+            None,
+            (),
+            call.session_id,
+        )
 
     def choose(self, call: CallRequest, live: list[BoxStats], now: float) -> str | None:
         """The box for `call` among the healthy ones (by name)."""

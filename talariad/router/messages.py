@@ -178,6 +178,8 @@ class Decision(NamedTuple):
     reason: str = ""
     retry_after_s: float | None = None
     candidates: tuple[CandidateCost, ...] = ()
+    session_id: str | None = None
+    """The call's session branch (`CallRequest.session_id`): what its lease will be for."""
 
 
 @dataclass(frozen=True, slots=True)

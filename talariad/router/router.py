@@ -315,7 +315,15 @@ class Router:
         self._queued.pop(call.call_id, None)
         self._policy.on_placed(call, inst.name, now)
         return Decision(
-            call.call_id, kind, inst.name, self.policy, now, choice.reason, None, choice.candidates
+            call.call_id,
+            kind,
+            inst.name,
+            self.policy,
+            now,
+            choice.reason,
+            None,
+            choice.candidates,
+            call.session_id,
         )
 
     def _overload(self, call: CallRequest, choice: Choice, now: float) -> Decision:
@@ -360,6 +368,7 @@ class Router:
             f"{choice.reason}; {why}",
             max(retry, MIN_RETRY_S),
             choice.candidates,
+            call.session_id,
         )
 
     def _retry_after(self, model: str) -> float:

@@ -20,6 +20,7 @@ def decision_fields(d: Decision, now: float) -> dict:
         "age_s": float(max(0.0, now - d.at)),
         "retry_after_s": float(d.retry_after_s or 0.0),
         "candidates": [_candidate(c) for c in d.candidates],
+        "session_id": d.session_id or "",
     }
 
 

@@ -230,7 +230,7 @@ def test_ctl_explains_calls_and_lists_sessions(daemon):
     assert {c["instance"] for c in d["candidates"]} <= {"hot0", "cold0"}
     assert all(c["total_s"] >= 0 for c in d["candidates"])
     sessions = json.loads(_ctl(daemon, "session", "list", "--json").stdout)
-    row = next(s for s in sessions if s["session_id"] == "s-explain")
+    row = next(s for s in sessions if s["session_id"].split("~")[0] == "s-explain")
     assert row["instance"] == served_by and row["model"] == "tiny-code" and int(row["kv_len"]) > 0
     assert isinstance(json.loads(_ctl(daemon, "lease", "list", "--json").stdout), list)
     recent = json.loads(_ctl(daemon, "call", "recent", "--limit", "3", "--json").stdout)

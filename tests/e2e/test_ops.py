@@ -232,10 +232,18 @@ def test_a_stalled_instance_is_unready_at_its_third_failed_poll_not_before(daemo
 
 def test_lease_revoke(daemon):
     assert served_by(call(daemon, "tiny-code", "s-revoke")) == "cold0"
-    leases = [le for le in ctl_json(daemon, "lease", "list") if le["session_id"] == "s-revoke"]
+    leases = [
+        le
+        for le in ctl_json(daemon, "lease", "list")
+        if le["session_id"].split("~")[0] == "s-revoke"
+    ]
     assert len(leases) == 1 and isinstance(leases[0]["kv_len"], int)
     assert ctl_json(daemon, "lease", "revoke", "s-revoke") == []
-    assert not [le for le in ctl_json(daemon, "lease", "list") if le["session_id"] == "s-revoke"]
+    assert not [
+        le
+        for le in ctl_json(daemon, "lease", "list")
+        if le["session_id"].split("~")[0] == "s-revoke"
+    ]
     assert call(daemon, "tiny-code", "s-revoke").json()["usage"]["talaria"]["route"] != "lease_hit"
     unknown = ctl_process(daemon, "lease", "revoke", "s-never-seen")
     assert unknown.returncode == 3 and unknown.stderr.strip().splitlines() == [
@@ -260,7 +268,7 @@ def test_session_forget_frees_its_kv(daemon):
 
 
 def test_session_forget_drops_its_side_call_branches(daemon):
-    call(daemon, "tiny-code", "s-tree")
+    main = call(daemon, "tiny-code", "s-tree").json()["usage"]["talaria"]["branch"]
     side = httpx.post(  # another system prompt under the same session: a branch of its own
         f"{daemon.endpoint}/v1/chat/completions",
         headers={"x-session-id": "s-tree"},
@@ -275,9 +283,9 @@ def test_session_forget_drops_its_side_call_branches(daemon):
         },
     )
     branch = side.json()["usage"]["talaria"]["branch"]
-    assert side.status_code == 200 and branch.startswith("s-tree~"), side.text
+    assert side.status_code == 200 and branch.startswith("s-tree~") and branch != main, side.text
     listed = {s["session_id"] for s in ctl_json(daemon, "session", "list")}
-    assert {"s-tree", branch} <= listed
+    assert {main, branch} <= listed
     ctl_json(daemon, "session", "forget", "s-tree")
     listed = {s["session_id"] for s in ctl_json(daemon, "session", "list")}
     assert not {s for s in listed if s.startswith("s-tree")}, listed
@@ -354,7 +362,9 @@ def test_config_reload_applies_tau(daemon):
     reply = ctl_json(daemon, "config", "reload")
     assert "policy.tau_s" in reply["applied"]
     assert served_by(call(daemon, "tiny-code", "s-tau")) == "cold0"
-    lease = next(le for le in ctl_json(daemon, "lease", "list") if le["session_id"] == "s-tau")
+    lease = next(
+        le for le in ctl_json(daemon, "lease", "list") if le["session_id"].split("~")[0] == "s-tau"
+    )
     assert lease["expires_in_s"] > 10.0  # τ = 30 s now; it was 2 s
     assert "tau_s: 30.0" in ctl(daemon, "config", "show").stdout
     shown = ctl_json(daemon, "config", "show")  # the config itself, as JSON
