@@ -2,7 +2,7 @@
 Envoy (`talariad/epp/devpool.py`), driven by agent-shaped sessions (issue 37, "Benchmarks").
 
 Each session is one conversation of `--calls` chat calls named by the gateway's session header
-(`x-session-id`, talariad/gateway/session.py): a system prompt and tool list shared by every
+(`x-session-id`, talariad/calls/session.py): a system prompt and tool list shared by every
 session (one agent product), the session's own task, then per call the previous prompt, the
 answer with a tool call and a new tool result. Between a response's end and the next call the
 session waits a tool gap drawn uniformly from `--gap` (0.2-1.0 s); odd sessions stream. Sessions
@@ -77,8 +77,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's talariad, here and (PYTHONPATH) in the pool
 
-from talariad.gateway.session import HEADERS  # noqa: E402
-
+from talariad.calls.session import HEADERS  # noqa: E402
 from talariad.epp import devpool, envoy  # noqa: E402
 from talariad.epp.config import EPPConfig  # noqa: E402
 from talariad.router import DecisionKind, RouterKnobs  # noqa: E402

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from typing import Any, Literal
 
@@ -67,6 +68,12 @@ class EPPConfig(_Strict):
     model residency), round-robin, least-load, llm-d (GIE's default scorer mix), llm-d-session."""
     drain_s: float = Field(default=10.0, ge=0)
     """On SIGTERM: how long calls in flight may finish."""
+    lease_slack_s: float = Field(default=0.5, ge=0)
+    """How much longer than τ (`router.tau_s`) a lease lives here. τ is the agent's tool gap,
+    from the answer's end at the client to its next call; the picker sees the answer end before
+    the client does (the rest of its delivery, the client reading it) and the next call after
+    it was sent, so its own gap is longer by both. Measured through Envoy on a loaded 2-core box
+    (bench/pool_load.py): up to 0.3 s."""
     router: dict[str, Any] = Field(default_factory=dict)
     """`RouterKnobs` fields (tau_s, gamma, ttft_target_s, overload, ...); staleness_s and
     heartbeat_s default to `stale_after_s`."""
@@ -90,13 +97,31 @@ class EPPConfig(_Strict):
         return v
 
     def knobs(self) -> RouterKnobs:
-        return _router_knobs(self.router, self.stale_after_s)
+        return picker_knobs(_router_knobs(self.router, self.stale_after_s), self.lease_slack_s)
+
+
+PICKER_KNOBS = {"session_home": True}
+"""What the picker's router does unlike a box's (unless `router` says otherwise): a session's
+calls stay on the box holding their prefix, a new branch's on the box holding its head, while
+that box can take them (`RouterKnobs.session_home`)."""
+
+
+def picker_knobs(knobs: RouterKnobs, lease_slack_s: float) -> RouterKnobs:
+    """`knobs` with leases `lease_slack_s` longer (`EPPConfig.lease_slack_s`)."""
+    return dataclasses.replace(knobs, tau_s=knobs.tau_s + lease_slack_s)
 
 
 def _router_knobs(given: dict[str, Any], stale_after_s: float) -> RouterKnobs:
     """The knobs, a box's staleness bound the picker's (unless `router` sets its own)."""
     try:
-        return RouterKnobs(**{"staleness_s": stale_after_s, "heartbeat_s": stale_after_s, **given})
+        return RouterKnobs(
+            **{
+                "staleness_s": stale_after_s,
+                "heartbeat_s": stale_after_s,
+                **PICKER_KNOBS,
+                **given,
+            }
+        )
     except TypeError as err:  # a key RouterKnobs does not have
         raise ValueError(f"unknown knob {str(err).rsplit('argument ', 1)[-1]}") from None
 

@@ -19,6 +19,14 @@ class RouterKnobs:
     """Soft-reservation lease lifetime τ: a lease lives on [t_done, t_done + τ). The paper picks
     1 s from its sweep (near the p90 tool gap). 0 disables leases like `reservations=False`."""
 
+    session_home: bool = False
+    """A call whose prefix some target holds (its branch's, or for a new branch the head's it
+    shares, `CallRequest.prefix_of`) goes to that target while it can take it (the round and HBM
+    checks pass, no replica to open), lease or not; else it is placed by cost. The pool's picker
+    sets it: moving a session between boxes moves its whole KV, and the load a box's snapshot
+    shows is a poll old, so near-equal costs are no reason to move. A box leaves it off: its
+    instances share one clock and the cost model weighs their load exactly."""
+
     gamma: float = 0.8
     """Round-admission margin of Eq. (5): a round must stay within γ·TTFT. The paper only requires
     γ < 1; 0.8 leaves a 20 % margin for restore/switch estimation error and stale telemetry."""

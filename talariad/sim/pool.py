@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from talariad.engine.events import telemetry_message
 from talariad.epp.boxpicker import BoxPicker
+from talariad.epp.config import PICKER_KNOBS, EPPConfig, picker_knobs
 from talariad.epp.picker import ImmediateAnswer
 from talariad.instance.core import Done
 from talariad.perfmodel.profiles import ProfileSet
@@ -95,7 +96,10 @@ class PoolSimulator(Simulator):
             b: Router(config.router, self.profiles, policy=config.policy) for b in members
         }
         # the picker starts knowing no profile: the boxes' snapshots carry theirs
-        self.picker = BoxPicker(Router(config.router, {}), policy=picker)
+        # the picker's knobs as `talariad epp` defaults them over the boxes' router knobs
+        slack = EPPConfig.model_fields["lease_slack_s"].default
+        knobs = picker_knobs(replace(config.router, **PICKER_KNOBS), slack)
+        self.picker = BoxPicker(Router(knobs, {}), policy=picker)
         self.result.policy = picker
         self.recomputed = 0
         self._box_for: dict[str, str] = {}  # call id -> the box it was sent to

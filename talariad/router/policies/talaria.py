@@ -29,7 +29,32 @@ class TalariaPolicy(Policy):
         hit, note = self._consume_lease(plan, view, now)
         if hit is not None:
             return hit
+        if self.knobs.session_home and (home := self._session_home(plan, view, now)) is not None:
+            return home
         return self._cost_placement(plan, view, now, note)
+
+    def _session_home(self, plan: CallPlan, view: ClusterView, now: float) -> Choice | None:
+        """The call at the target holding its prefix, if that target can take it now
+        (`RouterKnobs.session_home`); None: place it by cost."""
+        call, key = plan.call, plan.key
+        if key is None:
+            return None
+        lease, rec = view.leases.get(key), plan.kv_record
+        names = [lease.instance] if lease is not None else []
+        names += [rec.instance] if rec is not None else []
+        names += sorted(view.instances.holders(key))
+        eligible = view.eligible(call.model, now)
+        for name in names:
+            inst = view.instances.get(name)
+            if inst is None or inst not in eligible or view.kv(inst, call)[0] is KVState.MISSING:
+                continue
+            cand = view.cost.evaluate(plan, inst)
+            if not cand.feasible or cand.needs_replica:
+                return None  # its home cannot take it now
+            whose = "its head's branch" if call.prefix_of else "its branch"
+            why = f"the session's home: {whose} prefix is here"
+            return Choice(inst.name, DecisionKind.COST, (cand,), why, best=cand, plan=plan)
+        return None
 
     def _consume_lease(
         self, plan: CallPlan, view: ClusterView, now: float
