@@ -9,8 +9,6 @@ docs/pool.md.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -19,7 +17,8 @@ from itertools import count
 from talariad.calls import routes
 from talariad.calls.branches import PrefixBranches
 from talariad.calls.errors import APIError
-from talariad.calls.spec import CallSpec, canonical_prompt, plan_call
+from talariad.calls.placement import Placement, refusal
+from talariad.calls.spec import CallSpec, canonical_prompt
 from talariad.config import resolve_model
 from talariad.router import CallRequest, Decision, DecisionKind, Router
 from talariad.router.box_policies import BOX_POLICIES, box_stats
@@ -61,7 +60,7 @@ class BoxPicker:
         self.router = router
         self.policy = BOX_POLICIES.get(policy)(router, random.Random(router.knobs.seed))
         self.branches = PrefixBranches(max_branches, router.knobs.max_sessions)
-        self.branches.on_evict = lambda name: router.forget_session(name)
+        self.placement = Placement(router, self.branches, self.policy, self.ARRIVAL_GRACE_S)
         self.endpoints: dict[str, str] = {}  # box -> "ip:port"
         self._boxes_at: dict[str, str] = {}  # "ip:port" -> box
         self._models: dict[str, list[BoxModel]] = {}  # box -> its models
@@ -73,7 +72,6 @@ class BoxPicker:
         self._branch_open: dict[tuple[str, str], str] = {}  # a branch's open call
         self._rr = count()
         self._decided: deque[float] = deque()
-        self._expired_at = float("-inf")
 
     # --- boxes (the poller's `BoxFeed`) -----------------------------------------------------
     def box_seen(
@@ -98,20 +96,13 @@ class BoxPicker:
         if held is None or held.sessions.keys != set() or self._facts.get(name) != facts:
             self._versions[name] = version = self._versions.get(name, 0) + 1
             parts = instance_parts(snap, now, held)
-            self.router.observe(project(name, version, snap, now, held, parts), now)
+            self.placement.observe(project(name, version, snap, now, held, parts), now)
             self.policy.observe(box_stats(name, parts), now)
             self._facts[name] = facts
         # else the box re-sent the telemetry replies installed (the daemon polls its instances
         # less often than we poll it) and no session changed: the installed projection stands
         self.router.heartbeat(name, now, healthy=any(i.healthy for i in snap.instances))
-        self.expire(now)
-
-    def expire(self, now: float) -> None:
-        """Leases and idle sessions, about once a second; a lease stays `ARRIVAL_GRACE_S` past
-        its expiry, for a call that arrived before it and is still being read."""
-        if now - self._expired_at >= 1.0:
-            self._expired_at = now
-            self.router.expire(now - self.ARRIVAL_GRACE_S)
+        self.placement.expire(now)
 
     def box_lost(self, name: str, now: float) -> None:
         """The box stopped answering: no new call and no lease return goes there."""
@@ -154,7 +145,7 @@ class BoxPicker:
         branch = None if call.session_id is None else (call.session_id, call.model)
         if branch is not None:
             self._settle_answered(branch, call.judged_at(now))
-        decision = self.policy.place(call, now)
+        decision = self.placement.place(call, now)
         self._count(now)
         if decision.instance is None:
             return self._refuse(path, requested, decision, now)
@@ -179,47 +170,27 @@ class BoxPicker:
         see, so it clamps only where the client set none."""
         clamp_to = model.max_context if not spec.max_tokens else None
         max_tokens = spec.max_tokens or model.default_max_tokens
-        _, _, call = plan_call(
+        prompt = canonical_prompt(spec.messages, spec.prompt, spec.tools)
+        _, _, call = self.placement.plan(
             request.call_id,
             spec,
-            canonical_prompt(spec.messages, spec.prompt, spec.tools),
+            prompt,
             request.headers,
-            self.branches,
             model.name,
             max_tokens,
             clamp_to,
+            request.arrived,
         )
-        return self.learned(dataclasses.replace(call, arrived_at=request.arrived))
-
-    def learned(self, call: CallRequest) -> CallRequest:
-        """`call` with the prefix the boxes say its branch holds, where this picker has seen none
-        of the branch's text (a picker restarted, or another replica placed its calls): the box's
-        snapshot is the session's memory, and its KV what the cost weighs."""
-        if call.session_id is None or call.prefix_tokens > 0:
-            return call
-        held = self.router.held_prefix(call.session_id, call.model)
-        if held <= 0:
-            return call
-        return dataclasses.replace(call, prefix_tokens=min(held, max(call.prompt_tokens - 1, 0)))
+        return call
 
     def _refuse(self, path: str, requested: str, d: Decision, now: float) -> ImmediateAnswer:
         """429 with `retry-after` when boxes are busy (the picker cannot hold a call: a held
         one leaves the router's queue at once), 503 when no box is healthy."""
         if d.kind is DecisionKind.OVERLOAD_QUEUE:
-            self.policy.failed(d.call_id, now)
+            self.placement.failed(d.call_id, now)
         if not self.healthy_boxes(now):
             return answer(path, _no_box())
-        retry = str(max(1, math.ceil(d.retry_after_s or 1)))
-        return answer(
-            path,
-            APIError(
-                429,
-                f"no box can take a {requested!r} call now ({d.reason})",
-                type="rate_limit_exceeded",
-                code=d.kind.value,
-                headers={"Retry-After": retry},
-            ),
-        )
+        return answer(path, refusal(d, requested, "box"))
 
     def _any_box(self, request: EPPRequest, now: float) -> Pick | ImmediateAnswer:
         """Round robin over the healthy boxes (model lists, probes, unknown models)."""
@@ -248,9 +219,9 @@ class BoxPicker:
         if rec.branch is not None and self._branch_open.get(rec.branch) == call_id:
             del self._branch_open[rec.branch]
         if ok and rec.status < 400:
-            self.policy.completed(call_id, rec.box, KVState.DEVICE, rec.kv_len, now)
+            self.placement.completed(call_id, rec.box, KVState.DEVICE, rec.kv_len, now)
         else:
-            self.policy.failed(call_id, now)
+            self.placement.failed(call_id, now)
 
     def _remember(self, call_id: str, rec: _Open) -> None:
         self._open[call_id] = rec
@@ -260,7 +231,7 @@ class BoxPicker:
             old, lost = self._open.popitem(last=False)
             if lost.branch is not None and self._branch_open.get(lost.branch) == old:
                 del self._branch_open[lost.branch]
-            self.policy.failed(old, 0.0)  # `failed` reads no clock
+            self.placement.failed(old, 0.0)  # `failed` reads no clock
 
     # --- reads ------------------------------------------------------------------------------
     def explain(self, call_id: str) -> Decision | None:

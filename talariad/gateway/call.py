@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic_core import to_json
 
 from talariad.calls.errors import APIError
-from talariad.calls.spec import CallSpec, canonical_prompt, make_call_id, plan_call
+from talariad.calls.placement import refusal
+from talariad.calls.spec import CallSpec, canonical_prompt, make_call_id
 from talariad.gateway import limits
 from talariad.gateway.routing import ModelUnavailable
 from talariad.tools import ToolStream
@@ -57,15 +58,15 @@ class Call:
         self.id = make_call_id()
         self.started = gw.clock()
         max_tokens = spec.max_tokens or model.default_max_tokens
-        self.session, self.branch, self.info = plan_call(
+        self.session, self.branch, self.info = gw.routing.placement.plan(
             self.id,
             spec,
             self.prompt,
             headers,
-            gw.routing.branches,
             self.model,
             max_tokens,
             model.max_context if clamp else None,
+            arrived=self.started,  # a lease is judged at the call's receipt
         )
         self.req = GenerateRequest(
             call_id=self.id,
@@ -101,14 +102,7 @@ class Call:
                 headers={"Retry-After": "5"},
             ) from None
         if decision.instance is None:
-            retry = str(max(1, round(decision.retry_after_s or 1)))
-            raise APIError(
-                429,
-                f"no instance can take a {self.spec.requested!r} call now ({decision.reason})",
-                type="rate_limit_exceeded",
-                code=decision.kind.value,
-                headers={"Retry-After": retry},
-            )
+            raise refusal(decision, self.spec.requested, "instance")
         self.instance, self.route, self.done = decision.instance, decision.kind.value, False
         self.series.running.inc()
 

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable
 
 from talariad.calls.branches import PrefixBranches
+from talariad.calls.placement import Placement
 from talariad.config import TalariaConfig
 from talariad.instance.telemetry import router_snapshot as snapshot
 from talariad.knobs import config_router_knobs as router_knobs
@@ -33,17 +34,18 @@ class ModelUnavailable(Exception):
 
 
 class RouterShell:
-    """The router in real time: `router` places, `branches` name the session branch of a call
-    and how much of its prompt the branch's context covers; a branch the index evicts is
-    forgotten by the router at once and on the instances through `evicted` (the gateway's)."""
+    """The router in real time, over the placement shell the pool's picker runs too
+    (`calls.placement`): `router` places, `branches` name the session branch of a call and how
+    much of its prompt the branch's context covers; a branch the index evicts is forgotten by
+    the router at once and on the instances through `evicted` (the gateway's)."""
 
     def __init__(self, router: Router, branches: PrefixBranches | None = None) -> None:
         if branches is None:  # the config's defaults
             branches = PrefixBranches(max_branches=4)
+        self.placement = Placement(router, branches)
+        self.placement.evicted = lambda branch: self.evicted(branch)
         self.router, self.branches = router, branches
-        branches.on_evict = self._evicted
         self._changed = asyncio.Event()
-        self._expired_at = float("-inf")
         self._sessions: dict[str, dict[tuple[str, str], KVLocation]] = {}  # per instance, merged
         self._fed: dict[str, int] = {}
 
@@ -68,10 +70,6 @@ class RouterShell:
     """Which session pairs of an instance's view a reply changed (None: all of them, the view
     was replaced or dropped); the gateway's pool change log (`pool.SessionLog.record`)."""
 
-    def _evicted(self, branch: str) -> None:
-        self.router.forget_session(branch)
-        self.evicted(branch)
-
     def close(self) -> None:
         self.closing = True
         self._changed.set()
@@ -80,10 +78,9 @@ class RouterShell:
         """Install one telemetry reply; replies of an instance must come in order (deltas)."""
         view = self._merge(t)
         # the instance's own model list: it follows run-time loads, unloads, pins and pool moves
-        if self.router.observe(snapshot(t, t.models, now, True, dict(view)), now):
+        if self.placement.observe(snapshot(t, t.models, now, True, dict(view)), now):
             self._changed.set()
         self._feed_rounds(t, now)
-        self._expire(now)
 
     def session_view(self, instance: str) -> dict[tuple[str, str], KVLocation]:
         """The instance's whole session view, merged from its telemetry deltas (read-only)."""
@@ -107,13 +104,6 @@ class RouterShell:
     def unhealthy(self, instance: str, now: float) -> None:
         """A telemetry poll failed: the instance is alive but not answering; leases on it lapse."""
         self.router.heartbeat(instance, now, healthy=False)
-
-    def _expire(self, now: float) -> None:
-        """Drop expired leases and idle sessions about once a second (held calls time out in
-        their own waiters, see `place`)."""
-        if now - self._expired_at >= 1.0:
-            self._expired_at = now
-            self.router.expire(now)
 
     def instance_down(self, instance: str, now: float) -> None:
         """The supervisor lost the process: forget it; its restart reports in as a new instance."""
@@ -161,9 +151,9 @@ class RouterShell:
     def completed(
         self, call_id: str, instance: str, kv_state: str, kv_len: int, now: float
     ) -> None:
-        self.router.completed(call_id, instance, KVState(kv_state), kv_len, now)
+        self.placement.completed(call_id, instance, KVState(kv_state), kv_len, now)
         self._changed.set()
 
     def failed(self, call_id: str, now: float) -> None:
-        self.router.failed(call_id, now)
+        self.placement.failed(call_id, now)
         self._changed.set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from talariad.router.boxes import prefix_rank
 from talariad.router.cost import CallPlan
 from talariad.router.messages import CallRequest, CandidateCost, DecisionKind, ModelState
 from talariad.router.policies.base import POLICIES, Choice, ClusterView, Policy
@@ -42,7 +43,7 @@ class TalariaPolicy(Policy):
         lease, rec = view.leases.get(key), plan.kv_record
         names = [lease.instance] if lease is not None else []
         names += [rec.instance] if rec is not None else []
-        names += sorted(view.instances.holders(key))
+        names += sorted(view.instances.holders(key), key=lambda n: _held_rank(view, n, key))
         eligible = view.eligible(call.model, now)
         for name in names:
             inst = view.instances.get(name)
@@ -139,6 +140,11 @@ class TalariaPolicy(Policy):
 
 
 _QUEUES = ("round", "hbm")  # refusals an instance's own scheduler waits out (a slot, KV room)
+
+
+def _held_rank(view: ClusterView, name: str, key: tuple[str, str]) -> tuple:
+    """Holders of a prefix, best first: on a device before on the host, the longest, by name."""
+    return (*prefix_rank(view.instances.get(name).snapshot.sessions[key]), name)
 
 
 def _total(c) -> tuple[float, str]:
