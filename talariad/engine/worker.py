@@ -7,10 +7,9 @@ completion, rotation, forgetting, round records) is the core's (`talariad.instan
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 from talariad.cold_sched import Idle
@@ -26,8 +25,7 @@ from talariad.engine.events import (
 from talariad.instance import Executor, InstanceCall, InstanceCore, Refusal, StepPlan, StepResult
 from talariad.instance.rounds import HISTORY, RoundRecorder
 from talariad.knobs import config_sched_knobs
-from talariad.wire.messages import ErrorEvent, GenerateRequest, StreamEvent, Telemetry, TokenEvent
-from talariad.wire.stream import Wakeup
+from talariad.wire.messages import ErrorEvent, GenerateRequest, StreamEvent, Telemetry
 
 log = logging.getLogger("talariad.engine")
 
@@ -40,26 +38,6 @@ class EventSink(Protocol):
     not wait or start or end calls itself."""
 
     def put_nowait(self, event: StreamEvent) -> None: ...
-
-
-class CallEvents:
-    """One call's events, from the loop to the call's stream: `asyncio.Queue`'s `put_nowait` and
-    `get` for one consumer, without a queue's locks and bookkeeping (a call makes one)."""
-
-    __slots__ = ("_items", "_wakeup")
-
-    def __init__(self) -> None:
-        self._items: collections.deque[StreamEvent] = collections.deque()
-        self._wakeup = Wakeup()
-
-    def put_nowait(self, event: StreamEvent) -> None:
-        self._items.append(event)
-        self._wakeup.set()
-
-    async def get(self) -> StreamEvent:
-        while not self._items:
-            await self._wakeup.wait()
-        return self._items.popleft()
 
 
 class Worker:
@@ -157,21 +135,6 @@ class Worker:
         step (its last event still comes); nothing if it is over."""
         if call_id in self.core.calls and self.core.cancel(call_id, self.now()):
             self.queues.pop(call_id, None)
-
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
-        queue = CallEvents()
-        refused = self.start(req, queue)
-        if refused is not None:
-            yield refused
-            return
-        try:
-            while True:
-                event = await queue.get()
-                yield event
-                if not isinstance(event, TokenEvent):
-                    return
-        finally:
-            self.cancel(req.call_id)
 
     def abort_all(self, message: str) -> int:
         """End every live call with an error event; each call's stream then cancels it."""
