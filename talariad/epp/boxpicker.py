@@ -26,8 +26,8 @@ from talariad.router.box_policies import BOX_POLICIES, box_stats
 from talariad.types import KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
 
-from .boxes import BoxViews, instance_parts, project
-from .picker import EPPRequest, ImmediateAnswer, Pick
+from .contract import EPPRequest, ImmediateAnswer, Pick
+from .poller import BoxViews, instance_parts, project
 from .replies import answer
 
 MAX_OPEN_CALLS = 100_000  # picked calls whose end was never reported are failed past this
