@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from talariad.epp import devpool, envoy
+from talaria_pool import devpool, envoy
 from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.contract import EPPRequest, Pick
 from talariad.epp.poller import BoxPoller, BoxViews, merge_views

@@ -79,7 +79,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's talariad, here and (PYTHONPATH)
 
 from talariad.gateway.session import HEADERS  # noqa: E402
 
-from talariad.epp import devpool, envoy  # noqa: E402
+from talaria_pool import devpool, envoy  # noqa: E402
 from talariad.epp.config import EPPConfig  # noqa: E402
 from talariad.router import DecisionKind, RouterKnobs  # noqa: E402
 from talariad.router.router import DECISION_LOG  # noqa: E402

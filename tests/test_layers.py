@@ -1,8 +1,8 @@
 """Imports run down the layers and never back up, and no two modules import each other.
 
-Every module of `talariad`, `talaria_ctl` and `talaria_tui` belongs to exactly one layer below;
-an import (function-local ones included; `if TYPE_CHECKING:` blocks excepted, as they never run)
-may reach its own layer or one below it. The module graph has no cycle. The cores import no
+Every module of `talariad`, `talaria_ctl`, `talaria_tui` and `talaria_pool` belongs to exactly one
+layer below; an import (function-local ones included; `if TYPE_CHECKING:` blocks excepted, as they
+never run) may reach its own layer or one below it. The module graph has no cycle. The cores import no
 codec (pydantic, `talariad.wire`): the shells encode what the cores return. Within a layer, a
 few packages must not lean on each other (`APART`): the pool's picker on the box's front, the
 instance core and the router on each other.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("talariad", "talaria_ctl", "talaria_tui")
+PACKAGES = ("talariad", "talaria_ctl", "talaria_tui", "talaria_pool")
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
@@ -71,6 +71,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("daemon", ("talariad.checks", "talariad.daemon", "talariad.cli")),
     ("harness", ("talariad.sim", "talariad.replay")),
     ("clients", ("talaria_ctl", "talaria_tui")),
+    ("tooling", ("talaria_pool",)),  # the Envoy config and a pool on loopback: nothing runs on it
 ]
 """Bottom first. A module belongs to the layer of its longest matching prefix."""
 
