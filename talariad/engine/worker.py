@@ -1,7 +1,8 @@
-"""The instance process's shell around the instance core: real time, one executor, one token queue
-per call. It asks the core for the next step, has the executor run it, streams the tokens, hands
-the result back, and sleeps until the next step is due or a call arrives; every decision (admission,
-completion, rotation, forgetting, round records) is the core's (`talariad.instance`).
+"""The instance process's shell around the instance core: real time, one executor, one event sink
+per call (its call-stream connection, `wire/stream.py`). It asks the core for the next step, has
+the executor run it, streams the tokens, hands the result back, and sleeps until the next step is
+due or a call arrives; every decision (admission, completion, rotation, forgetting, round records)
+is the core's (`talariad.instance`).
 """
 
 from __future__ import annotations
