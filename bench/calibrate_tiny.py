@@ -34,6 +34,7 @@ from talariad.cold_sched import Decode, Prefill, Switch  # noqa: E402
 from talariad.config import load_config  # noqa: E402
 from talariad.engine.build import build_worker  # noqa: E402
 from talariad.wire.messages import GenerateRequest, TokenEvent  # noqa: E402
+from tests.support.worker import call_events  # noqa: E402
 
 WORDS = "def return self import class test value file path error patch line module".split()
 
@@ -71,7 +72,7 @@ class Bench:
             ignore_eos=True,
         )
         out = []
-        async for ev in self.worker.generate(req):
+        async for ev in call_events(self.worker, req):
             if isinstance(ev, TokenEvent):
                 out.append(ev.text)
         return "".join(out)

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import httpx
 
-from talariad.epp import devpool, envoy
-from talariad.epp.boxes import BoxPoller, BoxViews, merge_views
+from talaria_pool import devpool, envoy
 from talariad.epp.boxpicker import BoxPicker
-from talariad.epp.picker import EPPRequest, Pick
+from talariad.epp.contract import EPPRequest, Pick
+from talariad.epp.poller import BoxPoller, BoxViews, merge_views
 from talariad.gc_tuning import settle_gc
 from talariad.router import Router, RouterKnobs
 from talariad.types import KVLocation, KVState

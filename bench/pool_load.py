@@ -1,5 +1,5 @@
 """Does a session stay on its box under real load? Three sim boxes, `talariad epp` and the real
-Envoy (`talariad/epp/devpool.py`), driven by agent-shaped sessions (issue 37, "Benchmarks").
+Envoy (`talaria_pool/devpool.py`), driven by agent-shaped sessions (issue 37, "Benchmarks").
 
 Each session is one conversation of `--calls` chat calls named by the gateway's session header
 (`x-session-id`, talariad/calls/session.py): a system prompt and tool list shared by every
@@ -77,8 +77,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's talariad, here and (PYTHONPATH) in the pool
 
+from talaria_pool import devpool, envoy  # noqa: E402
 from talariad.calls.session import HEADERS  # noqa: E402
-from talariad.epp import devpool, envoy  # noqa: E402
 from talariad.epp.config import EPPConfig  # noqa: E402
 from talariad.router import DecisionKind, RouterKnobs  # noqa: E402
 from talariad.router.router import DECISION_LOG  # noqa: E402

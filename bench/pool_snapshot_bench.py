@@ -23,8 +23,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from talariad.epp.boxes import BoxViews, merge_views  # noqa: E402
 from talariad.epp.boxpicker import BoxPicker  # noqa: E402
+from talariad.epp.poller import BoxViews, merge_views  # noqa: E402
 from talariad.gateway.pool import PoolEndpoint  # noqa: E402
 from talariad.gateway.routing import RouterShell  # noqa: E402
 from talariad.router import Router, RouterKnobs  # noqa: E402

@@ -1,10 +1,11 @@
 """Imports run down the layers and never back up, and no two modules import each other.
 
-Every module of `talariad`, `talaria_ctl` and `talaria_tui` belongs to exactly one layer below;
-an import (function-local ones included; `if TYPE_CHECKING:` blocks excepted, as they never run)
-may reach its own layer or one below it. The module graph has no cycle. The cores import no
+Every module of `talariad`, `talaria_ctl`, `talaria_tui` and `talaria_pool` belongs to exactly one
+layer below; an import (function-local ones included; `if TYPE_CHECKING:` blocks excepted, as they
+never run) may reach its own layer or one below it. The module graph has no cycle. The cores import no
 codec (pydantic, `talariad.wire`): the shells encode what the cores return. Within a layer, a
-few packages must not lean on each other (`APART`): the pool's picker on the box's front.
+few packages must not lean on each other (`APART`): the pool's picker on the box's front, the
+instance core and the router on each other.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("talariad", "talaria_ctl", "talaria_tui")
+PACKAGES = ("talariad", "talaria_ctl", "talaria_tui", "talaria_pool")
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
@@ -70,6 +71,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("daemon", ("talariad.checks", "talariad.daemon", "talariad.cli")),
     ("harness", ("talariad.sim", "talariad.replay")),
     ("clients", ("talaria_ctl", "talaria_tui")),
+    ("tooling", ("talaria_pool",)),  # the Envoy config and a pool on loopback: nothing runs on it
 ]
 """Bottom first. A module belongs to the layer of its longest matching prefix."""
 
@@ -232,6 +234,18 @@ APART: list[tuple[str, tuple[str, ...], str]] = [
         "the pool's picker must not depend on the box's HTTP front or its admin API; what both "
         "need lives below them (talariad.calls, talariad.wire, talariad.secretfiles)",
     ),
+    (
+        "talariad.instance",
+        ("talariad.router",),
+        "an instance reports its telemetry and the router reads it (talariad.router.snapshot): "
+        "neither core depends on the other",
+    ),
+    (
+        "talariad.router",
+        ("talariad.instance",),
+        "the router reads an instance's telemetry through the fields it names "
+        "(talariad.router.snapshot), not the instance core's types",
+    ),
 ]
 """(importer, what it must not import, why): packages of one layer kept apart."""
 
@@ -278,7 +292,9 @@ def test_a_codec_import_in_a_core_is_caught(found, expected):
     assert len(codec_imports(found)) == expected
 
 
-def test_the_picker_imports_neither_the_gateway_nor_admin():
+def test_packages_kept_apart_import_nothing_of_each_other():
+    """The picker imports neither the gateway nor admin; the instance core and the router
+    neither import the other."""
     found = apart(graph())
     assert not found, "\n".join(found)
 
@@ -298,6 +314,19 @@ def test_a_picker_import_of_the_gateway_or_admin_is_caught(edges, expected):
     found = apart(edges)
     assert len(found) == expected
     assert all("the box's HTTP front or its admin API" in line for line in found)
+
+
+@pytest.mark.parametrize(
+    "edges, expected",
+    [
+        ({"talariad.instance.telemetry": {"talariad.router"}}, 1),
+        ({"talariad.router.snapshot": {"talariad.instance.telemetry"}}, 1),
+        ({"talariad.instance.core": {"talariad.cold_sched"}}, 0),
+        ({"talariad.sim.instance": {"talariad.instance", "talariad.router.snapshot"}}, 0),
+    ],
+)
+def test_an_import_between_the_instance_core_and_the_router_is_caught(edges, expected):
+    assert len(apart(edges)) == expected
 
 
 def test_no_two_modules_import_each_other():

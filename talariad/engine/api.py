@@ -9,7 +9,7 @@ from __future__ import annotations
 import hmac
 
 from fastapi import FastAPI, Query
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from talariad.engine.worker import ROUNDS_LIMIT, Worker
@@ -101,14 +101,6 @@ def _action_routes(app: FastAPI, worker: Worker) -> None:
     @app.post("/internal/forget")
     async def forget(body: Forget) -> dict:
         return {"freed": worker.core.forget(body.session_id)}
-
-    @app.post("/internal/generate")
-    async def generate(req: GenerateRequest) -> StreamingResponse:
-        async def lines():
-            async for event in worker.generate(req):
-                yield event.model_dump_json() + "\n"
-
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
 
     @app.post("/internal/abort")
     async def abort() -> dict:

@@ -1,16 +1,16 @@
-"""The instance process's shell around the instance core: real time, one executor, one token queue
-per call. It asks the core for the next step, has the executor run it, streams the tokens, hands
-the result back, and sleeps until the next step is due or a call arrives; every decision (admission,
-completion, rotation, forgetting, round records) is the core's (`talariad.instance`).
+"""The instance process's shell around the instance core: real time, one executor, one event sink
+per call (its call-stream connection, `wire/stream.py`). It asks the core for the next step, has
+the executor run it, streams the tokens, hands the result back, and sleeps until the next step is
+due or a call arrives; every decision (admission, completion, rotation, forgetting, round records)
+is the core's (`talariad.instance`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 from talariad.cold_sched import Idle
@@ -26,8 +26,7 @@ from talariad.engine.events import (
 from talariad.instance import Executor, InstanceCall, InstanceCore, Refusal, StepPlan, StepResult
 from talariad.instance.rounds import HISTORY, RoundRecorder
 from talariad.knobs import config_sched_knobs
-from talariad.wire.messages import ErrorEvent, GenerateRequest, StreamEvent, Telemetry, TokenEvent
-from talariad.wire.stream import Wakeup
+from talariad.wire.messages import ErrorEvent, GenerateRequest, StreamEvent, Telemetry
 
 log = logging.getLogger("talariad.engine")
 
@@ -40,26 +39,6 @@ class EventSink(Protocol):
     not wait or start or end calls itself."""
 
     def put_nowait(self, event: StreamEvent) -> None: ...
-
-
-class CallEvents:
-    """One call's events, from the loop to the call's stream: `asyncio.Queue`'s `put_nowait` and
-    `get` for one consumer, without a queue's locks and bookkeeping (a call makes one)."""
-
-    __slots__ = ("_items", "_wakeup")
-
-    def __init__(self) -> None:
-        self._items: collections.deque[StreamEvent] = collections.deque()
-        self._wakeup = Wakeup()
-
-    def put_nowait(self, event: StreamEvent) -> None:
-        self._items.append(event)
-        self._wakeup.set()
-
-    async def get(self) -> StreamEvent:
-        while not self._items:
-            await self._wakeup.wait()
-        return self._items.popleft()
 
 
 class Worker:
@@ -157,21 +136,6 @@ class Worker:
         step (its last event still comes); nothing if it is over."""
         if call_id in self.core.calls and self.core.cancel(call_id, self.now()):
             self.queues.pop(call_id, None)
-
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
-        queue = CallEvents()
-        refused = self.start(req, queue)
-        if refused is not None:
-            yield refused
-            return
-        try:
-            while True:
-                event = await queue.get()
-                yield event
-                if not isinstance(event, TokenEvent):
-                    return
-        finally:
-            self.cancel(req.call_id)
 
     def abort_all(self, message: str) -> int:
         """End every live call with an error event; each call's stream then cancels it."""

@@ -1,5 +1,5 @@
 """The pool's placement: one `Router` whose placement targets are boxes (`router.boxes`), fed by
-the boxes' snapshots (`epp.boxes`), asked once per call that Envoy hands over (`epp.picker`).
+the boxes' snapshots (`epp.poller`), asked once per call that Envoy hands over (`epp.contract`).
 
 A call's body is read with the dialect parsers the box's gateway reads it with (`calls.routes`),
 its session with the same rules and its branch with the same `PrefixBranches`, so the picker and
@@ -25,8 +25,8 @@ from talariad.router.box_policies import BOX_POLICIES, box_stats
 from talariad.types import KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
 
-from .boxes import BoxViews, instance_parts, project
-from .picker import EPPRequest, ImmediateAnswer, Pick
+from .contract import EPPRequest, ImmediateAnswer, Pick
+from .poller import BoxViews, instance_parts, project
 from .replies import answer
 
 MAX_OPEN_CALLS = 100_000  # picked calls whose end was never reported are failed past this

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from talariad.calls.errors import APIError, error_body
 from talariad.epp import ext_proc_pb2 as pb
-from talariad.epp.picker import ImmediateAnswer
+from talariad.epp.contract import ImmediateAnswer
 
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"

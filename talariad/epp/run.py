@@ -13,12 +13,12 @@ from talariad import httpserver
 from talariad.config import split_host_port
 from talariad.epp import server
 from talariad.epp.admin import admin_app
-from talariad.epp.boxes import BoxPoller, Discovery
 from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.config import EPPConfig
 from talariad.epp.discovery import endpoints
 from talariad.epp.discovery.file import FileSource
 from talariad.epp.metrics import EPPMetrics
+from talariad.epp.poller import BoxPoller, Discovery
 from talariad.gc_tuning import settle_gc
 from talariad.router import Router
 from talariad.secretfiles import load_token

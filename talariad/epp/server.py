@@ -14,8 +14,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from talariad.epp import ext_proc_pb2_grpc
+from talariad.epp.contract import Picker
 from talariad.epp.metrics import EPPMetrics
-from talariad.epp.picker import Picker
 from talariad.epp.stream import MAX_BODY_BYTES, Stream
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"

@@ -19,8 +19,8 @@ from talariad.calls.errors import APIError
 from talariad.config import split_host_port
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import replies
+from talariad.epp.contract import EPPRequest, ImmediateAnswer, Pick, Picker
 from talariad.epp.metrics import EPPMetrics
-from talariad.epp.picker import EPPRequest, ImmediateAnswer, Pick, Picker
 
 log = logging.getLogger("talariad.epp")
 

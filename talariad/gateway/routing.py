@@ -14,9 +14,9 @@ from collections.abc import Callable
 from talariad.calls.branches import PrefixBranches
 from talariad.calls.placement import Placement
 from talariad.config import TalariaConfig
-from talariad.instance.telemetry import router_snapshot as snapshot
 from talariad.knobs import config_router_knobs as router_knobs
 from talariad.router import CallRequest, Decision, DecisionKind, KVLocation, Router
+from talariad.router.snapshot import router_snapshot as snapshot
 from talariad.types import KVState, LatencyProfile
 from talariad.wire.messages import Telemetry
 

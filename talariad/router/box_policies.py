@@ -2,8 +2,8 @@
 shipped picker, and the simulator's pool, which runs that picker).
 
 `talaria` is the same `Router` a box runs, with boxes as its targets (`router.boxes`). The peers
-are built as their authors built them (`shared/reference/peer-policies.md`,
-`shared/reference/gie-epp-protocol.md` §3): round-robin, least-load, llm-d's default scorer mix
+are built as their authors built them (docs/internals.md, the peers; GIE's default endpoint
+picker profile): round-robin, least-load, llm-d's default scorer mix
 and llm-d's session-affinity scorer on top of it. An llm-d EPP whose endpoints are whole boxes
 scores pool-average metrics (mean queue and KV use over a box's servers): `BoxStats`, which a
 box's one-target projection does not carry.
@@ -158,13 +158,13 @@ class LeastLoadBoxPolicy(PeerBoxPolicy):
 
 @BOX_POLICIES.register("llm-d")
 class LlmDBoxPolicy(PeerBoxPolicy):
-    """GIE's default profile (`pkg/epp/config/loader/defaults.go`, peer-policies.md §3):
+    """GIE's default profile (`pkg/epp/config/loader/defaults.go` in GIE):
     prefix-cache ×3, queue ×2, kv-cache-utilization ×2, max-score picker (shuffled ties).
     Prefix matches come from a router-side index of what it sent where (the approximate
     producer: per box an LRU of 31,250 blocks per server, at most 256 blocks matched)."""
 
     # NOTE: the docs also give a prefix formula with a near-match term, `w·min(1, m/scale)²`,
-    # but neither w nor scale; w = 0 leaves the plain matched/total score that peer-policies.md
+    # but neither w nor scale; w = 0 leaves the plain matched/total score that the peers' notes
     # reads in the scorer's README, the one `llmd_scores` computes
 
     def __init__(self, router, rng) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 from talariad.cold_sched import Idle, SchedKnobs
 from talariad.instance import InstanceCall, InstanceCore, StepPlan
 from talariad.instance.core import Done
-from talariad.instance.telemetry import InstanceTelemetry, router_snapshot
+from talariad.instance.telemetry import InstanceTelemetry
 from talariad.perfmodel.memory import SimMemory
 from talariad.perfmodel.model import SimModel
 from talariad.router import InstanceSnapshot, RoundMeasurement
+from talariad.router.snapshot import router_snapshot
 from talariad.types import LatencyProfile, Pool
 
 

@@ -22,7 +22,7 @@ from dataclasses import replace
 from talariad.engine.events import telemetry_message
 from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.config import PICKER_KNOBS, EPPConfig, picker_knobs
-from talariad.epp.picker import ImmediateAnswer
+from talariad.epp.contract import ImmediateAnswer
 from talariad.instance.core import Done
 from talariad.perfmodel.profiles import ProfileSet
 from talariad.replay.generate import characterization

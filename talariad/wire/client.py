@@ -2,9 +2,10 @@
 
 One transport per purpose: calls and reports (telemetry, rounds, memory) go on the instance's
 call stream, length-prefixed frames on a kept-alive unix socket (`wire/stream.py`), since they
-are per call or per heartbeat and HTTP on loopback costs more than the rest of a hop; an instance
-without a socket answers them on its internal HTTP API. Admin actions (rotation, forget, abort)
-and token counts are rare request/response exchanges: internal HTTP, easy to read and to curl.
+are per call or per heartbeat and HTTP on loopback costs more than the rest of a hop. Every
+instance process serves the stream; a report asked of an instance without one (a test's in-process
+app) goes to its internal HTTP API. Admin actions (rotation, forget, abort) and token counts are
+rare request/response exchanges: internal HTTP, easy to read and to curl.
 """
 
 from __future__ import annotations
@@ -15,14 +16,7 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 
-from talariad.wire.messages import (
-    DoneEvent,
-    ErrorEvent,
-    GenerateRequest,
-    Query,
-    StreamEvent,
-    TokenEvent,
-)
+from talariad.wire.messages import ErrorEvent, GenerateRequest, Query, StreamEvent
 from talariad.wire.stream import StreamClient
 
 
@@ -68,7 +62,7 @@ class InstanceClient:
         path = self.sockets().get(instance) if self.sockets else None
         if path:  # a failed hop ends the stream with an ErrorEvent naming the instance
             return self.streams.generate(path, req, instance)
-        return self._http_generate(instance, req)
+        return _not_ready(instance)
 
     async def ask(self, instance: str, url: str, q: Query, timeout_s: float) -> bytes:
         """The instance's answer to `q`: on its call stream when it has one, else `GET
@@ -104,35 +98,6 @@ class InstanceClient:
     async def rounds(self, instance: str, limit: int) -> dict | None:
         """The instance's latest `limit` round and switch records; None when it does not answer."""
         return await self._report(instance, query="rounds", limit=limit)
-
-    async def _http_generate(self, instance: str, req: GenerateRequest):
-        url = self.urls().get(instance)
-        if not url:
-            yield ErrorEvent(message=f"instance {instance} is not ready")
-            return
-        final: StreamEvent | None = None
-        try:
-            async with self.http.stream(
-                "POST",
-                f"{url}/internal/generate",
-                content=req.model_dump_json(),
-                headers={"content-type": "application/json"},
-            ) as r:
-                if r.status_code != 200:
-                    yield ErrorEvent(message=f"instance {instance} answered HTTP {r.status_code}")
-                    return
-                async for line in r.aiter_lines():
-                    if not line:
-                        continue
-                    ev = _event(json.loads(line))
-                    if isinstance(ev, TokenEvent):
-                        yield ev
-                    else:  # the last event: held until the body is read to its end, which hands
-                        final = ev  # the connection back to the pool (a consumer stops here)
-        except (httpx.HTTPError, ValueError) as err:  # ValueError: a garbled event line
-            final = ErrorEvent(message=f"instance {instance} failed: {err}")
-        if final is not None:
-            yield final
 
     # ---- counts and admin actions: internal HTTP -------------------------------------------------
 
@@ -198,10 +163,6 @@ class InstanceClient:
         await self.http.aclose()
 
 
-def _event(data: dict) -> StreamEvent:
-    kind = data.get("type")
-    if kind == "token":
-        return TokenEvent.model_validate(data)
-    if kind == "done":
-        return DoneEvent.model_validate(data)
-    return ErrorEvent.model_validate(data)
+async def _not_ready(instance: str) -> AsyncIterator[StreamEvent]:
+    """A call for an instance with no call stream: it is not ready (a ready one always has one)."""
+    yield ErrorEvent(message=f"instance {instance} is not ready")

@@ -1,4 +1,5 @@
-"""Typed messages of the internal HTTP API between the gateway and an instance process."""
+"""Typed messages between the gateway and an instance process: the call stream's frames and the
+internal HTTP API's bodies."""
 
 from __future__ import annotations
 

@@ -128,6 +128,7 @@ def test_worker_rotation_unload_retires_the_active_model():
     from talariad.config import parse_config
     from talariad.engine.build import build_worker
     from talariad.wire.messages import GenerateRequest
+    from tests.support.worker import call_events
 
     cfg = parse_config(
         {
@@ -142,8 +143,8 @@ def test_worker_rotation_unload_retires_the_active_model():
         loop = asyncio.create_task(worker.run())
         events = [
             e
-            async for e in worker.generate(
-                GenerateRequest(call_id="1", model="a", prompt="x y", max_tokens=2)
+            async for e in call_events(
+                worker, GenerateRequest(call_id="1", model="a", prompt="x y", max_tokens=2)
             )
         ]
         assert events[-1].type == "done" and worker.core.sched.active == "a"
@@ -154,8 +155,8 @@ def test_worker_rotation_unload_retires_the_active_model():
                 break
         refused = [
             e
-            async for e in worker.generate(
-                GenerateRequest(call_id="2", model="a", prompt="x", max_tokens=1)
+            async for e in call_events(
+                worker, GenerateRequest(call_id="2", model="a", prompt="x", max_tokens=1)
             )
         ]
         assert refused[0].type == "error" and refused[0].code == "model_not_loaded"

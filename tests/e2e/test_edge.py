@@ -330,7 +330,7 @@ def _instance_ports(d) -> list[int]:
     "method, path",
     [
         ("GET", "/internal/telemetry"),
-        ("POST", "/internal/generate"),
+        ("POST", "/internal/count_tokens"),
         ("POST", "/internal/abort"),
         ("GET", "/health"),
     ],

@@ -15,6 +15,7 @@ from talariad.engine.executors.torch_engine.factory import build_torch_executor
 from talariad.engine.worker import Worker
 from talariad.instance.rounds import RoundRecorder
 from talariad.wire.messages import ChatMessage, GenerateRequest, TokenEvent
+from tests.support.worker import call_events
 
 CONTAINERS = (dict, list, set, frozenset, tuple, deque)
 
@@ -84,7 +85,7 @@ async def session(worker: Worker, sid: str, model: str, calls: int) -> None:
         req = GenerateRequest(
             call_id=f"{sid}-{t}", session_id=sid, model=model, max_tokens=6, messages=msgs
         )
-        text = [e.text async for e in worker.generate(req) if isinstance(e, TokenEvent)]
+        text = [e.text async for e in call_events(worker, req) if isinstance(e, TokenEvent)]
         msgs = msgs + [
             ChatMessage(role="assistant", content="".join(text)),
             ChatMessage(role="user", content=f"tool output {t}: 3 passed"),

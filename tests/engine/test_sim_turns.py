@@ -8,6 +8,7 @@ from talariad.config import load_config
 from talariad.engine.build import build_worker
 from talariad.engine.executors.sim import answer_length
 from talariad.wire.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
+from tests.support.worker import call_events
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,7 @@ async def _run(worker, **kw) -> tuple[str, object]:
         **kw,
     )
     text = ""
-    async for ev in worker.generate(req):
+    async for ev in call_events(worker, req):
         if isinstance(ev, TokenEvent):
             text += ev.text
         else:

@@ -25,6 +25,7 @@ from talariad.engine.model import (
 )
 from talariad.engine.worker import Worker
 from talariad.wire.messages import ChatMessage, DoneEvent, GenerateRequest, TokenEvent
+from tests.support.worker import call_events
 
 CUDA_REASON = "no CUDA device: torch.cuda.is_available() is False"
 DEVICES = [
@@ -93,7 +94,7 @@ async def call(worker: Worker, req: GenerateRequest) -> tuple[str, list[int], li
     """Text, prompt ids, generated ids and the done event of one call."""
     prompt = worker.executor.encode(req)
     pieces = []
-    async for event in worker.generate(req):
+    async for event in call_events(worker, req):
         if isinstance(event, TokenEvent):
             pieces.append(event.text)
         else:

@@ -6,6 +6,7 @@ import pathlib
 from talariad.config import load_config
 from talariad.engine.build import build_worker
 from talariad.wire.messages import ChatMessage, GenerateRequest, TokenEvent
+from tests.support.worker import call_events
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -28,7 +29,7 @@ async def test_a_call_abandoned_mid_decode_stops_at_its_next_step():
             max_tokens=2000,
             messages=[ChatMessage(role="user", content="hello")],
         )
-        stream = worker.generate(req)
+        stream = call_events(worker, req)
         first = await anext(stream)
         assert isinstance(first, TokenEvent)
         await stream.aclose()  # the client disconnects while the call is in the running batch

@@ -10,7 +10,7 @@ import grpc
 
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import ext_proc_pb2_grpc
-from talariad.epp.picker import EPPRequest, ImmediateAnswer, Pick
+from talariad.epp.contract import EPPRequest, ImmediateAnswer, Pick
 
 ENDPOINT = "10.0.0.7:8000"
 FULL_DUPLEX = pb.ProcessingMode.FULL_DUPLEX_STREAMED

@@ -13,8 +13,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from talariad.engine.deltas import SessionDeltas
-from talariad.epp.boxes import BoxViews, merge_views, project
 from talariad.epp.boxpicker import BoxPicker
+from talariad.epp.poller import BoxViews, merge_views, project
 from talariad.gateway.pool import PoolEndpoint, SessionLog
 from talariad.gateway.routing import RouterShell
 from talariad.router import Router, RouterKnobs

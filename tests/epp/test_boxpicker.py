@@ -9,7 +9,7 @@ import json
 import pytest
 
 from talariad.epp.boxpicker import BoxPicker
-from talariad.epp.picker import EPPRequest, ImmediateAnswer, Pick
+from talariad.epp.contract import EPPRequest, ImmediateAnswer, Pick
 from talariad.router import Router, RouterKnobs
 from talariad.types import LatencyProfile
 from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from talariad.epp import devpool, envoy
+from talaria_pool import devpool, envoy
 from tests.support.pool import chat, needs_envoy, running_pool, served_by_id
 
 pytestmark = [pytest.mark.e2e, needs_envoy]

@@ -10,7 +10,7 @@ import os
 import grpc
 
 from talariad.epp import ext_proc_pb2 as pb
-from talariad.epp.picker import ImmediateAnswer
+from talariad.epp.contract import ImmediateAnswer
 from tests.epp import fake_envoy as envoy
 from tests.epp.fake_envoy import ENDPOINT, MIB, RecordingPicker
 

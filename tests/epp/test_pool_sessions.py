@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from talaria_pool import devpool
 from talariad.calls import routes
 from talariad.calls.spec import canonical_prompt
-from talariad.epp import devpool
 from tests.support import agents
 from tests.support.agents import claude_body, claude_system, text_of, user, words
 from tests.support.pool import needs_envoy, running_pool

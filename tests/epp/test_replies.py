@@ -6,7 +6,7 @@ import pytest
 
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import replies
-from talariad.epp.picker import ImmediateAnswer
+from talariad.epp.contract import ImmediateAnswer
 
 # (message, the first tag byte on the wire): field number << 3 | wire type (2 = length-delimited,
 # 0 = varint), as in Envoy's data-plane-api external_processor.proto.

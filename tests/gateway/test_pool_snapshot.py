@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from talariad.admin.client import AdminClient
-from talariad.epp.boxes import BoxViews, merge_views
+from talariad.epp.poller import BoxViews, merge_views
 from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
 from tests.support.daemon import start_daemon, stop_daemon
 

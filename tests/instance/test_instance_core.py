@@ -18,7 +18,7 @@ from talariad.instance import (
     StepResult,
 )
 from talariad.instance.rounds import RoundRecorder
-from talariad.instance.telemetry import router_snapshot
+from talariad.router.snapshot import router_snapshot
 from talariad.types import KVState, LatencyProfile
 from talariad.wire.messages import GenerateRequest, Telemetry
 

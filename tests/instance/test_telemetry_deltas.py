@@ -16,6 +16,7 @@ from talariad.gateway.routing import RouterShell, router_knobs
 from talariad.router.sessions import SessionTable
 from talariad.types import KVState
 from talariad.wire.messages import ChatMessage, GenerateRequest
+from tests.support.worker import call_events
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -52,7 +53,7 @@ async def _serve(worker, model: str, sessions: range) -> None:
             max_tokens=1,
             messages=[ChatMessage(role="user", content=f"hello {n}")],
         )
-        async for _ in worker.generate(req):
+        async for _ in call_events(worker, req):
             pass
 
 

@@ -12,6 +12,7 @@ from talariad.engine.build import build_worker
 from talariad.wire.messages import ChatMessage, DoneEvent, ErrorEvent, GenerateRequest, TokenEvent
 from tests.fakes.sglang_engine import FakeGpu
 from tests.support.sglang import check_safe_sequence, read_log, sglang_config
+from tests.support.worker import call_events
 
 pytestmark = pytest.mark.proc
 
@@ -41,7 +42,7 @@ async def call(
         max_tokens=max_tokens,
         messages=[ChatMessage(role=r, content=c) for r, c in turns],
     )
-    events = [e async for e in worker.generate(req)]
+    events = [e async for e in call_events(worker, req)]
     return req, events
 
 
@@ -92,7 +93,7 @@ async def test_stop_strings_and_sampling_params_reach_the_server(model_dir, tmp_
             seed=None,
             messages=[ChatMessage(role="user", content="abc")],
         )
-        events = [e async for e in worker.generate(req)]
+        events = [e async for e in call_events(worker, req)]
         assert done(events).finish_reason == "stop"
         assert stop not in "".join(e.text for e in events if isinstance(e, TokenEvent))
 

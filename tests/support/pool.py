@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from talariad.epp import devpool, envoy
+from talaria_pool import devpool, envoy
 
 needs_envoy = pytest.mark.skipif(
     envoy.binary() is None,

@@ -2,7 +2,7 @@
 
 A random-weight model cannot produce a tool call, so `ScriptedExecutor` (the `sim` executor's
 costs, tokenizer and prefix reuse) answers with a fixed text, a piece per decode step; the
-gateway's tool layer, the worker and the router are the real ones. Only the internal HTTP hop
+gateway's tool layer, the worker and the router are the real ones. Only the call-stream hop
 is replaced by direct calls into the workers.
 """
 
@@ -26,6 +26,7 @@ from talariad.gateway.routing import RouterShell
 from talariad.instance import CallOutput
 from talariad.knobs import model_profile
 from talariad.wire.client import InstanceClient
+from tests.support.worker import call_events
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -52,7 +53,7 @@ class LocalClient(InstanceClient):
         self.workers = workers
 
     async def generate(self, instance, req):
-        async for event in self.workers[instance].generate(req):
+        async for event in call_events(self.workers[instance], req):
             yield event
 
     async def forget(self, instance, session):

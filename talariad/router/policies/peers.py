@@ -1,10 +1,10 @@
 """Peer routers as baselines: SGLang cache-aware, Dynamo KV cost, llm-d weighted scorers.
 
-Rules: `shared/reference/peer-policies.md` (§1 SGLang, Dynamo, llm-d/GIE; source files and
-commits named there). Each chooses among every instance allowed the model by its own rule;
-residency is not one of their signals, so a peer may send a call where the model is not loaded
-and the instance pays the open or switch. Our telemetry stands in for theirs; the mapping and
-each peer's defaults: docs/internals.md.
+Each rule is its project's router as its source defines it, at its defaults. Each chooses among
+every instance allowed the model by its own rule; residency is not one of their signals, so a
+peer may send a call where the model is not loaded and the instance pays the open or switch.
+Our telemetry stands in for theirs; the rules, the mapping and each peer's defaults:
+docs/internals.md.
 """
 
 from __future__ import annotations

