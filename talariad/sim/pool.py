@@ -28,7 +28,7 @@ from talariad.perfmodel.profiles import ProfileSet
 from talariad.replay.generate import characterization
 from talariad.replay.metrics import RunResult, nearest_rank
 from talariad.replay.trace import Trace, TraceCall
-from talariad.router import Lease, Router
+from talariad.router import CallRequest, Lease, Router, RouterKnobs
 from talariad.sim.configs import LOADS, InstanceSpec, SimConfig, router_configs
 from talariad.sim.simulator import RETRY, Pending, SimInstance, Simulator, request
 from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
@@ -74,6 +74,37 @@ def pool_trace(n: int, per_box: int, seed: int, models: list[str]) -> Trace:
     return characterization(n * per_box, seed, tuple(models))
 
 
+class SimPicker:
+    """The simulator's driver of the shipped `BoxPicker` (the running picker's is `epp.server`
+    with `epp.poller`): box snapshots in at poll times, a call in at its arrival, its end as
+    Envoy would tell it. `policy`: the box-level policy's registry name."""
+
+    def __init__(self, knobs: RouterKnobs, policy: str) -> None:
+        # the picker's knobs as `talariad epp` defaults them over the boxes' router knobs; it
+        # starts knowing no profile: the boxes' snapshots carry theirs
+        slack = EPPConfig.model_fields["lease_slack_s"].default
+        picker_knobs_ = picker_knobs(replace(knobs, **PICKER_KNOBS), slack)
+        self.picker = BoxPicker(Router(picker_knobs_, {}), policy=policy)
+
+    def polled(self, snapshots: dict[str, BoxSnapshot], now: float) -> None:
+        """One poll: every box answered with its snapshot (a box's endpoint is its name)."""
+        for box, snap in snapshots.items():
+            self.picker.box_seen(box, box, snap, now)
+
+    def place(self, call: CallRequest, now: float) -> str | float:
+        """The box for `call`, arriving now, or the seconds a client waits before trying again
+        (the refusal's `Retry-After`)."""
+        picked = self.picker.place(replace(call, arrived_at=now), CALL_PATH, call.model, now)
+        if isinstance(picked, ImmediateAnswer):
+            return float(picked.headers.get("Retry-After", 1))
+        return picked.endpoint
+
+    def ended(self, call_id: str, box: str, now: float) -> None:
+        """What Envoy tells the picker: the response came from `box`, and it ended well."""
+        self.picker.served(call_id, box, 200, now)
+        self.picker.finished(call_id, True, now)
+
+
 class PoolSimulator(Simulator):
     """The simulator with one `Router` per box and the shipped `BoxPicker` above them."""
 
@@ -95,11 +126,8 @@ class PoolSimulator(Simulator):
         self.routers = {
             b: Router(config.router, self.profiles, policy=config.policy) for b in members
         }
-        # the picker starts knowing no profile: the boxes' snapshots carry theirs
-        # the picker's knobs as `talariad epp` defaults them over the boxes' router knobs
-        slack = EPPConfig.model_fields["lease_slack_s"].default
-        knobs = picker_knobs(replace(config.router, **PICKER_KNOBS), slack)
-        self.picker = BoxPicker(Router(knobs, {}), policy=picker)
+        self.driver = SimPicker(config.router, picker)
+        self.picker = self.driver.picker
         self.result.policy = picker
         self.recomputed = 0
         self._box_for: dict[str, str] = {}  # call id -> the box it was sent to
@@ -117,29 +145,29 @@ class PoolSimulator(Simulator):
         box = self._box_for.get(p.call_id)
         if box is None:
             self._poll(now)
-            # a retried call is a new request: it arrives now
-            picked = self.picker.place(replace(req, arrived_at=now), CALL_PATH, req.model, now)
-            if isinstance(picked, ImmediateAnswer):
-                self._push(now + float(picked.headers.get("Retry-After", 1)), RETRY, p.call_id)
+            picked = self.driver.place(req, now)  # a retried call is a new request
+            if not isinstance(picked, str):
+                self._push(now + picked, RETRY, p.call_id)
                 return
-            box = self._box_for[p.call_id] = picked.endpoint  # a box's endpoint is its name
+            box = self._box_for[p.call_id] = picked
         self._refresh(self.routers[box], self.members[box], now)
         self._dispatch(p, req, self.routers[box].place(req, now), now)
 
     def _poll(self, now: float) -> None:
         """The picker's poll: each box's snapshot as its daemon serves it, at most every
-        `POLL_S` (a session list only for a policy that reads one)."""
+        `POLL_S`."""
         if now - self._polled_at < POLL_S:
             return
         self._polled_at = now
         for box, insts in self.members.items():
             self._refresh(self.routers[box], insts, now)  # the box reads its instances on
-            self.picker.box_seen(box, box, self._snapshot(box, insts, now), now)
+        self.driver.polled({b: self.snapshot(b, now) for b in self.members}, now)
 
-    def _snapshot(self, box: str, insts: list[SimInstance], now: float) -> BoxSnapshot:
+    def snapshot(self, box: str, now: float) -> BoxSnapshot:
         """`GET /pool/snapshot` of `box` (`gateway.pool.PoolEndpoint.snapshot`): each instance's
         telemetry as the box last read it, with its age, and the box router's profiles."""
         self._served_version += 1
+        insts = self.members[box]
         profiles = self.routers[box].profiles()
         models = sorted({m for i in insts for m in i.models})
         return BoxSnapshot.model_construct(
@@ -162,9 +190,7 @@ class PoolSimulator(Simulator):
         box = self.box_of[inst.name]
         call_id = done.completion.call_id
         self._box_for.pop(call_id, None)
-        # what Envoy tells the picker: the response came from `box`, and it ended well
-        self.picker.served(call_id, box, 200, now)
-        self.picker.finished(call_id, True, now)
+        self.driver.ended(call_id, box, now)
         self.recomputed += recomputed_tokens(p.call, done.cached_tokens)
         return self.routers[box].completed(call_id, inst.name, done.kv_state, done.kv_len, now)
 
