@@ -126,16 +126,24 @@ class BoxPicker:
     # --- calls (the `Picker` protocol) ------------------------------------------------------
     def pick(self, request: EPPRequest, now: float) -> Pick | ImmediateAnswer:
         """A call path's body picks a box by placement; any other request any healthy box."""
-        path = request.path
         try:
-            spec = routes.parse(path, request.body) if request.method == "POST" else None
+            planned = self.plan(request)
         except APIError as err:
-            return answer(path, err)
-        model = self._resolve(spec.requested) if spec is not None else None
-        if spec is None or model is None:  # an unknown model is the box's to answer (404)
+            return answer(request.path, err)
+        if planned is None:  # an unknown model is the box's to answer (404)
             return self._any_box(request, now)
-        call = self._call(request, spec, model)
-        return self.place(call, path, spec.requested, now)
+        call, requested = planned
+        return self.place(call, request.path, requested, now)
+
+    def plan(self, request: EPPRequest) -> tuple[CallRequest, str] | None:
+        """A call's body as the router's request, and the model id the client sent; None for
+        any other request (a probe, a model list, a model no box serves). Raises the API's 400
+        for a body its dialect refuses."""
+        spec = routes.parse(request.path, request.body) if request.method == "POST" else None
+        model = self._resolve(spec.requested) if spec is not None else None
+        if spec is None or model is None:
+            return None
+        return self._call(request, spec, model), spec.requested
 
     def place(
         self, call: CallRequest, path: str, requested: str, now: float
