@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime
 
 from talariad.calls.errors import APIError, error_body
 from talariad.epp import ext_proc_pb2 as pb
@@ -123,6 +124,18 @@ def served_endpoint(request: pb.ProcessingRequest) -> str | None:
     return _text(request.metadata_context.filter_metadata, LB, SERVED) or _text(
         request.attributes, EXT_PROC_ATTRIBUTES, "upstream.address"
     )
+
+
+def received_at(request: pb.ProcessingRequest) -> float | None:
+    """When Envoy received the request (its `request.time` attribute, RFC 3339), as a Unix time;
+    None when the gateway does not send it."""
+    text = _text(request.attributes, EXT_PROC_ATTRIBUTES, "request.time")
+    if text is None:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _text(structs, namespace: str, key: str) -> str | None:

@@ -74,8 +74,8 @@ class Stream:
 
     # ---- request ---------------------------------------------------------------------------
 
-    def _request_headers(self, msg: pb.HttpHeaders, _req) -> Replies:
-        self.arrived = self.clock()
+    def _request_headers(self, msg: pb.HttpHeaders, req) -> Replies:
+        self.arrived = arrival(self.clock(), replies.received_at(req))
         self.headers = replies.headers_of(msg.headers)
         self.call_id = self.headers.get("x-request-id") or uuid.uuid4().hex
         self.method, self.path = self.headers.get(":method", ""), self.headers.get(":path", "")
@@ -183,6 +183,20 @@ def error(path: str, status: int, message: str, code: str) -> ImmediateAnswer:
     """A refusal in the error shape of the API `path` belongs to."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     return replies.answer(path, APIError(status, message, type=kind, code=code))
+
+
+MAX_SKEW_S = 10.0
+"""Envoy's receipt time is taken as far back as this (a clock further off is not believed)."""
+
+
+def arrival(now: float, received_at: float | None) -> float:
+    """The call's arrival on the picker's clock (`now` when its headers reach the picker): Envoy's
+    receipt, if it says when, moved onto that clock by how long ago it was in wall time; the
+    stream's messages wait in the picker's queue under load, and a lease runs from the arrival."""
+    if received_at is None:
+        return now
+    ago = time.time() - received_at
+    return now - ago if 0.0 <= ago <= MAX_SKEW_S else now
 
 
 def _check_endpoint(endpoint: str) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import replies
 from talariad.epp.contract import ImmediateAnswer
+from talariad.epp.stream import arrival
 
 # (message, the first tag byte on the wire): field number << 3 | wire type (2 = length-delimited,
 # 0 = varint), as in Envoy's data-plane-api external_processor.proto.
@@ -86,3 +89,21 @@ def test_refusal_headers_may_override_the_content_type():
     )
     (option,) = reply.immediate_response.headers.set_headers
     assert (option.header.key, option.header.raw_value) == ("content-type", b"text/plain")
+
+
+def test_envoys_receipt_time_is_read_from_the_request_attributes():
+    req = pb.ProcessingRequest()
+    assert replies.received_at(req) is None
+    attrs = req.attributes["envoy.filters.http.ext_proc"]
+    attrs.update({"request.time": "2026-12-04T21:39:20.269194+00:00"})
+    assert replies.received_at(req) == 1796420360.269194
+    attrs.update({"request.time": "not a time"})
+    assert replies.received_at(req) is None
+
+
+def test_a_calls_arrival_is_envoys_receipt_on_the_pickers_clock():
+    now_wall = time.time()
+    assert arrival(50.0, now_wall - 0.4) == pytest.approx(49.6, abs=0.05)
+    assert arrival(50.0, None) == 50.0
+    assert arrival(50.0, now_wall + 5.0) == 50.0  # a receipt in the future: not believed
+    assert arrival(50.0, now_wall - 3600.0) == 50.0  # nor one from an hour ago

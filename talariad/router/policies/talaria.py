@@ -30,13 +30,17 @@ class TalariaPolicy(Policy):
         hit, note = self._consume_lease(plan, view, now)
         if hit is not None:
             return hit
-        if self.knobs.session_home and (home := self._session_home(plan, view, now)) is not None:
-            return home
-        return self._cost_placement(plan, view, now, note)
+        home = self._session_home(plan, view, now) if self.knobs.session_home else None
+        placed = self._cost_placement(plan, view, now, note)
+        if home is None or placed.best is None or placed.instance == home.instance:
+            return home or placed
+        # home, unless staying costs more than a round bound over the cheapest elsewhere
+        worse = home.best.rank_s - placed.best.rank_s  # type: ignore[union-attr]
+        return home if worse <= self.knobs.round_budget_s else placed
 
     def _session_home(self, plan: CallPlan, view: ClusterView, now: float) -> Choice | None:
-        """The call at the target holding its prefix, if that target can take it now
-        (`RouterKnobs.session_home`); None: place it by cost."""
+        """The call at the target holding its prefix, if that target can take it now (the round
+        and HBM checks pass, no replica to open; `RouterKnobs.session_home`); None: by cost."""
         call, key = plan.call, plan.key
         if key is None:
             return None
