@@ -92,6 +92,8 @@ class Assignment:
 def moved_models(before: Role, after: Role) -> frozenset[str]:
     """Models whose placement a role change moves: those it adds or drops, and all of them when
     the instance changes pool."""
+    if len(before.models) == 1 and before.models == after.models:
+        return frozenset()  # one model alone on an instance runs alike in either pool
     if before.pool is not after.pool:
         return frozenset(before.models) | frozenset(after.models)
     return frozenset(before.models) ^ frozenset(after.models)
@@ -228,11 +230,14 @@ class PlannerKnobs:
     """Length of one demand window."""
     smoothing: float = 0.5
     """Weight of the newest window in the demand estimate (an EWMA over windows)."""
+    persistence: float = 0.1
+    """Weight of the newest window in the slow demand estimate: a move must also pay off under
+    it, so a burst of a few sessions does not move a model (two timescales, one hysteresis)."""
     horizon_s: float = 600.0
     """How long a move's gain is expected to last (its payback horizon)."""
     margin: float = 2.0
     """A move is taken when its expected gain over the horizon exceeds margin x its cost."""
-    min_gain: float = 0.1
+    min_gain: float = 0.5
     """... and it lowers the expected delay by at least this fraction (hysteresis)."""
     dwell_s: float = 900.0
     """A model that moved does not move again for this long."""
@@ -267,28 +272,48 @@ def switch_s(p: LatencyProfile) -> float:
     return p.switch_cost_s(SwitchPath.PARTIAL)
 
 
+def prefill_load(d: ModelDemand, p: LatencyProfile) -> float:
+    return d.calls_per_s * p.prefill_base_s + d.new_tokens_per_s * p.prefill_s_per_token
+
+
 def load_of(d: ModelDemand, p: LatencyProfile) -> float:
     """Instance-seconds per second: prefill work plus the time at least one of its sessions
     decodes (decode steps are batched: n concurrent streams cost about one)."""
-    prefill = d.calls_per_s * p.prefill_base_s + d.new_tokens_per_s * p.prefill_s_per_token
     stream = d.output_tokens_per_s * p.decode_step_s
-    return prefill + (1.0 - math.exp(-stream))
+    return prefill_load(d, p) + (1.0 - math.exp(-stream))
+
+
+def prefill_service_s(d: ModelDemand, p: LatencyProfile) -> float:
+    if d.calls_per_s <= 0:
+        return 0.0
+    return p.prefill_s(int(d.new_tokens_per_s / d.calls_per_s))
 
 
 def service_s(d: ModelDemand, p: LatencyProfile) -> float:
     """One call alone: its prefill and its decode."""
     if d.calls_per_s <= 0:
         return 0.0
-    new = d.new_tokens_per_s / d.calls_per_s
     out = d.output_tokens_per_s / d.calls_per_s
-    return p.prefill_s(int(new)) + out * p.decode_step_s
+    return prefill_service_s(d, p) + out * p.decode_step_s
 
 
-def _queue_wait(service: float, u: float, horizon_s: float) -> float:
-    """M/D/1 queueing below saturation; above it a backlog that grows over the horizon."""
-    if u < _SATURATED:
-        return service * u / (2 * (1 - u))
-    return service * _SATURATED / (2 * (1 - _SATURATED)) + (u - _SATURATED) * horizon_s / 2
+def cycle_s(d: ModelDemand) -> float:
+    """The time between one session's calls (Little's law over its live sessions)."""
+    return d.sessions / d.calls_per_s if d.calls_per_s > 0 else 0.0
+
+
+def _pinned_wait(d: ModelDemand, p: LatencyProfile, share: float, u: float) -> float:
+    """A call on an instance that runs only its model: it queues behind other calls' prefills
+    (decode is batched, so decoding calls delay it little); past saturation, sessions are a closed
+    loop (one call in flight each), so each call stretches by the overload times its cycle."""
+    up = prefill_load(d, p) * share
+    return _queue_wait(prefill_service_s(d, p), up) + max(0.0, u - 1) * cycle_s(d)
+
+
+def _queue_wait(service: float, u: float) -> float:
+    """M/D/1 queueing, its utilisation capped below saturation (the overload is charged apart)."""
+    u = min(u, _SATURATED)
+    return service * u / (2 * (1 - u))
 
 
 def _shares(
@@ -366,8 +391,7 @@ def _instance_delay(
     u = sum(busy.values())
     if len(busy) == 1:  # a hot instance, or a cold one with one busy model: no switches
         ((m, x),) = busy.items()
-        t = service_s(demand[m], profiles[m])
-        wait = _queue_wait(t, u, knobs.horizon_s)
+        wait = _pinned_wait(demand[m], profiles[m], x / loads[m], u)
         calls = demand[m].calls_per_s * x / loads[m]
         return [ModelDelay(m, x, wait, calls, f"{name} {role.pool.value} u={u:.2f}")]
     switches = sum(switch_s(profiles[m]) for m in busy)
@@ -395,7 +419,8 @@ def _instance_delay(
         t = service_s(d, p)
         stretch = max(0.0, t - slot) / max(slot, 1e-3) * (rnd - slot) if slot < t else 0.0
         stretch = min(stretch, knobs.horizon_s)
-        wait = residual + restore + stretch + over * knobs.horizon_s / 2
+        queue = _pinned_wait(d, p, x / loads[m], 0.0)
+        wait = residual + restore + stretch + queue + over * cycle_s(d)
         rows.append(
             ModelDelay(
                 m,
@@ -496,6 +521,7 @@ class Planner:
         self.knobs = knobs
         self.current = current
         self.demand: dict[str, ModelDemand] = {m: ModelDemand() for m in self.models}
+        self.slow: dict[str, ModelDemand] = dict(self.demand)
         self.windows = 0
         self.moving: Move | None = None
         self.last_moved: dict[str, float] = {}
@@ -504,9 +530,13 @@ class Planner:
     # ---- inputs --------------------------------------------------------------------------
 
     def observe(self, window: DemandWindow) -> None:
-        a = 1.0 if self.windows == 0 else self.knobs.smoothing
+        first = self.windows == 0
+        a = 1.0 if first else self.knobs.smoothing
+        b = 1.0 if first else self.knobs.persistence
         for m in self.models:
-            self.demand[m] = self.demand[m].blend(window.models.get(m, ModelDemand()), a)
+            new = window.models.get(m, ModelDemand())
+            self.demand[m] = self.demand[m].blend(new, a)
+            self.slow[m] = self.slow[m].blend(new, b)
         self.windows += 1
 
     def begin(self, move: Move, now: float) -> None:
@@ -563,17 +593,25 @@ class Planner:
             f"load {c.load_s:.1f} s, KV {c.kv_s:.1f} s, others wait {c.during_s:.1f} s)"
         )
         rel = 1 - after.total_s_per_s / now_delay.total_s_per_s if now_delay.total_s_per_s else 0
+        slow, slow_rel = self._slow_gain(move)
+        floor = self.knobs.min_gain
         if net <= 0:
             why = f"hold: gain {gain:.1f} s <= {self.knobs.margin:g} x cost {c.total_s:.1f} s"
-        elif rel < self.knobs.min_gain:
+        elif rel < floor:
+            why = f"hold: it lowers the delay by {100 * rel:.0f}% < {100 * floor:.0f}%"
+        elif slow <= self.knobs.margin * c.total_s or slow_rel < floor:
             why = (
-                f"hold: it lowers the delay by {100 * rel:.0f}% < {100 * self.knobs.min_gain:.0f}%"
+                f"hold: under the slow demand estimate it gains {slow:.1f} s "
+                f"({100 * slow_rel:.0f}%): not yet a lasting shift"
             )
         else:
             why = ""
         if why:
             return Proposal(**base, **hold, reasons=(*lines, *held, priced, why))
-        take = f"move: gain {gain:.1f} s > {self.knobs.margin:g} x cost {c.total_s:.1f} s"
+        take = (
+            f"move: gain {gain:.1f} s (slow estimate {slow:.1f} s) > {self.knobs.margin:g} x "
+            f"cost {c.total_s:.1f} s"
+        )
         return Proposal(
             **base,
             move=move,
@@ -582,6 +620,13 @@ class Planner:
             reasons=(*lines, *held, priced, take),
             models=after.models,
         )
+
+    def _slow_gain(self, move: Move) -> tuple[float, float]:
+        """The move's gain over the horizon and its relative gain under the slow estimate."""
+        target = self.current.with_role(move.instance, move.after)
+        before = expected_delay(self.current, self.slow, self.profiles, self.knobs).total_s_per_s
+        after = expected_delay(target, self.slow, self.profiles, self.knobs).total_s_per_s
+        return (before - after) * self.knobs.horizon_s, 1 - after / before if before else 0.0
 
     def _candidates(self, now: float, held: list[str]) -> Iterable[tuple[Move, Delay]]:
         """Every single-instance role change that keeps each model served during and after it
@@ -598,6 +643,8 @@ class Planner:
                 if after == role:
                     continue
                 moved = moved_models(role, after)
+                if not moved:
+                    continue
                 recent = [
                     m
                     for m in sorted(moved)

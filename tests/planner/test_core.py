@@ -59,6 +59,22 @@ def test_hot_model_cooling_while_a_cold_one_heats_moves_the_hot_instance():
     assert c.drain_s > 0 and c.kv_s > 0  # Q's calls drain, Q's sessions lose their device KV
 
 
+def test_a_burst_the_slow_estimate_does_not_confirm_holds():
+    p = planner()
+    for t in range(60, 1260, 60):
+        p.observe(window(t, q=0.3, g=0.02, h=0.02))
+    for t in (1260, 1320, 1380):  # a burst of G: the fast estimate says move, the slow one not yet
+        p.observe(window(t, q=0.02, g=0.3, h=0.02))
+    prop = p.propose(1380)
+    assert prop.move is None
+    assert "not yet a lasting shift" in prop.reasons[-1]
+    for t in range(1440, 2400, 60):  # the shift lasts: the slow estimate follows
+        p.observe(window(t, q=0.02, g=0.3, h=0.02))
+        if (prop := p.propose(t)).move is not None:
+            break
+    assert prop.move is not None and prop.move.after == Role.hot(G)
+
+
 def test_matching_demand_holds_and_says_why():
     p = planner()
     for t in (60, 120):
@@ -70,12 +86,12 @@ def test_matching_demand_holds_and_says_why():
 
 def test_no_proposal_during_warmup_or_a_move():
     p = planner()
-    p.observe(window(60, g=0.3))
+    p.observe(window(60, q=0.02, g=0.3, h=0.02))
     assert p.propose(60).move is None
-    p.observe(window(120, g=0.3))
+    p.observe(window(120, q=0.02, g=0.3, h=0.02))
     move = p.propose(120).move
     p.begin(move, 120)
-    p.observe(window(180, g=0.3))
+    p.observe(window(180, q=0.02, g=0.3, h=0.02))
     assert p.propose(180).move is None
     with pytest.raises(ValueError):
         p.begin(move, 180)
@@ -84,16 +100,18 @@ def test_no_proposal_during_warmup_or_a_move():
 
 
 def test_dwell_keeps_a_moved_model_in_place():
-    knobs = PlannerKnobs(dwell_s=600)
+    knobs = PlannerKnobs(dwell_s=600, persistence=1.0)  # one timescale: dwell alone holds it
     p = planner(knobs)
     for t in (60, 120):
-        p.observe(window(t, g=0.3, q=0.02))
+        p.observe(window(t, g=0.3, q=0.02, h=0.02))
     move = p.propose(120).move
     p.begin(move, 120)
     p.finish(move, 125)
     for t in range(180, 700, 60):  # demand leaves G for H: pinning H would move G again
         p.observe(window(t, q=0.02, g=0.02, h=0.3))
-        assert p.propose(t).move is None
+        prop = p.propose(t)
+        assert prop.move is None
+        assert any(r.startswith(f"{G} moved") for r in prop.reasons)
     p.observe(window(780, q=0.02, g=0.02, h=0.3))
     assert p.propose(780).move is not None
 
@@ -128,7 +146,8 @@ def test_assignments_cover_every_model():
 def test_moved_models():
     assert moved_models(Role.hot(Q), Role.hot(G)) == {Q, G}
     assert moved_models(Role.cold((Q, G)), Role.cold((Q, H))) == {G, H}
-    assert moved_models(Role.hot(Q), Role.cold((Q,))) == {Q}
+    assert moved_models(Role.hot(Q), Role.cold((Q, G))) == {Q, G}
+    assert moved_models(Role.hot(Q), Role.cold((Q,))) == set()  # alone, it runs alike
 
 
 def test_meter_windows_count_calls_per_second():
