@@ -22,6 +22,7 @@ from talariad import __version__, httpserver, lockfile, sdnotify
 from talariad.admin import admin_pb2
 from talariad.admin import server as admin_server
 from talariad.admin.operator import Operator, Services
+from talariad.admin.planning import PlannerShell
 from talariad.admin.sockets import daemon_socket
 from talariad.checks import load_checked, parse_checked
 from talariad.config import ConfigError, TalariaConfig
@@ -98,6 +99,18 @@ class Daemon:
             )
         )
         self.instance_metrics = InstanceMetrics(self.gateway.metrics.registry, self.metric_sample)
+        self.planning = (
+            None
+            if cfg.planner.mode == "off"
+            else PlannerShell(
+                cfg,
+                self,
+                self.operator,
+                self.routing.router,
+                self.gateway.metrics.registry,
+                self.directory.snapshot,
+            )
+        )
         self._marks: dict[
             str, tuple[int | None, int, int]
         ] = {}  # instance -> (pid, last round, last switch seq)
@@ -413,6 +426,7 @@ class Daemon:
                 self.routing.router,
                 memory=self._memory_report,
                 operator=self.operator,
+                planning=self.planning,
             ),
             group=self.cfg.listen.admin_group,
         )
@@ -445,6 +459,8 @@ class Daemon:
             asyncio.create_task(self._collect_forever()),
             asyncio.create_task(_watchdog()),
         ]
+        if self.planning is not None:
+            self._background.append(asyncio.create_task(self.planning.run_forever()))
         sdnotify.notify(
             "READY=1",
             f"STATUS=serving {len(self.cfg.models)} models on {len(self.cfg.instances)} instances",
