@@ -493,7 +493,7 @@ def _semantic_lines(data: dict) -> list[tuple[str, str]]:
                 f"{first} s is above supervisor.max_backoff_s ({most} s)",
             )
         )
-    problems += _planner_lines(data, models, instances)
+    problems += _planner_lines(data, instances)
     listen = data.get("listen") if isinstance(data.get("listen"), dict) else {}
     http = listen.get("http", ListenConfig().http)
     if (
@@ -512,9 +512,9 @@ def _semantic_lines(data: dict) -> list[tuple[str, str]]:
     return problems
 
 
-def _planner_lines(data: dict, models: list[dict], instances: list[dict]) -> list[tuple[str, str]]:
-    """A planner that moves instances (auto) needs every model served to start from and no two
-    instances on one device; `planner.fixed` names instances."""
+def _planner_lines(data: dict, instances: list[dict]) -> list[tuple[str, str]]:
+    """A planner that moves instances (auto) must not put two instances on one device;
+    `planner.fixed` names instances. (A model no instance serves is refused in every mode.)"""
     planner = data.get("planner") if isinstance(data.get("planner"), dict) else {}
     names = {i.get("name") for i in instances}
     problems = [
@@ -527,18 +527,6 @@ def _planner_lines(data: dict, models: list[dict], instances: list[dict]) -> lis
     ][:1]
     if planner.get("mode") != "auto":
         return problems
-    hosted = {m for i in instances for m in as_list(i.get("models"))}
-    for j, m in enumerate(models):
-        name = m.get("name")
-        if isinstance(name, str) and name not in hosted:
-            problems.append(
-                (
-                    f"models[{j}]",
-                    f"planner.mode auto: no instance hosts {name!r}, so the planner would start "
-                    "with a model no instance takes calls for; add it to an instance's models",
-                )
-            )
-            break
     owner: dict[int, str] = {}
     for i, inst in enumerate(instances):
         devices = inst.get("devices")
