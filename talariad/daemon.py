@@ -99,18 +99,7 @@ class Daemon:
             )
         )
         self.instance_metrics = InstanceMetrics(self.gateway.metrics.registry, self.metric_sample)
-        self.planning = (
-            None
-            if cfg.planner.mode == "off"
-            else PlannerShell(
-                cfg,
-                self,
-                self.operator,
-                self.routing.router,
-                self.gateway.metrics.registry,
-                self.directory.snapshot,
-            )
-        )
+        self.planning = None if cfg.planner.mode == "off" else self._planner(cfg)
         self._marks: dict[
             str, tuple[int | None, int, int]
         ] = {}  # instance -> (pid, last round, last switch seq)
@@ -119,6 +108,20 @@ class Daemon:
         self._stop = asyncio.Event()
         self._background: list[asyncio.Task] = []
         self._http: httpserver.Server | None = None
+
+    def _planner(self, cfg: TalariaConfig) -> PlannerShell | None:
+        try:
+            return PlannerShell(
+                cfg,
+                self,
+                self.operator,
+                self.routing.router,
+                self.gateway.metrics.registry,
+                self.directory.snapshot,
+            )
+        except ValueError as err:  # the daemon serves without it rather than not at all
+            log.error("planner not started: %s", err)
+            return None
 
     # -- instances as the gateway sees them ----------------------------------------------------
 
