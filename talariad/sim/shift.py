@@ -191,6 +191,7 @@ class ShiftSimulator(Simulator):
         self.moves: list[MoveRecord] = []
         self._retired: list[SimInstance] = []
         self._moving: MoveRecord | None = None
+        self._loading = False  # the moving instance drained and is loading its new role
         if planner is not None:
             self.meter = DemandMeter(planner.models, 0.0)
             self._push(planner.knobs.window_s, TIMER, self._tick)
@@ -231,7 +232,7 @@ class ShiftSimulator(Simulator):
 
     def _check_drained(self, now: float) -> None:
         rec = self._moving
-        if rec is None or rec.end_s is not None or rec is getattr(self, "_loading", None):
+        if rec is None or self._loading:
             return
         name = rec.move.instance
         inst = self.instances[name]
@@ -240,9 +241,9 @@ class ShiftSimulator(Simulator):
             return
         if any(p.instance == name for p in self._pending.values() if p.instance is not None):
             return
-        self._loading = rec
-        load = max(self.profiles[m].open_s for m in rec.move.after.models[:1])
-        self._push(now + load, TIMER, self._restarted)
+        self._loading = True
+        # the restart loads the new role's first model; a cold role opens the rest in its rounds
+        self._push(now + self.profiles[rec.move.after.models[0]].open_s, TIMER, self._restarted)
 
     def _restarted(self, now: float) -> None:
         rec = self._moving
@@ -262,7 +263,7 @@ class ShiftSimulator(Simulator):
         self.router.remove_instance(move.instance, now)
         self.router.observe(inst.snapshot(now), now)
         self.router.reopen_instance(move.instance)
-        rec.end_s, self._moving, self._loading = now, None, None
+        rec.end_s, self._moving, self._loading = now, None, False
         self.planner.finish(move, now)
 
     def _finish_result(self) -> None:
