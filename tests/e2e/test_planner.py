@@ -171,3 +171,29 @@ def test_metrics_count_proposals_and_moves(daemon):
     )
     assert done >= 1 and proposed >= 1
     assert samples[("talaria_planner_moving", ())] == 0
+
+
+@pytest.fixture(scope="module")
+def advising(tmp_path_factory):
+    cfg = config()
+    cfg["planner"]["mode"] = "advise"
+    d = start_daemon(tmp_path_factory.mktemp("talariad-advise"), base=cfg)
+    yield d
+    stop_daemon(d)
+    d.notify.close()
+
+
+def test_advise_proposes_and_pool_plan_apply_carries_it_out_once(advising):
+    with Sessions(advising) as sessions:
+        deadline = time.monotonic() + 90
+        while not (p := plan(advising))["has_move"]:
+            assert time.monotonic() < deadline, p["reasons"]
+            time.sleep(0.25)
+        assert not p["history"]  # advise never moves by itself
+        code, out, err = ctl(advising, "pool", "plan", "--apply")
+        assert code == 0, err
+        assert out.startswith("planner: advise; hot0=hot:tiny-") and "applied: hot0" in out
+    assert not sessions.errors, sessions.errors[:3]
+    event = plan(advising)["history"][0]
+    assert (event["by"], event["outcome"]) == ("operator", "done")
+    assert f"hot0=hot:{event['move']['after'].removeprefix('hot:')}" in plan(advising)["assignment"]
