@@ -269,6 +269,66 @@ def pool_move(
     table(f"moved {name}", INSTANCE_COLUMNS, [instance_row(data)])
 
 
+@pool_app.command("plan")
+def pool_plan(
+    ctx: typer.Context,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Carry the proposed move out once (as pool move does)")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """The planner's current proposal: which instance it would move where, why in numbers, and
+    its recent moves."""
+    data = fetch(lambda: ctx.obj.plan(apply))
+    if as_json:
+        return print_json(data)
+    print_plan(data)
+
+
+def print_plan(d: dict) -> None:
+    print(f"planner: {d['mode']}; " + " ".join(d["assignment"]))
+    if d["has_move"]:
+        m = d["move"]
+        verb = "applied" if d["applied"] else "proposed"
+        print(
+            f"{verb}: {m['instance']} {m['before']} -> {m['after']}: expected delay "
+            f"{d['delay_now_s']:.3f} -> {d['delay_after_s']:.3f} s per s, gain {d['gain_s']:.1f} s, "
+            f"cost {m['cost_s']:.1f} s (drain {m['drain_s']:.1f} s, load {m['load_s']:.1f} s, "
+            f"KV {m['kv_s']:.1f} s, others wait {m['during_s']:.1f} s)"
+        )
+    else:
+        print("no move proposed")
+    if d["moving"]:
+        print(f"moving: {d['moving']}")
+    for r in d["reasons"]:
+        print(f"  {r}")
+    for e in d["history"][:1]:
+        m = e["move"]
+        print(
+            f"last move: {m['instance']} {m['before']} -> {m['after']} by {e['by']}, "
+            f"{e['outcome']} in {e['took_s']:.1f} s, {e['age_s']:.0f} s ago"
+        )
+        for r in e["why"]:
+            print(f"  {r}")
+    if d["history"]:
+        table(
+            "recent moves",
+            ("age_s", "instance", "from", "to", "by", "outcome", "took_s"),
+            [
+                (
+                    f"{e['age_s']:.0f}",
+                    e["move"]["instance"],
+                    e["move"]["before"],
+                    e["move"]["after"],
+                    e["by"],
+                    e["outcome"],
+                    f"{e['took_s']:.1f}",
+                )
+                for e in d["history"]
+            ],
+        )
+
+
 # ---- models ----------------------------------------------------------------------------------
 
 MODEL_COLUMNS = ("model", "status", "served by", "pinned on", "max context", "profile")

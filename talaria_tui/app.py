@@ -2,10 +2,11 @@
 
 Views: Rounds (active vs switch time per round, slot phases, SP admitted/parked), Switches (path,
 the five named phases, staged/dirty MiB), Memory (HBM layout as a proportional bar, host KV per
-model), Leases (TTL counting down), Sessions, Instances and Decisions (Eq. (1) per candidate on
-select). Status, rounds and the router's state (leases, sessions, decisions) arrive on gRPC
-streams; memory layouts are read every `interval_s`. Keys: d drain, u undrain, c cordon
-(Instances), x revoke (Leases), each after a confirmation.
+model), Leases (TTL counting down), Sessions, Instances, Decisions (Eq. (1) per candidate on
+select) and Planner (the planner's proposal, its reasons and recent moves). Status, rounds and
+the router's state (leases, sessions, decisions) arrive on gRPC streams; memory layouts and the
+planner's proposal are read every `interval_s`. Keys: d drain, u undrain, c cordon (Instances),
+x revoke (Leases), each after a confirmation.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from talaria_tui.render import (
     INSTANCE_COLUMNS,
     KEEP_ROUNDS,
     LEASE_COLUMNS,
+    PLAN_COLUMNS,
     ROUND_COLUMNS,
     SESSION_COLUMNS,
     SWITCH_COLUMNS,
@@ -40,6 +42,8 @@ from talaria_tui.render import (
     memory_text,
     mib,
     phase_legend,
+    plan_row,
+    plan_text,
     round_bar,
     slots_cell,
     switch_bar,
@@ -141,6 +145,9 @@ class Dashboard(App):
             with TabPane("Decisions", id="tab-decisions"):
                 yield DataTable(id="decisions", zebra_stripes=True, cursor_type="row")
                 yield DataTable(id="candidates")
+            with TabPane("Planner", id="tab-planner"):
+                yield Static("", id="plan")
+                yield DataTable(id="plan-moves", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -148,6 +155,7 @@ class Dashboard(App):
         self.tables = {t.id: t for t in self.query(DataTable)}
         self.banner = self.query_one("#banner", Static)
         self.memory_view = self.query_one("#memory", Static)
+        self.plan_view = self.query_one("#plan", Static)
         self.tabs = self.query_one("#tabs", TabbedContent)
         for table_id, columns in (
             ("instances", INSTANCE_COLUMNS),
@@ -157,6 +165,7 @@ class Dashboard(App):
             ("rounds", ROUND_COLUMNS),
             ("switches", SWITCH_COLUMNS),
             ("candidates", CANDIDATE_COLUMNS),
+            ("plan-moves", PLAN_COLUMNS),
         ):
             table = self.tables[table_id]
             for col in columns:
@@ -218,6 +227,10 @@ class Dashboard(App):
                     memory.append(as_dict(self.client.memory(name)))
                 except Refused:  # not ready right now
                     continue
+            try:
+                plan = as_dict(self.client.plan())
+            except Refused:  # the planner is off
+                plan = None
         except Unreachable as e:
             if not self._stop.is_set():
                 self.call_from_thread(self._unreachable, str(e))
@@ -226,6 +239,7 @@ class Dashboard(App):
             self._fetching = False
         if not self._stop.is_set():
             self.call_from_thread(self._show_memory, memory)
+            self.call_from_thread(self._show_plan, plan)
 
     # ---- rendering ---------------------------------------------------------------------------
 
@@ -344,6 +358,10 @@ class Dashboard(App):
         for m in memory:
             text.append_text(memory_text(m))
         self.memory_view.update(text or Text("no instance ready"))
+
+    def _show_plan(self, plan: dict | None) -> None:
+        self.plan_view.update(plan_text(plan))
+        self._replace("plan-moves", [plan_row(e) for e in (plan or {}).get("history", [])])
 
     def _tick_leases(self) -> None:
         """Leases count down between fetches; one that ran out leaves the table."""

@@ -173,3 +173,38 @@ def phase_legend() -> Text:
         out.append("■ ", style=PHASE_STYLES[i])
         out.append(f"{name}  ")
     return out
+
+
+PLAN_COLUMNS = ("age_s", "instance", "from", "to", "by", "outcome", "took_s")
+
+
+def plan_text(plan: dict | None) -> Text:
+    """The planner's proposal and its reasons, or why there is none."""
+    if plan is None:
+        return Text("planner off (planner.mode: off) or not answering")
+    t = Text(f"planner: {plan['mode']} · " + " ".join(plan["assignment"]) + "\n", style="bold")
+    if plan["moving"]:
+        t.append(f"moving: {plan['moving']}\n", style="yellow")
+    if plan["has_move"]:
+        m = plan["move"]
+        t.append(
+            f"proposed: {m['instance']} {m['before']} -> {m['after']} · gain {plan['gain_s']:.1f} s "
+            f"· cost {m['cost_s']:.1f} s\n",
+            style="green",
+        )
+    for r in plan["reasons"]:
+        t.append(f"  {r}\n")
+    return t
+
+
+def plan_row(e: dict) -> tuple:
+    m = e["move"]
+    return (
+        f"{e['age_s']:.0f}",
+        m["instance"],
+        m["before"],
+        m["after"],
+        e["by"],
+        e["outcome"],
+        f"{e['took_s']:.1f}",
+    )

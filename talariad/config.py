@@ -296,6 +296,34 @@ class PoolConfig(_Strict):
     about 100 bytes each); device-resident and longest first."""
 
 
+class PlannerConfig(_Strict):
+    """Demand-driven placement (docs/planner.md): which models the box pins hot and which it
+    time-shares cold, re-planned from windows of session demand."""
+
+    mode: Literal["off", "advise", "auto"] = "advise"
+    """off: no planner; advise: proposals only (`talaria-ctl pool plan`, dashboard, metrics);
+    auto: the daemon carries each proposed move out as `talaria-ctl pool move` does, one at a time."""
+    window_s: float = Field(default=60.0, gt=0)
+    """Length of one demand window (calls, tokens, live sessions per model)."""
+    smoothing: float = Field(default=0.5, gt=0, le=1)
+    """Weight of the newest window in the demand estimate (an EWMA over windows)."""
+    persistence: float = Field(default=0.1, gt=0, le=1)
+    """Weight of the newest window in the slow demand estimate: a move must also pay off under
+    it, so a burst of a few sessions does not move a model."""
+    horizon_s: float = Field(default=600.0, gt=0)
+    """How long a move's expected gain is counted for against its cost."""
+    margin: float = Field(default=2.0, ge=1)
+    """A move is taken only when its gain over the horizon exceeds this many times its cost."""
+    min_gain: float = Field(default=0.5, ge=0, lt=1)
+    """... and it lowers the expected session delay by at least this fraction."""
+    dwell_s: float = Field(default=900.0, ge=0)
+    """A model that moved stays where it is for at least this long."""
+    warmup_windows: int = Field(default=2, ge=1)
+    """Demand windows seen before the first proposal."""
+    fixed: list[Name] = Field(default_factory=list)
+    """Instances the planner never moves."""
+
+
 class TalariaConfig(_Strict):
     listen: ListenConfig = ListenConfig()
     """Where the daemon listens."""
@@ -319,6 +347,8 @@ class TalariaConfig(_Strict):
     """Input limits of the HTTP endpoint."""
     pool: PoolConfig = PoolConfig()
     """Membership of a pool of boxes behind an endpoint picker (`talariad epp`)."""
+    planner: PlannerConfig = PlannerConfig()
+    """Demand-driven placement between the hot and cold pools."""
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
@@ -463,6 +493,7 @@ def _semantic_lines(data: dict) -> list[tuple[str, str]]:
                 f"{first} s is above supervisor.max_backoff_s ({most} s)",
             )
         )
+    problems += _planner_lines(data, instances)
     listen = data.get("listen") if isinstance(data.get("listen"), dict) else {}
     http = listen.get("http", ListenConfig().http)
     if (
@@ -478,6 +509,39 @@ def _semantic_lines(data: dict) -> list[tuple[str, str]]:
                 "listen.api_keys_file, or listen.allow_unauthenticated: true",
             )
         )
+    return problems
+
+
+def _planner_lines(data: dict, instances: list[dict]) -> list[tuple[str, str]]:
+    """A planner that moves instances (auto) must not put two instances on one device;
+    `planner.fixed` names instances. (A model no instance serves is refused in every mode.)"""
+    planner = data.get("planner") if isinstance(data.get("planner"), dict) else {}
+    names = {i.get("name") for i in instances}
+    problems = [
+        (
+            "planner.fixed",
+            f"{f!r} is not an instance (instances: {', '.join(sorted(map(str, names)))})",
+        )
+        for f in as_list(planner.get("fixed"))
+        if isinstance(f, str) and f not in names
+    ][:1]
+    if planner.get("mode") != "auto":
+        return problems
+    owner: dict[int, str] = {}
+    for i, inst in enumerate(instances):
+        devices = inst.get("devices")
+        for d in devices if isinstance(devices, list) else []:
+            if isinstance(d, int) and d in owner and owner[d] != inst.get("name"):
+                problems.append(
+                    (
+                        f"instances[{i}].devices",
+                        f"planner.mode auto: device {d} is also {owner[d]!r}'s; a move would have "
+                        "two instances fighting over one device",
+                    )
+                )
+                return problems
+            if isinstance(d, int):
+                owner.setdefault(d, str(inst.get("name")))
     return problems
 
 

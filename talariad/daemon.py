@@ -22,6 +22,7 @@ from talariad import __version__, httpserver, lockfile, sdnotify
 from talariad.admin import admin_pb2
 from talariad.admin import server as admin_server
 from talariad.admin.operator import Operator, Services
+from talariad.admin.planning import PlannerShell
 from talariad.admin.sockets import daemon_socket
 from talariad.checks import load_checked, parse_checked
 from talariad.config import ConfigError, TalariaConfig
@@ -97,6 +98,7 @@ class Daemon:
             )
         )
         self.instance_metrics = InstanceMetrics(self.gateway.metrics.registry, self.metric_sample)
+        self.planning = None if cfg.planner.mode == "off" else self._planner(cfg)
         self._marks: dict[
             str, tuple[int | None, int, int]
         ] = {}  # instance -> (pid, last round, last switch seq)
@@ -105,6 +107,20 @@ class Daemon:
         self._stop = asyncio.Event()
         self._background: list[asyncio.Task] = []
         self._http: httpserver.Server | None = None
+
+    def _planner(self, cfg: TalariaConfig) -> PlannerShell | None:
+        try:
+            return PlannerShell(
+                cfg,
+                self,
+                self.operator,
+                self.routing.router,
+                self.gateway.metrics.registry,
+                self.directory.snapshot,
+            )
+        except ValueError as err:  # the daemon serves without it rather than not at all
+            log.error("planner not started: %s", err)
+            return None
 
     # -- instances as the gateway sees them ----------------------------------------------------
 
@@ -412,6 +428,7 @@ class Daemon:
                 self.routing.router,
                 memory=self._memory_report,
                 operator=self.operator,
+                planning=self.planning,
             ),
             group=self.cfg.listen.admin_group,
         )
@@ -444,6 +461,8 @@ class Daemon:
             asyncio.create_task(self._collect_forever()),
             asyncio.create_task(_watchdog()),
         ]
+        if self.planning is not None:
+            self._background.append(asyncio.create_task(self.planning.run_forever()))
         sdnotify.notify(
             "READY=1",
             f"STATUS=serving {len(self.cfg.models)} models on {len(self.cfg.instances)} instances",

@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 from talariad.cold_sched import SchedKnobs
-from talariad.config import AblationConfig, PolicyConfig, TalariaConfig
+from talariad.config import AblationConfig, PlannerConfig, PolicyConfig, TalariaConfig
 from talariad.perfmodel.profiles import ModelSpec, ProfileSet, available, find_model
+from talariad.planner import PlannerKnobs
 from talariad.router import RouterKnobs
 from talariad.types import LatencyProfile
 
@@ -103,4 +104,19 @@ def profile_set(cfg: TalariaConfig, models: list[str]) -> ProfileSet:
     box = specs[models[0]][0].box
     return ProfileSet(
         "config", box, {m: dataclasses.replace(spec, name=m) for m, (_, spec) in specs.items()}
+    )
+
+
+def planner_knobs(planner: PlannerConfig, policy: PolicyConfig) -> PlannerKnobs:
+    """The planner's knobs; its round cap is the scheduler's round bound γ·T_TTFT (Eq. 5)."""
+    return PlannerKnobs(
+        window_s=planner.window_s,
+        smoothing=planner.smoothing,
+        persistence=planner.persistence,
+        horizon_s=planner.horizon_s,
+        margin=planner.margin,
+        min_gain=planner.min_gain,
+        dwell_s=planner.dwell_s,
+        warmup_windows=planner.warmup_windows,
+        round_cap_s=policy.gamma * policy.ttft_target_s,
     )

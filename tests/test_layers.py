@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "talariad.cold_sched",
             "talariad.memory",
             "talariad.instance",
+            "talariad.planner",
         ),
     ),
     (

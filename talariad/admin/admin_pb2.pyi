@@ -363,6 +363,76 @@ class PoolsReply(_message.Message):
     pools: _containers.RepeatedCompositeFieldContainer[Pool]
     def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ...) -> None: ...
 
+class PlanRequest(_message.Message):
+    __slots__ = ("apply",)
+    APPLY_FIELD_NUMBER: _ClassVar[int]
+    apply: bool
+    def __init__(self, apply: _Optional[bool] = ...) -> None: ...
+
+class PlanMove(_message.Message):
+    __slots__ = ("instance", "before", "after", "drain_s", "load_s", "kv_s", "during_s", "cost_s")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_S_FIELD_NUMBER: _ClassVar[int]
+    LOAD_S_FIELD_NUMBER: _ClassVar[int]
+    KV_S_FIELD_NUMBER: _ClassVar[int]
+    DURING_S_FIELD_NUMBER: _ClassVar[int]
+    COST_S_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    before: str
+    after: str
+    drain_s: float
+    load_s: float
+    kv_s: float
+    during_s: float
+    cost_s: float
+    def __init__(self, instance: _Optional[str] = ..., before: _Optional[str] = ..., after: _Optional[str] = ..., drain_s: _Optional[float] = ..., load_s: _Optional[float] = ..., kv_s: _Optional[float] = ..., during_s: _Optional[float] = ..., cost_s: _Optional[float] = ...) -> None: ...
+
+class PlanEvent(_message.Message):
+    __slots__ = ("age_s", "move", "by", "outcome", "took_s", "why")
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    MOVE_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    TOOK_S_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    age_s: float
+    move: PlanMove
+    by: str
+    outcome: str
+    took_s: float
+    why: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, age_s: _Optional[float] = ..., move: _Optional[_Union[PlanMove, _Mapping]] = ..., by: _Optional[str] = ..., outcome: _Optional[str] = ..., took_s: _Optional[float] = ..., why: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PlanReply(_message.Message):
+    __slots__ = ("mode", "assignment", "has_move", "move", "delay_now_s", "delay_after_s", "gain_s", "reasons", "applied", "moving", "history", "age_s")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    HAS_MOVE_FIELD_NUMBER: _ClassVar[int]
+    MOVE_FIELD_NUMBER: _ClassVar[int]
+    DELAY_NOW_S_FIELD_NUMBER: _ClassVar[int]
+    DELAY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    GAIN_S_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    MOVING_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    assignment: _containers.RepeatedScalarFieldContainer[str]
+    has_move: bool
+    move: PlanMove
+    delay_now_s: float
+    delay_after_s: float
+    gain_s: float
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    applied: bool
+    moving: str
+    history: _containers.RepeatedCompositeFieldContainer[PlanEvent]
+    age_s: float
+    def __init__(self, mode: _Optional[str] = ..., assignment: _Optional[_Iterable[str]] = ..., has_move: _Optional[bool] = ..., move: _Optional[_Union[PlanMove, _Mapping]] = ..., delay_now_s: _Optional[float] = ..., delay_after_s: _Optional[float] = ..., gain_s: _Optional[float] = ..., reasons: _Optional[_Iterable[str]] = ..., applied: _Optional[bool] = ..., moving: _Optional[str] = ..., history: _Optional[_Iterable[_Union[PlanEvent, _Mapping]]] = ..., age_s: _Optional[float] = ...) -> None: ...
+
 class LeaseRequest(_message.Message):
     __slots__ = ("session_id", "model")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

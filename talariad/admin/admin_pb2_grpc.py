@@ -129,6 +129,11 @@ class AdminStub:
                 request_serializer=talariad_dot_admin_dot_admin__pb2.PoolsRequest.SerializeToString,
                 response_deserializer=talariad_dot_admin_dot_admin__pb2.PoolsReply.FromString,
                 _registered_method=True)
+        self.PoolPlan = channel.unary_unary(
+                '/talaria.admin.v1.Admin/PoolPlan',
+                request_serializer=talariad_dot_admin_dot_admin__pb2.PlanRequest.SerializeToString,
+                response_deserializer=talariad_dot_admin_dot_admin__pb2.PlanReply.FromString,
+                _registered_method=True)
         self.RevokeLease = channel.unary_unary(
                 '/talaria.admin.v1.Admin/RevokeLease',
                 request_serializer=talariad_dot_admin_dot_admin__pb2.LeaseRequest.SerializeToString,
@@ -300,6 +305,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PoolPlan(self, request, context):
+        """The planner's current proposal, its reasons in numbers and its recent moves; with `apply`,
+        carry the proposed move out once (as `MoveInstance` does).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RevokeLease(self, request, context):
         """Drop a live lease; answers with the session's leases left.
         """
@@ -439,6 +452,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Pools,
                     request_deserializer=talariad_dot_admin_dot_admin__pb2.PoolsRequest.FromString,
                     response_serializer=talariad_dot_admin_dot_admin__pb2.PoolsReply.SerializeToString,
+            ),
+            'PoolPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.PoolPlan,
+                    request_deserializer=talariad_dot_admin_dot_admin__pb2.PlanRequest.FromString,
+                    response_serializer=talariad_dot_admin_dot_admin__pb2.PlanReply.SerializeToString,
             ),
             'RevokeLease': grpc.unary_unary_rpc_method_handler(
                     servicer.RevokeLease,
@@ -984,6 +1002,33 @@ class Admin:
             '/talaria.admin.v1.Admin/Pools',
             talariad_dot_admin_dot_admin__pb2.PoolsRequest.SerializeToString,
             talariad_dot_admin_dot_admin__pb2.PoolsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PoolPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/talaria.admin.v1.Admin/PoolPlan',
+            talariad_dot_admin_dot_admin__pb2.PlanRequest.SerializeToString,
+            talariad_dot_admin_dot_admin__pb2.PlanReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -115,6 +115,9 @@ class AdminClient:
             action=True,
         )
 
+    def plan(self, apply: bool = False) -> admin_pb2.PlanReply:
+        return self._call("PoolPlan", admin_pb2.PlanRequest(apply=apply), action=apply)
+
     def move(
         self, instance: str, to: str, model: str = "", force: bool = False
     ) -> admin_pb2.InstanceStatus:

@@ -68,6 +68,8 @@ class Operator:
         self.s = services
         self.drain_timeout_s = drain_timeout_s
         self._moving: set[str] = set()
+        self.automatic: str | None = None
+        """The planner's move in progress (`talariad.admin.planning`): other moves wait for it."""
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -173,10 +175,16 @@ class Operator:
             await asyncio.sleep(0.1)
 
     async def move(
-        self, name: str, to: str, model: str = "", force: bool = False
+        self, name: str, to: str, model: str = "", force: bool = False, automatic: bool = False
     ) -> admin_pb2.InstanceStatus:
         """Drain, restart in the new pool, place calls on it again (the paper's future-work
-        dynamic pool reallocation, done by hand)."""
+        dynamic pool reallocation, by hand or by the planner: `automatic`)."""
+        if self.automatic is not None and not automatic:
+            raise ActionRefused(
+                "failed_precondition",
+                f"an automatic move is in progress ({self.automatic}); "
+                "see `talaria-ctl pool plan`, and retry when it has ended",
+            )
         m = self._inst(name)
         if to not in POOLS:
             raise ActionRefused("invalid_argument", f"pool must be hot or cold, not {to!r}")

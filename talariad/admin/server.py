@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 
 from talariad.admin import admin_pb2, admin_pb2_grpc, views
 from talariad.admin.operator import ActionRefused, Operator
+from talariad.admin.planning import PlannerShell
 from talariad.config import ConfigError
 from talariad.router import Router
 
@@ -44,9 +45,11 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         clock: Callable[[], float] = time.monotonic,
         memory: Callable[[str], Awaitable[dict | None]] | None = None,
         operator: Operator | None = None,
+        planning: PlannerShell | None = None,
     ):
         self._status, self.router, self.clock, self._memory = status, router, clock, memory
         self.op = operator
+        self.planning = planning
 
     async def Status(self, request, context):  # noqa: N802 (gRPC method names)
         return self._status()
@@ -167,6 +170,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def Pools(self, request, context):  # noqa: N802
         op = await self._operator(context)
         return op.pools()
+
+    async def PoolPlan(self, request, context):  # noqa: N802
+        if self.planning is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "the planner is off (planner.mode: off)"
+            )
+        return await _act(context, lambda: self.planning.plan(request.apply))
 
     async def RevokeLease(self, request, context):  # noqa: N802
         op = await self._operator(context)

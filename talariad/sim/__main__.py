@@ -23,6 +23,7 @@ from talariad.replay.trace import Trace, TraceError, read_jsonl
 from talariad.router.box_policies import POLICY_ORDER
 from talariad.sim.configs import SUITES, SimConfig, config_models, from_config, map_models, suite
 from talariad.sim.pool import ROW_FIELDS, SESSIONS_PER_BOX, pool_trace, run_pool
+from talariad.sim.shift_report import shift_compare
 from talariad.sim.simulator import simulate
 
 ROUTER_CALLS, ROUTER_SESSIONS = 120, 30  # §5.3: a 120-call, 30-model-session subset
@@ -109,6 +110,8 @@ def config_plan(
 def compare(args) -> int:
     if args.suite == "pool":
         return pool_compare(args)
+    if args.suite == "shift":
+        return shift_compare(args)
     trace = load_trace(args)
     if not trace.sessions:
         raise ValueError("the trace has no sessions")
@@ -223,7 +226,7 @@ def parser() -> argparse.ArgumentParser:
         help="a real *_calls.jsonl.gz trace (spread over the paper's models)",
     )
     c.add_argument("--limit-sessions", type=int, help="keep the first N sessions")
-    c.add_argument("--suite", choices=(*SUITES, "pool", "all"), default="ablations")
+    c.add_argument("--suite", choices=(*SUITES, "pool", "shift", "all"), default="ablations")
     c.add_argument(
         "--boxes", default="2,4,8,16", help="pool suite: pool sizes, comma-separated boxes"
     )
@@ -249,7 +252,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="TALARIA_YAML",
         help="simulate this config's instances, models, pools and knobs (instead of --profiles)",
     )
-    c.add_argument("--json", metavar="FILE", help="write the results as JSON (pool: - = stdout)")
+    c.add_argument(
+        "--json", metavar="FILE", help="write the results as JSON (pool, shift: - = stdout)"
+    )
     c.add_argument("--plots", metavar="DIR")
     c.add_argument("--no-progress", action="store_true")
     c.add_argument("--width", type=int, help="console width for the table")

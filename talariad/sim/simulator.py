@@ -28,7 +28,7 @@ from talariad.sim.configs import SimConfig
 from talariad.sim.instance import SimInstance
 from talariad.types import LatencyProfile, RoundMeasurement, SwitchPath
 
-RELEASE, RETRY, DONE, WAKE = range(4)
+RELEASE, RETRY, DONE, WAKE, TIMER = range(5)  # TIMER: a callback a subclass schedules
 REFRESH_S = 1.0  # re-publish an unchanged snapshot this often (the router's staleness bound is 2 s)
 MAX_VIRTUAL_S = 1e7
 _BEYOND = math.nextafter(MAX_VIRTUAL_S, math.inf)  # end < _BEYOND: the step ends by MAX_VIRTUAL_S
@@ -105,8 +105,8 @@ class Simulator:
         t0 = time.perf_counter()
         self._first_look()
         for s, _ in enumerate(self.trace.sessions):
-            self._push(s * self.cfg.start_interval_s, RELEASE, (s, 0))
-        handlers = (self._release, self._retry, self._done, self._wake)
+            self._push(self._start_s(s), RELEASE, (s, 0))
+        handlers = (self._release, self._retry, self._done, self._wake, self._timer)
         while self._heap and self._left:
             now, _, kind, payload = heapq.heappop(self._heap)
             self._now = now
@@ -122,6 +122,13 @@ class Simulator:
         self._finish_result()
         self.result.wall_clock_s = time.perf_counter() - t0
         return self.result
+
+    def _start_s(self, s: int) -> float:
+        """When session `s` starts (a subclass may give each session its own start)."""
+        return s * self.cfg.start_interval_s
+
+    def _timer(self, now: float, callback: Callable[[float], None]) -> None:
+        callback(now)
 
     def _push(self, t: float, kind: int, payload) -> None:
         self._seq += 1

@@ -230,6 +230,9 @@ class FakeAdmin(admin_pb2_grpc.AdminServicer):
     def Memory(self, request, context):  # noqa: N802
         return memory(request.instance)
 
+    def PoolPlan(self, request, context):  # noqa: N802
+        return plan()
+
     def DrainInstance(self, request, context):  # noqa: N802
         self.actions.append(("drain", request.instance))
         self.admission = "drained"
@@ -239,6 +242,30 @@ class FakeAdmin(admin_pb2_grpc.AdminServicer):
         self.actions.append(("revoke", request.session_id, request.model))
         self.leases = [le for le in self.leases if le.session_id != request.session_id]
         return pb.LeasesReply()
+
+
+def plan() -> pb.PlanReply:
+    move = pb.PlanMove(
+        instance="hot0",
+        before="hot:tiny-chat",
+        after="hot:tiny-code",
+        drain_s=0.2,
+        load_s=0.2,
+        kv_s=1.5,
+        during_s=0.5,
+        cost_s=2.0,
+    )
+    return pb.PlanReply(
+        mode="advise",
+        assignment=["hot0=hot:tiny-chat", "cold0=cold:tiny-chat,tiny-code"],
+        has_move=True,
+        move=move,
+        delay_now_s=0.8,
+        delay_after_s=0.1,
+        gain_s=420.0,
+        reasons=["expected delay 0.800 s per s", "move: gain 420.0 s > 2 x cost 2.0 s"],
+        history=[pb.PlanEvent(age_s=30, move=move, by="operator", outcome="done", took_s=1.2)],
+    )
 
 
 def serve(path: str) -> tuple[grpc.Server, FakeAdmin]:

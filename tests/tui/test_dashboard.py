@@ -12,7 +12,7 @@ from talaria_tui.app import Dashboard
 from talariad.admin.client import AdminClient
 from tests.tui.fake_admin import serve
 
-VIEWS = ("rounds", "switches", "memory", "leases", "sessions", "instances", "decisions")
+VIEWS = ("rounds", "switches", "memory", "leases", "sessions", "instances", "decisions", "planner")
 SIZE = (130, 30)
 
 
@@ -100,6 +100,22 @@ async def test_every_view_shows_live_data(fake):
             if cands.row_count:
                 break
         assert cands.row_count == 2 and str(cands.get_row_at(1)[10]) == "eq2"
+
+
+async def test_planner_view_shows_the_proposal_its_reasons_and_moves(fake):
+    app = dashboard(fake.path)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.query_one("#tabs", TabbedContent).active = "tab-planner"
+        moves = app.query_one("#plan-moves", DataTable)
+        for _ in range(100):
+            await pilot.pause(0.02)
+            if moves.row_count:
+                break
+        text = str(app.query_one("#plan", Static).render())
+        assert "planner: advise" in text and "hot0 hot:tiny-chat -> hot:tiny-code" in text
+        assert "gain 420.0 s" in text and "move: gain 420.0 s > 2 x cost 2.0 s" in text
+        assert [str(c) for c in moves.get_row_at(0)][4:6] == ["operator", "done"]
 
 
 async def test_lease_ttl_counts_down(fake):
