@@ -178,7 +178,14 @@ async def test_header_says_since_when_the_daemon_is_unreachable(fake, tmp_path):
 def test_snapshot(view, fake, snap_compare):
     async def show(pilot):
         await loaded(pilot)
-        pilot.app.query_one("#tabs", TabbedContent).active = f"tab-{view}"
-        await pilot.pause(0.2)
+        tabs = pilot.app.query_one("#tabs", TabbedContent)
+        tabs.active = f"tab-{view}"
+        pane = pilot.app.query_one(f"#tab-{view}")
+        for _ in range(300):  # until the pane is laid out on screen (a loaded machine is slow)
+            await pilot.pause(0.02)
+            if tabs.active == f"tab-{view}" and pane.region.width and pane.region.height:
+                break
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()
 
     assert snap_compare(dashboard(fake.path), terminal_size=SIZE, run_before=show)
