@@ -150,6 +150,7 @@ def test_a_sub_agent_keeps_the_session_on_its_box_and_main_reuses_its_prompt(poo
     99.4%, tests/e2e/test_agent_traffic.py): >= 95% reused, and every call on one box."""
     r = replay(pool, "cc-pool-sub")
     agents.claude_code_subagent(r)
+    print(r.table())  # shown with -s: the acceptance's numbers
     assert r.reuse("main-2") >= 0.95, r.table()
     assert len(set(r.boxes().values())) == 1, f"the session moved between boxes:\n{r.table()}"
 
