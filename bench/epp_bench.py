@@ -27,11 +27,13 @@ import httpx
 from talaria_pool import devpool, envoy
 from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.contract import EPPRequest, Pick
-from talariad.epp.poller import BoxPoller, BoxViews, merge_views
+from talariad.epp.poller import BoxPoller
+from talariad.gateway.pool import box_target
 from talariad.gc_tuning import settle_gc
 from talariad.router import Router, RouterKnobs
+from talariad.router.snapshot import router_snapshot
 from talariad.types import KVLocation, KVState
-from talariad.wire.box import SNAPSHOT_PATH, BoxInstance, BoxModel, BoxSnapshot
+from talariad.wire.box import SNAPSHOT_PATH, BoxModel, BoxSnapshot
 from talariad.wire.messages import Telemetry
 
 MODEL = "tiny-agent"
@@ -244,40 +246,40 @@ class SyntheticBox:
     prefixes of the calls the picker sent it, as a box does: by deltas (`?since=`)."""
 
     def __init__(self, index: int, round_load_s: float) -> None:
-        self.name, self.index, self.round_load_s = f"box{index}", index, round_load_s
+        self.name, self.index = f"box{index}", index
         self.address = f"10.0.{index // 250}.{index % 250 + 1}:8000"
         self.token: int | None = None
         self.changed: list[KVLocation] = []
-        self.held = BoxViews()
-
-    def served(self, session: str, kv_len: int) -> None:
-        self.changed.append(KVLocation(session, MODEL, KVState.DEVICE, kv_len))
-
-    def poll(self, picker: BoxPicker, now: float) -> None:
-        """What the poller does with the box's reply to `?since=<its last token>`."""
         t = Telemetry(
-            instance=f"i{self.index}",
+            instance=f"i{index}",
             version=1,
             pool="hot",
             models=[MODEL],
             active_model=MODEL,
             loaded_models=[MODEL],
             opened_models=[MODEL],
-            round_load_s=self.round_load_s,
+            round_load_s=round_load_s,
             hbm_free_bytes=None,
-            sessions=self.changed,
-            sessions_base=self.token,
         )
-        since, self.token, self.changed = self.token, (self.token or 0) + 1, []
-        inst = BoxInstance(name=f"i{self.index}", healthy=True, age_s=0.0, telemetry=t)
+        box = Router(RouterKnobs(), {})
+        box.observe(router_snapshot(t, t.models, 0.0, True), 0.0)
+        self.target = box_target(box, 0.0, {t.instance})  # as the box publishes it, less sessions
+
+    def served(self, session: str, kv_len: int) -> None:
+        self.changed.append(KVLocation(session, MODEL, KVState.DEVICE, kv_len))
+
+    def poll(self, picker: BoxPicker, now: float) -> None:
+        """What the poller does with the box's reply to `?since=<its last token>`."""
+        since, self.token = self.token, (self.token or 0) + 1
+        target = self.target.model_copy(update={"sessions": self.changed, "sessions_base": since})
+        self.changed = []
         snap = BoxSnapshot(
             version=self.token,
             sessions_epoch=self.token,
-            instances=[inst],
+            target=target,
             models=[BoxModel(name=MODEL)],
         )
-        assert merge_views(self.held, snap, since)
-        picker.box_seen(self.name, self.address, snap, now, self.held)
+        assert picker.box_seen(self.name, self.address, snap, now)
 
 
 SYSTEM = "You are a coding agent working in a repository. " * 20

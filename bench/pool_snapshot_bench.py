@@ -1,5 +1,5 @@
 """A box's `GET /pool/snapshot` with many live sessions, whole against `?since=` changes: the
-bytes of one poll and the picker's time per poll (parse, merge, project, observe), in process.
+bytes of one poll and the picker's time per poll (parse, install), in process.
 
 Run: .venv/bin/python bench/pool_snapshot_bench.py [--sessions 20000] [--instances 3]
      [--changes 10] [--polls 20]
@@ -7,8 +7,9 @@ Run: .venv/bin/python bench/pool_snapshot_bench.py [--sessions 20000] [--instanc
 The box's side is the daemon's own code (`RouterShell` merging telemetry, `PoolEndpoint` serving
 it) over a stand-in for the rest of the gateway; `--changes` sessions of each instance change
 between two polls (a call each: its prefix grows). The picker's side is what its poller and
-`BoxPicker.box_seen` run per poll: parse, `merge_views`, `project`, `Router.observe`. Prints one
-row per mode (`measure`), medians over `--polls` polls.
+`BoxPicker.box_seen` run per poll: parse, then install the box's target (its session changes
+merged into the view held, `Router.observe`). Prints one row per mode (`measure`), medians over
+`--polls` polls.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from talariad.epp.boxpicker import BoxPicker  # noqa: E402
-from talariad.epp.poller import BoxViews, merge_views  # noqa: E402
 from talariad.gateway.pool import PoolEndpoint  # noqa: E402
 from talariad.gateway.routing import RouterShell  # noqa: E402
 from talariad.router import Router, RouterKnobs  # noqa: E402
@@ -86,32 +86,25 @@ def _loc(session: str, kv_len: int) -> KVLocation:
 
 def measure(box: BenchBox, mode: str, changes: int, polls: int) -> dict[str, float]:
     """Median bytes and seconds per poll of one picker polling `box`. "whole": every poll whole,
-    projected from the instances' own lists, as before `?since=`; "delta": changes merged into
-    the views held; "idle": as "delta", with no new telemetry between polls."""
-    picker, held, since = BoxPicker(Router(RouterKnobs(), {})), BoxViews(), None
+    as without `?since=`; "delta": the changes since the view held; "idle": as "delta", with no
+    new telemetry between polls."""
+    picker = BoxPicker(Router(RouterKnobs(), {}))
     rows: dict[str, list[float]] = {}
     for n in range(polls + 1):  # the first poll is whole in every mode: left out
         shell_s = box.calls(changes) if mode != "idle" or n == 0 else 0.0
-        body, serve_s = box.serve(since)
+        body, serve_s = box.serve(None if mode == "whole" else picker.since("box"))
         t0 = time.perf_counter()
         snap = BoxSnapshot.model_validate_json(body)
         t1 = time.perf_counter()
-        if mode != "whole":
-            assert merge_views(held, snap, since)
-            since = snap.sessions_epoch
+        assert picker.box_seen("box", "10.0.0.1:80", snap, time.monotonic())
         t2 = time.perf_counter()
-        picker.box_seen(
-            "box", "10.0.0.1:80", snap, time.monotonic(), None if mode == "whole" else held
-        )
-        t3 = time.perf_counter()
         for key, v in (
             ("bytes", len(body)),
             ("shell", shell_s),
             ("serve", serve_s),
             ("parse", t1 - t0),
-            ("merge", t2 - t1),
-            ("install", t3 - t2),
-            ("picker", t3 - t0),
+            ("install", t2 - t1),
+            ("picker", t2 - t0),
         ):
             rows.setdefault(key, []).append(v)
     return {k: statistics.median(v[1:]) for k, v in rows.items()}
@@ -130,15 +123,15 @@ def main() -> None:
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs"
     )
     box = BenchBox(args.instances, args.sessions)
-    ms = ("shell", "serve", "parse", "merge", "install", "picker")
+    ms = ("shell", "serve", "parse", "install", "picker")
     print(f"{'mode':<7}{'bytes/poll':>12}" + "".join(f"{c + ' ms':>12}" for c in ms))
     for mode in ("whole", "delta", "idle"):
         row = measure(box, mode, args.changes, args.polls)
         cells = "".join(f"{row[c] * 1e3:>12.3f}" for c in ms)
         print(f"{mode:<7}{row['bytes']:>12.0f}{cells}")
     print(
-        "picker ms = parse + merge + install (BoxPicker.box_seen: project, Router.observe; per "
-        "box per poll); serve ms = the box's snapshot + JSON; shell ms = the box's own "
+        "picker ms = parse + install (BoxPicker.box_seen: merge, Router.observe; per box per "
+        "poll); serve ms = the box's snapshot + JSON; shell ms = the box's own "
         "RouterShell.observe of one instance's telemetry delta (the same in every mode)"
     )
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -292,8 +292,9 @@ class PoolConfig(_Strict):
     """The bearer token the pool's endpoint picker sends for `GET /pool/snapshot` (first line of
     the file; relative paths from the config's folder). None: the endpoint answers 404."""
     max_sessions_per_instance: int = Field(default=20_000, ge=1)
-    """Most session prefixes one instance lists in the box snapshot (keeps the body bounded:
-    about 100 bytes each); device-resident and longest first."""
+    """Most session prefixes the box snapshot lists per live instance: the box's session view is
+    cut to this many times its live instances (keeps the body bounded: about 100 bytes each),
+    device-resident and longest first."""
 
 
 class PlannerConfig(_Strict):

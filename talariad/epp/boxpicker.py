@@ -21,17 +21,26 @@ from talariad.calls.placement import Placement, refusal
 from talariad.calls.spec import CallSpec, canonical_prompt
 from talariad.config import resolve_model
 from talariad.router import CallRequest, Decision, DecisionKind, Router
-from talariad.router.box_policies import BOX_POLICIES, box_stats
-from talariad.types import KVState
+from talariad.router.box_policies import BOX_POLICIES, BoxStats
+from talariad.types import KVLocation, KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
 
 from .contract import EPPRequest, ImmediateAnswer, Pick
-from .poller import BoxViews, instance_parts, project
 from .replies import answer
 
 MAX_OPEN_CALLS = 100_000  # picked calls whose end was never reported are failed past this
 _RATE_WINDOW_S = 10.0
 _RESOLVED_MAX = 1024
+
+
+@dataclass(slots=True)
+class _Held:
+    """What the picker installed of a box: its session view (the mapping the router holds), the
+    `sessions_epoch` that names it (None: the box sends no changes) and the target's basis."""
+
+    epoch: int | None
+    sessions: dict[tuple[str, str], KVLocation]
+    basis: list[tuple[str, int]]
 
 
 @dataclass(slots=True)
@@ -67,42 +76,64 @@ class BoxPicker:
         self._resolved: dict[str, BoxModel | None] = {}  # requested name -> model (a cache)
         self._versions: dict[str, int] = {}
         self._seen_at: dict[str, float] = {}
-        self._facts: dict[str, tuple] = {}  # box -> what its installed projection was made of
+        self._held: dict[str, _Held] = {}
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._branch_open: dict[tuple[str, str], str] = {}  # a branch's open call
         self._rr = count()
         self._decided: deque[float] = deque()
 
     # --- boxes (the poller's `BoxFeed`) -----------------------------------------------------
-    def box_seen(
-        self, name: str, endpoint: str, snap: BoxSnapshot, now: float, held: BoxViews | None = None
-    ) -> None:
-        """A box answered: install its projection (our own version: a box restart resets its
-        own) and the profiles it refined (the picker sees no rounds). `held`: its merged
-        session views (default: each instance's own list, whole)."""
+    def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> bool:
+        """A box answered: install its target as it comes (our own version: a box restart resets
+        its own; taken its age before `now`), its session changes merged into the view held, and
+        the profiles it refined (the picker sees no rounds). False, and nothing installed, when
+        the sessions are changes to a view not held: the view is dropped, ask for it whole."""
+        target, held = snap.target, self._held.get(name)
+        base = target.sessions_base
+        if base is not None and (held is None or held.epoch != base):
+            self._held.pop(name, None)
+            return False
         self._set_endpoint(name, endpoint)
-        if self._models.get(name) != snap.models:
-            if _names(self._models.get(name, [])) != _names(snap.models):
-                self._resolved.clear()
-            # a profile only when this box refined it anew: boxes refine their own, and taking
-            # every box's on every poll would swap them back and forth, voiding cached cost rows
-            before = {m.name: m.profile for m in self._models.get(name, [])}
-            for m in snap.models:
-                if before.get(m.name) != m.profile:
-                    self.router.set_profile(m.name, m.profile)
-            self._models[name] = snap.models
+        self._set_models(name, snap.models)
         self._seen_at[name] = now
-        facts = _facts(snap)
-        if held is None or held.sessions.keys != set() or self._facts.get(name) != facts:
+        if held is not None and base is not None:
+            sessions, changed = held.sessions, frozenset(target.merge_into(held.sessions))
+            install = bool(changed) or held.basis != target.basis
+        else:  # whole: a new mapping, the router diffs it
+            sessions, changed, install = {}, None, True
+            target.merge_into(sessions)
+        if install:
             self._versions[name] = version = self._versions.get(name, 0) + 1
-            parts = instance_parts(snap, now, held)
-            self.placement.observe(project(name, version, snap, now, held, parts), now)
-            self.policy.observe(box_stats(name, parts), now)
-            self._facts[name] = facts
-        # else the box re-sent the telemetry replies installed (the daemon polls its instances
-        # less often than we poll it) and no session changed: the installed projection stands
-        self.router.heartbeat(name, now, healthy=any(i.healthy for i in snap.instances))
+            box = target.placement_target(name, version, now - target.age_s, sessions, changed)
+            self.placement.observe(box, now)
+            stats = BoxStats(name, target.healthy, target.queue, target.kv_util, target.instances)
+            self.policy.observe(stats, now)
+        # else the box re-sent the target installed (the daemon polls its instances less often
+        # than we poll it) and no session changed: the installed target stands
+        self._held[name] = _Held(snap.sessions_epoch, sessions, target.basis)
+        self.router.heartbeat(name, now, healthy=target.healthy)
         self.placement.expire(now)
+        return True
+
+    def since(self, name: str) -> int | None:
+        """The token to poll `name` with (`?since=`): the epoch of its session view held; None:
+        ask for the view whole."""
+        held = self._held.get(name)
+        return None if held is None else held.epoch
+
+    def _set_models(self, name: str, models: list[BoxModel]) -> None:
+        """The box's models, and a profile only when this box refined it anew: boxes refine
+        their own, and taking every box's on every poll would swap them back and forth, voiding
+        cached cost rows."""
+        if self._models.get(name) == models:
+            return
+        if _names(self._models.get(name, [])) != _names(models):
+            self._resolved.clear()
+        before = {m.name: m.profile for m in self._models.get(name, [])}
+        for m in models:
+            if before.get(m.name) != m.profile:
+                self.router.set_profile(m.name, m.profile)
+        self._models[name] = models
 
     def box_lost(self, name: str, now: float) -> None:
         """The box stopped answering: no new call and no lease return goes there."""
@@ -115,7 +146,7 @@ class BoxPicker:
         self._models.pop(name, None)
         self._resolved.clear()
         self._seen_at.pop(name, None)
-        self._facts.pop(name, None)
+        self._held.pop(name, None)
 
     def _set_endpoint(self, name: str, endpoint: str) -> None:
         old = self.endpoints.get(name)
@@ -312,15 +343,6 @@ class BoxPicker:
             "boxes": rows,
             "decisions_per_s": round(self.decisions_per_s(now), 3),
         }
-
-
-def _facts(snap: BoxSnapshot) -> tuple:
-    """What a box's projection reads besides sessions: each instance's telemetry reply (its
-    version names it) and health. Ages are left out: a reply re-sent is older by as much as
-    the poll is later, so the projection's `taken_at` is the same."""
-    return tuple(
-        (i.name, i.telemetry.instance, i.telemetry.version, i.healthy) for i in snap.instances
-    )
 
 
 def _names(models: list[BoxModel]) -> list[tuple]:

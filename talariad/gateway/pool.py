@@ -1,18 +1,22 @@
 """The box's snapshot for the pool's endpoint picker: `GET /pool/snapshot`, behind a bearer
-token of its own (`pool.token_file`). It publishes what the gateway already holds (the
-directory's latest telemetry, the router shell's merged session views, the router's profiles):
-no second poller. Design: docs/pool.md."""
+token of its own (`pool.token_file`). It publishes what the box's router already holds (its
+instances' snapshots, projected onto the box as one placement target with the box's session
+view, and its profiles): no second poller, and nothing left for the picker to compute.
+Design: docs/pool.md."""
 
 from __future__ import annotations
 
 import hmac
 import random
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from talariad.calls.errors import APIError
-from talariad.router.boxes import prefix_rank
-from talariad.types import KVLocation, LatencyProfile
-from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
+from talariad.router import InstanceSnapshot, Router
+from talariad.router.box_policies import box_stats
+from talariad.router.boxes import best_prefixes, box_snapshot, prefix_rank
+from talariad.types import LatencyProfile
+from talariad.wire.box import PROJECTED, BoxModel, BoxSnapshot, BoxTarget
 
 if TYPE_CHECKING:
     from talariad.gateway.gateway import Gateway
@@ -22,53 +26,100 @@ Key = tuple[str, str]
 """A (session, model) pair of a session view."""
 
 
+def box_target(
+    router: Router,
+    now: float,
+    live: Collection[str],
+    changes: tuple[int, set[Key]] | None = None,
+    max_sessions: int | None = None,
+) -> BoxTarget:
+    """The box as one placement target at `now`, from what its `router` installed of the `live`
+    instances (those the box takes calls for): the projection (`router.boxes.box_snapshot`), the
+    peers' stats, and the box's session view, whole (cut to `max_sessions` per live instance,
+    the best-placed prefixes kept) or, `changes` given (the caller's token and the pairs changed
+    since), as the changes to those pairs. The daemon and the simulator publish with it."""
+    installed = _installed(router, live)
+    snaps = [snap for snap, _ in installed]
+    view = best_prefixes(snaps, None if changes is None else changes[1])
+    box = box_snapshot("", 0, now, snaps, {})  # the name and version are the picker's to give
+    listed, removed, cut = list(view.values()), [], False
+    bound = None if max_sessions is None else max_sessions * max(len(snaps), 1)
+    if changes is not None:
+        removed = [k for k in changes[1] if k not in view]
+    elif bound is not None and len(listed) > bound:
+        # what the picker gains most from: prefixes on a device, then the longest
+        listed, cut = sorted(listed, key=prefix_rank)[:bound], True
+    stats = box_stats("", snaps)
+    return BoxTarget.model_construct(
+        **{name: getattr(box, name) for name in PROJECTED},
+        allowed_models=sorted(box.allowed_models),
+        models=dict(box.models),
+        age_s=max((max(now - at, 0.0) for _, at in installed), default=0.0),
+        basis=[(s.instance, s.version) for s in snaps],
+        sessions=listed,
+        sessions_base=None if changes is None else changes[0],
+        sessions_removed=removed,
+        sessions_truncated=cut,
+        queue=stats.queue,
+        kv_util=stats.kv_util,
+        instances=stats.instances,
+    )
+
+
+def _installed(router: Router, live: Collection[str]) -> list[tuple[InstanceSnapshot, float]]:
+    """The installed snapshots of the `live` instances, with when each last held."""
+    return [(s, at) for s, at in router.installed() if s.healthy and s.instance in live]
+
+
 class SessionLog:
-    """The order in which the gateway's merged session views changed, so a box snapshot can
-    carry only what changed since an earlier one (`?since=TOKEN`). A token is the sequence
-    number of the last change a snapshot saw. Bounded: past `max_changes` the oldest changes
-    go, and a token older than those kept gets the whole view."""
+    """The order in which the box's session view changed (the pairs each telemetry reply changed
+    in an instance's view, as the gateway merges it), so a box snapshot can carry only what
+    changed since an earlier one (`?since=TOKEN`). A token is the sequence number of the last
+    change a snapshot saw. Bounded: past `max_changes` the oldest changes go, and a token older
+    than those kept gets the whole view."""
 
     def __init__(self, max_changes: int = 65_536) -> None:
         self.seq = random.getrandbits(62)  # a restarted daemon never continues an old token
         self.max_changes = max_changes
         self._first = self.seq + 1  # the sequence number of `_log[0]`
-        self._log: list[tuple[str, Key | None]] = []  # None: the instance's view was replaced
+        self._log: list[Key | None] = []  # None: any pair may have changed
 
-    def record(self, instance: str, keys: list[Key] | None) -> None:
-        """`keys` of `instance`'s view changed (None: all of them)."""
+    def record(self, keys: list[Key] | None) -> None:
+        """`keys` changed (None: any of them may have: an instance's view was replaced or
+        dropped, or the box's live instances changed)."""
         if keys is None:
-            self._log.append((instance, None))
+            self._log.append(None)
         else:
-            self._log.extend((instance, k) for k in keys)
+            self._log.extend(keys)
         self.seq = self._first + len(self._log) - 1
         if len(self._log) > 2 * self.max_changes:  # trimmed in halves: O(1) a change
             cut = len(self._log) - self.max_changes
             del self._log[:cut]
             self._first += cut
 
-    def since(self, token: int | None) -> dict[str, set[Key] | None] | None:
-        """Per instance, the pairs changed after `token` (None: its whole view was replaced);
-        None when `token` names no view this log still covers."""
+    def since(self, token: int | None) -> set[Key] | None:
+        """The pairs changed after `token`; None when `token` names no view this log still
+        covers, or any pair may have changed since."""
         if token is None or not self._first - 1 <= token <= self.seq:
             return None
-        changes: dict[str, set[Key] | None] = {}
-        for instance, key in self._log[token - self._first + 1 :]:
-            keys = changes.setdefault(instance, set())
+        changed: set[Key] = set()
+        for key in self._log[token - self._first + 1 :]:
             if key is None:
-                changes[instance] = None
-            elif keys is not None:
-                keys.add(key)
-        return changes
+                return None
+            changed.add(key)
+        return changed
 
 
 class PoolEndpoint:
     """The token that guards the snapshot (None: no pool, the endpoint is not there), the
-    snapshot's version counter and the session views' change log."""
+    snapshot's version counter, the session view's change log and its bound (`max_sessions`
+    per live instance: `pool.max_sessions_per_instance`)."""
 
     def __init__(self, token: str | None = None, max_sessions: int = 20_000) -> None:
         self.token, self.max_sessions, self.version = token, max_sessions, 0
         self.log = SessionLog()
-        self._cut_at: dict[str, int] = {}  # instance -> the last token whose view was cut
+        self._cut_at: int | None = None  # the last token whose view was cut
+        self._live: frozenset[str] = frozenset()  # the live instances of the last snapshot
 
     def authorize(self, header: str | None) -> None:
         """Raise the API's 404 when no token is configured, 401 when `header` lacks it."""
@@ -85,8 +136,8 @@ class PoolEndpoint:
             )
 
     def snapshot(self, gw: Gateway, now: float, since: int | None = None) -> BoxSnapshot:
-        """Every configured instance with telemetry, and every model with its profile now;
-        `since`: the `sessions_epoch` of the caller's last snapshot (sessions as changes)."""
+        """The box as one placement target, and every model with its profile now; `since`: the
+        `sessions_epoch` of the caller's last snapshot (sessions as changes)."""
         self.version += 1
         profiles = gw.routing.router.profiles()
         models = [
@@ -99,73 +150,28 @@ class PoolEndpoint:
             )
             for m in gw.cfg.models
         ]
-        changes = self.log.since(since)
-        instances = [
-            i for c in gw.cfg.instances if (i := self._instance(gw, c.name, now, since, changes))
-        ]
+        live = frozenset(c.name for c in gw.cfg.instances if gw.ready(c.name))
+        if live != self._live:  # any pair's best place may have moved
+            self.log.record(None)
+            self._live = live
+        router = gw.routing.router
+        changes = self._changes(router, live, since)
+        target = box_target(router, now, live, changes, self.max_sessions)
+        if target.sessions_truncated:  # changes to a cut view are no delta to send
+            self._cut_at = self.log.seq
         return BoxSnapshot(
-            version=self.version,
-            sessions_epoch=self.log.seq,
-            instances=instances,
-            models=models,
+            version=self.version, sessions_epoch=self.log.seq, target=target, models=models
         )
 
-    def _instance(
-        self,
-        gw: Gateway,
-        name: str,
-        now: float,
-        since: int | None,
-        changes: dict[str, set[Key] | None] | None,
-    ) -> BoxInstance | None:
-        t = gw.directory.snapshot(name)
-        if t is None:
+    def _changes(
+        self, router: Router, live: frozenset[str], since: int | None
+    ) -> tuple[int, set[Key]] | None:
+        """The caller's token and the pairs changed since; None: send the whole view (no valid
+        token, any pair may have changed since, the caller's view was cut, or this one may be)."""
+        if since is None or (self._cut_at is not None and since <= self._cut_at):
             return None
-        view = gw.routing.session_view(name)
-        keys = self._changed(name, view, since, changes)
-        listed, removed, cut = self._whole(name, view) if keys is None else _delta(view, keys)
-        sent = t.model_copy(
-            update={
-                "sessions": listed,
-                "sessions_base": None if keys is None else since,
-                "sessions_removed": removed,
-                "sessions_epoch": self.log.seq,
-                "rounds": [],
-            }
-        )
-        return BoxInstance(
-            name=name,
-            healthy=gw.ready(name),
-            age_s=max(gw.directory.age_s(name, now), 0.0),
-            telemetry=sent,
-            sessions_truncated=cut,
-        )
-
-    def _changed(
-        self,
-        name: str,
-        view: dict[Key, KVLocation],
-        since: int | None,
-        changes: dict[str, set[Key] | None] | None,
-    ) -> set[Key] | None:
-        """The pairs of `name`'s view to send as changes; None: send the whole view (no valid
-        token, the view was replaced since, or the caller's view was cut, or this one is)."""
-        if changes is None or since is None or since <= self._cut_at.get(name, since - 1):
+        snaps = _installed(router, live)
+        if sum(len(s.sessions) for s, _ in snaps) > self.max_sessions * max(len(snaps), 1):
             return None
-        if len(view) > self.max_sessions:
-            return None
-        return changes.get(name, set())
-
-    def _whole(self, name: str, view: dict[Key, KVLocation]) -> tuple[list, list, bool]:
-        listed = list(view.values())
-        cut = len(listed) > self.max_sessions
-        if cut:  # what the picker gains most from: prefixes on a device, then the longest
-            listed = sorted(listed, key=prefix_rank)
-            del listed[self.max_sessions :]
-            self._cut_at[name] = self.log.seq  # changes to a cut view are no delta to send
-        return listed, [], cut
-
-
-def _delta(view: dict[Key, KVLocation], keys: set[Key]) -> tuple[list, list, bool]:
-    """The entries of `view` that `keys` name, and the keys it no longer has."""
-    return [view[k] for k in keys if k in view], [k for k in keys if k not in view], False
+        keys = self.log.since(since)
+        return None if keys is None else (since, keys)

@@ -64,9 +64,7 @@ class RouterShell:
     evicted: Callable[[str], None] = staticmethod(lambda branch: None)
     """Forget an evicted branch on the instances, without waiting (the gateway sets it)."""
 
-    merged: Callable[[str, list[tuple[str, str]] | None], None] = staticmethod(
-        lambda instance, keys: None
-    )
+    merged: Callable[[list[tuple[str, str]] | None], None] = staticmethod(lambda keys: None)
     """Which session pairs of an instance's view a reply changed (None: all of them, the view
     was replaced or dropped); the gateway's pool change log (`pool.SessionLog.record`)."""
 
@@ -82,13 +80,9 @@ class RouterShell:
             self._changed.set()
         self._feed_rounds(t, now)
 
-    def session_view(self, instance: str) -> dict[tuple[str, str], KVLocation]:
-        """The instance's whole session view, merged from its telemetry deltas (read-only)."""
-        return self._sessions.get(instance, {})
-
     def _merge(self, t: Telemetry) -> dict[tuple[str, str], KVLocation]:
         view = self._sessions.setdefault(t.instance, {})
-        self.merged(t.instance, t.merge_into(view))
+        self.merged(t.merge_into(view))
         return view
 
     def _feed_rounds(self, t: Telemetry, now: float) -> None:
@@ -108,7 +102,7 @@ class RouterShell:
     def instance_down(self, instance: str, now: float) -> None:
         """The supervisor lost the process: forget it; its restart reports in as a new instance."""
         self._sessions.pop(instance, None)
-        self.merged(instance, None)
+        self.merged(None)
         self._fed.pop(instance, None)
         if any(s.instance == instance for s in self.router.instances(now)):
             self.router.remove_instance(instance, now)

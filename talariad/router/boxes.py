@@ -1,5 +1,7 @@
 """Boxes as placement targets: one box's instance snapshots projected onto one `InstanceSnapshot`,
 so the pool's endpoint picker runs the same `Router` over boxes that a box runs over instances.
+A box projects itself from what its router installed (`gateway.pool.box_target`) and publishes
+the result; the picker installs it as it comes.
 
 What lifts, model by model: the residency, queue, batch, switch and open costs and the slot wait
 of the instance the box would most likely use for the model (its best state, then its shortest
@@ -12,7 +14,7 @@ counts the other models' calls of the whole box. Design: docs/pool.md.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from talariad.router.messages import InstanceSnapshot, ModelResidency, ModelState
 from talariad.types import KVLocation, KVState, Pool
@@ -26,17 +28,12 @@ def box_snapshot(
     version: int,
     taken_at: float,
     instances: Sequence[InstanceSnapshot],
-    sessions: BoxSessions | None = None,
+    sessions: Mapping[tuple[str, str], KVLocation] | None = None,
 ) -> InstanceSnapshot:
     """The box `box` as one placement target, from its instances' snapshots (unhealthy ones
     count for nothing; a box with no healthy instance is unhealthy). `sessions`: the box's
-    sessions kept across snapshots, brought up to date with O(changes) work when it can be."""
+    session view when the caller holds it (default: `best_prefixes` of the healthy ones)."""
     live = [s for s in instances if s.healthy]
-    if sessions is None:
-        best, changed = _sessions(live), None
-    else:
-        sessions.update(live)
-        best, changed = sessions.best, sessions.changed
     allowed = frozenset().union(*(s.allowed_models for s in live))
     known_hbm = [s.hbm_free_bytes for s in live if s.hbm_free_bytes is not None]
     rates = [s.restore_s_per_token for s in live if s.restore_s_per_token is not None]
@@ -49,7 +46,7 @@ def box_snapshot(
         healthy=bool(live),
         allowed_models=allowed,
         models={m: _residency(m, live) for m in sorted(allowed)},
-        sessions=best,
+        sessions=best_prefixes(live) if sessions is None else sessions,
         round_remaining_s=min(cold, default=0.0),
         round_load_s=min((s.round_load_s for s in live), default=0.0),
         deadline_risk=min((s.deadline_risk for s in live), default=0.0),
@@ -57,7 +54,6 @@ def box_snapshot(
         hbm_free_bytes=max(known_hbm) if known_hbm else None,
         staging_slack_bytes=max((s.staging_slack_bytes for s in live), default=0),
         restore_s_per_token=min(rates) if rates else None,
-        sessions_changed=changed,
     )
 
 
@@ -73,10 +69,18 @@ def _preference(snap: InstanceSnapshot, model: str) -> tuple:
     return (_STATE_RANK[res.state], res.queued_tokens, snap.round_load_s, snap.instance)
 
 
-def _sessions(live: list[InstanceSnapshot]) -> dict[tuple[str, str], KVLocation]:
-    """Each (session, model) prefix at its best place on the box: on a device before on the
-    host, then the longest (the first instance of equals)."""
+def best_prefixes(
+    live: Sequence[InstanceSnapshot], keys: Iterable[tuple[str, str]] | None = None
+) -> dict[tuple[str, str], KVLocation]:
+    """Each (session, model) prefix at its best place on the box (`prefix_rank`; the first
+    instance of equals); `keys`: only those pairs (a pair no instance holds is left out)."""
     best: dict[tuple[str, str], KVLocation] = {}
+    if keys is not None:
+        for key in keys:
+            held = [loc for s in live if (loc := s.sessions.get(key)) is not None]
+            if held:
+                best[key] = min(held, key=prefix_rank)
+        return best
     for snap in live:
         for key, loc in snap.sessions.items():
             have = best.get(key)
@@ -88,32 +92,3 @@ def _sessions(live: list[InstanceSnapshot]) -> dict[tuple[str, str], KVLocation]
 def prefix_rank(loc: KVLocation) -> tuple[int, int]:
     """Lower ranks first: on a device before on the host, then the longest."""
     return _KV_RANK[loc.state], -loc.kv_len
-
-
-class BoxSessions:
-    """A box's sessions (`_sessions`) kept across its snapshots: `keys`, the pairs its
-    instances' session views changed since the last update (None: unknown), lets `update`
-    recompute only those while the same instances are live and their views are the same
-    mappings; the snapshot then names them (`sessions_changed`)."""
-
-    def __init__(self) -> None:
-        self.best: dict[tuple[str, str], KVLocation] = {}
-        self.keys: set[tuple[str, str]] | None = None
-        self.changed: frozenset[tuple[str, str]] | None = None
-        self._live: list[tuple[str, int]] = []  # (instance, id of its session view)
-
-    def update(self, live: list[InstanceSnapshot]) -> None:
-        views = [(s.instance, id(s.sessions)) for s in live]
-        if self.keys is None or views != self._live:
-            self.best, self.changed = _sessions(live), None  # a new mapping: the router diffs
-        else:
-            for key in self.keys:
-                locs = [loc for s in live if (loc := s.sessions.get(key)) is not None]
-                if locs:
-                    self.best[key] = min(
-                        locs, key=prefix_rank
-                    )  # the first of equals, as `_sessions`
-                else:
-                    self.best.pop(key, None)
-            self.changed = frozenset(self.keys)
-        self._live, self.keys = views, set()

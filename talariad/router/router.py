@@ -261,6 +261,16 @@ class Router:
             else {s for s, _ in inst.snapshot.sessions}
         )
 
+    def installed(self) -> list[tuple[InstanceSnapshot, float]]:
+        """Each instance's installed snapshot, in the order the instances were first seen, with
+        when it last held: the latest health report while that one is good (an instance heard
+        from with no new snapshot says nothing changed), else its taking."""
+        return [
+            (i.snapshot, max(i.taken_at, i.last_seen) if i.health_ok else i.taken_at)
+            for i in self._instances.all()
+            if i.snapshot is not None
+        ]
+
     def profiles(self) -> dict[str, LatencyProfile]:
         return self._profiles.all()
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from talariad.cold_sched import Idle, SchedKnobs
 from talariad.instance import InstanceCall, InstanceCore, StepPlan
 from talariad.instance.core import Done
-from talariad.instance.telemetry import InstanceTelemetry
 from talariad.perfmodel.memory import SimMemory
 from talariad.perfmodel.model import SimModel
 from talariad.router import InstanceSnapshot, RoundMeasurement
@@ -44,8 +43,6 @@ class SimInstance:
         self._seconds = 0.0
         self.published_at = float("-inf")
         self.published_version = -1
-        self.published: InstanceTelemetry | None = None  # the telemetry its box last read
-        self.heard_at = float("-inf")  # its box's last read of it (a snapshot or a heartbeat)
         self._fed = 0
 
     def submit(
@@ -105,9 +102,7 @@ class SimInstance:
 
     def snapshot(self, now: float) -> InstanceSnapshot:
         self.published_at, self.published_version = now, self.core.version
-        self.heard_at = now
-        self.published = self.core.telemetry(now)
-        return router_snapshot(self.published, self.models, now, True)
+        return router_snapshot(self.core.telemetry(now), self.models, now, True)
 
     def round_measurements(self) -> list[tuple[str, RoundMeasurement]]:
         """Round measurements not yet handed to the router, oldest first."""

@@ -3,13 +3,13 @@
 Two levels in virtual time: the pool's picker (`epp.boxpicker.BoxPicker`, the one `talariad epp`
 runs, with a box-level policy from `router.box_policies`) chooses a box per call from the box
 snapshots it last polled (every `POLL_S`: each box's `BoxSnapshot`, the wire message a daemon
-serves, with its telemetry's age), and learns a call's end as Envoy would tell it (the response
-ended well: a lease on that box, its KV taken as on a device); then that box's own Talaria
-`Router` places the call on the box's instances exactly as the single-box simulation does. A
-call the picker refuses (429, 503) comes back after its `Retry-After`, as a client would; one
-refused by its box's router waits at that box, as a daemon holds it. Sessions per box and the
-per-box arrival rate stay constant as the pool grows; every policy replays the same trace at a
-pool size.
+serves, computed by the daemon's own `gateway.pool.box_target`, with its telemetry's age), and
+learns a call's end as Envoy would tell it (the response ended well: a lease on that box, its KV
+taken as on a device); then that box's own Talaria `Router` places the call on the box's
+instances exactly as the single-box simulation does. A call the picker refuses (429, 503) comes
+back after its `Retry-After`, as a client would; one refused by its box's router waits at that
+box, as a daemon holds it. Sessions per box and the per-box arrival rate stay constant as the
+pool grows; every policy replays the same trace at a pool size.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from talariad.engine.events import telemetry_message
 from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.config import PICKER_KNOBS, EPPConfig, picker_knobs
 from talariad.epp.contract import ImmediateAnswer
+from talariad.gateway.pool import box_target
 from talariad.instance.core import Done
 from talariad.perfmodel.profiles import ProfileSet
 from talariad.replay.generate import characterization
@@ -31,7 +31,7 @@ from talariad.replay.trace import Trace, TraceCall
 from talariad.router import CallRequest, Lease, Router, RouterKnobs
 from talariad.sim.configs import LOADS, InstanceSpec, SimConfig, router_configs
 from talariad.sim.simulator import RETRY, Pending, SimInstance, Simulator, request
-from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
+from talariad.wire.box import BoxModel, BoxSnapshot
 
 POLL_S = 0.1  # the picker's `poll_interval_s` default
 CALL_PATH = "/v1/chat/completions"  # what a refusal's wording is for
@@ -164,25 +164,19 @@ class PoolSimulator(Simulator):
         self.driver.polled({b: self.snapshot(b, now) for b in self.members}, now)
 
     def snapshot(self, box: str, now: float) -> BoxSnapshot:
-        """`GET /pool/snapshot` of `box` (`gateway.pool.PoolEndpoint.snapshot`): each instance's
-        telemetry as the box last read it, with its age, and the box router's profiles."""
+        """`GET /pool/snapshot` of `box` (`gateway.pool.PoolEndpoint.snapshot`): the box as one
+        placement target, computed from what its router installed as a daemon computes it
+        (`gateway.pool.box_target`; every instance live, the sessions whole), and the box
+        router's profiles."""
         self._served_version += 1
         insts = self.members[box]
-        profiles = self.routers[box].profiles()
+        router = self.routers[box]
+        profiles = router.profiles()
         models = sorted({m for i in insts for m in i.models})
         return BoxSnapshot.model_construct(
             version=self._served_version,
             sessions_epoch=None,
-            instances=[
-                BoxInstance.model_construct(
-                    name=i.name,
-                    healthy=True,
-                    age_s=max(now - i.heard_at, 0.0),
-                    telemetry=telemetry_message(i.published),
-                    sessions_truncated=False,
-                )
-                for i in insts
-            ],
+            target=box_target(router, now, {i.name for i in insts}),
             models=[BoxModel(name=m, profile=profiles[m]) for m in models if m in profiles],
         )
 

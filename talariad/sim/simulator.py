@@ -281,7 +281,6 @@ class Simulator:
                 router.observe(inst.snapshot(now), now)
             else:
                 router.heartbeat(inst.name, now)
-                inst.heard_at = now
             for model, measured in inst.round_measurements():
                 router.round_summary(inst.name, model, measured, now)
                 fed.append((inst.name, model, measured))

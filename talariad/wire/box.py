@@ -1,13 +1,17 @@
 """A box's snapshot for the pool's endpoint picker (`GET /pool/snapshot` on the daemon's HTTP
-port): each instance's latest telemetry with its session view (whole or as changes), and each model's latency
-profile, so the picker's `Router` places calls on boxes with the facts a box's router has."""
+port): the box as one placement target, as the box's router projects it, with its session view
+(whole or as changes), and each model's latency profile. The picker installs the target as it
+comes: it merges no instance views and recomputes nothing of the projection."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import BaseModel, Field
 
-from talariad.types import LatencyProfile
-from talariad.wire.messages import Telemetry
+from talariad.router.messages import InstanceSnapshot, ModelResidency
+from talariad.types import KVLocation, LatencyProfile, Pool
+from talariad.wire.messages import SessionChanges
 
 SNAPSHOT_PATH = "/pool/snapshot"
 
@@ -26,19 +30,77 @@ class BoxModel(BaseModel):
     """On the wire as its fields (pydantic reads the dataclass), its switch table keyed by path."""
 
 
-class BoxInstance(BaseModel):
-    """One instance of the box: its latest telemetry (`sessions` its merged view, whole or, with
-    `sessions_base` set, the changes since the snapshot the caller named with `?since=`, as the
-    instance's own telemetry sends them; `rounds` empty: the profiles carry what they taught),
-    whether the box takes its calls, and the telemetry's age when the snapshot was taken."""
+PROJECTED = (
+    "pool",
+    "healthy",
+    "round_remaining_s",
+    "round_load_s",
+    "deadline_risk",
+    "kv_occupancy",
+    "hbm_free_bytes",
+    "staging_slack_bytes",
+    "restore_s_per_token",
+)
+"""The fields of the router's `InstanceSnapshot` a `BoxTarget` carries as they are (besides
+them: the allowed models, the per-model residencies and the session view)."""
 
-    name: str
-    healthy: bool
-    age_s: float
-    telemetry: Telemetry
+
+class BoxTarget(SessionChanges):
+    """The box as one placement target: what the box's router projects of its live instances
+    (`router.boxes.box_snapshot`, computed by `gateway.pool.box_target`), the box's session view
+    (each (session, model) prefix at its best place on the box; whole, or with `sessions_base`
+    set the changes since the snapshot the caller named with `?since=`), and the pool-average
+    stats the peer policies read (`router.box_policies.BoxStats`)."""
+
+    pool: Pool = Pool.HOT
+    healthy: bool = False
+    """False: no instance of the box takes calls now."""
+    allowed_models: list[str] = Field(default_factory=list)
+    models: dict[str, ModelResidency] = Field(default_factory=dict)
+    """Per model, the residency, queue and slot wait of the instance the box would use for it."""
+    round_remaining_s: float = 0.0
+    round_load_s: float = 0.0
+    deadline_risk: float = 0.0
+    kv_occupancy: float = 0.0
+    hbm_free_bytes: int | None = None
+    staging_slack_bytes: int = 0
+    restore_s_per_token: float | None = None
+    age_s: float = 0.0
+    """The age of the oldest live instance's telemetry when the snapshot was served: the picker
+    counts the target as taken that long before it received it."""
+    basis: list[tuple[str, int]] = Field(default_factory=list)
+    """(instance, telemetry version) of each live instance the target was computed from: the
+    same basis, the same target (a picker re-installs it only for its session changes)."""
     sessions_truncated: bool = False
-    """True when the session view was cut to the box's bound (`pool.max_sessions_per_instance`):
-    the prefixes left out are its smallest host-resident ones."""
+    """True when the session view was cut to the box's bound (`pool.max_sessions_per_instance`
+    per live instance): the prefixes left out are its smallest host-resident ones."""
+    queue: float = 0.0
+    """Mean waiting calls per live instance (`BoxStats.queue`)."""
+    kv_util: float = 0.0
+    """Mean KV occupancy per live instance, in [0, 1] (`BoxStats.kv_util`)."""
+    instances: int = 0
+    """Live instances (`BoxStats.instances`)."""
+
+    def placement_target(
+        self,
+        box: str,
+        version: int,
+        taken_at: float,
+        sessions: Mapping[tuple[str, str], KVLocation],
+        changed: frozenset[tuple[str, str]] | None,
+    ) -> InstanceSnapshot:
+        """The router's snapshot of the box named `box`: `sessions`, the session view held (this
+        message merged into it), `changed` the pairs this message changed (None: any)."""
+        return InstanceSnapshot(
+            instance=box,
+            version=version,
+            taken_at=taken_at,
+            allowed_models=frozenset(self.allowed_models),
+            models=self.models,
+            sessions=sessions,
+            sessions_changed=changed,
+            **{name: getattr(self, name) for name in PROJECTED},
+        )
 
 
 class BoxSnapshot(BaseModel):
@@ -47,7 +109,7 @@ class BoxSnapshot(BaseModel):
 
     version: int
     sessions_epoch: int | None = None
-    """Names this snapshot's session views; pass it back as `?since=` to get only what changes
-    (an instance whose `sessions_base` is None was sent whole all the same)."""
-    instances: list[BoxInstance] = Field(default_factory=list)
+    """Names this snapshot's session view; pass it back as `?since=` to get only what changes
+    (a target whose `sessions_base` is None was sent whole all the same)."""
+    target: BoxTarget = Field(default_factory=BoxTarget)
     models: list[BoxModel] = Field(default_factory=list)

@@ -121,7 +121,33 @@ StreamEvent = TokenEvent | DoneEvent | ErrorEvent
 """One line of an instance's generate stream."""
 
 
-class Telemetry(BaseModel):
+class SessionChanges(BaseModel):
+    """A session view on the wire, whole or as changes: an instance's (its telemetry) or a box's
+    (`wire.box.BoxTarget`)."""
+
+    sessions: list[KVLocation] = Field(default_factory=list)
+    sessions_base: int | None = None
+    """None: `sessions` is the whole list. Else `sessions` holds only entries that changed since the
+    view named `sessions_base`, and `sessions_removed` the (session, model) pairs it no longer has."""
+    sessions_removed: list[tuple[str, str]] = Field(default_factory=list)
+
+    def merge_into(self, view: dict[tuple[str, str], KVLocation]) -> list[tuple[str, str]] | None:
+        """Apply these sessions to `view`, the view they were sent against, in place
+        (O(changes)). Returns the (session, model) pairs changed or removed; None when the
+        message carried the whole list, which replaced `view`."""
+        if self.sessions_base is None:
+            view.clear()
+        changed = [tuple(key) for key in self.sessions_removed]
+        for key in changed:
+            view.pop(key, None)
+        for s in self.sessions:
+            key = (s.session_id, s.model)
+            view[key] = s  # the message's own record
+            changed.append(key)
+        return None if self.sessions_base is None else changed  # type: ignore[return-value]
+
+
+class Telemetry(SessionChanges):
     """Versioned instance snapshot the gateway's router reads (§4.1): the instance core's
     `InstanceTelemetry` (same field names), plus the session-delta fields its process adds."""
 
@@ -133,7 +159,6 @@ class Telemetry(BaseModel):
     loaded_models: list[str]
     queued: dict[str, int] = Field(default_factory=dict)
     running: int = 0
-    sessions: list[KVLocation] = Field(default_factory=list)
     round_remaining_s: float = 0.0
     kv_occupancy: float = 0.0
     hbm_free_bytes: int | None = None
@@ -149,25 +174,6 @@ class Telemetry(BaseModel):
     """Share of the last rounds whose wall time exceeded γ·T_TTFT."""
     sessions_epoch: int | None = None
     """Names this snapshot's session view; pass it back as `?since=` to get only what changes."""
-    sessions_base: int | None = None
-    """None: `sessions` is the whole list. Else `sessions` holds only entries that changed since the
-    view named `sessions_base`, and `sessions_removed` the (session, model) pairs it no longer has."""
-    sessions_removed: list[tuple[str, str]] = Field(default_factory=list)
     rounds: list[RoundMeasurement] = Field(default_factory=list)
     """Round measurements since the previous snapshot (bounded); the gateway feeds them to the
     router's profile EWMA."""
-
-    def merge_into(self, view: dict[tuple[str, str], KVLocation]) -> list[tuple[str, str]] | None:
-        """Apply this reply's sessions to `view`, the merged view it was sent against, in place
-        (O(changes)). Returns the (session, model) pairs changed or removed; None when the reply
-        carried the whole list, which replaced `view`."""
-        if self.sessions_base is None:
-            view.clear()
-        changed = [tuple(key) for key in self.sessions_removed]
-        for key in changed:
-            view.pop(key, None)
-        for s in self.sessions:
-            key = (s.session_id, s.model)
-            view[key] = s  # the telemetry's own record
-            changed.append(key)
-        return None if self.sessions_base is None else changed  # type: ignore[return-value]

@@ -1,12 +1,14 @@
 """Box snapshots as changes (`?since=`), end to end without processes: an instance's session
 rows go out as its telemetry deltas (`SessionDeltas`), the box's `RouterShell` merges them and
-logs what changed, `PoolEndpoint` answers a token with the changes since, and the picker's
-`merge_views` applies them. Whatever happens in between (lost replies, restarts, a log too short,
-a view over the bound), the picker's views equal a fresh whole snapshot's, and so does the box's
-projection its router installs with O(changes) work."""
+logs what changed, `PoolEndpoint` answers a token with the changes to the box's session view
+since, and the picker (`BoxPicker.box_seen`) merges them into the view it holds. Whatever happens
+in between (lost replies, restarts, instances out and back, a log too short, a view over the
+bound), the picker's view equals a fresh whole snapshot's, and so does the target its router
+installs with O(changes) work."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 from hypothesis import example, given, settings
@@ -14,7 +16,6 @@ from hypothesis import strategies as st
 
 from talariad.engine.deltas import SessionDeltas
 from talariad.epp.boxpicker import BoxPicker
-from talariad.epp.poller import BoxViews, merge_views, project
 from talariad.gateway.pool import PoolEndpoint, SessionLog
 from talariad.gateway.routing import RouterShell
 from talariad.router import Router, RouterKnobs
@@ -40,11 +41,12 @@ class FakeDaemon:
         self.since: dict[str, int | None] = dict.fromkeys(INSTANCES)
         self.latest: dict[str, Telemetry] = {}
         self.version = 0
+        self.down: set[str] = set()  # instances the box takes no calls for
         self.gw = SimpleNamespace(
             routing=self.shell,
             directory=SimpleNamespace(snapshot=self.latest.get, age_s=lambda name, now: 0.0),
             cfg=SimpleNamespace(models=[], instances=[SimpleNamespace(name=n) for n in INSTANCES]),
-            ready=lambda name: True,
+            ready=lambda name: name not in self.down,
         )
 
     def telemetry(self, name: str, lost: bool) -> None:
@@ -83,10 +85,12 @@ ARGS = {
     "drop": st.tuples(st.sampled_from(INSTANCES), KEYS),
     "telemetry": st.tuples(st.sampled_from(INSTANCES), LOST),
     "restart": st.tuples(st.sampled_from(INSTANCES)),
+    "health": st.tuples(st.sampled_from(INSTANCES)),
     "poll": st.tuples(LOST),
     "box restart": st.just(()),
 }
-KINDS = ["set"] * 4 + ["telemetry"] * 4 + ["poll"] * 3 + ["drop"] * 2 + ["restart", "box restart"]
+KINDS = ["set"] * 4 + ["telemetry"] * 4 + ["poll"] * 3 + ["drop"] * 2
+KINDS += ["restart", "box restart", "health"]
 STEPS = st.sampled_from(KINDS).flatmap(lambda k: ARGS[k].map(lambda args: (k, *args)))
 
 
@@ -111,7 +115,7 @@ DEVICE, HOST = KVState.DEVICE, KVState.HOST
     st.lists(STEPS, min_size=10, max_size=80), st.sampled_from([2, 5, 100, 100]), st.integers(1, 8)
 )
 def test_merged_changes_equal_a_fresh_whole_view(steps, max_sessions, max_changes):
-    box, picker = FakeDaemon(max_sessions, max_changes), Picker()
+    box, picker = FakeDaemon(max_sessions, max_changes), BoxPicker(Router(RouterKnobs(), {}))
     for step in steps:
         kind, args = step[0], step[1:]
         if kind == "set":
@@ -123,35 +127,29 @@ def test_merged_changes_equal_a_fresh_whole_view(steps, max_sessions, max_change
             box.telemetry(*args)
         elif kind == "restart":
             box.restart(args[0])
+        elif kind == "health":  # the instance goes out of the box's service, or comes back
+            box.down ^= {args[0]}
         elif kind == "box restart":  # a new daemon: its log knows no old token
             box = FakeDaemon(max_sessions, max_changes)
         else:
-            picker.poll(box, lost=args[0])
-    picker.poll(box, lost=False)
-    whole = box.snapshot(None)
-    fresh = BoxViews()
-    assert merge_views(fresh, whole, None)
-    assert picker.held.instances == fresh.instances
-    assert picker.installed.sessions == project("box", 1, whole, 0.0).sessions
+            _poll(picker, box, lost=args[0])
+    _poll(picker, box, lost=False)
+    whole = box.snapshot(None).target
+    fresh: dict = {}
+    whole.merge_into(fresh)
+    assert picker._held["box"].sessions == fresh
+    installed = picker.router._instances.get("box").snapshot
+    expected = whole.placement_target("box", installed.version, installed.taken_at, fresh, None)
+    assert installed == dataclasses.replace(expected, sessions_changed=installed.sessions_changed)
     picker.router.check_integrity()
 
 
-class Picker:
-    """The picker's side: the views it holds of the box, its token, its router."""
-
-    def __init__(self) -> None:
-        self.held, self.since, self.version = BoxViews(), None, 0
-        self.router, self.installed = Router(RouterKnobs(), {}), None
-
-    def poll(self, box: FakeDaemon, lost: bool) -> None:
-        snap = box.snapshot(self.since)
-        if lost:  # the reply is lost: the picker keeps its views and token
-            return
-        assert merge_views(self.held, snap, self.since)
-        self.since, self.version = snap.sessions_epoch, self.version + 1
-        self.installed = project("box", self.version, snap, 0.0, self.held)
-        assert self.router.observe(self.installed, 0.0)
-        self.router.check_integrity()  # its index of who holds which session, among others
+def _poll(picker: BoxPicker, box: FakeDaemon, lost: bool) -> None:
+    snap = box.snapshot(picker.since("box"))
+    if lost:  # the reply is lost: the picker keeps its view and token
+        return
+    assert picker.box_seen("box", "10.0.0.1:80", snap, 0.0)
+    picker.router.check_integrity()  # its index of who holds which session, among others
 
 
 def test_a_quiet_box_sends_no_sessions():
@@ -159,30 +157,45 @@ def test_a_quiet_box_sends_no_sessions():
     box.rows["i0"][("s", "m1")] = (KVState.DEVICE, 3)
     box.telemetry("i0", lost=False)
     first = box.snapshot(None)
-    assert [len(i.telemetry.sessions) for i in first.instances] == [1]
+    assert len(first.target.sessions) == 1 and first.target.sessions_base is None
     again = box.snapshot(first.sessions_epoch)
-    assert again.instances[0].telemetry.sessions == []
-    assert again.instances[0].telemetry.sessions_base == first.sessions_epoch
+    assert again.target.sessions == [] and again.target.sessions_removed == []
+    assert again.target.sessions_base == first.sessions_epoch
 
 
-def test_a_change_to_views_not_held_asks_for_them_whole():
+def test_a_prefix_counts_at_its_best_place_on_the_box():
+    box = FakeDaemon(100, 100)
+    box.rows["i0"][A] = (HOST, 4)
+    box.rows["i1"][A] = (DEVICE, 2)
+    for name in INSTANCES:
+        box.telemetry(name, lost=False)
+    first = box.snapshot(None)
+    assert [(s.state, s.kv_len) for s in first.target.sessions] == [(DEVICE, 2)]
+    del box.rows["i1"][A]
+    box.telemetry("i1", lost=False)
+    delta = box.snapshot(first.sessions_epoch)
+    assert [(s.state, s.kv_len) for s in delta.target.sessions] == [(HOST, 4)]
+    box.down.add("i0")  # the box takes no call for i0: its prefixes count for nothing
+    again = box.snapshot(delta.sessions_epoch)
+    assert again.target.sessions_base is None and again.target.sessions == []
+    assert again.target.basis == [("i1", box.version)] and again.target.instances == 1
+
+
+def test_a_change_to_a_view_not_held_asks_for_it_whole():
     box = FakeDaemon(100, 100)
     box.rows["i0"][("s", "m1")] = (KVState.DEVICE, 3)
     box.telemetry("i0", lost=False)
     token = box.snapshot(None).sessions_epoch
-    assert not merge_views(BoxViews(), box.snapshot(token), token)
+    picker = BoxPicker(Router(RouterKnobs(), {}))
+    assert not picker.box_seen("box", "10.0.0.1:80", box.snapshot(token), 0.0)
+    assert picker.since("box") is None and picker.healthy_boxes(0.0) == []
 
 
-def test_a_box_resending_the_replies_installed_is_not_projected_again():
-    box, picker, held = FakeDaemon(100, 100), BoxPicker(Router(RouterKnobs(), {})), BoxViews()
-    since = None
+def test_a_box_resending_the_target_installed_does_not_install_it_again():
+    box, picker = FakeDaemon(100, 100), BoxPicker(Router(RouterKnobs(), {}))
 
     def poll(now: float) -> None:
-        nonlocal since
-        snap = box.snapshot(since)
-        assert merge_views(held, snap, since)
-        since = snap.sessions_epoch
-        picker.box_seen("box", "10.0.0.1:80", snap, now, held)
+        assert picker.box_seen("box", "10.0.0.1:80", box.snapshot(picker.since("box")), now)
 
     box.rows["i0"][A] = (DEVICE, 3)
     box.telemetry("i0", lost=False)

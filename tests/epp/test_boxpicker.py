@@ -10,9 +10,11 @@ import pytest
 
 from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.contract import EPPRequest, ImmediateAnswer, Pick
+from talariad.gateway.pool import box_target
 from talariad.router import Router, RouterKnobs
+from talariad.router.snapshot import router_snapshot
 from talariad.types import LatencyProfile
-from talariad.wire.box import BoxInstance, BoxModel, BoxSnapshot
+from talariad.wire.box import BoxModel, BoxSnapshot
 from talariad.wire.messages import Telemetry
 
 MODEL = "m"
@@ -20,6 +22,7 @@ BOXES = {"a": "10.0.0.1:8000", "b": "10.0.0.2:8000"}
 
 
 def _snap(round_load_s: float = 0.0) -> BoxSnapshot:
+    """A box of one hot instance, as its daemon publishes it."""
     t = Telemetry(
         instance="i0",
         version=1,
@@ -31,8 +34,10 @@ def _snap(round_load_s: float = 0.0) -> BoxSnapshot:
         round_load_s=round_load_s,
         hbm_free_bytes=None,
     )
-    inst = BoxInstance(name="i0", healthy=True, age_s=0.0, telemetry=t)
-    return BoxSnapshot(version=1, instances=[inst], models=[BoxModel(name=MODEL, aliases=["al"])])
+    box = Router(RouterKnobs(), {})
+    box.observe(router_snapshot(t, t.models, 0.0, True), 0.0)
+    target = box_target(box, 0.0, {"i0"})
+    return BoxSnapshot(version=1, target=target, models=[BoxModel(name=MODEL, aliases=["al"])])
 
 
 def _picker(overload: str = "queue", round_load_s: float = 0.0) -> BoxPicker:

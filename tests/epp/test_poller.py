@@ -72,9 +72,9 @@ class _Seen(BoxPicker):
         super().__init__(Router(RouterKnobs(), {}))
         self.snaps: list = []
 
-    def box_seen(self, name, endpoint, snap, now, held=None) -> None:
+    def box_seen(self, name, endpoint, snap, now) -> bool:
         self.snaps.append(snap)
-        super().box_seen(name, endpoint, snap, now, held)
+        return super().box_seen(name, endpoint, snap, now)
 
 
 def test_the_poller_asks_for_changes_and_falls_back_to_whole_views(box):
@@ -93,16 +93,15 @@ def test_the_poller_asks_for_changes_and_falls_back_to_whole_views(box):
                 )
             for _ in range(100):  # until the session reaches the box's view, as a change
                 assert await poller.poll("live", live)
-                held = poller.views["live"].instances
-                if any(k[0].split("~")[0] == "p1" for v in held.values() for k in v):
+                held = picker._held["live"].sessions
+                if any(k[0].split("~")[0] == "p1" for k in held):
                     break
                 await asyncio.sleep(0.1)
-            last = picker.snaps[-1]
-            assert all(i.telemetry.sessions_base is not None for i in last.instances)
-            poller._since["live"] = 12345  # a token the box does not know (it restarted)
+            assert picker.snaps[-1].target.sessions_base is not None
+            picker._held["live"].epoch = 12345  # a token the box does not know (it restarted)
             assert await poller.poll("live", live)
-            assert all(i.telemetry.sessions_base is None for i in picker.snaps[-1].instances)
-            assert poller._since["live"] == picker.snaps[-1].sessions_epoch
+            assert picker.snaps[-1].target.sessions_base is None
+            assert picker.since("live") == picker.snaps[-1].sessions_epoch
         finally:
             await poller.aclose()
 

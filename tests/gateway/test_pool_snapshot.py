@@ -1,6 +1,6 @@
 """`GET /pool/snapshot` on a real daemon (sim executor): the token guards it, the body is a
-`BoxSnapshot` with every instance's telemetry and every model's profile; `?since=` a token
-gets only the session entries that changed since."""
+`BoxSnapshot`: the box as one placement target over every instance, and every model's profile;
+`?since=` a token gets only the session entries that changed since."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from talariad.admin.client import AdminClient
-from talariad.epp.poller import BoxViews, merge_views
 from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
 from tests.support.daemon import start_daemon, stop_daemon
 
@@ -41,21 +40,26 @@ def test_missing_and_wrong_tokens_get_401_in_the_api_error_shape(box):
         assert r.headers["www-authenticate"] == "Bearer"
 
 
+def _all_live(box, snap: BoxSnapshot) -> bool:
+    """The box's target counts every instance of the box."""
+    health = httpx.get(box.endpoint + "/health", timeout=5).json()
+    return snap.target.instances == len(health["instances"]) > 0
+
+
 def test_the_token_gets_every_instance_and_model(box):
     deadline = time.monotonic() + 20
     while True:
         r = _get(box, {"authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 200
         snap = BoxSnapshot.model_validate_json(r.content)
-        if all(i.healthy for i in snap.instances) and snap.instances:
+        if _all_live(box, snap):
             break
         assert time.monotonic() < deadline, snap
         time.sleep(0.2)
-    health = httpx.get(box.endpoint + "/health", timeout=5).json()
-    assert {i.name for i in snap.instances} == {i["name"] for i in health["instances"]}
-    for inst in snap.instances:
-        assert inst.telemetry.sessions_base is None and inst.age_s >= 0
-        assert inst.telemetry.rounds == []
+    target, health = snap.target, httpx.get(box.endpoint + "/health", timeout=5).json()
+    assert {name for name, _ in target.basis} == {i["name"] for i in health["instances"]}
+    assert target.healthy and target.sessions_base is None and target.age_s >= 0
+    assert set(target.allowed_models) == set(target.models) and target.models
     assert snap.models and all(m.profile.decode_step_s > 0 for m in snap.models)
     again = BoxSnapshot.model_validate_json(_get(box, {"authorization": f"Bearer {TOKEN}"}).content)
     assert again.version > snap.version
@@ -96,7 +100,13 @@ def _call(box, session: str, turns: int = 1) -> None:
 
 def _ids(snap: BoxSnapshot) -> set[str]:
     """The sessions listed (a branch `s~KEY` counts as its session `s`)."""
-    return {s.session_id.split("~")[0] for i in snap.instances for s in i.telemetry.sessions}
+    return {s.session_id.split("~")[0] for s in snap.target.sessions}
+
+
+def _merge(held: dict, snap: BoxSnapshot, since: int | None) -> None:
+    """`snap`, the reply to `?since=since`, merged into `held`, the view `since` names."""
+    assert snap.target.sessions_base in (None, since)
+    snap.target.merge_into(held)
 
 
 def _whole_until(box, pred) -> BoxSnapshot:
@@ -107,39 +117,32 @@ def _whole_until(box, pred) -> BoxSnapshot:
     return snap
 
 
-def _quiet_token(box, token: int, held: BoxViews) -> int:
+def _quiet_token(box, token: int, held: dict) -> int:
     """A token after which nothing changes for a poll (the calls' KV settled); `held` follows."""
     deadline = time.monotonic() + 20
     while True:
         snap = _snap(box, token)
-        assert merge_views(held, snap, token)
-        if all(
-            not i.telemetry.sessions and not i.telemetry.sessions_removed for i in snap.instances
-        ):
+        _merge(held, snap, token)
+        if not snap.target.sessions and not snap.target.sessions_removed:
             return token
         assert time.monotonic() < deadline, snap
         token = snap.sessions_epoch
         time.sleep(0.3)
 
 
-def _resent(held: BoxViews, delta: BoxSnapshot) -> list:
+def _resent(held: dict, delta: BoxSnapshot) -> list:
     """Entries `delta` lists that `held` (the view before it) already has as they are."""
-    return [
-        s
-        for i in delta.instances
-        for s in i.telemetry.sessions
-        if held.instances.get(i.name, {}).get((s.session_id, s.model)) == s
-    ]
+    return [s for s in delta.target.sessions if held.get((s.session_id, s.model)) == s]
 
 
 def test_a_token_gets_only_the_changes_and_removals(box):
-    _whole_until(box, lambda s: s.instances and all(i.healthy for i in s.instances))
+    _whole_until(box, lambda s: _all_live(box, s))
     _call(box, "delta-a")
     _call(box, "delta-b")
     first = _whole_until(box, lambda s: {"delta-a", "delta-b"} <= _ids(s))
-    assert all(i.telemetry.sessions_base is None for i in first.instances)
-    held = BoxViews()
-    assert merge_views(held, first, None)
+    assert first.target.sessions_base is None
+    held: dict = {}
+    _merge(held, first, None)
     token = _quiet_token(box, first.sessions_epoch, held)
 
     _call(box, "delta-a", turns=40)
@@ -150,8 +153,8 @@ def test_a_token_gets_only_the_changes_and_removals(box):
     # only changes: delta-a's new prefix, and any other entry only if it changed meanwhile (a
     # switch may move delta-b's prefix to the host); never an entry resent as it was
     assert _resent(held, delta) == []
-    assert all(i.telemetry.sessions_base == token for i in delta.instances)
-    assert merge_views(held, delta, token)
+    assert delta.target.sessions_base == token
+    _merge(held, delta, token)
 
     token = _quiet_token(box, delta.sessions_epoch, held)
     AdminClient(box.socket_path).forget("delta-a")
@@ -161,7 +164,7 @@ def test_a_token_gets_only_the_changes_and_removals(box):
         assert time.monotonic() < deadline
         time.sleep(0.1)
         delta = _snap(box, token)
-        removed |= {tuple(k) for i in delta.instances for k in i.telemetry.sessions_removed}
+        removed |= {tuple(k) for k in delta.target.sessions_removed}
     assert all(k[0].split("~")[0] == "delta-a" for k in removed)
 
 
@@ -170,27 +173,26 @@ def test_an_unknown_token_gets_the_whole_view(box):
     whole = _whole_until(box, lambda s: "delta-c" in _ids(s))
     for since in (whole.sessions_epoch + 10**6, 0, "not-a-token"):
         snap = _snap(box, since)
-        assert all(i.telemetry.sessions_base is None for i in snap.instances)
+        assert snap.target.sessions_base is None
         assert "delta-c" in _ids(snap)
 
 
 def test_merged_changes_equal_a_fresh_whole_view(box):
-    held, since = BoxViews(), None
+    held: dict = {}
+    since = None
     for n in range(6):
         snap = _snap(box, since)
-        assert merge_views(held, snap, since)
+        _merge(held, snap, since)
         since = snap.sessions_epoch
         _call(box, f"delta-m{n % 3}", turns=n + 1)
     deadline = time.monotonic() + 20
     while True:  # the last changes: merged again until the two views agree
         delta, whole = _snap(box, since), _snap(box)
-        assert merge_views(held, delta, since)
-        since, fresh = delta.sessions_epoch, BoxViews()
-        assert merge_views(fresh, whole, None)
-        if held.instances == fresh.instances and since == whole.sessions_epoch:
+        _merge(held, delta, since)
+        since, fresh = delta.sessions_epoch, {}
+        _merge(fresh, whole, None)
+        if held == fresh and since == whole.sessions_epoch:
             break
         assert time.monotonic() < deadline, (held, fresh)
         time.sleep(0.2)
-    assert {"delta-m0", "delta-m1", "delta-m2"} <= {
-        k[0].split("~")[0] for v in held.instances.values() for k in v
-    }
+    assert {"delta-m0", "delta-m1", "delta-m2"} <= {k[0].split("~")[0] for k in held}

@@ -4,7 +4,7 @@ and the same `Router` placing calls on boxes."""
 from __future__ import annotations
 
 from talariad.router import ModelResidency, ModelState
-from talariad.router.boxes import box_snapshot
+from talariad.router.boxes import best_prefixes, box_snapshot
 from talariad.types import KVState, Pool
 from tests.router.router_factories import MODEL, Snaps, call, router
 
@@ -59,3 +59,24 @@ def test_the_router_sends_a_return_to_the_box_holding_its_prefix():
     assert d.instance == "box-b"
     d = r.place(call("c2", "s9", prompt=5000), 0.1)  # a new session: no prefix anywhere
     assert d.instance in {"box-a", "box-b"}
+
+
+def test_the_best_place_of_some_pairs_is_their_best_place_in_the_whole_view():
+    snaps = Snaps()
+    held = [
+        snaps("i0", 0.0, sessions={"s1": (KVState.HOST, 900), "s2": (KVState.DEVICE, 50)}),
+        snaps("i1", 0.0, sessions={"s1": (KVState.DEVICE, 400), "s3": (KVState.HOST, 10)}),
+    ]
+    whole = best_prefixes(held)
+    some = [("s1", MODEL), ("s3", MODEL), ("gone", MODEL)]
+    assert best_prefixes(held, some) == {k: whole[k] for k in some if k in whole}
+
+
+def test_an_installed_snapshot_holds_until_its_last_healthy_report():
+    snaps, r = Snaps(), router()
+    r.observe(snaps("i0", 1.0), 1.0)
+    r.heartbeat("i0", 3.0)  # nothing changed: the snapshot still holds at 3.0
+    ((snap, held_at),) = r.installed()
+    assert (snap.instance, held_at) == ("i0", 3.0)
+    r.heartbeat("i0", 4.0, healthy=False)  # a failed poll says nothing of the snapshot
+    assert r.installed()[0][1] == 1.0
