@@ -128,9 +128,9 @@ def with_held(events: list[Event], knobs: RouterKnobs) -> list[Event]:
 
 
 def _holding(js: str, held: list[KVLocation]) -> BoxSnapshot:
-    """The box's snapshot with `held` among its first instance's prefixes."""
+    """The box's snapshot with `held` among its prefixes."""
     snap = BoxSnapshot.model_validate_json(js)
-    sessions = snap.instances[0].telemetry.sessions
+    sessions = snap.target.sessions
     keys = {(s.session_id, s.model) for s in held}
     sessions[:] = [s for s in sessions if (s.session_id, s.model) not in keys] + held
     return snap
