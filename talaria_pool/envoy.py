@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from talariad.config import split_host_port
+from talariad.epp.config import GATEWAY_HEALTH_CHECK
 
 TEMPLATE = Path(__file__).with_name("gateway.yaml")
 """The shipped template: package data, so an installed `talariad` has it; deploy/envoy/gateway.yaml,
@@ -43,7 +44,7 @@ class GatewaySpec:
     """What the template needs: where Envoy listens, where the EPP and the boxes are."""
 
     listen: str  # "host:port" (port 0: any free port)
-    epp: str  # "host:port" of `talariad epp`'s gRPC server
+    epp: str | tuple[str, ...]  # "host:port" of each `talariad epp` replica's gRPC server
     boxes: tuple[str, ...]  # "host:port" of each box's HTTP gateway (the fail-open fallback)
     admin_port: int = 0
     failure_mode: str = "fail_closed"
@@ -70,24 +71,34 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
         raise EnvoyError("the pool has no boxes for the fail-open fallback cluster")
     body_mode, trailer_mode = BODY_MODES[spec.response_body]
     listen_host, listen_port = split_address(spec.listen)
-    epp_host, epp_port = split_address(spec.epp)
-    endpoints = []
-    for box in spec.boxes:
-        host, port = split_address(box)
-        addr = f"{{socket_address: {{address: {host}, port_value: {port}}}}}"
-        endpoints.append(f"        - endpoint: {{address: {addr}}}")
+    epps = (spec.epp,) if isinstance(spec.epp, str) else spec.epp
+    if not epps:
+        raise EnvoyError("the pool has no EPP")
+    check = GATEWAY_HEALTH_CHECK
     return string.Template(template.read_text()).substitute(
         admin_port=spec.admin_port,
         listen_address=listen_host,
         listen_port=listen_port,
-        epp_host=epp_host,
-        epp_port=epp_port,
+        epp_endpoints=_endpoints(epps),
+        epp_check_interval=f"{check.interval_s:g}s",
+        epp_check_timeout=f"{check.timeout_s:g}s",
+        epp_unhealthy_threshold=check.unhealthy_threshold,
         failure_mode_allow="true" if allow else "false",
         response_body_mode=body_mode,
         response_trailer_mode=trailer_mode,
-        fallback_endpoints="\n".join(endpoints),
+        fallback_endpoints=_endpoints(spec.boxes),
         access_log=json.dumps(spec.access_log),
     )
+
+
+def _endpoints(addresses: tuple[str, ...]) -> str:
+    """`lb_endpoints` entries, one a line, for "host:port" addresses."""
+    lines = []
+    for address in addresses:
+        host, port = split_address(address)
+        addr = f"{{socket_address: {{address: {host}, port_value: {port}}}}}"
+        lines.append(f"        - endpoint: {{address: {addr}}}")
+    return "\n".join(lines)
 
 
 def binary() -> str | None:
@@ -201,7 +212,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("render", help="write the gateway config for a pool")
     r.add_argument("--listen", default="0.0.0.0:8080", help="the gateway's host:port")
-    r.add_argument("--epp", required=True, help="host:port of `talariad epp`")
+    r.add_argument(
+        "--epp", action="append", required=True, help="host:port of a `talariad epp` (repeat)"
+    )
     r.add_argument("--box", action="append", required=True, help="a box's host:port (repeat)")
     r.add_argument("--admin-port", type=int, default=9901)
     r.add_argument("--failure-mode", default="fail_closed", help="fail_open or fail_closed")
@@ -222,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if ok else 1
         spec = GatewaySpec(
             args.listen,
-            args.epp,
+            tuple(args.epp),
             tuple(args.box),
             args.admin_port,
             args.failure_mode,

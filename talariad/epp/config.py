@@ -20,6 +20,27 @@ from talariad.router.box_policies import BOX_POLICIES
 from talariad.secretfiles import load_token
 
 
+@dataclasses.dataclass(frozen=True)
+class GatewayHealthCheck:
+    """The gateway's active health check of the picker (the `epp` cluster of the rendered Envoy
+    config, `talaria_pool/envoy.py`): one definition, read by the renderer and by the picker's
+    drain, so the two cannot disagree."""
+
+    interval_s: float = 1.0
+    timeout_s: float = 0.5
+    unhealthy_threshold: int = 1
+    """NOT_SERVING answers in a row that mark a picker down."""
+
+    @property
+    def notice_s(self) -> float:
+        """How long a draining picker keeps taking streams after it answers NOT_SERVING: the
+        checks that mark it down, and one interval more (a check under way when it began)."""
+        return self.interval_s * (self.unhealthy_threshold + 1)
+
+
+GATEWAY_HEALTH_CHECK = GatewayHealthCheck()
+
+
 class TLSConfig(_Strict):
     cert_file: str
     key_file: str
@@ -67,7 +88,8 @@ class EPPConfig(_Strict):
     """The box-level policy (`router.box_policies`): talaria (the router: leases, KV locality,
     model residency), round-robin, least-load, llm-d (GIE's default scorer mix), llm-d-session."""
     drain_s: float = Field(default=10.0, ge=0)
-    """On SIGTERM: how long calls in flight may finish."""
+    """On SIGTERM, after announcing NOT_SERVING for `GATEWAY_HEALTH_CHECK.notice_s` (while the
+    gateway moves new calls to another picker): how long the streams still open may finish."""
     lease_slack_s: float = Field(default=0.5, ge=0)
     """How much longer than τ (`router.tau_s`) a lease lives here. τ is the agent's tool gap,
     from the answer's end at the client to its next call; the picker sees the answer end before

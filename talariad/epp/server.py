@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,7 +95,7 @@ async def start(processor: ExtProcServicer, address: str, tls: TLSFiles | None =
 
 
 async def serve(server: EPPServer, grace_s: float, announce_s: float = 0.0) -> None:
-    """Run until SIGTERM or SIGINT, then drain (`EPPServer.drain`)."""
+    """Run until SIGTERM or SIGINT, then drain (`EPPServer.drain`), saying so on stderr."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -104,4 +105,11 @@ async def serve(server: EPPServer, grace_s: float, announce_s: float = 0.0) -> N
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+    print(
+        f"talariad epp: draining: NOT_SERVING for {announce_s:g} s, then up to {grace_s:g} s "
+        "for the streams still open",
+        file=sys.stderr,
+        flush=True,
+    )
     await server.drain(grace_s, announce_s)
+    print("talariad epp: drained", file=sys.stderr, flush=True)

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from talaria_pool import envoy
+from talariad.epp.config import GATEWAY_HEALTH_CHECK
 from tests.support.pool import needs_envoy
 
 BOXES = ("127.0.0.1:8001", "127.0.0.1:8002", "10.0.0.3:8000")
@@ -62,6 +63,32 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     assert clusters["pool_fallback"]["common_lb_config"]["healthy_panic_threshold"]["value"] == 0
 
 
+def test_the_pickers_health_check_is_the_one_their_drain_waits_for():
+    """A draining picker announces for `notice_s`: the rendered check must notice within it."""
+    _, _, clusters = parts(envoy.render(spec()))
+    [check] = clusters["epp"]["health_checks"]
+    seconds = lambda text: float(text.removesuffix("s"))  # noqa: E731
+    interval, threshold = seconds(check["interval"]), check["unhealthy_threshold"]
+    assert interval == seconds(check["no_traffic_interval"]) == GATEWAY_HEALTH_CHECK.interval_s
+    assert threshold == GATEWAY_HEALTH_CHECK.unhealthy_threshold
+    assert seconds(check["timeout"]) == GATEWAY_HEALTH_CHECK.timeout_s < interval
+    assert GATEWAY_HEALTH_CHECK.notice_s == interval * threshold + interval
+
+
+def test_several_pickers_share_the_epp_cluster(capsys):
+    two = envoy.GatewaySpec(**{**spec().__dict__, "epp": ("127.0.0.1:9002", "10.0.0.9:9003")})
+    _, _, clusters = parts(envoy.render(two))
+    hosts = clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [h["endpoint"]["address"]["socket_address"] for h in hosts] == [
+        {"address": "127.0.0.1", "port_value": 9002},
+        {"address": "10.0.0.9", "port_value": 9003},
+    ]
+    argv = ["render", "--epp", "127.0.0.1:9002", "--epp", "10.0.0.9:9003", "--box", "127.0.0.1:1"]
+    assert envoy.main(argv) == 0
+    _, _, clusters = parts(capsys.readouterr().out)
+    assert len(clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 2
+
+
 @needs_envoy
 @pytest.mark.proc
 @pytest.mark.parametrize("failure_mode,response_body", VARIANTS)
@@ -79,6 +106,8 @@ def test_envoy_accepts_every_variant(tmp_path, failure_mode, response_body):
         ({"failure_mode": "sometimes"}, "fail_open or fail_closed"),
         ({"response_body": "buffered"}, "one of"),
         ({"epp": "localhost"}, "not host:port"),
+        ({"epp": ("127.0.0.1:9002", "nowhere")}, "not host:port"),
+        ({"epp": ()}, "no EPP"),
         ({"boxes": ()}, "no boxes"),
     ],
 )

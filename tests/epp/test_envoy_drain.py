@@ -1,0 +1,113 @@
+"""A picker's drain behind the real Envoy: two pickers, calls sent steadily, SIGTERM to one; its
+NOT_SERVING moves new calls to the other before it stops, and it finishes the streams it holds.
+Fail-closed, so that a call that reached no picker would show as a 500 rather than be carried
+round robin by the fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from talaria_pool import devpool, envoy
+from talariad.epp.config import GATEWAY_HEALTH_CHECK
+from tests.support.pool import chat, needs_envoy, running_pool
+
+pytestmark = [pytest.mark.e2e, needs_envoy]
+
+WORKERS = 6
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    with running_pool(tmp_path_factory.mktemp("drain"), boxes=2, failure_mode="fail_closed") as p:
+        yield p
+
+
+def healthy_pickers(admin: str) -> set[str]:
+    """The `epp` cluster's hosts Envoy's health check finds healthy."""
+    text = httpx.get(f"{admin}/clusters", timeout=5).text
+    return {
+        line.split("::")[1]
+        for line in text.splitlines()
+        if line.startswith("epp::") and line.endswith("::health_flags::healthy")
+    }
+
+
+def streams_taken(admin: str) -> float:
+    text = httpx.get(f"http://{admin}/metrics", timeout=5).text
+    line = next(ln for ln in text.splitlines() if ln.startswith("talaria_epp_streams_total "))
+    return float(line.split()[-1])
+
+
+async def wait_for(condition, what: str, wait_s: float = 30) -> None:
+    deadline = time.monotonic() + wait_s
+    while not await asyncio.to_thread(condition):
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+def test_sigterm_to_one_of_two_pickers_loses_no_call(pool):
+    second, second_admin = devpool.start_epp(pool, "fail_closed", name="epp-b")
+    spec = envoy.GatewaySpec(
+        "127.0.0.1:0", (pool.epp, second), tuple(pool.boxes), failure_mode="fail_closed"
+    )
+    gateway = devpool.start_gateway(pool, spec, "envoy-two")
+    picker = pool.procs["epp-b"].proc
+    sent: list[tuple[float, str]] = []  # (when sent, "" or what went wrong)
+    stop = asyncio.Event()
+
+    async def agent(c: httpx.AsyncClient, w: int) -> None:
+        messages = [{"role": "user", "content": f"agent {w} starts"}]
+        turn = 0
+        while not stop.is_set():
+            at, turn = time.monotonic(), turn + 1
+            try:
+                a = await chat(c, f"drain-{w}", messages, stream=turn % 2 == 0)
+                wrong = "" if a.status == 200 and a.usage else f"{a.status} {a.body or a.events}"
+            except httpx.HTTPError as err:
+                wrong = repr(err)
+            sent.append((at, wrong))
+            if not wrong:
+                messages += [
+                    {"role": "assistant", "content": a.text},
+                    {"role": "user", "content": f"turn {turn}"},
+                ]
+
+    async def run() -> tuple[float, float]:
+        await wait_for(lambda: healthy_pickers(gateway.admin) == {pool.epp, second}, "pickers")
+        limits = httpx.Limits(max_connections=WORKERS)
+        async with httpx.AsyncClient(
+            base_url=f"http://{gateway.listen}", timeout=30, limits=limits
+        ) as c:
+            agents = [asyncio.create_task(agent(c, w)) for w in range(WORKERS)]
+            try:
+                # both pickers carry calls before the signal
+                await wait_for(lambda: streams_taken(second_admin) >= 20, "picker b took none")
+                os.kill(picker.pid, signal.SIGTERM)
+                termed = time.monotonic()
+                await wait_for(lambda: picker.poll() is not None, "picker b never exited")
+                exited = time.monotonic()
+                after = len(sent)
+                await wait_for(lambda: len(sent) >= after + 3 * WORKERS, "no calls after")
+            finally:
+                stop.set()
+                await asyncio.gather(*agents)
+        return termed, exited
+
+    termed, exited = asyncio.run(run())
+    during = [w for at, w in sent if termed <= at <= exited]
+    failed = [w for _, w in sent if w]
+    print(f"calls sent {len(sent)}, during the drain {len(during)}, failed {len(failed)}")
+    assert failed == [], failed[:5]
+    assert picker.returncode == 0
+    # it announced for as long as the health check needs, and calls went on meanwhile
+    assert exited - termed >= GATEWAY_HEALTH_CHECK.notice_s
+    assert len(during) >= WORKERS
+    assert second not in healthy_pickers(gateway.admin)
+    log = (pool.workdir / "epp-b.log").read_text()
+    assert "draining: NOT_SERVING for" in log and "drained" in log
