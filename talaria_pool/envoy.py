@@ -8,6 +8,7 @@ wait for it, stop it by PID.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import signal
@@ -40,6 +41,18 @@ class EnvoyError(Exception):
 
 
 @dataclass(frozen=True)
+class EPPTLS:
+    """How Envoy reaches pickers serving TLS (`talariad epp`'s `tls`): the CA that signed their
+    certificates (each must name its address from `--epp` as a subject alt name), and the
+    gateway's own certificate and key for pickers that verify clients (`tls.client_ca_file`).
+    Paths as Envoy will open them (absolute, or from Envoy's working directory)."""
+
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+@dataclass(frozen=True)
 class GatewaySpec:
     """What the template needs: where Envoy listens, where the EPP and the boxes are."""
 
@@ -50,6 +63,7 @@ class GatewaySpec:
     failure_mode: str = "fail_closed"
     response_body: str = "full-duplex"
     access_log: str = "/dev/stdout"  # one JSON line per call
+    epp_tls: EPPTLS | None = None  # None: plaintext HTTP/2 to the pickers
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -80,6 +94,7 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
         listen_address=listen_host,
         listen_port=listen_port,
         epp_endpoints=_endpoints(epps),
+        epp_transport_socket=_epp_tls(spec.epp_tls, epps),
         epp_check_interval=f"{check.interval_s:g}s",
         epp_check_timeout=f"{check.timeout_s:g}s",
         epp_unhealthy_threshold=check.unhealthy_threshold,
@@ -98,6 +113,43 @@ def _endpoints(addresses: tuple[str, ...]) -> str:
         host, port = split_address(address)
         addr = f"{{socket_address: {{address: {host}, port_value: {port}}}}}"
         lines.append(f"        - endpoint: {{address: {addr}}}")
+    return "\n".join(lines)
+
+
+def _epp_tls(tls: EPPTLS | None, epps: tuple[str, ...]) -> str:
+    """The `epp` cluster's upstream TLS (empty for plaintext): the pickers' CA, their addresses
+    as the alt names a certificate must carry, and the gateway's client certificate if any."""
+    if tls is None:
+        return ""
+    if (tls.cert_file is None) != (tls.key_file is None):
+        raise EnvoyError("the gateway's client certificate needs both a cert and a key file")
+    names = []
+    for address in epps:
+        host = split_address(address)[0]
+        try:
+            ipaddress.ip_address(host)
+            kind = "IP_ADDRESS"
+        except ValueError:
+            kind = "DNS"
+        names.append(f"            - {{san_type: {kind}, matcher: {{exact: {json.dumps(host)}}}}}")
+    lines = [
+        "    transport_socket:",
+        "      name: envoy.transport_sockets.tls",
+        "      typed_config:",
+        '        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext',
+        "        common_tls_context:",
+        "          alpn_protocols: [h2]",
+        "          validation_context:",
+        f"            trusted_ca: {{filename: {json.dumps(tls.ca_file)}}}",
+        "            match_typed_subject_alt_names:",
+        *names,
+    ]
+    if tls.cert_file is not None:
+        lines += [
+            "          tls_certificates:",
+            f"          - certificate_chain: {{filename: {json.dumps(tls.cert_file)}}}",
+            f"            private_key: {{filename: {json.dumps(tls.key_file)}}}",
+        ]
     return "\n".join(lines)
 
 
@@ -216,6 +268,9 @@ def _parser() -> argparse.ArgumentParser:
         "--epp", action="append", required=True, help="host:port of a `talariad epp` (repeat)"
     )
     r.add_argument("--box", action="append", required=True, help="a box's host:port (repeat)")
+    r.add_argument("--epp-ca", help="CA file of the pickers' TLS certificates (TLS to them)")
+    r.add_argument("--epp-cert", help="the gateway's client certificate for the pickers")
+    r.add_argument("--epp-key", help="the key of --epp-cert")
     r.add_argument("--admin-port", type=int, default=9901)
     r.add_argument("--failure-mode", default="fail_closed", help="fail_open or fail_closed")
     r.add_argument("--response-body", default="full-duplex", choices=sorted(BODY_MODES))
@@ -224,6 +279,14 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="envoy --mode validate on a rendered config")
     v.add_argument("config")
     return ap
+
+
+def _epp_tls_args(args: argparse.Namespace) -> EPPTLS | None:
+    if args.epp_ca is None:
+        if args.epp_cert or args.epp_key:
+            raise EnvoyError("--epp-cert and --epp-key need --epp-ca (TLS to the pickers)")
+        return None
+    return EPPTLS(args.epp_ca, args.epp_cert, args.epp_key)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             args.failure_mode,
             args.response_body,
             args.access_log,
+            _epp_tls_args(args),
         )
         text = render(spec)
     except EnvoyError as err:

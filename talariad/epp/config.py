@@ -44,6 +44,9 @@ GATEWAY_HEALTH_CHECK = GatewayHealthCheck()
 class TLSConfig(_Strict):
     cert_file: str
     key_file: str
+    client_ca_file: str | None = None
+    """PEM CA certificates: when set, a client (the gateway) must present a certificate one of
+    them signed, or its connection is refused (mutual TLS)."""
 
 
 class StaticDiscovery(_Strict):
@@ -69,8 +72,10 @@ class DiscoveryConfig(_Strict):
 
 
 class EPPConfig(_Strict):
-    listen: str = "0.0.0.0:9002"
-    """The ext_proc gRPC address ("host:port") Envoy's EPP cluster points at."""
+    listen: str = "127.0.0.1:9002"
+    """The ext_proc gRPC address ("host:port") Envoy's EPP cluster points at. Loopback unless
+    configured: a stream reveals the boxes' addresses and drives picks, so another host's
+    gateway needs an address given here (with `tls`, or a network that only it reaches)."""
     tls: TLSConfig | None = None
     metrics: str = "127.0.0.1:9090"
     """Prometheus `/metrics` and the operators' JSON (`/status`, `/calls/ID`), "host:port"."""
@@ -167,10 +172,10 @@ def load_epp_config(path: str | pathlib.Path) -> EPPConfig:
 def _file_lines(cfg: EPPConfig, base: pathlib.Path) -> list[tuple[str, str]]:
     out = []
     if cfg.tls is not None:
-        for where, name in (
-            ("tls.cert_file", cfg.tls.cert_file),
-            ("tls.key_file", cfg.tls.key_file),
-        ):
+        files = [("tls.cert_file", cfg.tls.cert_file), ("tls.key_file", cfg.tls.key_file)]
+        if cfg.tls.client_ca_file is not None:
+            files.append(("tls.client_ca_file", cfg.tls.client_ca_file))
+        for where, name in files:
             try:
                 (base / name).read_bytes()
             except OSError as err:

@@ -52,7 +52,10 @@ async def serve_ext_proc(
     long as the gateway's health check needs to notice, then the open streams' end."""
     tls = None
     if cfg.tls is not None:
-        tls = server.TLSFiles(base / cfg.tls.cert_file, base / cfg.tls.key_file)
+        ca = cfg.tls.client_ca_file
+        tls = server.TLSFiles(
+            base / cfg.tls.cert_file, base / cfg.tls.key_file, None if ca is None else base / ca
+        )
     started = await server.start(server.ExtProcServicer(picker, metrics=metrics), cfg.listen, tls)
     print(f"talariad epp: ext_proc listening on {cfg.listen}", file=sys.stderr, flush=True)
     await server.serve(started, cfg.drain_s, GATEWAY_HEALTH_CHECK.notice_s)

@@ -56,6 +56,8 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
 class TLSFiles:
     cert: Path
     key: Path
+    client_ca: Path | None = None
+    """When given, a client must present a certificate this CA signed (mutual TLS)."""
 
 
 class EPPServer:
@@ -78,7 +80,8 @@ class EPPServer:
 
 
 async def start(processor: ExtProcServicer, address: str, tls: TLSFiles | None = None) -> EPPServer:
-    """Serve `processor` and health on `address` ("host:port"), over TLS when `tls` is given."""
+    """Serve `processor` and health on `address` ("host:port"), over TLS when `tls` is given
+    (mutual TLS when it names a client CA)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     checks = health.aio.HealthServicer()
@@ -89,7 +92,11 @@ async def start(processor: ExtProcServicer, address: str, tls: TLSFiles | None =
         port = server.add_insecure_port(address)
     else:
         pair = (tls.key.read_bytes(), tls.cert.read_bytes())
-        port = server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
+        ca = None if tls.client_ca is None else tls.client_ca.read_bytes()
+        creds = grpc.ssl_server_credentials(
+            [pair], root_certificates=ca, require_client_auth=ca is not None
+        )
+        port = server.add_secure_port(address, creds)
     await server.start()
     return EPPServer(server, checks, port)
 

@@ -40,6 +40,10 @@ def _epp(tmp_path, data) -> CliRunner:
         ({"listen": "nowhere"}, "listen: Value error, expected host:port"),
         ({"colour": "blue"}, "colour: unknown key"),
         ({"tls": {"cert_file": "c.pem", "key_file": "k.pem"}}, "tls.cert_file: cannot read"),
+        (
+            {"tls": {"cert_file": "pool.token", "key_file": "pool.token", "client_ca_file": "x"}},
+            "tls.client_ca_file: cannot read",
+        ),
     ],
 )
 def test_a_bad_config_is_one_line_and_exit_2(tmp_path, change, says):
@@ -49,6 +53,10 @@ def test_a_bad_config_is_one_line_and_exit_2(tmp_path, change, says):
     lines = result.stderr.strip().splitlines()
     assert any(says.replace("Value error, ", "") in ln for ln in lines), lines
     assert all(ln.startswith("talariad: ") for ln in lines) and "Traceback" not in result.stderr
+
+
+def test_the_picker_listens_on_loopback_unless_configured():
+    assert EPPConfig.model_validate(GOOD).listen.startswith("127.0.0.1:")
 
 
 def test_an_empty_token_file_is_refused(tmp_path):

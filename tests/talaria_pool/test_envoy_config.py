@@ -10,6 +10,7 @@ import yaml
 
 from talaria_pool import envoy
 from talariad.epp.config import GATEWAY_HEALTH_CHECK
+from tests.support import certs
 from tests.support.pool import needs_envoy
 
 BOXES = ("127.0.0.1:8001", "127.0.0.1:8002", "10.0.0.3:8000")
@@ -89,6 +90,40 @@ def test_several_pickers_share_the_epp_cluster(capsys):
     assert len(clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 2
 
 
+def test_tls_to_the_pickers_checks_their_names_and_presents_the_gateways_certificate():
+    tls = envoy.EPPTLS("/etc/envoy/epp-ca.crt", "/etc/envoy/gw.crt", "/etc/envoy/gw.key")
+    two = envoy.GatewaySpec(
+        **{**spec().__dict__, "epp": ("127.0.0.1:9002", "epp.internal:9002"), "epp_tls": tls}
+    )
+    _, _, clusters = parts(envoy.render(two))
+    socket = clusters["epp"]["transport_socket"]["typed_config"]["common_tls_context"]
+    assert socket["alpn_protocols"] == ["h2"]
+    assert socket["validation_context"]["trusted_ca"] == {"filename": tls.ca_file}
+    assert socket["validation_context"]["match_typed_subject_alt_names"] == [
+        {"san_type": "IP_ADDRESS", "matcher": {"exact": "127.0.0.1"}},
+        {"san_type": "DNS", "matcher": {"exact": "epp.internal"}},
+    ]
+    [pair] = socket["tls_certificates"]
+    assert pair == {
+        "certificate_chain": {"filename": tls.cert_file},
+        "private_key": {"filename": tls.key_file},
+    }
+    _, _, plain = parts(envoy.render(spec()))
+    assert "transport_socket" not in plain["epp"]
+
+
+@needs_envoy
+@pytest.mark.proc
+def test_envoy_accepts_tls_to_the_pickers(tmp_path):
+    authority = certs.ca(tmp_path)
+    client = certs.leaf(tmp_path, "gateway", authority, usage="clientAuth")
+    tls = envoy.EPPTLS(str(authority.cert), str(client.cert), str(client.key))
+    path = tmp_path / "gateway.yaml"
+    path.write_text(envoy.render(envoy.GatewaySpec(**{**spec().__dict__, "epp_tls": tls})))
+    ok, text = envoy.validate(path)
+    assert ok, text
+
+
 @needs_envoy
 @pytest.mark.proc
 @pytest.mark.parametrize("failure_mode,response_body", VARIANTS)
@@ -108,6 +143,7 @@ def test_envoy_accepts_every_variant(tmp_path, failure_mode, response_body):
         ({"epp": "localhost"}, "not host:port"),
         ({"epp": ("127.0.0.1:9002", "nowhere")}, "not host:port"),
         ({"epp": ()}, "no EPP"),
+        ({"epp_tls": envoy.EPPTLS("ca.crt", cert_file="gw.crt")}, "both a cert and a key"),
         ({"boxes": ()}, "no boxes"),
     ],
 )
@@ -121,3 +157,11 @@ def test_render_command_says_what_is_wrong(capsys):
     rc = envoy.main(["render", "--epp", "nowhere", "--box", "127.0.0.1:1"])
     assert rc == 2
     assert capsys.readouterr().err.strip() == "talaria_pool.envoy: 'nowhere' is not host:port"
+
+
+def test_render_command_wants_the_pickers_ca_for_a_client_certificate(capsys):
+    argv = ["render", "--epp", "127.0.0.1:9002", "--box", "127.0.0.1:1", "--epp-cert", "gw.crt"]
+    assert envoy.main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        "talaria_pool.envoy: --epp-cert and --epp-key need --epp-ca (TLS to the pickers)"
+    )

@@ -1,7 +1,7 @@
-"""A picker's drain behind the real Envoy: two pickers, calls sent steadily, SIGTERM to one; its
-NOT_SERVING moves new calls to the other before it stops, and it finishes the streams it holds.
-Fail-closed, so that a call that reached no picker would show as a 500 rather than be carried
-round robin by the fallback."""
+"""Pickers behind the real Envoy, fail-closed (a call that reached no picker is a 500, not carried
+round robin by the fallback): a drain that loses nothing (two pickers, calls sent steadily,
+SIGTERM to one: its NOT_SERVING moves new calls to the other before it stops, and it finishes
+the streams it holds), and mutual TLS between Envoy and the picker."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import pytest
 
 from talaria_pool import devpool, envoy
 from talariad.epp.config import GATEWAY_HEALTH_CHECK
+from tests.epp.test_envoy_faults import wait_unhealthy
+from tests.support import certs
 from tests.support.pool import chat, needs_envoy, running_pool
 
 pytestmark = [pytest.mark.e2e, needs_envoy]
@@ -111,3 +113,38 @@ def test_sigterm_to_one_of_two_pickers_loses_no_call(pool):
     assert second not in healthy_pickers(gateway.admin)
     log = (pool.workdir / "epp-b.log").read_text()
     assert "draining: NOT_SERVING for" in log and "drained" in log
+
+
+def test_mutual_tls_from_envoy_to_the_picker(pool, tmp_path):
+    authority = certs.ca(tmp_path)
+    mine = certs.leaf(tmp_path, "epp", authority)
+    gateway_cert = certs.leaf(tmp_path, "gateway", authority, usage="clientAuth")
+    tls = {"cert_file": str(mine.cert), "key_file": str(mine.key)}
+    picker, _ = devpool.start_epp(
+        pool, "fail_closed", name="epp-tls", tls={**tls, "client_ca_file": str(authority.cert)}
+    )
+
+    def gateway(name: str, client: certs.Leaf | None) -> envoy.Envoy:
+        cert, key = (None, None) if client is None else (str(client.cert), str(client.key))
+        spec = envoy.GatewaySpec(
+            "127.0.0.1:0",
+            picker,
+            tuple(pool.boxes),
+            failure_mode="fail_closed",
+            epp_tls=envoy.EPPTLS(str(authority.cert), cert, key),
+        )
+        return devpool.start_gateway(pool, spec, name)
+
+    trusted = gateway("envoy-tls", gateway_cert)
+    asyncio.run(wait_for(lambda: healthy_pickers(trusted.admin) == {picker}, "TLS health check"))
+    r = httpx.post(
+        f"http://{trusted.listen}/v1/chat/completions",
+        json={"model": "claude-sonnet-4", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+    assert r.status_code == 200 and r.json()["choices"], r.text
+    # a gateway without a client certificate the picker's CA signed is refused: no stream, 500
+    anonymous = gateway("envoy-anonymous", None)
+    wait_unhealthy(anonymous.admin, f"epp::{picker}::")
+    r = httpx.post(f"http://{anonymous.listen}/v1/chat/completions", json={}, timeout=30)
+    assert r.status_code == 500
