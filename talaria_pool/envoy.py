@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from talariad.calls.errors import APIError
 from talariad.config import split_host_port
 from talariad.epp.config import GATEWAY_HEALTH_CHECK
 
@@ -34,6 +35,10 @@ response trailers either (the stream has ended at the response headers)."""
 FAILURE_MODES = {"failopen": True, "fail_open": True, "failclose": False, "fail_closed": False}
 """The pool's failure mode (InferencePool's FailOpen / FailClose, `talariad epp`'s fail_open /
 fail_closed) → Envoy's failure_mode_allow."""
+
+
+NOT_FOUND = APIError(404, "Not Found", type="not_found_error")
+"""The gateway's answer off the API's paths: the box's own 404 (its gateway's error handler)."""
 
 
 class EnvoyError(Exception):
@@ -103,6 +108,7 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
         response_trailer_mode=trailer_mode,
         fallback_endpoints=_endpoints(spec.boxes),
         access_log=json.dumps(spec.access_log),
+        not_found_body=json.dumps(json.dumps(NOT_FOUND.body())),
     )
 
 

@@ -174,3 +174,29 @@ def test_a_malformed_body_gets_the_api_400_from_the_epp(pool):
     assert r.json()["error"]["type"] == "invalid_request_error"
     row = served_by_id(pool)[r.headers["x-request-id"]]
     assert row["served"] is None and row["picked"] is None  # answered before any box
+
+
+def _streams_taken(pool) -> float:
+    text = httpx.get(f"http://{pool.epp_admin}/metrics", timeout=5).text
+    line = next(ln for ln in text.splitlines() if ln.startswith("talaria_epp_streams_total "))
+    return float(line.split()[-1])
+
+
+@pytest.mark.parametrize(
+    "path", ["/metrics", "/ready", "/health", "/pool/snapshot", "/v1/../metrics"]
+)
+def test_the_boxes_operator_paths_are_not_public(pool, path):
+    box = pool.boxes[0]
+    real = path.rsplit("/", 1)[-1] if path.startswith("/v1") else path.lstrip("/")
+    assert httpx.get(f"http://{box}/{real}", timeout=10).status_code in (200, 401)  # the box has it
+    before = _streams_taken(pool)
+    r = httpx.get(f"http://{pool.gateway}{path}", timeout=10)
+    assert r.status_code == 404, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["type"] == "not_found_error"
+    assert _streams_taken(pool) == before  # answered by Envoy: the EPP was not asked
+
+
+def test_the_api_paths_stay_public(pool):
+    r = httpx.get(f"http://{pool.gateway}/v1/models", timeout=10)
+    assert r.status_code == 200 and r.json()["data"]

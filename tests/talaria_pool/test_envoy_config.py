@@ -46,6 +46,11 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     assert routes[0]["match"]["dynamic_metadata"][0]["filter"] == "envoy.lb"
     assert routes[0]["route"]["cluster"] == "pool_picked" and "headers" not in routes[0]["match"]
     assert routes[1]["route"]["cluster"] == "pool_fallback"
+    # only the API is public: the rest is Envoy's own 404, the EPP not asked
+    assert [r["match"]["prefix"] for r in routes] == ["/v1/", "/v1/", "/"]
+    assert routes[2]["direct_response"]["status"] == 404 and "route" not in routes[2]
+    assert routes[2]["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["disabled"]
+    assert hcm["normalize_path"] and hcm["merge_slashes"]
     assert list(filters)[0] == "envoy.filters.http.header_mutation"
     picked = clusters["pool_picked"]["original_dst_lb_config"]
     assert "metadata_key" in picked and "use_http_header" not in picked
