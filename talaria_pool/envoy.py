@@ -22,7 +22,7 @@ from pathlib import Path
 
 from talariad.calls.errors import APIError
 from talariad.config import split_host_port
-from talariad.epp.config import GATEWAY_HEALTH_CHECK
+from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK
 
 TEMPLATE = Path(__file__).with_name("gateway.yaml")
 """The shipped template: package data, so an installed `talariad` has it; deploy/envoy/gateway.yaml,
@@ -34,7 +34,7 @@ response trailers either (the stream has ended at the response headers)."""
 
 FAILURE_MODES = {"failopen": True, "fail_open": True, "failclose": False, "fail_closed": False}
 """The pool's failure mode (InferencePool's FailOpen / FailClose, `talariad epp`'s fail_open /
-fail_closed) → Envoy's failure_mode_allow."""
+fail_closed) → Envoy's failure_mode_allow. The default is `talariad.epp.config.FAILURE_MODE`."""
 
 
 NOT_FOUND = APIError(404, "Not Found", type="not_found_error")
@@ -65,7 +65,7 @@ class GatewaySpec:
     epp: str | tuple[str, ...]  # "host:port" of each `talariad epp` replica's gRPC server
     boxes: tuple[str, ...]  # "host:port" of each box's HTTP gateway (the fail-open fallback)
     admin_port: int = 0
-    failure_mode: str = "fail_closed"
+    failure_mode: str = FAILURE_MODE
     response_body: str = "full-duplex"
     access_log: str = "/dev/stdout"  # one JSON line per call
     epp_tls: EPPTLS | None = None  # None: plaintext HTTP/2 to the pickers
@@ -104,6 +104,8 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
         epp_check_timeout=f"{check.timeout_s:g}s",
         epp_unhealthy_threshold=check.unhealthy_threshold,
         failure_mode_allow="true" if allow else "false",
+        failure_mode_key=FAILURE_MODE_KEY,
+        failure_mode="fail_open" if allow else "fail_closed",
         response_body_mode=body_mode,
         response_trailer_mode=trailer_mode,
         fallback_endpoints=_endpoints(spec.boxes),
@@ -278,7 +280,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--epp-cert", help="the gateway's client certificate for the pickers")
     r.add_argument("--epp-key", help="the key of --epp-cert")
     r.add_argument("--admin-port", type=int, default=9901)
-    r.add_argument("--failure-mode", default="fail_closed", help="fail_open or fail_closed")
+    r.add_argument("--failure-mode", default=FAILURE_MODE, help="fail_open or fail_closed")
     r.add_argument("--response-body", default="full-duplex", choices=sorted(BODY_MODES))
     r.add_argument("--access-log", default="/dev/stdout", help="file of one JSON line per call")
     r.add_argument("-o", "--out", help="file to write (default: stdout)")

@@ -40,6 +40,16 @@ class GatewayHealthCheck:
 
 GATEWAY_HEALTH_CHECK = GatewayHealthCheck()
 
+FailureMode = Literal["fail_open", "fail_closed"]
+FAILURE_MODE: FailureMode = "fail_open"
+"""The one default of the picker's config and of the rendered Envoy config: while no picker
+answers, calls go round robin to the boxes that pass their health check. Every box can serve
+every call (a moved session recomputes its KV), so a dead picker costs stickiness, not calls;
+failing closed turns it into 500s for every call until a picker is back (docs/pool.md)."""
+
+FAILURE_MODE_KEY = "x-talaria-failure-mode"
+"""The ext_proc stream's gRPC metadata in which the rendered Envoy config names its failure mode."""
+
 
 class TLSConfig(_Strict):
     cert_file: str
@@ -85,9 +95,10 @@ class EPPConfig(_Strict):
     poll_interval_s: float = Field(default=0.1, gt=0)
     stale_after_s: float = Field(default=2.0, gt=0)
     """A box not answering for this long takes no new calls (nor lease returns)."""
-    failure_mode: Literal["fail_open", "fail_closed"] = "fail_open"
-    """What Envoy does when this process is down; the gateway's config enforces it (its EPP
-    cluster's health check), this field documents which one the pool was deployed with."""
+    failure_mode: FailureMode = FAILURE_MODE
+    """What Envoy does when no picker answers; the gateway's config enforces it (its ext_proc
+    filter, and its EPP cluster's health check). The picker warns, once, when the Envoy config
+    streaming to it names the other one (`FAILURE_MODE_KEY`)."""
     max_branches: int = Field(default=4, ge=1, le=64)
     policy: str = "talaria"
     """The box-level policy (`router.box_policies`): talaria (the router: leases, KV locality,

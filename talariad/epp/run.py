@@ -56,7 +56,8 @@ async def serve_ext_proc(
         tls = server.TLSFiles(
             base / cfg.tls.cert_file, base / cfg.tls.key_file, None if ca is None else base / ca
         )
-    started = await server.start(server.ExtProcServicer(picker, metrics=metrics), cfg.listen, tls)
+    processor = server.ExtProcServicer(picker, metrics=metrics, failure_mode=cfg.failure_mode)
+    started = await server.start(processor, cfg.listen, tls)
     print(f"talariad epp: ext_proc listening on {cfg.listen}", file=sys.stderr, flush=True)
     await server.serve(started, cfg.drain_s, GATEWAY_HEALTH_CHECK.notice_s)
 

@@ -4,6 +4,7 @@ standard health service, over TLS or plaintext, drained on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 import time
@@ -15,9 +16,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from talariad.epp import ext_proc_pb2_grpc
+from talariad.epp.config import FAILURE_MODE_KEY
 from talariad.epp.contract import Picker
 from talariad.epp.metrics import EPPMetrics
 from talariad.epp.stream import MAX_BODY_BYTES, Stream
+
+log = logging.getLogger("talariad.epp")
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 MAX_MESSAGE_BYTES = 16 * 2**20
@@ -31,11 +35,30 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
         clock: Callable[[], float] = time.monotonic,
         metrics: EPPMetrics | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        failure_mode: str | None = None,
     ) -> None:
+        """`failure_mode`: the picker config's; a stream whose Envoy config names another one
+        (`FAILURE_MODE_KEY` metadata) gets a warning logged, once for each mode named."""
         self.picker, self.clock, self.max_body = picker, clock, max_body_bytes
         self.metrics = metrics or EPPMetrics()
+        self.failure_mode = failure_mode
+        self.told: set[str] = set()
+
+    def _check_failure_mode(self, context) -> None:
+        if self.failure_mode is None:
+            return
+        for key, value in context.invocation_metadata() or ():
+            if key == FAILURE_MODE_KEY and value != self.failure_mode and value not in self.told:
+                self.told.add(value)
+                log.warning(
+                    "the Envoy config streaming to this picker was rendered %s, this picker's "
+                    "failure_mode is %s: make them agree",
+                    value,
+                    self.failure_mode,
+                )
 
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        self._check_failure_mode(context)
         stream = Stream(self.picker, self.clock, self.metrics, self.max_body)
         self.metrics.streams.inc()
         self.metrics.in_flight.inc()

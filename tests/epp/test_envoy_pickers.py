@@ -1,7 +1,8 @@
 """Pickers behind the real Envoy, fail-closed (a call that reached no picker is a 500, not carried
 round robin by the fallback): a drain that loses nothing (two pickers, calls sent steadily,
 SIGTERM to one: its NOT_SERVING moves new calls to the other before it stops, and it finishes
-the streams it holds), and mutual TLS between Envoy and the picker."""
+the streams it holds), mutual TLS between Envoy and the picker, and the picker's warning when the
+Envoy config streaming to it was rendered with the other failure mode."""
 
 from __future__ import annotations
 
@@ -148,3 +149,15 @@ def test_mutual_tls_from_envoy_to_the_picker(pool, tmp_path):
     wait_unhealthy(anonymous.admin, f"epp::{picker}::")
     r = httpx.post(f"http://{anonymous.listen}/v1/chat/completions", json={}, timeout=30)
     assert r.status_code == 500
+
+
+def test_a_gateway_rendered_to_fail_open_is_warned_of_by_a_fail_closed_picker(pool):
+    spec = envoy.GatewaySpec("127.0.0.1:0", pool.epp, tuple(pool.boxes), failure_mode="fail_open")
+    gateway = devpool.start_gateway(pool, spec, "envoy-open")
+    for _ in range(2):
+        r = httpx.get(f"http://{gateway.listen}/v1/models", timeout=30)
+        assert r.status_code == 200
+    warning = "was rendered fail_open, this picker's failure_mode is fail_closed: make them agree"
+    log = pool.workdir / "epp.log"
+    asyncio.run(wait_for(lambda: warning in log.read_text(), "no warning", wait_s=10))
+    assert log.read_text().count(warning) == 1

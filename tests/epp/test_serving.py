@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from talariad.epp.admin import admin_app
 from talariad.epp.boxpicker import BoxPicker
+from talariad.epp.config import FAILURE_MODE_KEY
 from talariad.epp.metrics import EPPMetrics
 from talariad.epp.server import SERVICE, TLSFiles, serve
 from talariad.router import Router, RouterKnobs
@@ -124,6 +125,20 @@ async def test_mutual_tls_takes_only_clients_its_ca_signed(epp, tmp_path):
             await health_of(channel, SERVICE)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         await channel.close()
+
+
+async def test_a_gateway_rendered_with_the_other_failure_mode_is_warned_of_once(epp, caplog):
+    run = await epp(failure_mode="fail_open")
+    mode = lambda m: ((FAILURE_MODE_KEY, m),)  # noqa: E731
+    for metadata in (mode("fail_open"), (), mode("fail_closed"), mode("fail_closed")):
+        call = run.stream(metadata)
+        await call.routed()
+        await call.end()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [
+        "the Envoy config streaming to this picker was rendered fail_closed, this picker's "
+        "failure_mode is fail_open: make them agree"
+    ]
 
 
 def test_the_operators_http_side_shows_the_metrics():

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from talaria_pool import envoy
-from talariad.epp.config import GATEWAY_HEALTH_CHECK
+from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK, EPPConfig
 from tests.support import certs
 from tests.support.pool import needs_envoy
 
@@ -38,6 +38,8 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     hcm, filters, clusters = parts(envoy.render(spec(failure_mode, response_body)))
     ext = filters["envoy.filters.http.ext_proc"]
     assert ext["failure_mode_allow"] is (failure_mode == "fail_open")
+    metadata = [{"key": FAILURE_MODE_KEY, "value": failure_mode}]
+    assert ext["grpc_service"]["initial_metadata"] == metadata  # what the picker checks
     mode = ext["processing_mode"]
     assert mode["request_body_mode"] == "FULL_DUPLEX_STREAMED"
     assert mode["response_body_mode"] == envoy.BODY_MODES[response_body][0]
@@ -67,6 +69,16 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     assert len(fallback) == len(BOXES)
     # failing open never panic-routes to a box its health check found dead
     assert clusters["pool_fallback"]["common_lb_config"]["healthy_panic_threshold"]["value"] == 0
+
+
+def test_the_picker_and_the_rendered_config_have_one_default_failure_mode(capsys):
+    assert FAILURE_MODE == "fail_open"
+    assert EPPConfig.model_fields["failure_mode"].default == FAILURE_MODE
+    assert envoy.main(["render", "--epp", "127.0.0.1:9002", "--box", "127.0.0.1:1"]) == 0
+    _, filters, _ = parts(capsys.readouterr().out)
+    ext = filters["envoy.filters.http.ext_proc"]
+    assert ext["failure_mode_allow"] is True
+    assert ext["grpc_service"]["initial_metadata"][0]["value"] == FAILURE_MODE
 
 
 def test_the_pickers_health_check_is_the_one_their_drain_waits_for():
