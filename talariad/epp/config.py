@@ -15,6 +15,7 @@ from talariad.config import (
     read_config_data,
     split_host_port,
 )
+from talariad.epp.stream import BODY_TIMEOUT_S, MAX_BODY_BYTES
 from talariad.router import RouterKnobs
 from talariad.router.box_policies import BOX_POLICIES
 from talariad.secretfiles import load_token
@@ -103,6 +104,12 @@ class EPPConfig(_Strict):
     policy: str = "talaria"
     """The box-level policy (`router.box_policies`): talaria (the router: leases, KV locality,
     model residency), round-robin, least-load, llm-d (GIE's default scorer mix), llm-d-session."""
+    max_body_bytes: int = Field(default=MAX_BODY_BYTES, ge=1024)
+    """Largest request body (default: the box's `limits.max_body_bytes` default); a larger one
+    gets 413 in the API's error shape, from its Content-Length before any of it is read."""
+    body_timeout_s: float = Field(default=BODY_TIMEOUT_S, gt=0)
+    """A request body must be whole this long after its headers (default: the box's
+    `limits.body_timeout_s` default), or the call gets 408 in the API's error shape."""
     drain_s: float = Field(default=10.0, ge=0)
     """On SIGTERM, after announcing NOT_SERVING for `GATEWAY_HEALTH_CHECK.notice_s` (while the
     gateway moves new calls to another picker): how long the streams still open may finish."""

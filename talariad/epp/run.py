@@ -56,7 +56,13 @@ async def serve_ext_proc(
         tls = server.TLSFiles(
             base / cfg.tls.cert_file, base / cfg.tls.key_file, None if ca is None else base / ca
         )
-    processor = server.ExtProcServicer(picker, metrics=metrics, failure_mode=cfg.failure_mode)
+    processor = server.ExtProcServicer(
+        picker,
+        metrics=metrics,
+        max_body_bytes=cfg.max_body_bytes,
+        failure_mode=cfg.failure_mode,
+        body_timeout_s=cfg.body_timeout_s,
+    )
     started = await server.start(processor, cfg.listen, tls)
     print(f"talariad epp: ext_proc listening on {cfg.listen}", file=sys.stderr, flush=True)
     await server.serve(started, cfg.drain_s, GATEWAY_HEALTH_CHECK.notice_s)

@@ -19,7 +19,7 @@ from talariad.epp import ext_proc_pb2_grpc
 from talariad.epp.config import FAILURE_MODE_KEY
 from talariad.epp.contract import Picker
 from talariad.epp.metrics import EPPMetrics
-from talariad.epp.stream import MAX_BODY_BYTES, Stream
+from talariad.epp.stream import BODY_TIMEOUT_S, MAX_BODY_BYTES, Stream
 
 log = logging.getLogger("talariad.epp")
 
@@ -36,10 +36,13 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
         metrics: EPPMetrics | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
         failure_mode: str | None = None,
+        body_timeout_s: float = BODY_TIMEOUT_S,
     ) -> None:
         """`failure_mode`: the picker config's; a stream whose Envoy config names another one
-        (`FAILURE_MODE_KEY` metadata) gets a warning logged, once for each mode named."""
+        (`FAILURE_MODE_KEY` metadata) gets a warning logged, once for each mode named.
+        `body_timeout_s`: a request body not whole this long after its headers gets 408."""
         self.picker, self.clock, self.max_body = picker, clock, max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.metrics = metrics or EPPMetrics()
         self.failure_mode = failure_mode
         self.told: set[str] = set()
@@ -63,14 +66,39 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
         self.metrics.streams.inc()
         self.metrics.in_flight.inc()
         clean = False
+        messages = aiter(request_iterator)
+        pending: asyncio.Future | None = None  # a read outliving a body's deadline
+        loop = asyncio.get_running_loop()
+        body_deadline: float | None = None
         try:
             # NOTE: the stream stays open until Envoy ends it. Closing it first (even cleanly,
             # after the last reply) makes Envoy drop response chunks it has not yet handed over.
-            async for request in request_iterator:
+            while True:
+                if body_deadline is None and stream.body_due:
+                    body_deadline = loop.time() + self.body_timeout_s
+                if body_deadline is not None and stream.body_due:
+                    # a body that trickles is refused as the box refuses it; the read goes on
+                    # (not cancelled) and takes whatever Envoy sends after the refusal
+                    if pending is None:
+                        pending = asyncio.ensure_future(anext(messages))
+                    done, _ = await asyncio.wait({pending}, timeout=body_deadline - loop.time())
+                    if not done:
+                        for reply in stream.body_timed_out(self.body_timeout_s):
+                            yield reply
+                        continue
+                try:
+                    if pending is not None:
+                        request, pending = await pending, None
+                    else:
+                        request = await anext(messages)
+                except StopAsyncIteration:
+                    break
                 for reply in stream.handle(request):
                     yield reply
             clean = True
         finally:  # also on cancellation: settles a call whose response was cut
+            if pending is not None:
+                pending.cancel()
             stream.ended(clean)
             self.metrics.in_flight.dec()
 

@@ -1,14 +1,17 @@
 """Pickers behind the real Envoy, fail-closed (a call that reached no picker is a 500, not carried
 round robin by the fallback): a drain that loses nothing (two pickers, calls sent steadily,
 SIGTERM to one: its NOT_SERVING moves new calls to the other before it stops, and it finishes
-the streams it holds), mutual TLS between Envoy and the picker, and the picker's warning when the
-Envoy config streaming to it was rendered with the other failure mode."""
+the streams it holds), mutual TLS between Envoy and the picker, the picker's warning when the
+Envoy config streaming to it was rendered with the other failure mode, and its body bounds (a
+declared length over the limit, a body that trickles)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import time
 
 import httpx
@@ -161,3 +164,34 @@ def test_a_gateway_rendered_to_fail_open_is_warned_of_by_a_fail_closed_picker(po
     log = pool.workdir / "epp.log"
     asyncio.run(wait_for(lambda: warning in log.read_text(), "no warning", wait_s=10))
     assert log.read_text().count(warning) == 1
+
+
+def test_bodies_over_the_limit_or_too_slow_get_the_api_errors_through_envoy(pool):
+    picker, _ = devpool.start_epp(
+        pool, "fail_closed", name="epp-bodies", max_body_bytes=4096, body_timeout_s=1.0
+    )
+    spec = envoy.GatewaySpec("127.0.0.1:0", picker, tuple(pool.boxes), failure_mode="fail_closed")
+    gateway = devpool.start_gateway(pool, spec, "envoy-bodies")
+    asyncio.run(wait_for(lambda: healthy_pickers(gateway.admin) == {picker}, "picker"))
+    url = f"http://{gateway.listen}/v1/chat/completions"
+    big = json.dumps({"model": "claude-sonnet-4", "messages": [], "pad": "x" * 5000})
+    r = httpx.post(url, content=big, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
+    assert f"{len(big)} bytes" in r.json()["error"]["message"]
+
+    host, port = envoy.split_address(gateway.listen)
+    with socket.create_connection((host, port), timeout=10) as trickle:
+        head = "POST /v1/chat/completions HTTP/1.1\r\nhost: pool\r\ncontent-length: 100\r\n"
+        trickle.sendall(f'{head}content-type: application/json\r\n\r\n{{"model'.encode())
+        started = time.monotonic()
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = trickle.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    waited = time.monotonic() - started
+    status, _, rest = answer.partition(b"\r\n")
+    assert status.startswith(b"HTTP/1.1 408"), answer
+    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "request_timeout" and "within 1 s" in error["message"]
+    assert 0.8 <= waited < 8, waited

@@ -18,7 +18,7 @@ from tests.support.pool import Answer, chat, needs_envoy, running_pool, served_b
 pytestmark = [pytest.mark.e2e, needs_envoy]
 
 SESSIONS, CALLS = 50, 6
-# The 8 MiB test body must reach the box whole: raise the box's limits above it (its prompt is
+# The 8 MiB test body must reach the box whole: raise the box's limits, and the picker's, above it (its prompt is
 # judged at 64 bytes a token at least, so it fits tiny-agent's context).
 LIMITS = {"max_body_bytes": 16 << 20, "max_string_chars": 16 << 20, "max_bytes_per_token": 64}
 
@@ -27,7 +27,7 @@ LIMITS = {"max_body_bytes": 16 << 20, "max_string_chars": 16 << 20, "max_bytes_p
 # box can take longer than the 1 s default between an answer's end and the next call reaching the
 # EPP; past τ, cost placement may rightly move a tiny-model session (its recompute is cheaper than
 # a queue). The test is of the lease path through Envoy, so τ covers the machine's stalls.
-EPP = {"router": {"tau_s": 10.0}}
+EPP = {"router": {"tau_s": 10.0}, "max_body_bytes": LIMITS["max_body_bytes"]}
 
 
 @pytest.fixture(scope="module")
