@@ -99,8 +99,14 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
         finally:  # also on cancellation: settles a call whose response was cut
             if pending is not None:
                 pending.cancel()
+                pending.add_done_callback(_retrieved)  # a read Envoy's reset failed: not an error
             stream.ended(clean)
             self.metrics.in_flight.dec()
+
+
+def _retrieved(read: asyncio.Future) -> None:
+    if not read.cancelled():
+        read.exception()
 
 
 @dataclass(frozen=True)
