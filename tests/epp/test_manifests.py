@@ -170,10 +170,10 @@ def test_the_pool_selects_the_talariad_pods_on_their_http_port():
         not selector.items() <= one("Deployment")["spec"]["template"]["metadata"]["labels"].items()
     )
     talariad = _container(daemonset)
-    ports = {p["containerPort"] for p in talariad["ports"]}
-    assert {p["number"] for p in one("InferencePool")["spec"]["targetPorts"]} == ports
+    ports = {p["name"]: p["containerPort"] for p in talariad["ports"]}
+    assert [p["number"] for p in one("InferencePool")["spec"]["targetPorts"]] == [ports["http"]]
     box = parse_config(_talariad_config(), "talariad-config")
-    assert box.listen.http_port in ports and box.listen.http_host == "0.0.0.0"
+    assert box.listen.http_port == ports["http"] and box.listen.http_host == "0.0.0.0"
     assert talariad["readinessProbe"]["httpGet"]["path"] == "/ready"
 
 
@@ -249,8 +249,16 @@ def test_only_the_gateway_reaches_the_pickers_grpc_and_scrapers_its_metrics():
     assert ports["grpc"] != ports["metrics"]  # metrics on a port of their own
 
 
-def test_only_the_gateway_and_the_picker_reach_the_boxes():
-    reaches = _who_reaches(one("DaemonSet"))
-    assert set(reaches) == {"http"}
+def test_only_the_gateway_and_the_picker_reach_the_boxes_and_scrapers_their_metrics():
+    daemonset = one("DaemonSet")
+    reaches = _who_reaches(daemonset)
+    assert set(reaches) == {"http", "metrics"}
     peers = reaches["http"]
     assert len(peers) == 2 and sum(map(_is_gateway, peers)) == 1 and sum(map(_is_epp, peers)) == 1
+    [scrapers] = reaches["metrics"]
+    assert set(scrapers) == {"namespaceSelector"} and scrapers["namespaceSelector"]["matchLabels"]
+    # the box serves /metrics on the container's metrics port, apart from the API's
+    box = parse_config(_talariad_config(), "talariad-config")
+    ports = {p["name"]: p["containerPort"] for p in _container(daemonset)["ports"]}
+    assert box.listen.metrics == f"0.0.0.0:{ports['metrics']}"
+    assert ports["metrics"] != ports["http"] == box.listen.http_port
