@@ -45,8 +45,9 @@ FailureMode = Literal["fail_open", "fail_closed"]
 FAILURE_MODE: FailureMode = "fail_open"
 """The one default of the picker's config and of the rendered Envoy config: while no picker
 answers, calls go round robin to the boxes that pass their health check. Every box can serve
-every call (a moved session recomputes its KV), so a dead picker costs stickiness, not calls;
-failing closed turns it into 500s for every call until a picker is back (docs/pool.md)."""
+every call (a moved session recomputes its KV), so a dead picker costs its stickiness and the
+streams it carried, not every call after; failing closed answers those 500 until a picker is
+back (why, measured: deploy/envoy/README.md)."""
 
 FAILURE_MODE_KEY = "x-talaria-failure-mode"
 """The ext_proc stream's gRPC metadata in which the rendered Envoy config names its failure mode."""
