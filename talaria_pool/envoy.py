@@ -8,6 +8,7 @@ wait for it, stop it by PID.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import signal
@@ -19,7 +20,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from talariad.calls.errors import APIError
 from talariad.config import split_host_port
+from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK
 
 TEMPLATE = Path(__file__).with_name("gateway.yaml")
 """The shipped template: package data, so an installed `talariad` has it; deploy/envoy/gateway.yaml,
@@ -31,7 +34,11 @@ response trailers either (the stream has ended at the response headers)."""
 
 FAILURE_MODES = {"failopen": True, "fail_open": True, "failclose": False, "fail_closed": False}
 """The pool's failure mode (InferencePool's FailOpen / FailClose, `talariad epp`'s fail_open /
-fail_closed) → Envoy's failure_mode_allow."""
+fail_closed) → Envoy's failure_mode_allow. The default is `talariad.epp.config.FAILURE_MODE`."""
+
+
+NOT_FOUND = APIError(404, "Not Found", type="not_found_error")
+"""The gateway's answer off the API's paths: the box's own 404 (its gateway's error handler)."""
 
 
 class EnvoyError(Exception):
@@ -39,16 +46,29 @@ class EnvoyError(Exception):
 
 
 @dataclass(frozen=True)
+class EPPTLS:
+    """How Envoy reaches pickers serving TLS (`talariad epp`'s `tls`): the CA that signed their
+    certificates (each must name its address from `--epp` as a subject alt name), and the
+    gateway's own certificate and key for pickers that verify clients (`tls.client_ca_file`).
+    Paths as Envoy will open them (absolute, or from Envoy's working directory)."""
+
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+@dataclass(frozen=True)
 class GatewaySpec:
     """What the template needs: where Envoy listens, where the EPP and the boxes are."""
 
     listen: str  # "host:port" (port 0: any free port)
-    epp: str  # "host:port" of `talariad epp`'s gRPC server
+    epp: str | tuple[str, ...]  # "host:port" of each `talariad epp` replica's gRPC server
     boxes: tuple[str, ...]  # "host:port" of each box's HTTP gateway (the fail-open fallback)
     admin_port: int = 0
-    failure_mode: str = "fail_closed"
+    failure_mode: str = FAILURE_MODE
     response_body: str = "full-duplex"
     access_log: str = "/dev/stdout"  # one JSON line per call
+    epp_tls: EPPTLS | None = None  # None: plaintext HTTP/2 to the pickers
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -70,24 +90,75 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
         raise EnvoyError("the pool has no boxes for the fail-open fallback cluster")
     body_mode, trailer_mode = BODY_MODES[spec.response_body]
     listen_host, listen_port = split_address(spec.listen)
-    epp_host, epp_port = split_address(spec.epp)
-    endpoints = []
-    for box in spec.boxes:
-        host, port = split_address(box)
-        addr = f"{{socket_address: {{address: {host}, port_value: {port}}}}}"
-        endpoints.append(f"        - endpoint: {{address: {addr}}}")
+    epps = (spec.epp,) if isinstance(spec.epp, str) else spec.epp
+    if not epps:
+        raise EnvoyError("the pool has no EPP")
+    check = GATEWAY_HEALTH_CHECK
     return string.Template(template.read_text()).substitute(
         admin_port=spec.admin_port,
         listen_address=listen_host,
         listen_port=listen_port,
-        epp_host=epp_host,
-        epp_port=epp_port,
+        epp_endpoints=_endpoints(epps),
+        epp_transport_socket=_epp_tls(spec.epp_tls, epps),
+        epp_check_interval=f"{check.interval_s:g}s",
+        epp_check_timeout=f"{check.timeout_s:g}s",
+        epp_unhealthy_threshold=check.unhealthy_threshold,
         failure_mode_allow="true" if allow else "false",
+        failure_mode_key=FAILURE_MODE_KEY,
+        failure_mode="fail_open" if allow else "fail_closed",
         response_body_mode=body_mode,
         response_trailer_mode=trailer_mode,
-        fallback_endpoints="\n".join(endpoints),
+        fallback_endpoints=_endpoints(spec.boxes),
         access_log=json.dumps(spec.access_log),
+        not_found_body=json.dumps(json.dumps(NOT_FOUND.body())),
     )
+
+
+def _endpoints(addresses: tuple[str, ...]) -> str:
+    """`lb_endpoints` entries, one a line, for "host:port" addresses."""
+    lines = []
+    for address in addresses:
+        host, port = split_address(address)
+        addr = f"{{socket_address: {{address: {host}, port_value: {port}}}}}"
+        lines.append(f"        - endpoint: {{address: {addr}}}")
+    return "\n".join(lines)
+
+
+def _epp_tls(tls: EPPTLS | None, epps: tuple[str, ...]) -> str:
+    """The `epp` cluster's upstream TLS (empty for plaintext): the pickers' CA, their addresses
+    as the alt names a certificate must carry, and the gateway's client certificate if any."""
+    if tls is None:
+        return ""
+    if (tls.cert_file is None) != (tls.key_file is None):
+        raise EnvoyError("the gateway's client certificate needs both a cert and a key file")
+    names = []
+    for address in epps:
+        host = split_address(address)[0]
+        try:
+            ipaddress.ip_address(host)
+            kind = "IP_ADDRESS"
+        except ValueError:
+            kind = "DNS"
+        names.append(f"            - {{san_type: {kind}, matcher: {{exact: {json.dumps(host)}}}}}")
+    lines = [
+        "    transport_socket:",
+        "      name: envoy.transport_sockets.tls",
+        "      typed_config:",
+        '        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext',
+        "        common_tls_context:",
+        "          alpn_protocols: [h2]",
+        "          validation_context:",
+        f"            trusted_ca: {{filename: {json.dumps(tls.ca_file)}}}",
+        "            match_typed_subject_alt_names:",
+        *names,
+    ]
+    if tls.cert_file is not None:
+        lines += [
+            "          tls_certificates:",
+            f"          - certificate_chain: {{filename: {json.dumps(tls.cert_file)}}}",
+            f"            private_key: {{filename: {json.dumps(tls.key_file)}}}",
+        ]
+    return "\n".join(lines)
 
 
 def binary() -> str | None:
@@ -201,16 +272,29 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("render", help="write the gateway config for a pool")
     r.add_argument("--listen", default="0.0.0.0:8080", help="the gateway's host:port")
-    r.add_argument("--epp", required=True, help="host:port of `talariad epp`")
+    r.add_argument(
+        "--epp", action="append", required=True, help="host:port of a `talariad epp` (repeat)"
+    )
     r.add_argument("--box", action="append", required=True, help="a box's host:port (repeat)")
+    r.add_argument("--epp-ca", help="CA file of the pickers' TLS certificates (TLS to them)")
+    r.add_argument("--epp-cert", help="the gateway's client certificate for the pickers")
+    r.add_argument("--epp-key", help="the key of --epp-cert")
     r.add_argument("--admin-port", type=int, default=9901)
-    r.add_argument("--failure-mode", default="fail_closed", help="fail_open or fail_closed")
+    r.add_argument("--failure-mode", default=FAILURE_MODE, help="fail_open or fail_closed")
     r.add_argument("--response-body", default="full-duplex", choices=sorted(BODY_MODES))
     r.add_argument("--access-log", default="/dev/stdout", help="file of one JSON line per call")
     r.add_argument("-o", "--out", help="file to write (default: stdout)")
     v = sub.add_parser("validate", help="envoy --mode validate on a rendered config")
     v.add_argument("config")
     return ap
+
+
+def _epp_tls_args(args: argparse.Namespace) -> EPPTLS | None:
+    if args.epp_ca is None:
+        if args.epp_cert or args.epp_key:
+            raise EnvoyError("--epp-cert and --epp-key need --epp-ca (TLS to the pickers)")
+        return None
+    return EPPTLS(args.epp_ca, args.epp_cert, args.epp_key)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,12 +306,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if ok else 1
         spec = GatewaySpec(
             args.listen,
-            args.epp,
+            tuple(args.epp),
             tuple(args.box),
             args.admin_port,
             args.failure_mode,
             args.response_body,
             args.access_log,
+            _epp_tls_args(args),
         )
         text = render(spec)
     except EnvoyError as err:

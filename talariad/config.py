@@ -49,11 +49,16 @@ class ListenConfig(_Strict):
     `Authorization: Bearer KEY` (OpenAI) or `x-api-key: KEY` (Anthropic). Relative to the config file."""
     allow_unauthenticated: bool = False
     """Allow a non-loopback `http` address without `api_keys_file` (refused otherwise)."""
+    metrics: str | None = None
+    """host:port of a Prometheus `/metrics` endpoint of its own (port 0 picks a free port); when
+    set, `/metrics` is served there only (the HTTP endpoint answers 404 for it), so a scraper
+    needs no access to the API's port. Default: `/metrics` on the HTTP endpoint."""
 
-    @field_validator("http")
+    @field_validator("http", "metrics")
     @classmethod
-    def _host_port(cls, v: str) -> str:
-        split_host_port(v)
+    def _host_port(cls, v: str | None) -> str | None:
+        if v is not None:
+            split_host_port(v)
         return v
 
     @property

@@ -25,8 +25,8 @@ from talariad.admin.operator import Operator, Services
 from talariad.admin.planning import PlannerShell
 from talariad.admin.sockets import daemon_socket
 from talariad.checks import load_checked, parse_checked
-from talariad.config import ConfigError, TalariaConfig
-from talariad.gateway.app import Gateway, build_app
+from talariad.config import ConfigError, TalariaConfig, split_host_port
+from talariad.gateway.app import Gateway, build_app, metrics_app
 from talariad.gateway.health import Availability, InstanceView, Readiness, availability
 from talariad.gateway.instances import InstanceDirectory
 from talariad.gateway.metrics import InstanceMetrics
@@ -107,6 +107,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._background: list[asyncio.Task] = []
         self._http: httpserver.Server | None = None
+        self.metrics_endpoint = ""  # `listen.metrics`, once bound
 
     def _planner(self, cfg: TalariaConfig) -> PlannerShell | None:
         try:
@@ -411,8 +412,9 @@ class Daemon:
         host, port = sock.getsockname()[:2]
         self.endpoint = f"http://{host}:{port}"
         # uvicorn's own cancel-on-timeout only backs up our drain (which ends calls cleanly first)
+        scrape = await self._start_metrics()
         http, http_task = await httpserver.start(
-            build_app(self.gateway),
+            build_app(self.gateway, metrics=scrape is None),
             sock,
             keep_alive_s=self.cfg.limits.keep_alive_timeout_s,
             head_timeout_s=self.cfg.limits.header_timeout_s,
@@ -437,12 +439,25 @@ class Daemon:
         finally:
             sdnotify.notify("STOPPING=1")
             await self._drain(http, http_task)
+            if scrape is not None:
+                scrape[0].should_exit = True
+                await scrape[1]
             await admin.stop(grace=1.0)
             await self.supervisor.stop()
             for t in self._background:
                 t.cancel()
             await asyncio.gather(*self._background, return_exceptions=True)
             await self.directory.aclose()
+
+    async def _start_metrics(self) -> tuple[httpserver.Server, asyncio.Task] | None:
+        """`/metrics` on `listen.metrics`, when configured (else it stays on the HTTP endpoint)."""
+        if self.cfg.listen.metrics is None:
+            return None
+        host, port = split_host_port(self.cfg.listen.metrics)
+        sock = httpserver.bind(host, port)
+        bound = sock.getsockname()[:2]
+        self.metrics_endpoint = f"http://{bound[0]}:{bound[1]}/metrics"
+        return await httpserver.start(metrics_app(self.gateway), sock)
 
     async def _serve(self) -> None:
         starting = asyncio.create_task(self.supervisor.start())
@@ -468,7 +483,8 @@ class Daemon:
             f"STATUS=serving {len(self.cfg.models)} models on {len(self.cfg.instances)} instances",
         )
         print(
-            f"talariad: listening on {self.endpoint}/v1 (admin: unix:{self.admin_socket})",
+            f"talariad: listening on {self.endpoint}/v1 (admin: unix:{self.admin_socket}"
+            + (f", metrics: {self.metrics_endpoint})" if self.metrics_endpoint else ")"),
             flush=True,
         )
         await self._stop.wait()

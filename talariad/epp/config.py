@@ -15,14 +15,50 @@ from talariad.config import (
     read_config_data,
     split_host_port,
 )
+from talariad.epp.stream import BODY_TIMEOUT_S, MAX_BODY_BYTES
 from talariad.router import RouterKnobs
 from talariad.router.box_policies import BOX_POLICIES
 from talariad.secretfiles import load_token
 
 
+@dataclasses.dataclass(frozen=True)
+class GatewayHealthCheck:
+    """The gateway's active health check of the picker (the `epp` cluster of the rendered Envoy
+    config, `talaria_pool/envoy.py`): one definition, read by the renderer and by the picker's
+    drain, so the two cannot disagree."""
+
+    interval_s: float = 1.0
+    timeout_s: float = 0.5
+    unhealthy_threshold: int = 1
+    """NOT_SERVING answers in a row that mark a picker down."""
+
+    @property
+    def notice_s(self) -> float:
+        """How long a draining picker keeps taking streams after it answers NOT_SERVING: the
+        checks that mark it down, and one interval more (a check under way when it began)."""
+        return self.interval_s * (self.unhealthy_threshold + 1)
+
+
+GATEWAY_HEALTH_CHECK = GatewayHealthCheck()
+
+FailureMode = Literal["fail_open", "fail_closed"]
+FAILURE_MODE: FailureMode = "fail_open"
+"""The one default of the picker's config and of the rendered Envoy config: while no picker
+answers, calls go round robin to the boxes that pass their health check. Every box can serve
+every call (a moved session recomputes its KV), so a dead picker costs its stickiness and the
+streams it carried, not every call after; failing closed answers those 500 until a picker is
+back (why, measured: deploy/envoy/README.md)."""
+
+FAILURE_MODE_KEY = "x-talaria-failure-mode"
+"""The ext_proc stream's gRPC metadata in which the rendered Envoy config names its failure mode."""
+
+
 class TLSConfig(_Strict):
     cert_file: str
     key_file: str
+    client_ca_file: str | None = None
+    """PEM CA certificates: when set, a client (the gateway) must present a certificate one of
+    them signed, or its connection is refused (mutual TLS)."""
 
 
 class StaticDiscovery(_Strict):
@@ -48,8 +84,10 @@ class DiscoveryConfig(_Strict):
 
 
 class EPPConfig(_Strict):
-    listen: str = "0.0.0.0:9002"
-    """The ext_proc gRPC address ("host:port") Envoy's EPP cluster points at."""
+    listen: str = "127.0.0.1:9002"
+    """The ext_proc gRPC address ("host:port") Envoy's EPP cluster points at. Loopback unless
+    configured: a stream reveals the boxes' addresses and drives picks, so another host's
+    gateway needs an address given here (with `tls`, or a network that only it reaches)."""
     tls: TLSConfig | None = None
     metrics: str = "127.0.0.1:9090"
     """Prometheus `/metrics` and the operators' JSON (`/status`, `/calls/ID`), "host:port"."""
@@ -59,15 +97,23 @@ class EPPConfig(_Strict):
     poll_interval_s: float = Field(default=0.1, gt=0)
     stale_after_s: float = Field(default=2.0, gt=0)
     """A box not answering for this long takes no new calls (nor lease returns)."""
-    failure_mode: Literal["fail_open", "fail_closed"] = "fail_open"
-    """What Envoy does when this process is down; the gateway's config enforces it (its EPP
-    cluster's health check), this field documents which one the pool was deployed with."""
+    failure_mode: FailureMode = FAILURE_MODE
+    """What Envoy does when no picker answers; the gateway's config enforces it (its ext_proc
+    filter, and its EPP cluster's health check). The picker warns, once, when the Envoy config
+    streaming to it names the other one (`FAILURE_MODE_KEY`)."""
     max_branches: int = Field(default=4, ge=1, le=64)
     policy: str = "talaria"
     """The box-level policy (`router.box_policies`): talaria (the router: leases, KV locality,
     model residency), round-robin, least-load, llm-d (GIE's default scorer mix), llm-d-session."""
+    max_body_bytes: int = Field(default=MAX_BODY_BYTES, ge=1024)
+    """Largest request body (default: the box's `limits.max_body_bytes` default); a larger one
+    gets 413 in the API's error shape, from its Content-Length before any of it is read."""
+    body_timeout_s: float = Field(default=BODY_TIMEOUT_S, gt=0)
+    """A request body must be whole this long after its headers (default: the box's
+    `limits.body_timeout_s` default), or the call gets 408 in the API's error shape."""
     drain_s: float = Field(default=10.0, ge=0)
-    """On SIGTERM: how long calls in flight may finish."""
+    """On SIGTERM, after announcing NOT_SERVING for `GATEWAY_HEALTH_CHECK.notice_s` (while the
+    gateway moves new calls to another picker): how long the streams still open may finish."""
     lease_slack_s: float = Field(default=0.5, ge=0)
     """How much longer than τ (`router.tau_s`) a lease lives here. τ is the agent's tool gap,
     from the answer's end at the client to its next call; the picker sees the answer end before
@@ -145,10 +191,10 @@ def load_epp_config(path: str | pathlib.Path) -> EPPConfig:
 def _file_lines(cfg: EPPConfig, base: pathlib.Path) -> list[tuple[str, str]]:
     out = []
     if cfg.tls is not None:
-        for where, name in (
-            ("tls.cert_file", cfg.tls.cert_file),
-            ("tls.key_file", cfg.tls.key_file),
-        ):
+        files = [("tls.cert_file", cfg.tls.cert_file), ("tls.key_file", cfg.tls.key_file)]
+        if cfg.tls.client_ca_file is not None:
+            files.append(("tls.client_ca_file", cfg.tls.client_ca_file))
+        for where, name in files:
             try:
                 (base / name).read_bytes()
             except OSError as err:

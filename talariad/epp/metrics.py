@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-OUTCOMES = ("picked", "refused", "too_large", "error")
-"""A decision: routed; refused by the picker; body over the bound (413); picker failed (503)."""
+OUTCOMES = ("picked", "refused", "too_large", "body_timeout", "error")
+"""A decision: routed; refused by the picker; body over the bound (413, from its Content-Length
+or as it arrived); body not whole in time (408); picker failed (503)."""
 
 
 class EPPMetrics:

@@ -14,7 +14,7 @@ from talariad.config import split_host_port
 from talariad.epp import server
 from talariad.epp.admin import admin_app
 from talariad.epp.boxpicker import BoxPicker
-from talariad.epp.config import EPPConfig
+from talariad.epp.config import GATEWAY_HEALTH_CHECK, EPPConfig
 from talariad.epp.discovery import endpoints
 from talariad.epp.discovery.file import FileSource
 from talariad.epp.metrics import EPPMetrics
@@ -48,13 +48,24 @@ async def discovered(cfg: EPPConfig, base: pathlib.Path) -> Discovery:
 async def serve_ext_proc(
     picker: BoxPicker, cfg: EPPConfig, base: pathlib.Path, metrics: EPPMetrics
 ) -> None:
-    """Serve Envoy's ext_proc with `picker` until SIGTERM/SIGINT, then drain."""
+    """Serve Envoy's ext_proc with `picker` until SIGTERM/SIGINT, then drain: NOT_SERVING for as
+    long as the gateway's health check needs to notice, then the open streams' end."""
     tls = None
     if cfg.tls is not None:
-        tls = server.TLSFiles(base / cfg.tls.cert_file, base / cfg.tls.key_file)
-    started = await server.start(server.ExtProcServicer(picker, metrics=metrics), cfg.listen, tls)
+        ca = cfg.tls.client_ca_file
+        tls = server.TLSFiles(
+            base / cfg.tls.cert_file, base / cfg.tls.key_file, None if ca is None else base / ca
+        )
+    processor = server.ExtProcServicer(
+        picker,
+        metrics=metrics,
+        max_body_bytes=cfg.max_body_bytes,
+        failure_mode=cfg.failure_mode,
+        body_timeout_s=cfg.body_timeout_s,
+    )
+    started = await server.start(processor, cfg.listen, tls)
     print(f"talariad epp: ext_proc listening on {cfg.listen}", file=sys.stderr, flush=True)
-    await server.serve(started, cfg.drain_s)
+    await server.serve(started, cfg.drain_s, GATEWAY_HEALTH_CHECK.notice_s)
 
 
 async def run_epp(cfg: EPPConfig, config_path: str) -> None:

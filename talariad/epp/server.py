@@ -4,7 +4,9 @@ standard health service, over TLS or plaintext, drained on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,9 +16,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from talariad.epp import ext_proc_pb2_grpc
+from talariad.epp.config import FAILURE_MODE_KEY
 from talariad.epp.contract import Picker
 from talariad.epp.metrics import EPPMetrics
-from talariad.epp.stream import MAX_BODY_BYTES, Stream
+from talariad.epp.stream import BODY_TIMEOUT_S, MAX_BODY_BYTES, Stream
+
+log = logging.getLogger("talariad.epp")
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 MAX_MESSAGE_BYTES = 16 * 2**20
@@ -30,31 +35,86 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
         clock: Callable[[], float] = time.monotonic,
         metrics: EPPMetrics | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        failure_mode: str | None = None,
+        body_timeout_s: float = BODY_TIMEOUT_S,
     ) -> None:
+        """`failure_mode`: the picker config's; a stream whose Envoy config names another one
+        (`FAILURE_MODE_KEY` metadata) gets a warning logged, once for each mode named.
+        `body_timeout_s`: a request body not whole this long after its headers gets 408."""
         self.picker, self.clock, self.max_body = picker, clock, max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.metrics = metrics or EPPMetrics()
+        self.failure_mode = failure_mode
+        self.told: set[str] = set()
+
+    def _check_failure_mode(self, context) -> None:
+        if self.failure_mode is None:
+            return
+        for key, value in context.invocation_metadata() or ():
+            if key == FAILURE_MODE_KEY and value != self.failure_mode and value not in self.told:
+                self.told.add(value)
+                log.warning(
+                    "the Envoy config streaming to this picker was rendered %s, this picker's "
+                    "failure_mode is %s: make them agree",
+                    value,
+                    self.failure_mode,
+                )
 
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        self._check_failure_mode(context)
         stream = Stream(self.picker, self.clock, self.metrics, self.max_body)
         self.metrics.streams.inc()
         self.metrics.in_flight.inc()
         clean = False
+        messages = aiter(request_iterator)
+        pending: asyncio.Future | None = None  # a read outliving a body's deadline
+        loop = asyncio.get_running_loop()
+        body_deadline: float | None = None
         try:
             # NOTE: the stream stays open until Envoy ends it. Closing it first (even cleanly,
             # after the last reply) makes Envoy drop response chunks it has not yet handed over.
-            async for request in request_iterator:
+            while True:
+                if body_deadline is None and stream.body_due:
+                    body_deadline = loop.time() + self.body_timeout_s
+                if body_deadline is not None and stream.body_due:
+                    # a body that trickles is refused as the box refuses it; the read goes on
+                    # (not cancelled) and takes whatever Envoy sends after the refusal
+                    if pending is None:
+                        pending = asyncio.ensure_future(anext(messages))
+                    done, _ = await asyncio.wait({pending}, timeout=body_deadline - loop.time())
+                    if not done:
+                        for reply in stream.body_timed_out(self.body_timeout_s):
+                            yield reply
+                        continue
+                try:
+                    if pending is not None:
+                        request, pending = await pending, None
+                    else:
+                        request = await anext(messages)
+                except StopAsyncIteration:
+                    break
                 for reply in stream.handle(request):
                     yield reply
             clean = True
         finally:  # also on cancellation: settles a call whose response was cut
+            if pending is not None:
+                pending.cancel()
+                pending.add_done_callback(_retrieved)  # a read Envoy's reset failed: not an error
             stream.ended(clean)
             self.metrics.in_flight.dec()
+
+
+def _retrieved(read: asyncio.Future) -> None:
+    if not read.cancelled():
+        read.exception()
 
 
 @dataclass(frozen=True)
 class TLSFiles:
     cert: Path
     key: Path
+    client_ca: Path | None = None
+    """When given, a client must present a certificate this CA signed (mutual TLS)."""
 
 
 class EPPServer:
@@ -77,7 +137,8 @@ class EPPServer:
 
 
 async def start(processor: ExtProcServicer, address: str, tls: TLSFiles | None = None) -> EPPServer:
-    """Serve `processor` and health on `address` ("host:port"), over TLS when `tls` is given."""
+    """Serve `processor` and health on `address` ("host:port"), over TLS when `tls` is given
+    (mutual TLS when it names a client CA)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     checks = health.aio.HealthServicer()
@@ -88,13 +149,17 @@ async def start(processor: ExtProcServicer, address: str, tls: TLSFiles | None =
         port = server.add_insecure_port(address)
     else:
         pair = (tls.key.read_bytes(), tls.cert.read_bytes())
-        port = server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
+        ca = None if tls.client_ca is None else tls.client_ca.read_bytes()
+        creds = grpc.ssl_server_credentials(
+            [pair], root_certificates=ca, require_client_auth=ca is not None
+        )
+        port = server.add_secure_port(address, creds)
     await server.start()
     return EPPServer(server, checks, port)
 
 
 async def serve(server: EPPServer, grace_s: float, announce_s: float = 0.0) -> None:
-    """Run until SIGTERM or SIGINT, then drain (`EPPServer.drain`)."""
+    """Run until SIGTERM or SIGINT, then drain (`EPPServer.drain`), saying so on stderr."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -104,4 +169,11 @@ async def serve(server: EPPServer, grace_s: float, announce_s: float = 0.0) -> N
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+    print(
+        f"talariad epp: draining: NOT_SERVING for {announce_s:g} s, then up to {grace_s:g} s "
+        "for the streams still open",
+        file=sys.stderr,
+        flush=True,
+    )
     await server.drain(grace_s, announce_s)
+    print("talariad epp: drained", file=sys.stderr, flush=True)

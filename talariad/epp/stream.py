@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from itertools import chain
 
 from talariad.calls.errors import APIError
-from talariad.config import split_host_port
+from talariad.config import LimitsConfig, split_host_port
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import replies
 from talariad.epp.contract import EPPRequest, ImmediateAnswer, Pick, Picker
@@ -24,7 +24,10 @@ from talariad.epp.metrics import EPPMetrics
 
 log = logging.getLogger("talariad.epp")
 
-MAX_BODY_BYTES = 64 * 2**20
+MAX_BODY_BYTES = LimitsConfig.model_fields["max_body_bytes"].default
+"""The box's own default limit: a body the picker takes, a box with default limits takes too."""
+BODY_TIMEOUT_S = LimitsConfig.model_fields["body_timeout_s"].default
+"""The box's own default: a request body must be whole this long after its headers."""
 
 Replies = Iterable[pb.ProcessingResponse]
 
@@ -66,6 +69,22 @@ class Stream:
             return []
         return _HANDLERS[kind](self, getattr(request, kind), request)
 
+    @property
+    def body_due(self) -> bool:
+        """The request headers are in and the call is not yet decided: its body is on its way
+        (the server times it, `body_timed_out`)."""
+        return self.arrived is not None and not self.routed
+
+    def body_timed_out(self, timeout_s: float) -> Replies:
+        """The body was not whole `timeout_s` after the headers: 408 in the API's error shape,
+        as the box answers a body it waited for as long."""
+        self.routed, self.body = True, bytearray()
+        message = f"the request body did not arrive within {timeout_s:g} s"
+        self.metrics.decided("body_timeout", 0.0)
+        return [
+            replies.refuse(error(self.path, 408, message, "request_timeout"), "epp_body_timeout")
+        ]
+
     def ended(self, clean: bool) -> None:
         """The gRPC stream is over (`clean`: Envoy half-closed it, else it was cancelled). A
         response not seen to its end fails the call, unless Envoy ended the stream cleanly at
@@ -79,9 +98,15 @@ class Stream:
         self.headers = replies.headers_of(msg.headers)
         self.call_id = self.headers.get("x-request-id") or uuid.uuid4().hex
         self.method, self.path = self.headers.get(":method", ""), self.headers.get(":path", "")
+        declared = self.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body:
+            self.body_bytes = int(declared)  # refused before any of it is read
+            return self._route(body_follows=False)
         return self._route(body_follows=False) if msg.end_of_stream else []
 
     def _request_body(self, msg: pb.HttpBody, _req) -> Replies:
+        if self.routed:  # refused already (its Content-Length, its time): nothing of it is kept
+            return []
         self.body_bytes += len(msg.body)
         if self.body_bytes <= self.max_body:
             self.body += msg.body

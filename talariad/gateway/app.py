@@ -24,7 +24,7 @@ from talariad.gateway.metrics import Children
 from talariad.httpserver import fastapi_app, post_json
 from talariad.wire.box import SNAPSHOT_PATH
 
-__all__ = ["Gateway", "build_app"]
+__all__ = ["Gateway", "build_app", "metrics_app"]
 
 
 class _CountResponses:
@@ -45,7 +45,9 @@ class _CountResponses:
         return await self.app(scope, receive, counted)
 
 
-def build_app(gw: Gateway) -> FastAPI:
+def build_app(gw: Gateway, metrics: bool = True) -> FastAPI:
+    """The HTTP endpoint; `metrics` False leaves `/metrics` to `metrics_app` on a port of its
+    own (`listen.metrics`)."""
     app = fastapi_app(title="Talaria", docs_url=None, redoc_url=None)
     errors.install(app)
     app.add_middleware(_CountResponses, counter=gw.metrics.responses)
@@ -54,6 +56,8 @@ def build_app(gw: Gateway) -> FastAPI:
     # routes match in the order they are added: the calls first, the probes after
     _call_routes(app, gw)
     _probe_routes(app, gw)
+    if metrics:
+        _metrics_route(app, gw)
     _model_routes(app, gw)
     _pool_routes(app, gw)
     return app
@@ -143,6 +147,16 @@ def _probe_routes(app: FastAPI, gw: Gateway) -> None:
             status_code=503 if unavailable else 200,
         )
 
+
+def metrics_app(gw: Gateway) -> FastAPI:
+    """`/metrics` alone, for `listen.metrics`."""
+    app = fastapi_app(title="Talaria metrics", docs_url=None, redoc_url=None)
+    errors.install(app)
+    _metrics_route(app, gw)
+    return app
+
+
+def _metrics_route(app: FastAPI, gw: Gateway) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -60,6 +60,7 @@ def test_default_config_loads_with_paper_defaults():
             "exactly one",
         ),
         (lambda d: d["listen"].update(http="nohost"), "listen.http", "host:port"),
+        (lambda d: d["listen"].update(metrics="nohost"), "listen.metrics", "host:port"),
         (
             lambda d: d["instances"][0].update(executor="vllm"),
             "instances[0].executor",

@@ -1,4 +1,5 @@
-"""API keys on the HTTP endpoint: 401 in each API's error shape, probes stay open, keys rotate on SIGHUP."""
+"""API keys on the HTTP endpoint: 401 in each API's error shape, probes stay open, keys rotate on
+SIGHUP; `/metrics` on a port of its own (`listen.metrics`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import time
 
 import httpx
 import pytest
+import yaml
 
+from talaria_pool.devpool import free_port
 from tests.support.daemon import start_daemon, stop_daemon
 
 pytestmark = pytest.mark.e2e
@@ -19,7 +22,8 @@ MSG = {"model": "tiny-chat", "max_tokens": 2, "messages": [{"role": "user", "con
 def keyed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("keys")
     (tmp / "keys.txt").write_text("# agents\nsk-first\n\nsk-second\n")
-    d = start_daemon(tmp, {"listen": {"api_keys_file": "keys.txt"}}, executor="sim")
+    listen = {"api_keys_file": "keys.txt", "metrics": f"127.0.0.1:{free_port()}"}
+    d = start_daemon(tmp, {"listen": listen}, executor="sim")
     yield d
     stop_daemon(d)
     d.notify.close()
@@ -58,6 +62,14 @@ def test_a_listed_key_is_accepted_either_way(keyed, headers):
 def test_probes_stay_open(keyed):
     assert httpx.get(f"{keyed.endpoint}/health", timeout=10).status_code == 200
     assert httpx.get(f"{keyed.endpoint}/ready", timeout=10).status_code == 200
+
+
+def test_metrics_have_a_port_of_their_own(keyed):
+    metrics = yaml.safe_load(keyed.config_path.read_text())["listen"]["metrics"]
+    r = httpx.get(f"http://{metrics}/metrics", timeout=10)
+    assert r.status_code == 200 and "talaria_" in r.text
+    assert httpx.get(f"{keyed.endpoint}/metrics", timeout=10).status_code == 404
+    assert httpx.get(f"http://{metrics}/v1/models", timeout=10).status_code == 404  # no API there
 
 
 def test_keys_rotate_on_sighup(keyed):

@@ -18,8 +18,8 @@ class Running:
     picker: RecordingPicker
     channel: grpc.aio.Channel
 
-    def stream(self) -> Conversation:
-        return Conversation(self.channel)
+    def stream(self, metadata: tuple = ()) -> Conversation:
+        return Conversation(self.channel, metadata)
 
 
 @pytest.fixture

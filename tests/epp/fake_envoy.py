@@ -105,8 +105,9 @@ def check_accepted(reply: pb.ProcessingResponse) -> None:
 class Conversation:
     """One ext_proc stream from the Envoy side."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.call = ext_proc_pb2_grpc.ExternalProcessorStub(channel).Process()
+    def __init__(self, channel: grpc.aio.Channel, metadata: tuple = ()) -> None:
+        """`metadata`: the stream's gRPC metadata, as the rendered config's `initial_metadata`."""
+        self.call = ext_proc_pb2_grpc.ExternalProcessorStub(channel).Process(metadata=metadata)
 
     async def send(self, *requests: pb.ProcessingRequest) -> None:
         for request in requests:

@@ -18,7 +18,7 @@ from tests.support.pool import Answer, chat, needs_envoy, running_pool, served_b
 pytestmark = [pytest.mark.e2e, needs_envoy]
 
 SESSIONS, CALLS = 50, 6
-# The 8 MiB test body must reach the box whole: raise the box's limits above it (its prompt is
+# The 8 MiB test body must reach the box whole: raise the box's limits, and the picker's, above it (its prompt is
 # judged at 64 bytes a token at least, so it fits tiny-agent's context).
 LIMITS = {"max_body_bytes": 16 << 20, "max_string_chars": 16 << 20, "max_bytes_per_token": 64}
 
@@ -27,7 +27,7 @@ LIMITS = {"max_body_bytes": 16 << 20, "max_string_chars": 16 << 20, "max_bytes_p
 # box can take longer than the 1 s default between an answer's end and the next call reaching the
 # EPP; past τ, cost placement may rightly move a tiny-model session (its recompute is cheaper than
 # a queue). The test is of the lease path through Envoy, so τ covers the machine's stalls.
-EPP = {"router": {"tau_s": 10.0}}
+EPP = {"router": {"tau_s": 10.0}, "max_body_bytes": LIMITS["max_body_bytes"]}
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +174,29 @@ def test_a_malformed_body_gets_the_api_400_from_the_epp(pool):
     assert r.json()["error"]["type"] == "invalid_request_error"
     row = served_by_id(pool)[r.headers["x-request-id"]]
     assert row["served"] is None and row["picked"] is None  # answered before any box
+
+
+def _streams_taken(pool) -> float:
+    text = httpx.get(f"http://{pool.epp_admin}/metrics", timeout=5).text
+    line = next(ln for ln in text.splitlines() if ln.startswith("talaria_epp_streams_total "))
+    return float(line.split()[-1])
+
+
+@pytest.mark.parametrize(
+    "path", ["/metrics", "/ready", "/health", "/pool/snapshot", "/v1/../metrics"]
+)
+def test_the_boxes_operator_paths_are_not_public(pool, path):
+    box = pool.boxes[0]
+    real = path.rsplit("/", 1)[-1] if path.startswith("/v1") else path.lstrip("/")
+    assert httpx.get(f"http://{box}/{real}", timeout=10).status_code in (200, 401)  # the box has it
+    before = _streams_taken(pool)
+    r = httpx.get(f"http://{pool.gateway}{path}", timeout=10)
+    assert r.status_code == 404, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["type"] == "not_found_error"
+    assert _streams_taken(pool) == before  # answered by Envoy: the EPP was not asked
+
+
+def test_the_api_paths_stay_public(pool):
+    r = httpx.get(f"http://{pool.gateway}/v1/models", timeout=10)
+    assert r.status_code == 200 and r.json()["data"]

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from talaria_ctl import epp as epp_ctl
 from talaria_ctl.main import app as ctl
 from talariad.cli import app
+from talariad.config import LimitsConfig
 from talariad.epp.admin import admin_app
 from talariad.epp.config import EPPConfig
 from talariad.epp.discovery.file import parse_boxes
@@ -37,9 +38,15 @@ def _epp(tmp_path, data) -> CliRunner:
         ({"router": {"tau": 1}}, "router: Value error, unknown knob 'tau'"),
         ({"router": {"gamma": 2}}, "gamma must satisfy"),
         ({"poll_interval_s": 0}, "poll_interval_s"),
+        ({"max_body_bytes": 10}, "max_body_bytes: Input should be greater than or equal to 1024"),
+        ({"body_timeout_s": 0}, "body_timeout_s: Input should be greater than 0"),
         ({"listen": "nowhere"}, "listen: Value error, expected host:port"),
         ({"colour": "blue"}, "colour: unknown key"),
         ({"tls": {"cert_file": "c.pem", "key_file": "k.pem"}}, "tls.cert_file: cannot read"),
+        (
+            {"tls": {"cert_file": "pool.token", "key_file": "pool.token", "client_ca_file": "x"}},
+            "tls.client_ca_file: cannot read",
+        ),
     ],
 )
 def test_a_bad_config_is_one_line_and_exit_2(tmp_path, change, says):
@@ -49,6 +56,15 @@ def test_a_bad_config_is_one_line_and_exit_2(tmp_path, change, says):
     lines = result.stderr.strip().splitlines()
     assert any(says.replace("Value error, ", "") in ln for ln in lines), lines
     assert all(ln.startswith("talariad: ") for ln in lines) and "Traceback" not in result.stderr
+
+
+def test_the_pickers_body_limits_default_to_the_boxes():
+    cfg, box = EPPConfig.model_validate(GOOD), LimitsConfig()
+    assert (cfg.max_body_bytes, cfg.body_timeout_s) == (box.max_body_bytes, box.body_timeout_s)
+
+
+def test_the_picker_listens_on_loopback_unless_configured():
+    assert EPPConfig.model_validate(GOOD).listen.startswith("127.0.0.1:")
 
 
 def test_an_empty_token_file_is_refused(tmp_path):

@@ -3,6 +3,7 @@ channel to the real server; the picker is a recording double."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -266,3 +267,59 @@ async def test_decisions_are_counted_and_timed(epp):
     assert m.decisions.labels("picked")._value.get() == 2
     assert m.streams._value.get() == 2
     assert m.registry.get_sample_value("talaria_epp_decision_seconds_count") == 2
+
+
+async def test_a_declared_length_over_the_bound_is_a_413_before_any_body(epp):
+    run = await epp(max_body_bytes=1000)
+    call = run.stream()
+    await call.send(envoy.request_headers(extra={"content-length": "1001"}))
+    (reply,) = await call.read()  # at the headers: no body was sent
+    assert reply.immediate_response.status.code == 413
+    error = json.loads(reply.immediate_response.body)["error"]
+    assert error["code"] == "request_too_large" and "1001 bytes" in error["message"]
+    await call.send(envoy.body(b"x" * 600), envoy.body(b"", end_of_stream=True))
+    assert await call.end() == grpc.StatusCode.OK  # what Envoy still sends is dropped, unanswered
+    assert run.picker.requests == []
+    assert run.processor.metrics.decisions.labels("too_large")._value.get() == 1
+
+
+async def test_a_declared_length_at_the_bound_passes(epp):
+    run = await epp(max_body_bytes=1000)
+    call = run.stream()
+    await call.post(b"x" * 1000, extra={"content-length": "1000"})
+    routing, pieces = await call.request_body_back()
+    assert_routes_to(routing, ENDPOINT)
+    assert pieces == [b"x" * 1000]
+
+
+async def test_a_trickling_body_times_out_with_the_api_408(epp):
+    run = await epp(body_timeout_s=0.3)
+    call = run.stream()
+    await call.send(envoy.request_headers(path="/v1/messages"), envoy.body(b'{"mo'))
+    started = asyncio.get_running_loop().time()
+    for _ in range(3):  # still trickling: each byte is not the whole body
+        await call.send(envoy.body(b" "))
+    (reply,) = await call.read(timeout=5)
+    waited = asyncio.get_running_loop().time() - started
+    assert reply.immediate_response.status.code == 408 and 0.2 <= waited < 3, waited
+    body = json.loads(reply.immediate_response.body)  # /v1/messages: the Anthropic shape
+    assert body["type"] == "error" and "within 0.3 s" in body["error"]["message"]
+    await call.send(envoy.body(b"", end_of_stream=True))
+    assert await call.end() == grpc.StatusCode.OK
+    assert run.picker.requests == [] and run.picker.finished_calls == []
+    assert run.processor.metrics.decisions.labels("body_timeout")._value.get() == 1
+
+
+async def test_a_body_whole_in_time_is_not_timed_out(epp):
+    run = await epp(body_timeout_s=0.5)
+    call = run.stream()
+    await call.send(envoy.request_headers(), envoy.body(b"{"))
+    await asyncio.sleep(0.2)
+    await call.send(envoy.body(b"}", end_of_stream=True))
+    routing, pieces = await call.request_body_back()
+    assert_routes_to(routing, ENDPOINT)
+    assert pieces == [b"{}"]
+    await asyncio.sleep(0.5)  # past the deadline: the call is routed, nothing more comes
+    await call.send(envoy.response_headers(), envoy.body(b"", end_of_stream=True, response=True))
+    await call.read(2)
+    assert run.picker.finished_calls == [("req-1", True)]

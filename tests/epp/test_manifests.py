@@ -25,6 +25,7 @@ KNOWN = {
     (f"{POOL_GROUP}/v1", "InferencePool"),
     ("gateway.networking.k8s.io/v1", "Gateway"),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 }
 
 
@@ -89,6 +90,8 @@ def test_the_route_sends_calls_to_the_pool_through_the_gateway():
     route, pool = one("HTTPRoute"), one("InferencePool")
     [parent] = route["spec"]["parentRefs"]
     assert parent["name"] == one("Gateway")["metadata"]["name"]
+    matches = [m for rule in route["spec"]["rules"] for m in rule["matches"]]
+    assert matches == [{"path": {"type": "PathPrefix", "value": "/v1"}}]  # the API only
     refs = [ref for rule in route["spec"]["rules"] for ref in rule["backendRefs"]]
     assert refs == [
         {"group": POOL_GROUP, "kind": "InferencePool", "name": pool["metadata"]["name"]}
@@ -167,10 +170,10 @@ def test_the_pool_selects_the_talariad_pods_on_their_http_port():
         not selector.items() <= one("Deployment")["spec"]["template"]["metadata"]["labels"].items()
     )
     talariad = _container(daemonset)
-    ports = {p["containerPort"] for p in talariad["ports"]}
-    assert {p["number"] for p in one("InferencePool")["spec"]["targetPorts"]} == ports
+    ports = {p["name"]: p["containerPort"] for p in talariad["ports"]}
+    assert [p["number"] for p in one("InferencePool")["spec"]["targetPorts"]] == [ports["http"]]
     box = parse_config(_talariad_config(), "talariad-config")
-    assert box.listen.http_port in ports and box.listen.http_host == "0.0.0.0"
+    assert box.listen.http_port == ports["http"] and box.listen.http_host == "0.0.0.0"
     assert talariad["readinessProbe"]["httpGet"]["path"] == "/ready"
 
 
@@ -189,3 +192,73 @@ def test_a_box_per_gpu_node_and_one_box_token_for_both_sides():
     box = yaml.safe_load(one("ConfigMap", "talariad-config")["data"]["talaria.yaml"])
     assert token_file(one("DaemonSet")) == box["pool"]["token_file"]
     assert token_file(one("Deployment")) == _epp_config()["token_file"]
+
+
+def _policy_for(workload: dict) -> dict:
+    """The one NetworkPolicy whose pod selector picks `workload`'s pods."""
+    labels = workload["spec"]["template"]["metadata"]["labels"].items()
+    [policy] = [
+        d
+        for d in DOCS
+        if d["kind"] == "NetworkPolicy"
+        and d["spec"]["podSelector"]["matchLabels"].items() <= labels
+    ]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    return policy
+
+
+def _who_reaches(workload: dict) -> dict[str, list[dict]]:
+    """Port name → the peers its policy lets in, each port one the container names."""
+    names = {p["name"] for p in _container(workload)["ports"]}
+    out: dict[str, list[dict]] = {}
+    for rule in _policy_for(workload)["spec"]["ingress"]:
+        assert rule["from"], "a rule without peers lets everyone in"
+        for port in rule["ports"]:
+            assert port["port"] in names and port["protocol"] == "TCP"
+            out.setdefault(port["port"], []).extend(rule["from"])
+    return out
+
+
+def _is_gateway(peer: dict) -> bool:
+    labels = peer.get("podSelector", {}).get("matchLabels", {})
+    gateway = one("Gateway")["metadata"]
+    return "namespaceSelector" in peer and labels == {
+        "gateway.envoyproxy.io/owning-gateway-name": gateway["name"],
+        "gateway.envoyproxy.io/owning-gateway-namespace": gateway["namespace"],
+    }
+
+
+def _is_epp(peer: dict) -> bool:
+    labels = one("Deployment", "talaria-epp")["spec"]["template"]["metadata"]["labels"]
+    selector = peer.get("podSelector", {}).get("matchLabels")
+    return (
+        "namespaceSelector" not in peer
+        and selector is not None
+        and selector.items() <= labels.items()
+    )
+
+
+def test_only_the_gateway_reaches_the_pickers_grpc_and_scrapers_its_metrics():
+    epp = one("Deployment", "talaria-epp")
+    reaches = _who_reaches(epp)
+    assert set(reaches) == {"grpc", "metrics"}
+    assert len(reaches["grpc"]) == 1 and _is_gateway(reaches["grpc"][0])
+    [scrapers] = reaches["metrics"]
+    assert set(scrapers) == {"namespaceSelector"} and scrapers["namespaceSelector"]["matchLabels"]
+    ports = {p["name"]: p["containerPort"] for p in _container(epp)["ports"]}
+    assert ports["grpc"] != ports["metrics"]  # metrics on a port of their own
+
+
+def test_only_the_gateway_and_the_picker_reach_the_boxes_and_scrapers_their_metrics():
+    daemonset = one("DaemonSet")
+    reaches = _who_reaches(daemonset)
+    assert set(reaches) == {"http", "metrics"}
+    peers = reaches["http"]
+    assert len(peers) == 2 and sum(map(_is_gateway, peers)) == 1 and sum(map(_is_epp, peers)) == 1
+    [scrapers] = reaches["metrics"]
+    assert set(scrapers) == {"namespaceSelector"} and scrapers["namespaceSelector"]["matchLabels"]
+    # the box serves /metrics on the container's metrics port, apart from the API's
+    box = parse_config(_talariad_config(), "talariad-config")
+    ports = {p["name"]: p["containerPort"] for p in _container(daemonset)["ports"]}
+    assert box.listen.metrics == f"0.0.0.0:{ports['metrics']}"
+    assert ports["metrics"] != ports["http"] == box.listen.http_port

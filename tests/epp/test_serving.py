@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 
 import grpc
 import pytest
@@ -14,11 +13,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from talariad.epp.admin import admin_app
 from talariad.epp.boxpicker import BoxPicker
+from talariad.epp.config import FAILURE_MODE_KEY
 from talariad.epp.metrics import EPPMetrics
 from talariad.epp.server import SERVICE, TLSFiles, serve
 from talariad.router import Router, RouterKnobs
 from tests.epp import fake_envoy as envoy
 from tests.epp.fake_envoy import ENDPOINT
+from tests.support import certs
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -75,25 +76,27 @@ async def test_sigterm_drains_and_stops(epp):
         await health_of(run.channel, "")
 
 
-def self_signed(tmp_path) -> TLSFiles:
-    tls = TLSFiles(cert=tmp_path / "epp.crt", key=tmp_path / "epp.key")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext",
-         "subjectAltName=DNS:localhost,IP:127.0.0.1",
-         "-keyout", str(tls.key), "-out", str(tls.cert)],
-        check=True, capture_output=True, timeout=30,
-    )  # fmt: skip
-    return tls
+def server_tls(tmp_path, client_ca: bool = False) -> tuple[TLSFiles, certs.Leaf]:
+    """The picker's certificate (and, with `client_ca`, mutual TLS) and the CA that signed it."""
+    authority = certs.ca(tmp_path)
+    mine = certs.leaf(tmp_path, "epp", authority)
+    return TLSFiles(mine.cert, mine.key, authority.cert if client_ca else None), authority
+
+
+def channel_to(authority: certs.Leaf, client: certs.Leaf | None = None):
+    """A TLS channel maker trusting `authority`, presenting `client` when given."""
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=authority.cert.read_bytes(),
+        private_key=None if client is None else client.key.read_bytes(),
+        certificate_chain=None if client is None else client.cert.read_bytes(),
+    )
+    return lambda port: grpc.aio.secure_channel(f"127.0.0.1:{port}", creds)
 
 
 @pytest.mark.proc
 async def test_tls(epp, tmp_path):
-    tls = self_signed(tmp_path)
-    creds = grpc.ssl_channel_credentials(root_certificates=tls.cert.read_bytes())
-    run = await epp(
-        tls=tls, channel=lambda port: grpc.aio.secure_channel(f"127.0.0.1:{port}", creds)
-    )
+    tls, authority = server_tls(tmp_path)
+    run = await epp(tls=tls, channel=channel_to(authority))
     assert await health_of(run.channel, SERVICE) == SERVING
     call = run.stream()
     await call.send(envoy.request_headers("GET", "/v1/models", end_of_stream=True))
@@ -106,6 +109,36 @@ async def test_tls(epp, tmp_path):
     with pytest.raises(grpc.aio.AioRpcError):  # TLS only
         await health_of(plain, SERVICE)
     await plain.close()
+
+
+@pytest.mark.proc
+async def test_mutual_tls_takes_only_clients_its_ca_signed(epp, tmp_path):
+    tls, authority = server_tls(tmp_path, client_ca=True)
+    gateway = certs.leaf(tmp_path, "gateway", authority, usage="clientAuth")
+    run = await epp(tls=tls, channel=channel_to(authority, gateway))
+    assert await health_of(run.channel, SERVICE) == SERVING
+    stranger_ca = certs.ca(tmp_path, "stranger-ca")
+    stranger = certs.leaf(tmp_path, "stranger", stranger_ca, usage="clientAuth")
+    for refused in (channel_to(authority), channel_to(authority, stranger)):
+        channel = refused(run.server.port)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await health_of(channel, SERVICE)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        await channel.close()
+
+
+async def test_a_gateway_rendered_with_the_other_failure_mode_is_warned_of_once(epp, caplog):
+    run = await epp(failure_mode="fail_open")
+    mode = lambda m: ((FAILURE_MODE_KEY, m),)  # noqa: E731
+    for metadata in (mode("fail_open"), (), mode("fail_closed"), mode("fail_closed")):
+        call = run.stream(metadata)
+        await call.routed()
+        await call.end()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [
+        "the Envoy config streaming to this picker was rendered fail_closed, this picker's "
+        "failure_mode is fail_open: make them agree"
+    ]
 
 
 def test_the_operators_http_side_shows_the_metrics():

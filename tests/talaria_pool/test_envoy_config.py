@@ -9,6 +9,8 @@ import pytest
 import yaml
 
 from talaria_pool import envoy
+from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK, EPPConfig
+from tests.support import certs
 from tests.support.pool import needs_envoy
 
 BOXES = ("127.0.0.1:8001", "127.0.0.1:8002", "10.0.0.3:8000")
@@ -36,6 +38,8 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     hcm, filters, clusters = parts(envoy.render(spec(failure_mode, response_body)))
     ext = filters["envoy.filters.http.ext_proc"]
     assert ext["failure_mode_allow"] is (failure_mode == "fail_open")
+    metadata = [{"key": FAILURE_MODE_KEY, "value": failure_mode}]
+    assert ext["grpc_service"]["initial_metadata"] == metadata  # what the picker checks
     mode = ext["processing_mode"]
     assert mode["request_body_mode"] == "FULL_DUPLEX_STREAMED"
     assert mode["response_body_mode"] == envoy.BODY_MODES[response_body][0]
@@ -44,6 +48,11 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     assert routes[0]["match"]["dynamic_metadata"][0]["filter"] == "envoy.lb"
     assert routes[0]["route"]["cluster"] == "pool_picked" and "headers" not in routes[0]["match"]
     assert routes[1]["route"]["cluster"] == "pool_fallback"
+    # only the API is public: the rest is Envoy's own 404, the EPP not asked
+    assert [r["match"]["prefix"] for r in routes] == ["/v1/", "/v1/", "/"]
+    assert routes[2]["direct_response"]["status"] == 404 and "route" not in routes[2]
+    assert routes[2]["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["disabled"]
+    assert hcm["normalize_path"] and hcm["merge_slashes"]
     assert list(filters)[0] == "envoy.filters.http.header_mutation"
     picked = clusters["pool_picked"]["original_dst_lb_config"]
     assert "metadata_key" in picked and "use_http_header" not in picked
@@ -60,6 +69,76 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     assert len(fallback) == len(BOXES)
     # failing open never panic-routes to a box its health check found dead
     assert clusters["pool_fallback"]["common_lb_config"]["healthy_panic_threshold"]["value"] == 0
+
+
+def test_the_picker_and_the_rendered_config_have_one_default_failure_mode(capsys):
+    assert FAILURE_MODE == "fail_open"
+    assert EPPConfig.model_fields["failure_mode"].default == FAILURE_MODE
+    assert envoy.main(["render", "--epp", "127.0.0.1:9002", "--box", "127.0.0.1:1"]) == 0
+    _, filters, _ = parts(capsys.readouterr().out)
+    ext = filters["envoy.filters.http.ext_proc"]
+    assert ext["failure_mode_allow"] is True
+    assert ext["grpc_service"]["initial_metadata"][0]["value"] == FAILURE_MODE
+
+
+def test_the_pickers_health_check_is_the_one_their_drain_waits_for():
+    """A draining picker announces for `notice_s`: the rendered check must notice within it."""
+    _, _, clusters = parts(envoy.render(spec()))
+    [check] = clusters["epp"]["health_checks"]
+    seconds = lambda text: float(text.removesuffix("s"))  # noqa: E731
+    interval, threshold = seconds(check["interval"]), check["unhealthy_threshold"]
+    assert interval == seconds(check["no_traffic_interval"]) == GATEWAY_HEALTH_CHECK.interval_s
+    assert threshold == GATEWAY_HEALTH_CHECK.unhealthy_threshold
+    assert seconds(check["timeout"]) == GATEWAY_HEALTH_CHECK.timeout_s < interval
+    assert GATEWAY_HEALTH_CHECK.notice_s == interval * threshold + interval
+
+
+def test_several_pickers_share_the_epp_cluster(capsys):
+    two = envoy.GatewaySpec(**{**spec().__dict__, "epp": ("127.0.0.1:9002", "10.0.0.9:9003")})
+    _, _, clusters = parts(envoy.render(two))
+    hosts = clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [h["endpoint"]["address"]["socket_address"] for h in hosts] == [
+        {"address": "127.0.0.1", "port_value": 9002},
+        {"address": "10.0.0.9", "port_value": 9003},
+    ]
+    argv = ["render", "--epp", "127.0.0.1:9002", "--epp", "10.0.0.9:9003", "--box", "127.0.0.1:1"]
+    assert envoy.main(argv) == 0
+    _, _, clusters = parts(capsys.readouterr().out)
+    assert len(clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 2
+
+
+def test_tls_to_the_pickers_checks_their_names_and_presents_the_gateways_certificate():
+    tls = envoy.EPPTLS("/etc/envoy/epp-ca.crt", "/etc/envoy/gw.crt", "/etc/envoy/gw.key")
+    two = envoy.GatewaySpec(
+        **{**spec().__dict__, "epp": ("127.0.0.1:9002", "epp.internal:9002"), "epp_tls": tls}
+    )
+    _, _, clusters = parts(envoy.render(two))
+    socket = clusters["epp"]["transport_socket"]["typed_config"]["common_tls_context"]
+    assert socket["alpn_protocols"] == ["h2"]
+    assert socket["validation_context"]["trusted_ca"] == {"filename": tls.ca_file}
+    assert socket["validation_context"]["match_typed_subject_alt_names"] == [
+        {"san_type": "IP_ADDRESS", "matcher": {"exact": "127.0.0.1"}},
+        {"san_type": "DNS", "matcher": {"exact": "epp.internal"}},
+    ]
+    [pair] = socket["tls_certificates"]
+    assert pair == {
+        "certificate_chain": {"filename": tls.cert_file},
+        "private_key": {"filename": tls.key_file},
+    }
+    _, _, plain = parts(envoy.render(spec()))
+    assert "transport_socket" not in plain["epp"]
+
+
+@needs_envoy
+@pytest.mark.proc
+def test_envoy_accepts_tls_to_the_pickers(tmp_path):
+    authority = certs.ca(tmp_path)
+    client = certs.leaf(tmp_path, "gateway", authority, usage="clientAuth")
+    tls = envoy.EPPTLS(str(authority.cert), str(client.cert), str(client.key))
+    path = tmp_path / "gateway.yaml"
+    path.write_text(envoy.render(envoy.GatewaySpec(**{**spec().__dict__, "epp_tls": tls})))
+    ok, text = envoy.validate(path)
+    assert ok, text
 
 
 @needs_envoy
@@ -79,6 +158,9 @@ def test_envoy_accepts_every_variant(tmp_path, failure_mode, response_body):
         ({"failure_mode": "sometimes"}, "fail_open or fail_closed"),
         ({"response_body": "buffered"}, "one of"),
         ({"epp": "localhost"}, "not host:port"),
+        ({"epp": ("127.0.0.1:9002", "nowhere")}, "not host:port"),
+        ({"epp": ()}, "no EPP"),
+        ({"epp_tls": envoy.EPPTLS("ca.crt", cert_file="gw.crt")}, "both a cert and a key"),
         ({"boxes": ()}, "no boxes"),
     ],
 )
@@ -92,3 +174,11 @@ def test_render_command_says_what_is_wrong(capsys):
     rc = envoy.main(["render", "--epp", "nowhere", "--box", "127.0.0.1:1"])
     assert rc == 2
     assert capsys.readouterr().err.strip() == "talaria_pool.envoy: 'nowhere' is not host:port"
+
+
+def test_render_command_wants_the_pickers_ca_for_a_client_certificate(capsys):
+    argv = ["render", "--epp", "127.0.0.1:9002", "--box", "127.0.0.1:1", "--epp-cert", "gw.crt"]
+    assert envoy.main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        "talaria_pool.envoy: --epp-cert and --epp-key need --epp-ca (TLS to the pickers)"
+    )
