@@ -42,6 +42,13 @@ NOT_FOUND = APIError(404, "Not Found", type="not_found_error")
 """The gateway's answer off the API's paths: the box's own 404 (its gateway's error handler)."""
 
 
+UNREACHABLE = APIError(
+    503, "no box of the pool took the call", type="api_error", code="box_unreachable"
+)
+"""The gateway's answer to a call that reached no box (its pick and fallback refused or reset it
+before any answer): Envoy's own 503, reworded in the API's error shape."""
+
+
 class EnvoyError(Exception):
     """A user-facing problem: no binary, a bad address, Envoy refused its config or did not start."""
 
@@ -115,6 +122,7 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
         max_body_bytes=spec.max_body_bytes,
         access_log=json.dumps(spec.access_log),
         not_found_body=json.dumps(json.dumps(NOT_FOUND.body())),
+        unreachable_body=json.dumps(json.dumps(UNREACHABLE.body())),
     )
 
 

@@ -14,8 +14,8 @@ from datetime import datetime
 import httpx
 import pytest
 
-from talaria_pool import devpool
-from tests.support.pool import chat, needs_envoy, running_pool, served_by_id
+from talaria_pool import devpool, envoy
+from tests.support.pool import chat, chat_body, needs_envoy, running_pool, served_by_id
 
 pytestmark = [pytest.mark.e2e, needs_envoy]
 
@@ -167,6 +167,19 @@ def test_a_dead_box_loses_only_the_calls_it_was_carrying(pool):
     assert retried and all(r["served"] == r["picked"].split(",")[1] for r in retried), retried
     assert all(c.box != name for c in sent_after if c.status == 200)
     print(f"{len(retried)} calls picked for the dead box served by their fallback")
+
+
+def test_a_call_no_box_takes_is_a_503_in_the_apis_shape(pool):
+    # A gateway that knows only the dead box: the EPP's picks are no members of its cluster, so
+    # every attempt goes round robin to the dead box and is refused.
+    dead = [b for i, b in enumerate(pool.boxes) if f"box{i}" not in pool.procs]
+    assert dead, "runs after the kill"
+    spec = envoy.GatewaySpec("127.0.0.1:0", pool.epp, tuple(dead), 0, "fail_open", "full-duplex")
+    gateway = devpool.start_gateway(pool, spec, "envoy-dead").listen
+    body = chat_body([{"role": "user", "content": "hello"}], stream=False)
+    r = httpx.post(f"http://{gateway}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert r.json()["error"]["code"] == "box_unreachable"
 
 
 def _started(row: dict) -> float:

@@ -4,6 +4,7 @@ the prototype proved, and the real Envoy accepts each (`envoy --mode validate`).
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import yaml
@@ -65,6 +66,11 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     assert len(picked_boxes) == len(BOXES)
     assert "connect-failure" in routes[0]["route"]["retry_policy"]["retry_on"]
     assert routes[0]["request_body_buffer_limit"] == MAX_BODY_BYTES
+    # a call no box took: Envoy's 503 in the API's error shape
+    mapper = hcm["local_reply_config"]["mappers"][0]
+    assert "UF" in mapper["filter"]["response_flag_filter"]["flags"]
+    body = json.loads(mapper["body_format_override"]["text_format_source"]["inline_string"])
+    assert body == envoy.UNREACHABLE.body()
     # served-endpoint stamping, moved into envoy.lb before ext_proc sees the response
     rule = filters["envoy.filters.http.header_to_metadata"]["response_rules"][0]
     assert rule["on_header_present"]["metadata_namespace"] == "envoy.lb" and rule["remove"]
