@@ -122,6 +122,11 @@ def test_a_frozen_box_gets_no_new_call_once_the_epp_has_noticed(pool):
         for row in log.values()
         if _started(row) > noticed + 0.1 and (row["picked"] or "").split(",")[0] == victim
     ]
+    held = [c for c in load.calls if c.sent <= noticed and c.box == name and c.status == 200]
+    print(
+        f"\nbox stop: {len(load.calls)} calls sent, {len(after)} after the EPP noticed, all on "
+        f"other boxes; {len(late)} picked for the frozen box after; {len(held)} served by it in all"
+    )
     assert late == []
     assert sum(c.box == name for c in load.calls) > 0  # it did serve before it froze
 
