@@ -7,6 +7,7 @@ Every process is started here and stopped by its PID, last started first.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -209,6 +210,8 @@ def start_pool(
         spec = envoy.GatewaySpec(
             listen, pool.epp, tuple(pool.boxes), 0, failure_mode, response_body, access
         )
+        if epp and "max_body_bytes" in epp:  # Envoy keeps as much for a retry
+            spec = dataclasses.replace(spec, max_body_bytes=epp["max_body_bytes"])
         run = start_gateway(pool, spec)
         pool.gateway, pool.envoy_admin = run.listen, run.admin
     except BaseException:

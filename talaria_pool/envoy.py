@@ -23,6 +23,7 @@ from pathlib import Path
 from talariad.calls.errors import APIError
 from talariad.config import split_host_port
 from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK
+from talariad.epp.stream import MAX_BODY_BYTES
 
 TEMPLATE = Path(__file__).with_name("gateway.yaml")
 """The shipped template: package data, so an installed `talariad` has it; deploy/envoy/gateway.yaml,
@@ -39,6 +40,13 @@ fail_closed) → Envoy's failure_mode_allow. The default is `talariad.epp.config
 
 NOT_FOUND = APIError(404, "Not Found", type="not_found_error")
 """The gateway's answer off the API's paths: the box's own 404 (its gateway's error handler)."""
+
+
+UNREACHABLE = APIError(
+    503, "no box of the pool took the call", type="api_error", code="box_unreachable"
+)
+"""The gateway's answer to a call that reached no box (its pick and fallback refused or reset it
+before any answer): Envoy's own 503, reworded in the API's error shape."""
 
 
 class EnvoyError(Exception):
@@ -63,12 +71,14 @@ class GatewaySpec:
 
     listen: str  # "host:port" (port 0: any free port)
     epp: str | tuple[str, ...]  # "host:port" of each `talariad epp` replica's gRPC server
-    boxes: tuple[str, ...]  # "host:port" of each box's HTTP gateway (the fail-open fallback)
+    boxes: tuple[str, ...]  # "ip:port" of each box's HTTP gateway, as the EPP names them
     admin_port: int = 0
     failure_mode: str = FAILURE_MODE
     response_body: str = "full-duplex"
     access_log: str = "/dev/stdout"  # one JSON line per call
     epp_tls: EPPTLS | None = None  # None: plaintext HTTP/2 to the pickers
+    max_body_bytes: int = MAX_BODY_BYTES
+    """The pickers' `max_body_bytes`: Envoy keeps a body this large for a retry on another box."""
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -87,7 +97,7 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
     if spec.response_body not in BODY_MODES:
         raise EnvoyError(f"response body {spec.response_body!r}: one of {', '.join(BODY_MODES)}")
     if not spec.boxes:
-        raise EnvoyError("the pool has no boxes for the fail-open fallback cluster")
+        raise EnvoyError("the pool has no boxes")
     body_mode, trailer_mode = BODY_MODES[spec.response_body]
     listen_host, listen_port = split_address(spec.listen)
     epps = (spec.epp,) if isinstance(spec.epp, str) else spec.epp
@@ -108,9 +118,11 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
         failure_mode="fail_open" if allow else "fail_closed",
         response_body_mode=body_mode,
         response_trailer_mode=trailer_mode,
-        fallback_endpoints=_endpoints(spec.boxes),
+        box_endpoints=_endpoints(spec.boxes),
+        max_body_bytes=spec.max_body_bytes,
         access_log=json.dumps(spec.access_log),
         not_found_body=json.dumps(json.dumps(NOT_FOUND.body())),
+        unreachable_body=json.dumps(json.dumps(UNREACHABLE.body())),
     )
 
 
@@ -279,6 +291,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--epp-ca", help="CA file of the pickers' TLS certificates (TLS to them)")
     r.add_argument("--epp-cert", help="the gateway's client certificate for the pickers")
     r.add_argument("--epp-key", help="the key of --epp-cert")
+    r.add_argument(
+        "--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="the pickers' max_body_bytes"
+    )
     r.add_argument("--admin-port", type=int, default=9901)
     r.add_argument("--failure-mode", default=FAILURE_MODE, help="fail_open or fail_closed")
     r.add_argument("--response-body", default="full-duplex", choices=sorted(BODY_MODES))
@@ -313,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             args.response_body,
             args.access_log,
             _epp_tls_args(args),
+            args.max_body_bytes,
         )
         text = render(spec)
     except EnvoyError as err:

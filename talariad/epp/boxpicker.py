@@ -80,6 +80,7 @@ class BoxPicker:
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._branch_open: dict[tuple[str, str], str] = {}  # a branch's open call
         self._rr = count()
+        self._fallback_rr = count()
         self._decided: deque[float] = deque()
 
     # --- boxes (the poller's `BoxFeed`) -----------------------------------------------------
@@ -191,7 +192,26 @@ class BoxPicker:
         endpoint = self.endpoints[decision.instance]
         # the lease will say the box holds the prompt (the answer's length is not seen here)
         self._remember(call.call_id, _Open(decision.instance, endpoint, call.prompt_tokens, branch))
-        return Pick(call.call_id, endpoint, decision.kind.value)
+        fallback = self._fallback(decision, call.model, now)
+        return Pick(call.call_id, endpoint, decision.kind.value, fallback)
+
+    def _fallback(self, d: Decision, model: str, now: float) -> str | None:
+        """The endpoint of the next-best box for a placed call, where Envoy retries it if it
+        never reached its pick: the cheapest other feasible candidate the router weighed, else
+        the next other box open to the model (a lease or a session's home weighs only itself).
+        One more candidate, not a second placement: its lease and load follow where it is served
+        (`served`)."""
+        others = (c for c in d.candidates if c.feasible and c.instance != d.instance)
+        for c in sorted(others, key=lambda c: c.rank_s):
+            if c.instance in self.endpoints and self.router.placeable(c.instance, model, now):
+                return self.endpoints[c.instance]
+        names = list(self.endpoints)
+        start = next(self._fallback_rr)
+        for i in range(len(names)):
+            name = names[(start + i) % len(names)]
+            if name != d.instance and self.router.placeable(name, model, now):
+                return self.endpoints[name]
+        return None
 
     def _settle_answered(self, branch: tuple[str, str], now: float) -> None:
         """A branch's next call means its previous answer ended: settle that call now, unless its

@@ -24,13 +24,21 @@ class EPPRequest:
 
 @dataclass(frozen=True, slots=True)
 class Pick:
-    """Route the call to `endpoint` ("ip:port" of one box's gateway)."""
+    """Route the call to `endpoint` ("ip:port" of one box's gateway), or to `fallback` if it
+    never reached `endpoint` (refused, reset before any answer)."""
 
     call_id: str
     endpoint: str
     kind: str = field(default="", compare=False)
     """How it was placed: the router's decision kind (`lease_hit`, `cost`, ...), or
     `round_robin` for a request that names no model a box serves."""
+    fallback: str | None = field(default=None, compare=False)
+    """Another healthy box for the call (the next-best placement); None: no other box."""
+
+    @property
+    def destination(self) -> str:
+        """GIE's destination value: the endpoints in order, comma-separated."""
+        return self.endpoint if self.fallback is None else f"{self.endpoint},{self.fallback}"
 
 
 @dataclass(frozen=True, slots=True)

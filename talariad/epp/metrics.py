@@ -45,7 +45,7 @@ class EPPMetrics:
         )
         self.served_mismatch = Counter(
             "talaria_epp_served_mismatch",
-            "Responses Envoy reports served by an endpoint other than the one picked",
+            "Responses Envoy reports served by an endpoint other than the pick and its fallback",
             registry=r,
         )
 

@@ -41,19 +41,20 @@ def header(key: str, value: str) -> pb.HeaderValueOption:
     )
 
 
-def route_to(endpoint: str) -> pb.ProcessingResponse:
-    """The reply to the request headers that sends the request to `endpoint`: the header (for
-    gateways that route on it) and the `envoy.lb` metadata (which clients cannot forge), with the
-    route cache cleared so that Envoy routes again on them."""
+def route_to(destination: str) -> pb.ProcessingResponse:
+    """The reply to the request headers that sends the request to `destination` ("ip:port", or
+    several comma-separated, tried in order: `Pick.destination`): the header (for gateways that
+    route on it) and the `envoy.lb` metadata (which clients cannot forge), with the route cache
+    cleared so that Envoy routes again on them."""
     reply = pb.ProcessingResponse(
         request_headers=pb.HeadersResponse(
             response=pb.CommonResponse(
-                header_mutation=pb.HeaderMutation(set_headers=[header(DESTINATION, endpoint)]),
+                header_mutation=pb.HeaderMutation(set_headers=[header(DESTINATION, destination)]),
                 clear_route_cache=True,
             )
         )
     )
-    reply.dynamic_metadata.update({LB: {DESTINATION: endpoint}})
+    reply.dynamic_metadata.update({LB: {DESTINATION: destination}})
     return reply
 
 

@@ -131,7 +131,7 @@ class Stream:
             first = replies.refuse(decision, details=f"epp_{outcome}")
         else:
             self.pick = decision
-            first = replies.route_to(decision.endpoint)
+            first = replies.route_to(decision.destination)
             if decision.kind:
                 self.metrics.kinds.labels(decision.kind).inc()
         lag = None if self.arrived is None else self.clock() - self.arrived
@@ -150,7 +150,8 @@ class Stream:
         try:
             decision = self.picker.pick(request, self.clock())
             if isinstance(decision, Pick):
-                _check_endpoint(decision.endpoint)
+                for endpoint in (decision.endpoint, decision.fallback):
+                    _check_endpoint(endpoint)
         except Exception:
             log.exception("call %s: the picker failed; answering 503", self.call_id)
             return "error", error(self.path, 503, "no endpoint could be picked", "epp_error")
@@ -162,7 +163,7 @@ class Stream:
         self.response_started = True
         if self.pick is not None:
             served = replies.served_endpoint(req)
-            if served is not None and served != self.pick.endpoint:
+            if served is not None and served not in (self.pick.endpoint, self.pick.fallback):
                 self.metrics.served_mismatch.inc()
             status = _status(replies.headers_of(msg.headers).get(":status", ""))
             self._tell("served", self.call_id, served, status, self.clock())
@@ -224,8 +225,10 @@ def arrival(now: float, received_at: float | None) -> float:
     return now - ago if 0.0 <= ago <= MAX_SKEW_S else now
 
 
-def _check_endpoint(endpoint: str) -> None:
-    # Stock Envoy's ORIGINAL_DST takes exactly one ip:port; a GIE fallback list there is a 503.
+def _check_endpoint(endpoint: str | None) -> None:
+    # Each entry of the destination list: Envoy's override_host matches "ip:port" exactly.
+    if endpoint is None:
+        return
     try:
         if "," in endpoint or " " in endpoint:
             raise ValueError

@@ -295,6 +295,11 @@ class Router:
             for i in self._instances.all()
         )
 
+    def placeable(self, instance: str, model: str, now: float) -> bool:
+        """`instance` is healthy, fresh and open to `model` at `now`."""
+        inst = self._instances.get(instance)
+        return inst is not None and inst.placeable(model, now, self.knobs)
+
     def retired(self, instance: str, now: float) -> tuple[str, ...]:
         """Resident models the retirement rule takes out of `instance`'s rotation at `now`."""
         inst = self._instances.get(instance)

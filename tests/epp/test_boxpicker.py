@@ -138,6 +138,33 @@ def test_served_elsewhere_settles_the_lease_where_it_was_served():
     assert _turn(p, s, 0.2) == other
 
 
+def test_a_pick_lists_a_fallback_box_that_takes_the_lease_if_it_serves():
+    p = _picker()
+    s = Session("s1")
+    req = s.request()
+    pick = p.pick(req, 0.1)
+    assert isinstance(pick, Pick) and pick.fallback in BOXES.values()
+    assert pick.fallback != pick.endpoint
+    assert pick.destination == f"{pick.endpoint},{pick.fallback}"
+    # the pick refused the call and Envoy's retry went to the fallback: the lease follows it
+    p.served(req.call_id, pick.fallback, 200, 0.11)
+    p.finished(req.call_id, True, 0.12)
+    s.answered()
+    again = s.request()
+    lease = p.pick(again, 0.2)
+    assert isinstance(lease, Pick) and lease.endpoint == pick.fallback
+    assert p.explain(again.call_id).kind.value == "lease_hit"
+    assert lease.fallback == pick.endpoint  # a lease weighs only its box: the other one
+    p.finished(again.call_id, True, 0.21)
+    s.answered()
+    # a lost box is listed neither first nor as the fallback
+    p.box_lost(_box(p, pick), 0.3)
+    alone = p.pick(s.request(), 0.4)
+    assert (
+        isinstance(alone, Pick) and alone.fallback is None and alone.destination == lease.endpoint
+    )
+
+
 def test_a_failed_call_installs_no_lease():
     p = _picker()
     req = Session("s1").request()

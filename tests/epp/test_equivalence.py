@@ -211,7 +211,8 @@ def _routed_to(replies) -> str | None:
     reply = replies[0]
     if reply.WhichOneof("response") != "request_headers":
         return None  # an immediate answer: refused
-    return reply.request_headers.response.header_mutation.set_headers[0].header.raw_value.decode()
+    destination = reply.request_headers.response.header_mutation.set_headers[0].header.raw_value
+    return destination.decode().split(",")[0]  # the pick; a fallback box may follow
 
 
 async def epp_driver(events: list[Event], knobs: RouterKnobs) -> list[Decision]:

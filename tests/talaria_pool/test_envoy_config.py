@@ -4,12 +4,15 @@ the prototype proved, and the real Envoy accepts each (`envoy --mode validate`).
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import yaml
 
 from talaria_pool import envoy
 from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK, EPPConfig
+from talariad.epp.replies import DESTINATION
+from talariad.epp.stream import MAX_BODY_BYTES
 from tests.support import certs
 from tests.support.pool import needs_envoy
 
@@ -54,8 +57,20 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     assert routes[2]["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["disabled"]
     assert hcm["normalize_path"] and hcm["merge_slashes"]
     assert list(filters)[0] == "envoy.filters.http.header_mutation"
-    picked = clusters["pool_picked"]["original_dst_lb_config"]
-    assert "metadata_key" in picked and "use_http_header" not in picked
+    # the EPP's ordered list from its metadata only, and a call that never reached its box
+    # retried on the next one, its body kept for the retry up to the EPP's limit
+    lb = clusters["pool_picked"]["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+    sources = lb["typed_config"]["override_host_sources"]
+    assert sources == [{"metadata": {"key": "envoy.lb", "path": [{"key": DESTINATION}]}}]
+    picked_boxes = clusters["pool_picked"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert len(picked_boxes) == len(BOXES)
+    assert "connect-failure" in routes[0]["route"]["retry_policy"]["retry_on"]
+    assert routes[0]["request_body_buffer_limit"] == MAX_BODY_BYTES
+    # a call no box took: Envoy's 503 in the API's error shape
+    mapper = hcm["local_reply_config"]["mappers"][0]
+    assert "UF" in mapper["filter"]["response_flag_filter"]["flags"]
+    body = json.loads(mapper["body_format_override"]["text_format_source"]["inline_string"])
+    assert body == envoy.UNREACHABLE.body()
     # served-endpoint stamping, moved into envoy.lb before ext_proc sees the response
     rule = filters["envoy.filters.http.header_to_metadata"]["response_rules"][0]
     assert rule["on_header_present"]["metadata_namespace"] == "envoy.lb" and rule["remove"]
