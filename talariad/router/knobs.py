@@ -21,9 +21,10 @@ class RouterKnobs:
 
     session_home: bool = False
     """A call whose prefix some target holds (its branch's, or for a new branch the head's it
-    shares, `CallRequest.prefix_of`) goes to that target while it can take it (the round and HBM
-    checks pass, no replica to open) and staying costs at most a round bound more than the
-    cheapest target elsewhere, lease or not; else it is placed by cost. The pool's picker
+    shares, `CallRequest.prefix_of`) goes to that target while it can take it (the HBM check
+    passes, no replica to open, and the round check unless the prefix is on its device: a
+    continuation the box admits mid-slot, as a lease) and staying costs at most a round bound
+    more than the cheapest target elsewhere, lease or not; else it is placed by cost. The pool's picker
     sets it: moving a session between boxes moves its whole KV, and the load a box's snapshot
     shows is a poll old, so near-equal costs are no reason to move. A box leaves it off: its
     instances share one clock and the cost model weighs their load exactly."""

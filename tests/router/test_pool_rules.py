@@ -32,13 +32,13 @@ def test_a_lease_is_judged_at_the_calls_arrival_not_at_its_decision():
     assert r2.place(call("c1", prefix=900), 1.3).kind is not DecisionKind.LEASE_HIT
 
 
-def _loaded(home: bool, load_a: int, round_a: float = 0.0):
+def _loaded(home: bool, load_a: int, round_a: float = 0.0, kv: KVState = KVState.DEVICE):
     """A session's prefix on `a`, its lease long expired; `a` busier than `b` by `load_a`
     queued tokens, its next round `round_a` long."""
     snaps, r = Snaps(), router(tau_s=1.0, session_home=home)
     cluster(r, snaps, ("a", "b"))
     _served(r, call("c0"), "a", 0.0)
-    held = {"s1": (KVState.DEVICE, 900)}
+    held = {"s1": (kv, 900)}
     busy = {"m": ModelResidency(ModelState.ACTIVE, queued_tokens=load_a, queued_calls=3)}
     r.observe(snaps("a", 5.0, sessions=held, models=busy, round_load_s=round_a), 5.0)
     r.observe(snaps("b", 5.0), 5.0)
@@ -54,11 +54,18 @@ def test_a_return_stays_home_while_home_can_take_it():
 
 
 def test_a_home_that_cannot_take_the_call_is_left_for_cost():
-    full = _loaded(home=True, load_a=3000, round_a=100.0)  # its round past the bound (Eq. 5)
+    on_host = _loaded(home=True, load_a=3000, round_a=100.0, kv=KVState.HOST)  # round over Eq. 5
     slow = _loaded(home=True, load_a=200_000)  # a queue 20 s long: more than a round bound
-    for r in (full, slow):
+    for r in (on_host, slow):
         d = r.place(call("c1", prefix=900), 5.0)
         assert d.instance == "b" and "home" not in d.reason
+
+
+def test_a_prefix_on_its_homes_device_is_admitted_past_the_round_budget():
+    """As a lease's return is: the box admits the continuation mid-slot."""
+    r = _loaded(home=True, load_a=3000, round_a=100.0)
+    d = r.place(call("c1", prefix=900), 5.0)
+    assert d.instance == "a" and "home" in d.reason
 
 
 def test_a_new_branch_goes_to_its_heads_target():

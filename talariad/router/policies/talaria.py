@@ -51,10 +51,17 @@ class TalariaPolicy(Policy):
         eligible = view.eligible(call.model, now)
         for name in names:
             inst = view.instances.get(name)
-            if inst is None or inst not in eligible or view.kv(inst, call)[0] is KVState.MISSING:
+            if inst is None or inst not in eligible:
+                continue
+            kv = view.kv(inst, call)[0]
+            if kv is KVState.MISSING:
                 continue
             cand = view.cost.evaluate(plan, inst)
-            if not cand.feasible or cand.needs_replica:
+            # a prefix on its home's device is a continuation the box admits mid-slot, past its
+            # round budget, as a lease is (the box keeps its own lease for the session): only
+            # the HBM check and a replica to open rule its home out
+            admits = cand.feasible or (kv is KVState.DEVICE and cand.reason == "round")
+            if not admits or cand.needs_replica:
                 return None  # its home cannot take it now
             whose = "its head's branch" if call.prefix_of else "its branch"
             why = f"the session's home: {whose} prefix is here"
