@@ -105,7 +105,7 @@ class PeerBoxPolicy(BoxPolicy):
             )
         self.load[box] += 1
         self._sent[call.call_id] = box
-        return Decision(
+        decision = Decision(
             call.call_id,
             DecisionKind.COST,
             box,
@@ -116,6 +116,8 @@ class PeerBoxPolicy(BoxPolicy):
             (),
             call.session_id,
         )
+        self.router.record(decision)  # `/calls/ID` and `call explain` read a peer's pick too
+        return decision
 
     def choose(self, call: CallRequest, live: list[BoxStats], now: float) -> str | None:
         """The box for `call` among the healthy ones (by name)."""

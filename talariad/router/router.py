@@ -145,7 +145,7 @@ class Router:
             decision = self._forward(call, choice, choice.kind, now)
         else:
             decision = self._overload(call, choice, now)
-        self._log(decision)
+        self.record(decision)
         return decision
 
     def forwarded(self, call_id: str, instance: str, now: float) -> bool:
@@ -404,7 +404,8 @@ class Router:
             and instance not in self._drained
         )
 
-    def _log(self, decision: Decision) -> None:
+    def record(self, decision: Decision) -> None:
+        """Keep `decision` for `explain` (a box-level peer's, decided beside the router, too)."""
         self._decisions[decision.call_id] = decision
         self._decisions.move_to_end(decision.call_id)
         if len(self._decisions) > DECISION_LOG:

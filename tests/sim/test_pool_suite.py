@@ -171,3 +171,10 @@ def test_cli_json_rows(capsys):
 def test_cli_rejects_bad_pool_sizes(capsys):
     assert main(["compare", "--suite", "pool", "--boxes", "0,x"]) == 2
     assert "--boxes" in capsys.readouterr().err
+
+
+def test_a_peers_pick_is_explained_as_the_routers_are():
+    picker = _session_picker()
+    _feed(picker, "a", 1, 0, 0.0, 0.0)
+    d = picker.place(_call(0), 0.0)
+    assert picker.router.explain(d.call_id) == d and d.policy == "llm-d-session"
