@@ -83,6 +83,10 @@ class DiscoveryConfig(_Strict):
         return self
 
 
+LEASE_SLACK_S = 0.5
+"""`EPPConfig.lease_slack_s`'s default (the simulator's picker uses it too)."""
+
+
 class EPPConfig(_Strict):
     listen: str = "127.0.0.1:9002"
     """The ext_proc gRPC address ("host:port") Envoy's EPP cluster points at. Loopback unless
@@ -114,7 +118,7 @@ class EPPConfig(_Strict):
     drain_s: float = Field(default=10.0, ge=0)
     """On SIGTERM, after announcing NOT_SERVING for `GATEWAY_HEALTH_CHECK.notice_s` (while the
     gateway moves new calls to another picker): how long the streams still open may finish."""
-    lease_slack_s: float = Field(default=0.5, ge=0)
+    lease_slack_s: float = Field(default=LEASE_SLACK_S, ge=0)
     """How much longer than τ (`router.tau_s`) a lease lives here. τ is the agent's tool gap,
     from the answer's end at the client to its next call; the picker sees the answer end before
     the client does (the rest of its delivery, the client reading it) and the next call after

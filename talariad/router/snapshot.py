@@ -2,7 +2,7 @@
 on the router's clock. The simulator maps the instance core's `InstanceTelemetry`; the daemon's
 gateway and the picker map the internal API's `Telemetry`, which carries the same fields.
 
-The router names what it reads (`Telemetry`) rather than importing either: the instance core
+The router names what it reads (`TelemetryView`) rather than importing either: the instance core
 and the wire sit beside and above it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from talariad.router.messages import InstanceSnapshot, ModelResidency, ModelStat
 from talariad.types import KVLocation, ModelLoad, Pool
 
 
-class Telemetry(Protocol):
+class TelemetryView(Protocol):
     """The fields of an instance's telemetry the router reads (read-only)."""
 
     @property
@@ -46,7 +46,7 @@ class Telemetry(Protocol):
 
 
 def router_snapshot(
-    t: Telemetry,
+    t: TelemetryView,
     allowed: list[str],
     taken_at: float,
     healthy: bool,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from talariad.epp.boxpicker import BoxPicker
-from talariad.epp.config import PICKER_KNOBS, EPPConfig, picker_knobs
+from talariad.epp.config import LEASE_SLACK_S, PICKER_KNOBS, picker_knobs
 from talariad.epp.contract import ImmediateAnswer
 from talariad.gateway.pool import box_target
 from talariad.instance.core import Done
@@ -82,9 +82,8 @@ class SimPicker:
     def __init__(self, knobs: RouterKnobs, policy: str) -> None:
         # the picker's knobs as `talariad epp` defaults them over the boxes' router knobs; it
         # starts knowing no profile: the boxes' snapshots carry theirs
-        slack = EPPConfig.model_fields["lease_slack_s"].default
-        picker_knobs_ = picker_knobs(replace(knobs, **PICKER_KNOBS), slack)
-        self.picker = BoxPicker(Router(picker_knobs_, {}), policy=policy)
+        ours = picker_knobs(replace(knobs, **PICKER_KNOBS), LEASE_SLACK_S)
+        self.picker = BoxPicker(Router(ours, {}), policy=policy)
 
     def polled(self, snapshots: dict[str, BoxSnapshot], now: float) -> None:
         """One poll: every box answered with its snapshot (a box's endpoint is its name)."""
