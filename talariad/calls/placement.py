@@ -71,9 +71,9 @@ class Placement:
         at `arrived`, with the prefix the targets say its branch holds where this shell has seen
         none of the branch's text (`learned`)."""
         session, branch, call = plan_call(
-            call_id, spec, prompt, headers, self.branches, model, max_tokens, clamp_to
+            call_id, spec, prompt, headers, self.branches, model, max_tokens, clamp_to, arrived
         )
-        return session, branch, self.learned(dataclasses.replace(call, arrived_at=arrived))
+        return session, branch, self.learned(call)
 
     def learned(self, call: CallRequest) -> CallRequest:
         """`call` with the prefix the targets' snapshots say its branch holds, where this shell

@@ -144,11 +144,13 @@ def plan_call(
     model: str,
     max_tokens: int,
     clamp_to: int | None,
+    arrived: float | None = None,
 ) -> tuple[str, str, CallRequest]:
     """A call's session, its branch and the router's request for it, the same at a box's gateway
     and at the pool's picker. Lengths are estimates (4 characters a token of `prompt`); the
     instance counts exactly. `clamp_to`: the model's context, when the output limit is lowered
-    to fit it rather than refused (the router then plans with what can fit)."""
+    to fit it rather than refused (the router then plans with what can fit). `arrived`: when the
+    call reached the shell, on its clock (a lease is judged then)."""
     session = session_id(
         session_headers(headers), spec.session_fields, [(m.role, m.content) for m in spec.messages]
     )
@@ -156,5 +158,7 @@ def plan_call(
     estimate = estimate_tokens(len(prompt.text))
     plan = max_tokens if clamp_to is None else max(1, min(max_tokens, clamp_to - estimate))
     reused = min(estimate_tokens(covered) if covered else 0, estimate)
-    call = CallRequest(call_id, branch, model, estimate, reused, plan, prefix_of=source)
+    call = CallRequest(
+        call_id, branch, model, estimate, reused, plan, arrived_at=arrived, prefix_of=source
+    )
     return session, branch, call

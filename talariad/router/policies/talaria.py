@@ -39,8 +39,9 @@ class TalariaPolicy(Policy):
         return home if worse <= self.knobs.round_budget_s else placed
 
     def _session_home(self, plan: CallPlan, view: ClusterView, now: float) -> Choice | None:
-        """The call at the target holding its prefix, if that target can take it now (the round
-        and HBM checks pass, no replica to open; `RouterKnobs.session_home`); None: by cost."""
+        """The call at the target holding its prefix, if that target can take it now (no replica
+        to open, the HBM check, and the round check unless the prefix is on its device;
+        `RouterKnobs.session_home`); None: by cost."""
         call, key = plan.call, plan.key
         if key is None:
             return None
