@@ -1,7 +1,8 @@
 """The pool's placement: one `Router` whose placement targets are boxes (`router.boxes`), fed by
 the boxes' snapshots (`epp.poller`), asked once per call that Envoy hands over (`epp.contract`).
 
-A call's body is read with the dialect parsers the box's gateway reads it with (`calls.routes`),
+A call's body is read with the dialect parsers the box's gateway reads it with (`calls.routes`;
+a conversation's resent messages once, `calls.reading`),
 its session with the same rules and its branch with the same `PrefixBranches`, so the picker and
 the box agree on what a call is; the box's router then places it on an instance. Design:
 docs/pool.md.
@@ -14,11 +15,11 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from itertools import count
 
-from talariad.calls import routes
-from talariad.calls.branches import PrefixBranches
+from talariad.calls.branches import PrefixBranches, Prompt
 from talariad.calls.errors import APIError
 from talariad.calls.placement import Placement, refusal
-from talariad.calls.spec import CallSpec, canonical_prompt
+from talariad.calls.reading import BodyReader
+from talariad.calls.spec import CallSpec
 from talariad.config import resolve_model
 from talariad.router import CallRequest, Decision, DecisionKind, Router
 from talariad.router.box_policies import BOX_POLICIES, BoxStats
@@ -69,6 +70,7 @@ class BoxPicker:
         self.router = router
         self.policy = BOX_POLICIES.get(policy)(router, random.Random(router.knobs.seed))
         self.branches = PrefixBranches(max_branches, router.knobs.max_sessions)
+        self.reader = BodyReader()  # a conversation's resent messages are read once
         self.placement = Placement(router, self.branches, self.policy, self.ARRIVAL_GRACE_S)
         self.endpoints: dict[str, str] = {}  # box -> "ip:port"
         self._boxes_at: dict[str, str] = {}  # "ip:port" -> box
@@ -171,11 +173,12 @@ class BoxPicker:
         """A call's body as the router's request, and the model id the client sent; None for
         any other request (a probe, a model list, a model no box serves). Raises the API's 400
         for a body its dialect refuses."""
-        spec = routes.parse(request.path, request.body) if request.method == "POST" else None
-        model = self._resolve(spec.requested) if spec is not None else None
-        if spec is None or model is None:
+        read = self.reader.read(request.path, request.body) if request.method == "POST" else None
+        model = self._resolve(read[0].requested) if read is not None else None
+        if read is None or model is None:
             return None
-        return self._call(request, spec, model), spec.requested
+        spec, prompt = read
+        return self._call(request, spec, prompt, model), spec.requested
 
     def place(
         self, call: CallRequest, path: str, requested: str, now: float
@@ -223,13 +226,14 @@ class BoxPicker:
         if rec is not None and rec.status < 400:
             self.finished(prev, True, now)  # type: ignore[arg-type]
 
-    def _call(self, request: EPPRequest, spec: CallSpec, model: BoxModel) -> CallRequest:
+    def _call(
+        self, request: EPPRequest, spec: CallSpec, prompt: Prompt, model: BoxModel
+    ) -> CallRequest:
         """The router's request, planned as the box's gateway plans it (`spec.plan_call`); the
         box's config may also clamp an Anthropic client's output limit, which the picker does not
         see, so it clamps only where the client set none."""
         clamp_to = model.max_context if not spec.max_tokens else None
         max_tokens = spec.max_tokens or model.default_max_tokens
-        prompt = canonical_prompt(spec.messages, spec.prompt, spec.tools)
         _, _, call = self.placement.plan(
             request.call_id,
             spec,
