@@ -87,7 +87,9 @@ class BodyReader:
     recently used out. Reads are found by the body's first `LEAD` bytes and path."""
 
     LEAD = 256
+    PER_LEAD = 64  # kept reads of one lead (agents of one system prompt): a failed match stops
 
+    # at the first differing byte, a few hundred in
     def __init__(self, min_bytes: int = 8 << 10, max_bytes: int = 256 << 20) -> None:
         self.min_bytes, self.max_bytes = max(min_bytes, self.LEAD), max_bytes
         self.bytes = 0
@@ -124,20 +126,19 @@ class BodyReader:
         self, dialect: _Dialect, kept: list[_Read], raw: bytes
     ) -> tuple[_Read, int] | None:
         """The kept read `raw` shares the most whole messages with, and its last one shared."""
-        best: tuple[_Read, int] | None = None
+        whole = [r for r in kept if _indexed(r, dialect.key) and raw.startswith(_upto(r, -1))]
+        if whole:  # the usual return: a kept body's every message resent
+            best = max(whole, key=lambda r: r.ends[-1])  # type: ignore[index]
+            return best, len(best.ends) - 1  # type: ignore[arg-type]
+        found: tuple[_Read, int] | None = None
         for r in kept:
-            if r.ends is None:
-                _index(r, dialect.key)
             if not r.ends:
                 continue
-            last = r.ends[-1]
-            if raw.startswith(memoryview(r.raw)[:last]):
-                k = len(r.ends) - 1
-            else:
-                k = bisect.bisect_right(r.ends, _shared(raw, r.raw, last)) - 1
-            if k >= 0 and (best is None or r.ends[k] > best[0].ends[best[1]]):  # type: ignore[index]
-                best = (r, k)
-        return best
+            k = bisect.bisect_right(r.ends, _shared(raw, r.raw, r.ends[-1])) - 1
+            if k >= 0 and (found is None or r.ends[k] > found[0].ends[found[1]]):  # type: ignore[index]
+                found = (r, k)
+        # reading more than half the body from its tail costs more than reading it whole
+        return found if found is not None and 2 * found[0].ends[found[1]] >= len(raw) else None  # type: ignore[index]
 
     def _continue(
         self, dialect: _Dialect, route: str, raw: bytes, was: _Read, k: int
@@ -219,7 +220,7 @@ class BodyReader:
             self.bytes -= len(replaces.raw)
         kept.insert(0, read)
         self.bytes += len(read.raw)
-        while len(kept) > 8:
+        while len(kept) > self.PER_LEAD:
             self.bytes -= len(kept.pop().raw)
         self._reads[key] = kept
         while self.bytes > self.max_bytes and self._reads:
@@ -247,6 +248,18 @@ def _whole(dialect: _Dialect, route: str, raw: bytes) -> _Read:
     return _Read(
         raw, spec, prompt, len(head), tools_len, base, counts, text_end, names, _first_turn(conv)
     )
+
+
+def _indexed(read: _Read, key: str) -> bool:
+    """`read` can be continued from (its structure found, `_index`, at its first use)."""
+    if read.ends is None:
+        _index(read, key)
+    return bool(read.ends)
+
+
+def _upto(read: _Read, k: int) -> memoryview:
+    """`read`'s body up to the end of its message `k` (no copy)."""
+    return memoryview(read.raw)[: read.ends[k]]  # type: ignore[index]
 
 
 def _first_turn(msgs: list[ChatMessage]) -> int:
