@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -358,17 +359,30 @@ class PickerPool:
             now += 1.0 / sessions
         knobs = self.picker.router.knobs
         self.poll_times.clear()
-        picks = []
+        picks: list[float] = []
+        passes: dict[int, float] = {}  # the collector's longest pass per generation meanwhile
+        started: list[float] = [0.0]
+
+        def collected(phase: str, info: dict) -> None:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                took, gen = time.perf_counter() - started[0], info["generation"]
+                passes[gen] = max(passes.get(gen, 0.0), took)
+
+        gc.callbacks.append(collected)
         horizon = max(knobs.control_window_s, knobs.retire_window_s, 2 * self.tau_s) + 2.0
         for at in (now, now + knobs.session_idle_s):
             for j in range(int(horizon / 0.25)):
                 picks.append(self.turn(f"x{at}-{j}", f"x{at}-{j}", _opening(f"x{j}"), at))
                 at += 0.25
+        gc.callbacks.remove(collected)
         burst = {
             "sessions": sessions,
             "picks": len(picks),
             "max_pick_us": round(max(picks) * 1e6, 1),
             "max_box_install_us": round(max(self.poll_times) * 1e6, 1),
+            "max_gc_pass_us": {str(g): round(t * 1e6, 1) for g, t in sorted(passes.items())},
         }
         return at + 2 * self.tau_s, burst
 
@@ -485,9 +499,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.part in ("poll", "all"):
             out["poll"] = poll_cost(args.polls)
         if args.part in ("decision", "all"):
-            out["decision"] = [
-                decision_time(n, args.sessions, args.decisions) for n in (16, 256, 1000)
-            ]
+            out["decision"] = []
+            for n in (16, 256, 1000):
+                out["decision"].append(decision_time(n, args.sessions, args.decisions))
+                print(json.dumps(out["decision"][-1]), file=sys.stderr, flush=True)  # progress
     except (devpool.PoolError, envoy.EnvoyError, RuntimeError) as err:
         print(f"epp_bench: {err}", file=sys.stderr)
         return 1
