@@ -27,6 +27,7 @@ import httpx
 
 from talaria_pool import devpool, envoy
 from talariad.epp.boxpicker import BoxPicker
+from talariad.epp.config import PICKER_KNOBS
 from talariad.epp.contract import EPPRequest, Pick
 from talariad.epp.poller import BoxPoller
 from talariad.gateway.pool import box_target
@@ -314,7 +315,8 @@ class PickerPool:
     and the conversations of the sessions it has placed."""
 
     def __init__(self, boxes: int, rng: random.Random) -> None:
-        self.picker = BoxPicker(Router(RouterKnobs(), {}))
+        # the router as the picker runs it (a session's home, the candidate set)
+        self.picker = BoxPicker(Router(RouterKnobs(**PICKER_KNOBS), {}))
         settle_gc()  # as `talariad epp` does once started: the live sessions come after it
         self.boxes = [SyntheticBox(b, rng.uniform(0.1, 1.0)) for b in range(boxes)]
         self.by_address = {box.address: box for box in self.boxes}

@@ -126,19 +126,20 @@ class BodyReader:
         self, dialect: _Dialect, kept: list[_Read], raw: bytes
     ) -> tuple[_Read, int] | None:
         """The kept read `raw` shares the most whole messages with, and its last one shared."""
-        whole = [r for r in kept if _indexed(r, dialect.key) and raw.startswith(_upto(r, -1))]
-        if whole:  # the usual return: a kept body's every message resent
-            best = max(whole, key=lambda r: r.ends[-1])  # type: ignore[index]
-            return best, len(best.ends) - 1  # type: ignore[arg-type]
         found: tuple[_Read, int] | None = None
         for r in kept:
-            if not r.ends:
+            # what they share, by halving memcmps (a read of another conversation differs a few
+            # hundred bytes in): reading more than half the body from its tail costs more than
+            # reading it whole, and a read is scanned (`_index`) only when it may be continued
+            shared = _shared(raw, r.raw, len(r.raw))
+            if 2 * shared < len(raw) or not _indexed(r, dialect.key):
                 continue
-            k = bisect.bisect_right(r.ends, _shared(raw, r.raw, r.ends[-1])) - 1
+            k = bisect.bisect_right(r.ends, shared) - 1  # type: ignore[arg-type]
             if k >= 0 and (found is None or r.ends[k] > found[0].ends[found[1]]):  # type: ignore[index]
                 found = (r, k)
-        # reading more than half the body from its tail costs more than reading it whole
-        return found if found is not None and 2 * found[0].ends[found[1]] >= len(raw) else None  # type: ignore[index]
+        if found is None or 2 * found[0].ends[found[1]] < len(raw):  # type: ignore[index]
+            return None
+        return found
 
     def _continue(
         self, dialect: _Dialect, route: str, raw: bytes, was: _Read, k: int
@@ -255,11 +256,6 @@ def _indexed(read: _Read, key: str) -> bool:
     if read.ends is None:
         _index(read, key)
     return bool(read.ends)
-
-
-def _upto(read: _Read, k: int) -> memoryview:
-    """`read`'s body up to the end of its message `k` (no copy)."""
-    return memoryview(read.raw)[: read.ends[k]]  # type: ignore[index]
 
 
 def _first_turn(msgs: list[ChatMessage]) -> int:

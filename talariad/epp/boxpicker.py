@@ -23,6 +23,7 @@ from talariad.calls.spec import CallSpec
 from talariad.config import resolve_model
 from talariad.router import CallRequest, Decision, DecisionKind, Router
 from talariad.router.box_policies import BOX_POLICIES, BoxStats
+from talariad.router.search.lazy import weighed
 from talariad.types import KVLocation, KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
 
@@ -200,11 +201,12 @@ class BoxPicker:
 
     def _fallback(self, d: Decision, model: str, now: float) -> str | None:
         """The endpoint of the next-best box for a placed call, where Envoy retries it if it
-        never reached its pick: the cheapest other feasible candidate the router weighed, else
+        never reached its pick: the cheapest other feasible candidate the router weighed (scored:
+        reading the ones its ranking skipped would score them all), else
         the next other box open to the model (a lease or a session's home weighs only itself).
         One more candidate, not a second placement: its lease and load follow where it is served
         (`served`)."""
-        others = (c for c in d.candidates if c.feasible and c.instance != d.instance)
+        others = (c for c in weighed(d.candidates) if c.feasible and c.instance != d.instance)
         for c in sorted(others, key=lambda c: c.rank_s):
             if c.instance in self.endpoints and self.router.placeable(c.instance, model, now):
                 return self.endpoints[c.instance]
