@@ -38,11 +38,13 @@ _RESOLVED_MAX = 1024
 @dataclass(slots=True)
 class _Held:
     """What the picker installed of a box: its session view (the mapping the router holds), the
-    `sessions_epoch` that names it (None: the box sends no changes) and the target's basis."""
+    `sessions_epoch` that names it (None: the box sends no changes), the target's basis and
+    when the installed target was taken (the picker's clock)."""
 
     epoch: int | None
     sessions: dict[tuple[str, str], KVLocation]
     basis: list[tuple[str, int]]
+    taken: float
 
 
 @dataclass(slots=True)
@@ -100,21 +102,26 @@ class BoxPicker:
         self._set_endpoint(name, endpoint)
         self._set_models(name, snap.models)
         self._seen_at[name] = now
+        taken = now - target.age_s
         if held is not None and base is not None:
             sessions, changed = held.sessions, frozenset(target.merge_into(held.sessions))
-            install = bool(changed) or held.basis != target.basis
+            # an idle box re-sends the target installed; installed again before it goes stale
+            # (the router's freshness is its taking), else it would take no new call
+            renew = taken - held.taken >= self.router.knobs.staleness_s / 2
+            install = bool(changed) or held.basis != target.basis or renew
         else:  # whole: a new mapping, the router diffs it
             sessions, changed, install = {}, None, True
             target.merge_into(sessions)
         if install:
             self._versions[name] = version = self._versions.get(name, 0) + 1
-            box = target.placement_target(name, version, now - target.age_s, sessions, changed)
+            box = target.placement_target(name, version, taken, sessions, changed)
             self.placement.observe(box, now)
             stats = BoxStats(name, target.healthy, target.queue, target.kv_util, target.instances)
             self.policy.observe(stats, now)
-        # else the box re-sent the target installed (the daemon polls its instances less often
-        # than we poll it) and no session changed: the installed target stands
-        self._held[name] = _Held(snap.sessions_epoch, sessions, target.basis)
+        else:  # the box re-sent the target installed (the daemon polls its instances less often
+            # than we poll it) and no session changed: the installed target stands
+            taken = held.taken  # type: ignore[union-attr]
+        self._held[name] = _Held(snap.sessions_epoch, sessions, target.basis, taken)
         self.router.heartbeat(name, now, healthy=target.healthy)
         self.placement.expire(now)
         return True
