@@ -131,10 +131,13 @@ class BodyReader:
             # what they share, by halving memcmps (a read of another conversation differs a few
             # hundred bytes in): reading more than half the body from its tail costs more than
             # reading it whole, and a read is scanned (`_index`) only when it may be continued
-            shared = _shared(raw, r.raw, len(r.raw))
-            if 2 * shared < len(raw) or not _indexed(r, dialect.key):
-                continue
-            k = bisect.bisect_right(r.ends, shared) - 1  # type: ignore[arg-type]
+            if r.ends and raw.startswith(memoryview(r.raw)[: r.ends[-1]]):
+                k = len(r.ends) - 1  # the usual return: every message of `r` resent
+            else:
+                shared = _shared(raw, r.raw, len(r.raw))
+                if 2 * shared < len(raw) or not _indexed(r, dialect.key):
+                    continue
+                k = bisect.bisect_right(r.ends, shared) - 1  # type: ignore[arg-type]
             if k >= 0 and (found is None or r.ends[k] > found[0].ends[found[1]]):  # type: ignore[index]
                 found = (r, k)
         if found is None or 2 * found[0].ends[found[1]] < len(raw):  # type: ignore[index]
