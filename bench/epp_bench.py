@@ -341,10 +341,13 @@ class PickerPool:
         if not isinstance(pick, Pick):
             self.refused += 1
             return took
-        # answered at once: the box it went to holds its prompt from then on
+        # answered a millisecond later (after the snapshot the pick read: a completion at the
+        # snapshot's own instant does not outrank it): the box it went to holds its prompt, by
+        # the branch name the picker and the box both give it
         self.picker.served(call_id, pick.endpoint, 200, now)
-        self.picker.finished(call_id, True, now)
-        self.by_address[pick.endpoint].served(sid, len(req.body) // 4)
+        self.picker.finished(call_id, True, now + 1e-3)
+        branch = self.picker.explain(call_id).session_id or sid  # type: ignore[union-attr]
+        self.by_address[pick.endpoint].served(branch, len(req.body) // 4)
         return took
 
     def warm(self, sessions: int, now: float) -> tuple[float, dict]:
