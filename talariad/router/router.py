@@ -228,7 +228,12 @@ class Router:
             timed_out.append(call_id)
         idle_before = now - self.knobs.session_idle_s
         self._sessions.forget_idle(idle_before, limit)
-        pending = limit is not None and (self._leases.due(now) or self._sessions.idle(idle_before))
+        pending = limit is not None and (
+            # the demand window's departed work too, ahead of the placement that reads it
+            self._demand.trim_due(now, limit)
+            or self._leases.due(now)
+            or self._sessions.idle(idle_before)
+        )
         return ExpiryReport(tuple(leases), tuple(timed_out), pending)
 
     # --- read-only views ---------------------------------------------------------------------

@@ -233,3 +233,17 @@ def test_idle_session_rows_go_in_bounded_steps(setup):
     report = r.expire(idle, limit=20)
     assert len(r.sessions()) == 10 and report.pending
     assert not r.expire(idle, limit=20).pending and r.sessions() == ()
+
+
+def test_the_demand_window_lets_a_burst_go_in_bounded_steps(setup):
+    """Calls placed together leave the arrivals' window together: expiry steps drop them
+    ahead of the placement that reads the window, and the window's sum is what reading it
+    whole gives."""
+    r, _ = setup
+    for i in range(50):
+        r.place(call(f"c{i}", session=f"s{i}"), 0.1)
+    later = 0.1 + r.knobs.control_window_s + 1.0
+    assert r.expire(later, limit=20).pending
+    while r.expire(later, limit=20).pending:
+        pass
+    assert r._demand.work_s(MODEL, later) == 0.0
