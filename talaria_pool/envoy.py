@@ -22,7 +22,14 @@ from pathlib import Path
 
 from talariad.calls.errors import APIError
 from talariad.config import split_host_port
-from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK
+from talariad.epp.config import (
+    FAILURE_MODE,
+    FAILURE_MODE_KEY,
+    GATEWAY_HEALTH_CHECK,
+    HEADERS_STAGE,
+    STAGE_KEY,
+)
+from talariad.epp.replies import LEASE
 from talariad.epp.stream import MAX_BODY_BYTES
 
 TEMPLATE = Path(__file__).with_name("gateway.yaml")
@@ -79,6 +86,10 @@ class GatewaySpec:
     epp_tls: EPPTLS | None = None  # None: plaintext HTTP/2 to the pickers
     max_body_bytes: int = MAX_BODY_BYTES
     """The pickers' `max_body_bytes`: Envoy keeps a body this large for a retry on another box."""
+    lease_at_headers: bool = True
+    """A headers-only ext_proc filter before the full-duplex one places a session's lease return
+    at its request headers (the full-duplex filter then never runs for it), and Envoy's gRPC
+    access log reports those calls' ends to every picker (docs/pool.md)."""
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -123,7 +134,125 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
         access_log=json.dumps(spec.access_log),
         not_found_body=json.dumps(json.dumps(NOT_FOUND.body())),
         unreachable_body=json.dumps(json.dumps(UNREACHABLE.body())),
+        **_lease_parts(spec, epps),
     )
+
+
+LEASE_FILTER = "talaria.lease_at_headers"
+"""The headers-only ext_proc filter's name in the rendered config (per-route settings name it)."""
+
+_LEASE_FILTER = f"""\
+          # Lease returns at request headers: this filter sends the EPP the request headers only
+          # (one message each way). When the headers name a session returning to its live lease
+          # (docs/pool.md) the EPP routes the call there (envoy.lb metadata, route cache cleared)
+          # and marks it with `{LEASE}`; the route for it turns the full-duplex filter below off,
+          # so the body streams straight to the box. Otherwise it changes nothing and the
+          # full-duplex filter decides on the body. Failing open is safe: no body is handed over.
+          - name: {LEASE_FILTER}
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              stat_prefix: lease
+              grpc_service:
+                envoy_grpc: {{cluster_name: epp}}
+                timeout: 10s
+                initial_metadata:
+                - {{key: {STAGE_KEY}, value: {HEADERS_STAGE}}}
+              failure_mode_allow: true
+              message_timeout: 1s
+              allow_mode_override: false
+              processing_mode:
+                request_header_mode: SEND
+                response_header_mode: SKIP
+                request_body_mode: NONE
+                response_body_mode: NONE
+                request_trailer_mode: SKIP
+                response_trailer_mode: SKIP
+              metadata_options:
+                receiving_namespaces: {{untyped: [envoy.lb]}}"""
+
+_LEASE_ROUTE = f"""\
+              # A lease return the headers-only filter placed (its `{LEASE}` metadata, which no
+              # client can set): to its box, the next box of the EPP's list when it never reached
+              # it, without the full-duplex filter.
+              - match:
+                  prefix: "/v1/"
+                  dynamic_metadata:
+                  - filter: envoy.lb
+                    path: [{{key: {LEASE}}}]
+                    value: {{present_match: true}}
+                route:
+                  cluster: pool_picked
+                  timeout: 300s
+                  retry_policy: {{retry_on: "connect-failure,refused-stream,reset", num_retries: 2}}
+                request_body_buffer_limit: $max_body_bytes
+                typed_per_filter_config:
+                  envoy.filters.http.ext_proc:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute
+                    disabled: true"""
+
+_LEASE_FILTER_OFF = f"""\
+                  {LEASE_FILTER}:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute
+                    disabled: true"""
+
+_LEASE_LOG = f"""\
+          # The end of each call placed at its headers (the full-duplex filter never sees it),
+          # sent to every EPP replica as the call ends, one message per call: the EPP settles the
+          # call's in-flight count and renews its session's lease from it. Only those calls.
+          - name: envoy.access_loggers.http_grpc
+            filter:
+              metadata_filter:
+                matcher:
+                  filter: envoy.lb
+                  path: [{{key: {LEASE}}}]
+                  value: {{present_match: true}}
+                match_if_key_not_found: false
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig
+              common_config:
+                log_name: talaria_lease_returns
+                transport_api_version: V3
+                grpc_service: {{envoy_grpc: {{cluster_name: $cluster}}}}
+                buffer_size_bytes: 0"""
+
+_LOG_CLUSTER = """\
+  # EPP replica $index's access-log feed (each replica hears of every call placed at headers).
+  - name: $cluster
+    type: STATIC
+    connect_timeout: 1s
+$transport_socket
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}
+    load_assignment:
+      cluster_name: $cluster
+      endpoints:
+      - lb_endpoints:
+$endpoint"""
+
+
+def _lease_parts(spec: GatewaySpec, epps: tuple[str, ...]) -> dict[str, str]:
+    """The template's lease-at-headers pieces (all empty when `spec.lease_at_headers` is off)."""
+    keys = ("lease_filter", "lease_route", "lease_filter_off", "lease_access_logs")
+    if not spec.lease_at_headers:
+        return dict.fromkeys((*keys, "lease_log_clusters"), "")
+    clusters = [f"epp_log_{i}" for i in range(len(epps))]
+    tls = _epp_tls(spec.epp_tls, epps)
+    return {
+        "lease_filter": _LEASE_FILTER,
+        "lease_route": string.Template(_LEASE_ROUTE).substitute(max_body_bytes=spec.max_body_bytes),
+        "lease_filter_off": _LEASE_FILTER_OFF,
+        "lease_access_logs": "\n".join(
+            string.Template(_LEASE_LOG).substitute(cluster=c) for c in clusters
+        ),
+        "lease_log_clusters": "\n".join(
+            string.Template(_LOG_CLUSTER).substitute(
+                index=i, cluster=c, transport_socket=tls, endpoint=_endpoints((epp,))
+            )
+            for i, (c, epp) in enumerate(zip(clusters, epps, strict=True))
+        ),
+    }
 
 
 def _endpoints(addresses: tuple[str, ...]) -> str:
@@ -298,6 +427,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--failure-mode", default=FAILURE_MODE, help="fail_open or fail_closed")
     r.add_argument("--response-body", default="full-duplex", choices=sorted(BODY_MODES))
     r.add_argument("--access-log", default="/dev/stdout", help="file of one JSON line per call")
+    r.add_argument(
+        "--lease-at-headers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="place lease returns at their request headers (docs/pool.md)",
+    )
     r.add_argument("-o", "--out", help="file to write (default: stdout)")
     v = sub.add_parser("validate", help="envoy --mode validate on a rendered config")
     v.add_argument("config")
@@ -329,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             args.access_log,
             _epp_tls_args(args),
             args.max_body_bytes,
+            args.lease_at_headers,
         )
         text = render(spec)
     except EnvoyError as err:

@@ -18,6 +18,7 @@ from talariad.calls import routes
 from talariad.calls.branches import PrefixBranches
 from talariad.calls.errors import APIError
 from talariad.calls.placement import Placement, refusal
+from talariad.calls.session import header_session
 from talariad.calls.spec import CallSpec, canonical_prompt
 from talariad.config import resolve_model
 from talariad.router import CallRequest, Decision, DecisionKind, Router
@@ -29,6 +30,11 @@ from .contract import EPPRequest, ImmediateAnswer, Pick
 from .replies import answer
 
 MAX_OPEN_CALLS = 100_000  # picked calls whose end was never reported are failed past this
+HEADER_CALL_MAX_S = 330.0
+"""A call placed at its request headers whose end no access-log entry reported (the feed is lossy
+by design) is failed this long after it was placed: the gateway's route timeout (300 s) and slack,
+past which Envoy has ended it anyway."""
+MAX_BRANCHES_NOTED = 8  # a session's branches remembered for placing its returns at headers
 _RATE_WINDOW_S = 10.0
 _RESOLVED_MAX = 1024
 
@@ -52,6 +58,17 @@ class _Open:
     kv_len: int
     branch: tuple[str, str] | None  # (session branch, model): what its lease is for
     status: int = 0
+
+
+@dataclass(slots=True)
+class _Noted:
+    """A branch's last placed call, what a return to it at request headers is judged by: its
+    body's length (a return resends the conversation, so its body is no shorter) and the router's
+    estimate of its prompt."""
+
+    body_bytes: int
+    prompt_tokens: int
+    max_tokens: int
 
 
 class BoxPicker:
@@ -82,6 +99,10 @@ class BoxPicker:
         self._rr = count()
         self._fallback_rr = count()
         self._decided: deque[float] = deque()
+        # the sessions the headers name -> their branches' last calls (returns at headers)
+        self._noted: OrderedDict[str, dict[tuple[str, str], _Noted]] = OrderedDict()
+        self._at_headers: deque[tuple[float, str]] = deque()  # (placed at, call id), in order
+        self._pool_models: frozenset[str] | None = None  # every model some box serves (a cache)
 
     # --- boxes (the poller's `BoxFeed`) -----------------------------------------------------
     def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> bool:
@@ -114,6 +135,7 @@ class BoxPicker:
         self._held[name] = _Held(snap.sessions_epoch, sessions, target.basis)
         self.router.heartbeat(name, now, healthy=target.healthy)
         self.placement.expire(now)
+        self._expire_at_headers(now)
         return True
 
     def since(self, name: str) -> int | None:
@@ -130,6 +152,7 @@ class BoxPicker:
             return
         if _names(self._models.get(name, [])) != _names(models):
             self._resolved.clear()
+            self._pool_models = None
         before = {m.name: m.profile for m in self._models.get(name, [])}
         for m in models:
             if before.get(m.name) != m.profile:
@@ -146,6 +169,7 @@ class BoxPicker:
         self._boxes_at.pop(self.endpoints.pop(name, ""), None)
         self._models.pop(name, None)
         self._resolved.clear()
+        self._pool_models = None
         self._seen_at.pop(name, None)
         self._held.pop(name, None)
 
@@ -165,7 +189,118 @@ class BoxPicker:
         if planned is None:  # an unknown model is the box's to answer (404)
             return self._any_box(request, now)
         call, requested = planned
-        return self.place(call, request.path, requested, now)
+        decision = self.place(call, request.path, requested, now)
+        if isinstance(decision, Pick) and call.session_id is not None:
+            self._note(request, call)
+        return decision
+
+    # --- lease returns at request headers (docs/pool.md, "Lease returns at headers") ------------
+    def lease_return(self, request: EPPRequest, now: float) -> Pick | None:
+        """A call placed from its request headers alone, as its session's lease return, when that
+        is unambiguous (`_returning`); None: decide on the body. The call is in flight on its box
+        from now on and ends by `logged` (Envoy's access log), as a body-placed call ends by
+        `finished`."""
+        self._expire_at_headers(now)
+        found = self._returning(request, now)
+        if found is None:
+            return None
+        key, noted, lease = found
+        declared = int(request.headers["content-length"])
+        # the prompt grows as the body does (a return resends its conversation, and more)
+        tokens = max(noted.prompt_tokens * declared // max(noted.body_bytes, 1), lease.kv_len)
+        call = CallRequest(
+            request.call_id,
+            key[0],
+            key[1],
+            tokens,
+            min(lease.kv_len, tokens),
+            noted.max_tokens,
+            request.arrived,
+        )
+        decision = self.placement.place(call, now)
+        if decision.kind is not DecisionKind.LEASE_HIT or decision.instance is None:
+            # the router judged the lease otherwise (its prefix gone): the body decides
+            if decision.instance is not None:
+                self.placement.failed(call.call_id, now)
+            return None
+        self._count(now)
+        endpoint = self.endpoints[decision.instance]
+        self._remember(call.call_id, _Open(decision.instance, endpoint, tokens, key))
+        self._at_headers.append((now, call.call_id))
+        noted.body_bytes, noted.prompt_tokens = declared, tokens
+        return Pick(
+            call.call_id, endpoint, decision.kind.value, self._fallback(decision, key[1], now)
+        )
+
+    def _returning(self, request: EPPRequest, now: float):
+        """(branch key, its last call, its lease) when the headers name a session whose one live
+        branch (a live lease or a call in flight, over every model) holds a live lease on a box
+        that serves every model of the pool, with no call of it in flight, and the body is no
+        shorter than that branch's last; else None."""
+        if request.method != "POST" or request.path.split("?", 1)[0] not in routes.ROUTES:
+            return None
+        declared = request.headers.get("content-length", "")
+        session = header_session(request.headers)
+        if not declared.isdigit() or session is None or self.policy.name != "talaria":
+            return None
+        branches = self._noted.get(session)
+        if not branches:
+            return None
+        at = now if request.arrived is None else min(request.arrived, now)
+        live = []
+        for key, noted in branches.items():
+            lease = self.router.lease(*key)
+            if key in self._branch_open or (lease is not None and lease.live(at)):
+                live.append((key, noted, lease))
+        if len(live) != 1:
+            return None
+        key, noted, lease = live[0]
+        if key in self._branch_open or lease is None or int(declared) < noted.body_bytes:
+            return None
+        box = lease.instance
+        if box not in self.endpoints or not self.router.placeable(box, key[1], now):
+            return None
+        if not self.pool_models() <= {m.name for m in self._models.get(box, ())}:
+            return None
+        return key, noted, lease
+
+    def pool_models(self) -> frozenset[str]:
+        """Every model some box serves."""
+        if self._pool_models is None:
+            self._pool_models = frozenset(m.name for ms in self._models.values() for m in ms)
+        return self._pool_models
+
+    def _note(self, request: EPPRequest, call: CallRequest) -> None:
+        """Remember a placed call's branch under the session its headers name (if they do)."""
+        session = header_session(request.headers)
+        if session is None:
+            return
+        branches = self._noted.get(session)
+        if branches is None:
+            branches = self._noted[session] = {}
+        self._noted.move_to_end(session)
+        key = (call.session_id, call.model)
+        branches.pop(key, None)  # most recent last
+        branches[key] = _Noted(len(request.body), call.prompt_tokens, call.max_tokens)
+        while len(branches) > MAX_BRANCHES_NOTED:
+            del branches[next(iter(branches))]
+        while len(self._noted) > self.router.knobs.max_sessions:
+            self._noted.popitem(last=False)
+
+    def logged(self, call_id: str, endpoint: str | None, status: int, ok: bool, now: float) -> None:
+        """Envoy's access-log entry for a call placed at its headers: the box that served it, its
+        status and whether its response ended well; settles it as `served` and `finished` do."""
+        if call_id not in self._open:
+            return  # another replica's call, or settled already (its branch's next call)
+        self.served(call_id, endpoint, status, now)
+        self.finished(call_id, ok, now)
+
+    def _expire_at_headers(self, now: float) -> None:
+        """Fail the calls placed at headers that no access-log entry settled in time."""
+        while self._at_headers and self._at_headers[0][0] < now - HEADER_CALL_MAX_S:
+            _, call_id = self._at_headers.popleft()
+            if call_id in self._open:
+                self.finished(call_id, False, now)
 
     def plan(self, request: EPPRequest) -> tuple[CallRequest, str] | None:
         """A call's body as the router's request, and the model id the client sent; None for

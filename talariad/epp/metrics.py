@@ -43,6 +43,20 @@ class EPPMetrics:
             ["kind"],
             registry=r,
         )
+        self.at_headers = Counter(
+            "talaria_epp_at_headers",
+            "Calls the headers-only filter asked about: placed at their headers as lease returns "
+            "(placed), or left to the full-duplex filter to decide on the body (deferred)",
+            ["result"],
+            registry=r,
+        )
+        for result in ("placed", "deferred"):
+            self.at_headers.labels(result)
+        self.logged = Counter(
+            "talaria_epp_access_log_entries",
+            "Envoy's access-log entries received (the ends of calls placed at their headers)",
+            registry=r,
+        )
         self.served_mismatch = Counter(
             "talaria_epp_served_mismatch",
             "Responses Envoy reports served by an endpoint other than the pick and its fallback",

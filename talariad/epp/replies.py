@@ -15,6 +15,9 @@ DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
 LB = "envoy.lb"
 """The metadata namespace of the GIE endpoint contract (both ways)."""
+LEASE = "x-talaria-lease"
+"""The `envoy.lb` key the headers-only filter sets on a call it placed (the leased endpoint): the
+gateway's route for it turns the full-duplex filter off, and its access log reports its end."""
 EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
 PIECE_BYTES = 62_000
 """Largest body piece sent back: GIE's chunk size, under Envoy's per-message buffers."""
@@ -55,6 +58,13 @@ def route_to(destination: str) -> pb.ProcessingResponse:
         )
     )
     reply.dynamic_metadata.update({LB: {DESTINATION: destination}})
+    return reply
+
+
+def lease_route(destination: str, leased: str) -> pb.ProcessingResponse:
+    """`route_to(destination)` for a call placed at its request headers, marked `LEASE`."""
+    reply = route_to(destination)
+    reply.dynamic_metadata.update({LB: {DESTINATION: destination, LEASE: leased}})
     return reply
 
 

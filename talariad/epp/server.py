@@ -1,5 +1,7 @@
-"""The EPP's gRPC server: Envoy's ExternalProcessor (one `Stream` per HTTP request) beside the
-standard health service, over TLS or plaintext, drained on SIGTERM."""
+"""The EPP's gRPC server: Envoy's ExternalProcessor (one `Stream` per HTTP request of the
+full-duplex filter; one headers-only reply per request of the lease filter) and its access-log
+service (the ends of the calls placed at headers) beside the standard health service, over TLS or
+plaintext, drained on SIGTERM."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import logging
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +18,12 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from talariad.epp import ext_proc_pb2_grpc
-from talariad.epp.config import FAILURE_MODE_KEY
-from talariad.epp.contract import Picker
+from talariad.epp import als_pb2, als_pb2_grpc, ext_proc_pb2_grpc, replies
+from talariad.epp import ext_proc_pb2 as pb
+from talariad.epp.config import FAILURE_MODE_KEY, HEADERS_STAGE, STAGE_KEY
+from talariad.epp.contract import EPPRequest, Pick, Picker
 from talariad.epp.metrics import EPPMetrics
-from talariad.epp.stream import BODY_TIMEOUT_S, MAX_BODY_BYTES, Stream
+from talariad.epp.stream import BODY_TIMEOUT_S, MAX_BODY_BYTES, Stream, check_endpoint
 
 log = logging.getLogger("talariad.epp")
 
@@ -46,22 +50,39 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
         self.metrics = metrics or EPPMetrics()
         self.failure_mode = failure_mode
         self.told: set[str] = set()
+        self._placed = self.metrics.at_headers.labels("placed")
+        self._deferred = self.metrics.at_headers.labels("deferred")
 
-    def _check_failure_mode(self, context) -> None:
-        if self.failure_mode is None:
-            return
+    def _read_metadata(self, context) -> bool:
+        """Whether the stream is the headers-only filter's; warns of a failure mode that differs
+        from the picker's."""
+        at_headers = False
         for key, value in context.invocation_metadata() or ():
-            if key == FAILURE_MODE_KEY and value != self.failure_mode and value not in self.told:
-                self.told.add(value)
-                log.warning(
-                    "the Envoy config streaming to this picker was rendered %s, this picker's "
-                    "failure_mode is %s: make them agree",
-                    value,
-                    self.failure_mode,
-                )
+            if key == STAGE_KEY:
+                at_headers = value == HEADERS_STAGE
+            elif key == FAILURE_MODE_KEY and self.failure_mode is not None:
+                self._check_failure_mode(value)
+        return at_headers
+
+    def _check_failure_mode(self, value: str) -> None:
+        if value != self.failure_mode and value not in self.told:
+            self.told.add(value)
+            log.warning(
+                "the Envoy config streaming to this picker was rendered %s, this picker's "
+                "failure_mode is %s: make them agree",
+                value,
+                self.failure_mode,
+            )
 
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
-        self._check_failure_mode(context)
+        if self._read_metadata(context):
+            self.metrics.streams.inc()
+            # headers only: Envoy sends the request headers and nothing after (it ends the
+            # stream, often as a cancel, once it has the reply)
+            async for request in request_iterator:
+                if request.WhichOneof("request") == "request_headers":
+                    yield self._at_headers(request.request_headers)
+            return
         stream = Stream(self.picker, self.clock, self.metrics, self.max_body)
         self.metrics.streams.inc()
         self.metrics.in_flight.inc()
@@ -103,6 +124,81 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
             stream.ended(clean)
             self.metrics.in_flight.dec()
 
+    def _at_headers(self, msg: pb.HttpHeaders) -> pb.ProcessingResponse:
+        """The headers-only filter's reply: the call routed to its session's lease, or passed on
+        unchanged to the full-duplex filter, which decides on the body."""
+        started, now = time.perf_counter(), self.clock()
+        headers = replies.headers_of(msg.headers)
+        call_id = headers.get("x-request-id") or uuid.uuid4().hex
+        request = EPPRequest(
+            call_id, headers.get(":method", ""), headers.get(":path", ""), headers, arrived=now
+        )
+        pick: Pick | None = None
+        try:
+            pick = self.picker.lease_return(request, now)
+            if pick is not None:
+                check_endpoint(pick.endpoint)
+                check_endpoint(pick.fallback)
+        except Exception:  # the full-duplex filter decides: a call is never lost to this one
+            log.exception(
+                "call %s: placing it at its headers failed; deciding on its body", call_id
+            )
+            pick = None
+        if pick is None:
+            self._deferred.inc()
+            return replies.continue_headers(response=False)
+        self._placed.inc()
+        self.metrics.kinds.labels(pick.kind).inc()
+        self.metrics.decided("picked", time.perf_counter() - started, 0.0)
+        return replies.lease_route(pick.destination, pick.endpoint)
+
+
+class AccessLogServicer(als_pb2_grpc.AccessLogServiceServicer):
+    """Envoy's gRPC access log of the calls placed at their headers (the gateway logs only
+    those): each entry settles its call with the picker (`Picker.logged`)."""
+
+    def __init__(
+        self, picker: Picker, clock: Callable[[], float], metrics: EPPMetrics | None = None
+    ) -> None:
+        self.picker, self.clock = picker, clock
+        self.metrics = metrics or EPPMetrics()
+
+    async def StreamAccessLogs(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        async for message in request_iterator:
+            if message.WhichOneof("log_entries") == "http_logs":
+                for entry in message.http_logs.log_entry:
+                    self.settle(entry)
+        return als_pb2.StreamAccessLogsResponse()
+
+    def settle(self, entry: als_pb2.HTTPAccessLogEntry) -> None:
+        common = entry.common_properties
+        if common.intermediate_log_entry:
+            return  # the call goes on
+        self.metrics.logged.inc()
+        status = entry.response.response_code.value
+        sock = common.upstream_remote_address.socket_address
+        endpoint = None
+        if sock.address:
+            host = f"[{sock.address}]" if ":" in sock.address else sock.address
+            endpoint = f"{host}:{sock.port_value}"
+        ok = 0 < status < 400 and not _cut(common.response_flags)
+        try:
+            self.picker.logged(entry.request.request_id, endpoint, status, ok, self.clock())
+        except Exception:  # one bad entry must not end the feed
+            log.exception("call %s: settling its access-log entry failed", entry.request.request_id)
+
+
+def _cut(flags: als_pb2.ResponseFlags) -> bool:
+    """The response did not end well: a reset, a timeout, or the client went away."""
+    return (
+        flags.upstream_request_timeout
+        or flags.local_reset
+        or flags.upstream_remote_reset
+        or flags.upstream_connection_termination
+        or flags.downstream_connection_termination
+        or flags.stream_idle_timeout
+    )
+
 
 def _retrieved(read: asyncio.Future) -> None:
     if not read.cancelled():
@@ -141,6 +237,8 @@ async def start(processor: ExtProcServicer, address: str, tls: TLSFiles | None =
     (mutual TLS when it names a client CA)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    access_log = AccessLogServicer(processor.picker, processor.clock, processor.metrics)
+    als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     for name in ("", SERVICE):

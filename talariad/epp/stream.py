@@ -151,7 +151,7 @@ class Stream:
             decision = self.picker.pick(request, self.clock())
             if isinstance(decision, Pick):
                 for endpoint in (decision.endpoint, decision.fallback):
-                    _check_endpoint(endpoint)
+                    check_endpoint(endpoint)
         except Exception:
             log.exception("call %s: the picker failed; answering 503", self.call_id)
             return "error", error(self.path, 503, "no endpoint could be picked", "epp_error")
@@ -225,7 +225,7 @@ def arrival(now: float, received_at: float | None) -> float:
     return now - ago if 0.0 <= ago <= MAX_SKEW_S else now
 
 
-def _check_endpoint(endpoint: str | None) -> None:
+def check_endpoint(endpoint: str | None) -> None:
     # Each entry of the destination list: Envoy's override_host matches "ip:port" exactly.
     if endpoint is None:
         return

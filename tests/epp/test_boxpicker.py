@@ -4,11 +4,12 @@ answered in the API's shapes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from talariad.epp.boxpicker import BoxPicker
+from talariad.epp.boxpicker import HEADER_CALL_MAX_S, BoxPicker
 from talariad.epp.contract import EPPRequest, ImmediateAnswer, Pick
 from talariad.gateway.pool import box_target
 from talariad.router import Router, RouterKnobs
@@ -274,3 +275,102 @@ def test_the_picker_plans_an_unset_output_limit_as_the_boxs_gateway_does():
     p.pick(EPPRequest("c1", "POST", "/v1/chat/completions", {}, json.dumps(body).encode()), 0.3)
     (call,) = planned
     assert call.max_tokens == 200 - call.prompt_tokens  # what fits, not the default 4096
+
+
+# --- lease returns at request headers -----------------------------------------------------------
+
+
+def _headers_of(req: EPPRequest, at: float | None = None) -> EPPRequest:
+    """What the headers-only filter hands over of `req`: its headers with the body's length."""
+    heads = {**req.headers, "content-length": str(len(req.body))}
+    return EPPRequest(req.call_id, req.method, req.path, heads, arrived=at)
+
+
+def _in_flight(p: BoxPicker, box: str, now: float) -> int:
+    return next(s.in_flight for s in p.router.instances(now) if s.instance == box)
+
+
+def test_a_return_to_a_live_lease_is_placed_at_headers_and_settled_by_the_access_log():
+    p = _picker()
+    s = Session("h1")
+    box = _turn(p, s, 0.0)
+    req = s.request()
+    pick = p.lease_return(_headers_of(req), 0.2)
+    assert isinstance(pick, Pick) and pick.endpoint == BOXES[box] and pick.kind == "lease_hit"
+    assert pick.fallback is not None and pick.fallback != pick.endpoint  # a dead box is retried
+    assert p.explain(req.call_id).kind.value == "lease_hit"
+    assert _in_flight(p, box, 0.2) == 1
+    p.logged(req.call_id, BOXES[box], 200, True, 0.3)
+    assert _in_flight(p, box, 0.3) == 0
+    lease = p.router.lease(p.explain(req.call_id).session_id, MODEL)
+    assert lease is not None and lease.t_done == 0.3  # renewed at the call's end
+    s.answered()
+    # renewed: a return past the first lease's life (it began at 0.02) is placed at headers too
+    again = s.request()
+    assert isinstance(p.lease_return(_headers_of(again), 0.3 + p.router.knobs.tau_s - 0.1), Pick)
+
+
+def test_what_is_not_clearly_a_return_is_decided_on_the_body():
+    p = _picker()
+    s = Session("h2")
+    _turn(p, s, 0.0)
+    req = s.request()
+    heads = _headers_of(req)
+    assert p.lease_return(dataclasses.replace(heads, headers={}), 0.1) is None  # no session
+    shorter = {**heads.headers, "content-length": "10"}  # a sub-agent, a title call
+    assert p.lease_return(dataclasses.replace(heads, headers=shorter), 0.1) is None
+    chunked = {k: v for k, v in heads.headers.items() if k != "content-length"}
+    assert p.lease_return(dataclasses.replace(heads, headers=chunked), 0.1) is None
+    assert p.lease_return(dataclasses.replace(heads, path="/v1/models"), 0.1) is None
+    late = p.router.knobs.tau_s + 1.0
+    assert p.lease_return(heads, late) is None  # the lease has expired
+    assert p.lease_return(heads, 0.1) is not None
+    # its branch has a call in flight: the next one may be a parallel branch
+    assert p.lease_return(_headers_of(s.request()), 0.1) is None
+    assert all(_in_flight(p, b, 0.1) <= 1 for b in BOXES)
+
+
+def test_a_session_with_two_live_branches_is_decided_on_the_body():
+    p = _picker()
+    s = Session("h3", words=200)
+    _turn(p, s, 0.0)
+    sub = Session("h3", words=200)  # the same session and head, a conversation of its own
+    sub.msgs.append({"role": "user", "content": "sub-agent task: list the files"})
+    sub_call = sub.request()
+    box = _box(p, p.pick(sub_call, 0.05))
+    p.served(sub_call.call_id, p.endpoints[box], 200, 0.06)
+    p.finished(sub_call.call_id, True, 0.07)
+    assert len(p.branches.names("h3", MODEL)) == 2
+    main = _headers_of(s.request())
+    assert int(main.headers["content-length"]) > len(sub_call.body)  # not the length rule
+    assert p.lease_return(main, 0.1) is None
+
+
+def test_a_box_not_serving_every_model_of_the_pool_takes_no_return_at_headers():
+    p = _picker()
+    other = _snap().model_copy(update={"models": [BoxModel(name="other")]})
+    p.box_seen("c", "10.0.0.3:8000", other, 0.0)
+    s = Session("h4")
+    _turn(p, s, 0.0)
+    # the call's model is in its body: a box serving only some models may not serve it
+    assert p.lease_return(_headers_of(s.request()), 0.1) is None
+
+
+def test_a_lost_box_takes_no_return_at_headers():
+    p = _picker()
+    s = Session("h5")
+    box = _turn(p, s, 0.0)
+    p.box_lost(box, 0.05)
+    assert p.lease_return(_headers_of(s.request()), 0.1) is None
+
+
+def test_a_call_placed_at_headers_whose_end_was_never_logged_is_released():
+    p = _picker()
+    s = Session("h6")
+    box = _turn(p, s, 0.0)
+    req = s.request()
+    assert p.lease_return(_headers_of(req), 0.1) is not None
+    assert _in_flight(p, box, 0.2) == 1
+    p.box_seen(box, BOXES[box], _snap(), 0.1 + HEADER_CALL_MAX_S + 1)
+    assert _in_flight(p, box, 0.2) == 0
+    p.logged(req.call_id, BOXES[box], 200, True, 500.0)  # a late entry changes nothing

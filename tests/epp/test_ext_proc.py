@@ -10,8 +10,11 @@ import os
 
 import grpc
 
+from talariad.epp import als_pb2, als_pb2_grpc
 from talariad.epp import ext_proc_pb2 as pb
+from talariad.epp.config import HEADERS_STAGE, STAGE_KEY
 from talariad.epp.contract import ImmediateAnswer
+from talariad.epp.replies import LEASE
 from tests.epp import fake_envoy as envoy
 from tests.epp.fake_envoy import ENDPOINT, MIB, RecordingPicker
 
@@ -323,3 +326,85 @@ async def test_a_body_whole_in_time_is_not_timed_out(epp):
     await call.send(envoy.response_headers(), envoy.body(b"", end_of_stream=True, response=True))
     await call.read(2)
     assert run.picker.finished_calls == [("req-1", True)]
+
+
+# --- the headers-only filter and the access log ------------------------------------------------
+
+HEADERS_ONLY = ((STAGE_KEY, HEADERS_STAGE),)
+
+
+async def test_a_call_placed_at_headers_is_routed_and_marked_in_one_reply(epp):
+    running = await epp()
+    running.picker.at_headers = True
+    conv = running.stream(HEADERS_ONLY)
+    await conv.send(envoy.request_headers(extra={"x-session-id": "s", "content-length": "12"}))
+    (reply,) = await conv.read()
+    assert reply.request_headers.response.clear_route_cache
+    assert dict(reply.dynamic_metadata[LB]) == {DEST: ENDPOINT, LEASE: ENDPOINT}
+    [asked] = running.picker.header_requests
+    assert asked.call_id == "req-1" and asked.body == b"" and asked.headers["x-session-id"] == "s"
+    assert running.picker.requests == []  # the full-duplex decision was not asked for
+    assert await conv.end() == grpc.StatusCode.OK
+    placed = running.processor.metrics.at_headers.labels("placed")._value.get()
+    assert placed == 1
+
+
+async def test_a_call_not_placed_at_headers_passes_unchanged_to_the_body_filter(epp):
+    running = await epp()
+    conv = running.stream(HEADERS_ONLY)
+    await conv.send(envoy.request_headers())
+    (reply,) = await conv.read()
+    assert reply.WhichOneof("response") == "request_headers"
+    assert not reply.request_headers.HasField("response") and not reply.HasField("dynamic_metadata")
+    assert await conv.end() == grpc.StatusCode.OK
+
+
+async def test_a_failing_lease_lookup_passes_the_call_on(epp):
+    running = await epp(picker=RecordingPicker(endpoint="not an endpoint"))
+    running.picker.at_headers = True
+    conv = running.stream(HEADERS_ONLY)
+    await conv.send(envoy.request_headers())
+    (reply,) = await conv.read()
+    assert not reply.HasField("dynamic_metadata")  # the body filter decides
+
+
+def _entry(rid: str, status: int, **flags: bool) -> als_pb2.HTTPAccessLogEntry:
+    e = als_pb2.HTTPAccessLogEntry()
+    e.request.request_id = rid
+    if status:
+        e.response.response_code.value = status
+    e.common_properties.upstream_remote_address.socket_address.address = "10.0.0.7"
+    e.common_properties.upstream_remote_address.socket_address.port_value = 8000
+    for name, value in flags.items():
+        setattr(e.common_properties.response_flags, name, value)
+    return e
+
+
+async def test_access_log_entries_settle_the_calls_placed_at_headers(epp):
+    running = await epp()
+    stub = als_pb2_grpc.AccessLogServiceStub(running.channel)
+    entries = [
+        _entry("ok", 200),
+        _entry("refused", 503),
+        _entry("cut", 200, downstream_connection_termination=True),
+        _entry("reset", 200, upstream_remote_reset=True),
+        _entry("none", 0),
+    ]
+    message = als_pb2.StreamAccessLogsMessage()
+    message.http_logs.log_entry.extend(entries)
+    going = als_pb2.StreamAccessLogsMessage()
+    going.http_logs.log_entry.append(_entry("going", 200))
+    going.http_logs.log_entry[0].common_properties.intermediate_log_entry = True
+
+    async def feed():
+        yield message
+        yield going
+
+    await stub.StreamAccessLogs(feed())
+    assert running.picker.logged_calls == [
+        ("ok", ENDPOINT, 200, True),
+        ("refused", ENDPOINT, 503, False),
+        ("cut", ENDPOINT, 200, False),
+        ("reset", ENDPOINT, 200, False),
+        ("none", ENDPOINT, 0, False),
+    ]

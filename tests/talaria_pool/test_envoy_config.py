@@ -10,21 +10,37 @@ import pytest
 import yaml
 
 from talaria_pool import envoy
-from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK, EPPConfig
-from talariad.epp.replies import DESTINATION
+from talariad.epp.config import (
+    FAILURE_MODE,
+    FAILURE_MODE_KEY,
+    GATEWAY_HEALTH_CHECK,
+    HEADERS_STAGE,
+    STAGE_KEY,
+    EPPConfig,
+)
+from talariad.epp.replies import DESTINATION, LEASE
 from talariad.epp.stream import MAX_BODY_BYTES
 from tests.support import certs
 from tests.support.pool import needs_envoy
 
 BOXES = ("127.0.0.1:8001", "127.0.0.1:8002", "10.0.0.3:8000")
-VARIANTS = list(itertools.product(("fail_open", "fail_closed"), sorted(envoy.BODY_MODES)))
+VARIANTS = list(
+    itertools.product(("fail_open", "fail_closed"), sorted(envoy.BODY_MODES), (True, False))
+)
 
 
 def spec(
-    failure_mode: str = "fail_closed", response_body: str = "full-duplex"
+    failure_mode: str = "fail_closed", response_body: str = "full-duplex", at_headers: bool = True
 ) -> envoy.GatewaySpec:
     return envoy.GatewaySpec(
-        "0.0.0.0:8080", "127.0.0.1:9002", BOXES, 9901, failure_mode, response_body, "/dev/null"
+        "0.0.0.0:8080",
+        "127.0.0.1:9002",
+        BOXES,
+        9901,
+        failure_mode,
+        response_body,
+        "/dev/null",
+        lease_at_headers=at_headers,
     )
 
 
@@ -36,9 +52,9 @@ def parts(text: str) -> tuple[dict, dict, dict]:
     return hcm, filters, {c["name"]: c for c in cfg["clusters"]}
 
 
-@pytest.mark.parametrize("failure_mode,response_body", VARIANTS)
-def test_every_variant_keeps_the_fixes(failure_mode, response_body):
-    hcm, filters, clusters = parts(envoy.render(spec(failure_mode, response_body)))
+@pytest.mark.parametrize("failure_mode,response_body,at_headers", VARIANTS)
+def test_every_variant_keeps_the_fixes(failure_mode, response_body, at_headers):
+    hcm, filters, clusters = parts(envoy.render(spec(failure_mode, response_body, at_headers)))
     ext = filters["envoy.filters.http.ext_proc"]
     assert ext["failure_mode_allow"] is (failure_mode == "fail_open")
     metadata = [{"key": FAILURE_MODE_KEY, "value": failure_mode}]
@@ -48,6 +64,8 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     assert mode["response_body_mode"] == envoy.BODY_MODES[response_body][0]
     # routing keys on the EPP's metadata only; the client's header is stripped before anything
     routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    if at_headers:  # the lease returns' route first (`test_lease_returns_at_headers`)
+        assert routes.pop(0)["match"]["dynamic_metadata"][0]["path"] == [{"key": LEASE}]
     assert routes[0]["match"]["dynamic_metadata"][0]["filter"] == "envoy.lb"
     assert routes[0]["route"]["cluster"] == "pool_picked" and "headers" not in routes[0]["match"]
     assert routes[1]["route"]["cluster"] == "pool_fallback"
@@ -84,6 +102,49 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     assert len(fallback) == len(BOXES)
     # failing open never panic-routes to a box its health check found dead
     assert clusters["pool_fallback"]["common_lb_config"]["healthy_panic_threshold"]["value"] == 0
+
+
+def test_lease_returns_at_headers():
+    """The headers-only filter before the full-duplex one, always failing open; its route turns
+    the full-duplex filter off and keeps the pick's fallback and retries; every picker hears of
+    the ends of those calls (and only those) on a cluster of its own, over the pickers' TLS."""
+    tls = envoy.EPPTLS("/etc/envoy/epp-ca.crt")
+    two = envoy.GatewaySpec(
+        **{**spec().__dict__, "epp": ("127.0.0.1:9002", "10.0.0.9:9003"), "epp_tls": tls}
+    )
+    hcm, filters, clusters = parts(envoy.render(two))
+    names = list(filters)
+    assert names.index(envoy.LEASE_FILTER) + 1 == names.index("envoy.filters.http.ext_proc")
+    lease = filters[envoy.LEASE_FILTER]
+    assert lease["failure_mode_allow"] is True  # no body is handed over: a failure costs nothing
+    assert lease["grpc_service"]["initial_metadata"] == [{"key": STAGE_KEY, "value": HEADERS_STAGE}]
+    assert lease["grpc_service"]["envoy_grpc"]["cluster_name"] == "epp"
+    mode = lease["processing_mode"]
+    assert mode["request_header_mode"] == "SEND"
+    assert {mode[k] for k in mode if k != "request_header_mode"} <= {"SKIP", "NONE"}
+    route, picked, _, not_found = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    assert route["match"]["prefix"] == "/v1/"
+    assert route["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["disabled"]
+    assert route["route"] == picked["route"]  # the pick's list, its retries on the fallback
+    assert route["request_body_buffer_limit"] == picked["request_body_buffer_limit"]
+    off = not_found["typed_per_filter_config"]
+    assert off["envoy.filters.http.ext_proc"]["disabled"] and off[envoy.LEASE_FILTER]["disabled"]
+    grpc_logs = [a for a in hcm["access_log"] if a["name"] == "envoy.access_loggers.http_grpc"]
+    assert len(grpc_logs) == 2
+    for i, log in enumerate(grpc_logs):
+        only = log["filter"]["metadata_filter"]
+        assert only["matcher"]["path"] == [{"key": LEASE}]
+        assert only["match_if_key_not_found"] is False  # else it logs every call
+        common = log["typed_config"]["common_config"]
+        assert common["buffer_size_bytes"] == 0  # one message a call, at its end
+        cluster = clusters[common["grpc_service"]["envoy_grpc"]["cluster_name"]]
+        hosts = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        assert (
+            hosts == clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"][i : i + 1]
+        )
+        assert cluster["transport_socket"] == clusters["epp"]["transport_socket"]
+    _, filters, clusters = parts(envoy.render(spec(at_headers=False)))
+    assert envoy.LEASE_FILTER not in filters and not any(n.startswith("epp_log") for n in clusters)
 
 
 def test_the_picker_and_the_rendered_config_have_one_default_failure_mode(capsys):
@@ -158,10 +219,10 @@ def test_envoy_accepts_tls_to_the_pickers(tmp_path):
 
 @needs_envoy
 @pytest.mark.proc
-@pytest.mark.parametrize("failure_mode,response_body", VARIANTS)
-def test_envoy_accepts_every_variant(tmp_path, failure_mode, response_body):
+@pytest.mark.parametrize("failure_mode,response_body,at_headers", VARIANTS)
+def test_envoy_accepts_every_variant(tmp_path, failure_mode, response_body, at_headers):
     path = tmp_path / "gateway.yaml"
-    path.write_text(envoy.render(spec(failure_mode, response_body)))
+    path.write_text(envoy.render(spec(failure_mode, response_body, at_headers)))
     ok, text = envoy.validate(path)
     assert ok, text
     assert f"configuration '{path}' OK" in text
