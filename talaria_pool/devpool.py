@@ -34,9 +34,11 @@ class PoolError(Exception):
     """A part of the pool did not start; the message says which and where its log is."""
 
 
-def box_config(index: int, limits: dict | None = None) -> dict:
+def box_config(index: int, limits: dict | None = None, time_scale: float = 1.0) -> dict:
     """One sim box: `tiny-agent` (the coding agents' model ids) on a sim instance named after the
-    box, so an answer's `talaria.instance` says which box served it."""
+    box, so an answer's `talaria.instance` says which box served it; `time_scale` multiplies the
+    sim's modelled durations (a benchmark of the gateway takes the box's time out with a small
+    one)."""
     return {
         "listen": {"http": "127.0.0.1:0", "admin_socket": "admin.sock"},
         "models": [
@@ -50,7 +52,13 @@ def box_config(index: int, limits: dict | None = None) -> dict:
             }
         ],
         "instances": [
-            {"name": f"box{index}", "pool": "hot", "executor": "sim", "models": ["tiny-agent"]}
+            {
+                "name": f"box{index}",
+                "pool": "hot",
+                "executor": "sim",
+                "models": ["tiny-agent"],
+                "time_scale": time_scale,
+            }
         ],
         "anthropic": {"clamp_max_tokens": True},
         "limits": dict(limits or {}),
@@ -116,11 +124,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_box(pool: LocalPool, index: int, limits: dict | None = None, wait_s: float = 90) -> str:
+def start_box(
+    pool: LocalPool,
+    index: int,
+    limits: dict | None = None,
+    wait_s: float = 90,
+    time_scale: float = 1.0,
+) -> str:
     """Start box `index`; its "host:port" once it listens and answers /ready."""
     home = pool.workdir / f"box{index}"
     home.mkdir(exist_ok=True)
-    (home / "talaria.yaml").write_text(yaml.safe_dump(box_config(index, limits)))
+    (home / "talaria.yaml").write_text(yaml.safe_dump(box_config(index, limits, time_scale)))
     argv = [sys.executable, "-m", "talariad.cli", "run", "--config", "talaria.yaml"]
     p = pool.spawn(f"box{index}", argv + ["--log-level", "warning"], home)
     deadline = time.monotonic() + wait_s
@@ -193,6 +207,7 @@ def start_pool(
     response_body: str = "full-duplex",
     limits: dict | None = None,
     epp: dict | None = None,
+    time_scale: float = 1.0,
 ) -> LocalPool:
     """Boxes, then the EPP (`epp` merged into its config), then Envoy; on any failure
     everything started is stopped."""
@@ -204,7 +219,7 @@ def start_pool(
     (workdir / TOKEN_FILE).write_text(secrets.token_urlsafe(32) + "\n")
     os.chmod(workdir / TOKEN_FILE, 0o600)
     try:
-        pool.boxes = [start_box(pool, i, limits) for i in range(boxes)]
+        pool.boxes = [start_box(pool, i, limits, time_scale=time_scale) for i in range(boxes)]
         pool.epp, pool.epp_admin = start_epp(pool, failure_mode, **(epp or {}))
         access = str(workdir / "access.log")
         spec = envoy.GatewaySpec(

@@ -21,15 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from talariad.calls.errors import APIError
+from talariad.calls.session import HEADERS as SESSION_HEADERS
 from talariad.config import split_host_port
-from talariad.epp.config import (
-    FAILURE_MODE,
-    FAILURE_MODE_KEY,
-    GATEWAY_HEALTH_CHECK,
-    HEADERS_STAGE,
-    STAGE_KEY,
-)
-from talariad.epp.replies import LEASE
+from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK
+from talariad.epp.replies import AT_HEADERS, DESTINATION, LEASE
 from talariad.epp.stream import MAX_BODY_BYTES
 
 TEMPLATE = Path(__file__).with_name("gateway.yaml")
@@ -87,9 +82,9 @@ class GatewaySpec:
     max_body_bytes: int = MAX_BODY_BYTES
     """The pickers' `max_body_bytes`: Envoy keeps a body this large for a retry on another box."""
     lease_at_headers: bool = True
-    """A headers-only ext_proc filter before the full-duplex one places a session's lease return
-    at its request headers (the full-duplex filter then never runs for it), and Envoy's gRPC
-    access log reports those calls' ends to every picker (docs/pool.md)."""
+    """A check at request headers (ext_authz) before the full-duplex ext_proc filter places a
+    session's lease return there (the full-duplex filter then never runs for it), and Envoy's
+    gRPC access log reports those calls' ends to every picker (docs/pool.md)."""
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -138,46 +133,46 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
     )
 
 
-LEASE_FILTER = "talaria.lease_at_headers"
-"""The headers-only ext_proc filter's name in the rendered config (per-route settings name it)."""
+LEASE_FILTER = AT_HEADERS
+"""The check at request headers: Envoy's ext_authz filter, under its own name (the namespace of
+its answer's metadata, which the routes and the access log read)."""
+
+_ALLOWED_HEADERS = "\n".join(
+    f"                - {{exact: {name}}}"
+    for name in (*SESSION_HEADERS, "content-length", "x-request-id")
+)
 
 _LEASE_FILTER = f"""\
-          # Lease returns at request headers: this filter sends the EPP the request headers only
-          # (one message each way). When the headers name a session returning to its live lease
-          # (docs/pool.md) the EPP routes the call there (envoy.lb metadata, route cache cleared)
-          # and marks it with `{LEASE}`; the route for it turns the full-duplex filter below off,
-          # so the body streams straight to the box. Otherwise it changes nothing and the
-          # full-duplex filter decides on the body. Failing open is safe: no body is handed over.
+          # Lease returns at request headers: one unary gRPC call to the EPP with the request's
+          # method, path and the few headers it reads (the cheapest exchange Envoy offers a
+          # filter that may route the request). When the headers name a session returning to
+          # its live lease (docs/pool.md) the EPP answers with the pick in this filter's
+          # metadata (and its header, which clears the route cache); the route for it turns
+          # the full-duplex filter below off, so the body streams straight to the box.
+          # Otherwise it changes nothing and the full-duplex filter decides on the body. The EPP
+          # never denies; failing open is safe: no body is handed over.
           - name: {LEASE_FILTER}
             typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz
               stat_prefix: lease
+              transport_api_version: V3
               grpc_service:
                 envoy_grpc: {{cluster_name: epp}}
-                timeout: 10s
-                initial_metadata:
-                - {{key: {STAGE_KEY}, value: {HEADERS_STAGE}}}
+                timeout: 1s
               failure_mode_allow: true
-              message_timeout: 1s
-              allow_mode_override: false
-              processing_mode:
-                request_header_mode: SEND
-                response_header_mode: SKIP
-                request_body_mode: NONE
-                response_body_mode: NONE
-                request_trailer_mode: SKIP
-                response_trailer_mode: SKIP
-              metadata_options:
-                receiving_namespaces: {{untyped: [envoy.lb]}}"""
+              clear_route_cache: true
+              allowed_headers:
+                patterns:
+{_ALLOWED_HEADERS}"""
 
 _LEASE_ROUTE = f"""\
-              # A lease return the headers-only filter placed (its `{LEASE}` metadata, which no
+              # A lease return placed at its headers (`{LEASE}` in the check's metadata, which no
               # client can set): to its box, the next box of the EPP's list when it never reached
               # it, without the full-duplex filter.
               - match:
                   prefix: "/v1/"
                   dynamic_metadata:
-                  - filter: envoy.lb
+                  - filter: {AT_HEADERS}
                     path: [{{key: {LEASE}}}]
                     value: {{present_match: true}}
                 route:
@@ -192,8 +187,11 @@ _LEASE_ROUTE = f"""\
 
 _LEASE_FILTER_OFF = f"""\
                   {LEASE_FILTER}:
-                    "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute
                     disabled: true"""
+
+_LEASE_SOURCE = f"""\
+            - metadata: {{key: {AT_HEADERS}, path: [{{key: {DESTINATION}}}]}}"""
 
 _LEASE_LOG = f"""\
           # The end of each call placed at its headers (the full-duplex filter never sees it),
@@ -203,7 +201,7 @@ _LEASE_LOG = f"""\
             filter:
               metadata_filter:
                 matcher:
-                  filter: envoy.lb
+                  filter: {AT_HEADERS}
                   path: [{{key: {LEASE}}}]
                   value: {{present_match: true}}
                 match_if_key_not_found: false
@@ -234,7 +232,7 @@ $endpoint"""
 
 def _lease_parts(spec: GatewaySpec, epps: tuple[str, ...]) -> dict[str, str]:
     """The template's lease-at-headers pieces (all empty when `spec.lease_at_headers` is off)."""
-    keys = ("lease_filter", "lease_route", "lease_filter_off", "lease_access_logs")
+    keys = ("lease_filter", "lease_route", "lease_filter_off", "lease_access_logs", "lease_source")
     if not spec.lease_at_headers:
         return dict.fromkeys((*keys, "lease_log_clusters"), "")
     clusters = [f"epp_log_{i}" for i in range(len(epps))]
@@ -243,6 +241,7 @@ def _lease_parts(spec: GatewaySpec, epps: tuple[str, ...]) -> dict[str, str]:
         "lease_filter": _LEASE_FILTER,
         "lease_route": string.Template(_LEASE_ROUTE).substitute(max_body_bytes=spec.max_body_bytes),
         "lease_filter_off": _LEASE_FILTER_OFF,
+        "lease_source": _LEASE_SOURCE,
         "lease_access_logs": "\n".join(
             string.Template(_LEASE_LOG).substitute(cluster=c) for c in clusters
         ),

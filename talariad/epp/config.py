@@ -52,10 +52,6 @@ back (why, measured: deploy/envoy/README.md)."""
 FAILURE_MODE_KEY = "x-talaria-failure-mode"
 """The ext_proc stream's gRPC metadata in which the rendered Envoy config names its failure mode."""
 
-STAGE_KEY, HEADERS_STAGE = "x-talaria-stage", "headers"
-"""The ext_proc stream's gRPC metadata that marks the headers-only filter's streams (lease
-returns placed at request headers, `Picker.lease_return`); the full-duplex filter sends none."""
-
 
 class TLSConfig(_Strict):
     cert_file: str

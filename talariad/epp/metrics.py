@@ -45,7 +45,7 @@ class EPPMetrics:
         )
         self.at_headers = Counter(
             "talaria_epp_at_headers",
-            "Calls the headers-only filter asked about: placed at their headers as lease returns "
+            "Calls checked at their request headers: placed at their headers as lease returns "
             "(placed), or left to the full-duplex filter to decide on the body (deferred)",
             ["result"],
             registry=r,

@@ -1,7 +1,7 @@
-"""The EPP's gRPC server: Envoy's ExternalProcessor (one `Stream` per HTTP request of the
-full-duplex filter; one headers-only reply per request of the lease filter) and its access-log
-service (the ends of the calls placed at headers) beside the standard health service, over TLS or
-plaintext, drained on SIGTERM."""
+"""The EPP's gRPC server: Envoy's ExternalProcessor (one `Stream` per HTTP request), its
+Authorization (one unary check per request at its headers: a lease return placed there) and its
+access-log service (the ends of the calls placed at headers), beside the standard health
+service, over TLS or plaintext, drained on SIGTERM."""
 
 from __future__ import annotations
 
@@ -18,9 +18,15 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from talariad.epp import als_pb2, als_pb2_grpc, ext_proc_pb2_grpc, replies
-from talariad.epp import ext_proc_pb2 as pb
-from talariad.epp.config import FAILURE_MODE_KEY, HEADERS_STAGE, STAGE_KEY
+from talariad.epp import (
+    als_pb2,
+    als_pb2_grpc,
+    ext_authz_pb2,
+    ext_authz_pb2_grpc,
+    ext_proc_pb2_grpc,
+    replies,
+)
+from talariad.epp.config import FAILURE_MODE_KEY
 from talariad.epp.contract import EPPRequest, Pick, Picker
 from talariad.epp.metrics import EPPMetrics
 from talariad.epp.stream import BODY_TIMEOUT_S, MAX_BODY_BYTES, Stream, check_endpoint
@@ -50,39 +56,22 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
         self.metrics = metrics or EPPMetrics()
         self.failure_mode = failure_mode
         self.told: set[str] = set()
-        self._placed = self.metrics.at_headers.labels("placed")
-        self._deferred = self.metrics.at_headers.labels("deferred")
 
-    def _read_metadata(self, context) -> bool:
-        """Whether the stream is the headers-only filter's; warns of a failure mode that differs
-        from the picker's."""
-        at_headers = False
+    def _check_failure_mode(self, context) -> None:
+        if self.failure_mode is None:
+            return
         for key, value in context.invocation_metadata() or ():
-            if key == STAGE_KEY:
-                at_headers = value == HEADERS_STAGE
-            elif key == FAILURE_MODE_KEY and self.failure_mode is not None:
-                self._check_failure_mode(value)
-        return at_headers
-
-    def _check_failure_mode(self, value: str) -> None:
-        if value != self.failure_mode and value not in self.told:
-            self.told.add(value)
-            log.warning(
-                "the Envoy config streaming to this picker was rendered %s, this picker's "
-                "failure_mode is %s: make them agree",
-                value,
-                self.failure_mode,
-            )
+            if key == FAILURE_MODE_KEY and value != self.failure_mode and value not in self.told:
+                self.told.add(value)
+                log.warning(
+                    "the Envoy config streaming to this picker was rendered %s, this picker's "
+                    "failure_mode is %s: make them agree",
+                    value,
+                    self.failure_mode,
+                )
 
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
-        if self._read_metadata(context):
-            self.metrics.streams.inc()
-            # headers only: Envoy sends the request headers and nothing after (it ends the
-            # stream, often as a cancel, once it has the reply)
-            async for request in request_iterator:
-                if request.WhichOneof("request") == "request_headers":
-                    yield self._at_headers(request.request_headers)
-            return
+        self._check_failure_mode(context)
         stream = Stream(self.picker, self.clock, self.metrics, self.max_body)
         self.metrics.streams.inc()
         self.metrics.in_flight.inc()
@@ -124,18 +113,32 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
             stream.ended(clean)
             self.metrics.in_flight.dec()
 
-    def _at_headers(self, msg: pb.HttpHeaders) -> pb.ProcessingResponse:
-        """The headers-only filter's reply: the call routed to its session's lease, or passed on
-        unchanged to the full-duplex filter, which decides on the body."""
+
+class LeaseServicer(ext_authz_pb2_grpc.AuthorizationServicer):
+    """The gateway's check of each request at its headers (an ext_authz filter before the
+    full-duplex ext_proc one): the call routed to its session's lease (`Picker.lease_return`), or
+    passed on unchanged, and the full-duplex filter decides on the body. Never a denial."""
+
+    def __init__(
+        self, picker: Picker, clock: Callable[[], float], metrics: EPPMetrics | None = None
+    ) -> None:
+        self.picker, self.clock = picker, clock
+        self.metrics = metrics or EPPMetrics()
+        self._placed = self.metrics.at_headers.labels("placed")
+        self._deferred = self.metrics.at_headers.labels("deferred")
+
+    async def Check(self, request, context):  # noqa: N802 (gRPC method name)
+        return self.check(request)
+
+    def check(self, request: ext_authz_pb2.CheckRequest) -> ext_authz_pb2.CheckResponse:
         started, now = time.perf_counter(), self.clock()
-        headers = replies.headers_of(msg.headers)
-        call_id = headers.get("x-request-id") or uuid.uuid4().hex
-        request = EPPRequest(
-            call_id, headers.get(":method", ""), headers.get(":path", ""), headers, arrived=now
-        )
+        http = request.attributes.request.http
+        headers = dict(http.headers)
+        call_id = headers.get("x-request-id") or http.id or uuid.uuid4().hex
+        call = EPPRequest(call_id, http.method, http.path, headers, arrived=now)
         pick: Pick | None = None
         try:
-            pick = self.picker.lease_return(request, now)
+            pick = self.picker.lease_return(call, now)
             if pick is not None:
                 check_endpoint(pick.endpoint)
                 check_endpoint(pick.fallback)
@@ -146,11 +149,11 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
             pick = None
         if pick is None:
             self._deferred.inc()
-            return replies.continue_headers(response=False)
+            return replies.unplaced()
         self._placed.inc()
         self.metrics.kinds.labels(pick.kind).inc()
         self.metrics.decided("picked", time.perf_counter() - started, 0.0)
-        return replies.lease_route(pick.destination, pick.endpoint)
+        return replies.placed_at_headers(pick.destination, pick.endpoint)
 
 
 class AccessLogServicer(als_pb2_grpc.AccessLogServiceServicer):
@@ -232,12 +235,23 @@ class EPPServer:
         await self.server.wait_for_termination()
 
 
-async def start(processor: ExtProcServicer, address: str, tls: TLSFiles | None = None) -> EPPServer:
-    """Serve `processor` and health on `address` ("host:port"), over TLS when `tls` is given
-    (mutual TLS when it names a client CA)."""
+async def start(
+    processor: ExtProcServicer,
+    address: str,
+    tls: TLSFiles | None = None,
+    lease: ext_authz_pb2_grpc.AuthorizationServicer | None = None,
+    access_log: als_pb2_grpc.AccessLogServiceServicer | None = None,
+) -> EPPServer:
+    """Serve `processor`, `lease` (the check at request headers) and `access_log` (the ends of
+    the calls it placed) (by default both over `processor`'s picker) and health on `address`
+    ("host:port"), over TLS when `tls` is given (mutual TLS when it names a client CA)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     ext_proc_pb2_grpc.add_ExternalProcessorServicer_to_server(processor, server)
-    access_log = AccessLogServicer(processor.picker, processor.clock, processor.metrics)
+    if lease is None:
+        lease = LeaseServicer(processor.picker, processor.clock, processor.metrics)
+    ext_authz_pb2_grpc.add_AuthorizationServicer_to_server(lease, server)
+    if access_log is None:
+        access_log = AccessLogServicer(processor.picker, processor.clock, processor.metrics)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)

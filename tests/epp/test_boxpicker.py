@@ -281,7 +281,7 @@ def test_the_picker_plans_an_unset_output_limit_as_the_boxs_gateway_does():
 
 
 def _headers_of(req: EPPRequest, at: float | None = None) -> EPPRequest:
-    """What the headers-only filter hands over of `req`: its headers with the body's length."""
+    """What the check at request headers hands over of `req`: its headers with the body's length."""
     heads = {**req.headers, "content-length": str(len(req.body))}
     return EPPRequest(req.call_id, req.method, req.path, heads, arrived=at)
 

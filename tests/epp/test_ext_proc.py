@@ -10,9 +10,8 @@ import os
 
 import grpc
 
-from talariad.epp import als_pb2, als_pb2_grpc
+from talariad.epp import als_pb2, als_pb2_grpc, ext_authz_pb2, ext_authz_pb2_grpc
 from talariad.epp import ext_proc_pb2 as pb
-from talariad.epp.config import HEADERS_STAGE, STAGE_KEY
 from talariad.epp.contract import ImmediateAnswer
 from talariad.epp.replies import LEASE
 from tests.epp import fake_envoy as envoy
@@ -328,44 +327,49 @@ async def test_a_body_whole_in_time_is_not_timed_out(epp):
     assert run.picker.finished_calls == [("req-1", True)]
 
 
-# --- the headers-only filter and the access log ------------------------------------------------
-
-HEADERS_ONLY = ((STAGE_KEY, HEADERS_STAGE),)
+# --- the check at request headers and the access log -------------------------------------------
 
 
-async def test_a_call_placed_at_headers_is_routed_and_marked_in_one_reply(epp):
+def _check(headers: dict[str, str], rid: str = "req-1") -> ext_authz_pb2.CheckRequest:
+    """What Envoy's ext_authz filter sends: method, path, id and the allowed headers."""
+    req = ext_authz_pb2.CheckRequest()
+    http = req.attributes.request.http
+    http.id, http.method, http.path = rid, "POST", "/v1/chat/completions"
+    http.headers.update({"x-request-id": rid, **headers})
+    return req
+
+
+async def test_a_call_placed_at_headers_is_routed_and_marked_in_one_answer(epp):
     running = await epp()
     running.picker.at_headers = True
-    conv = running.stream(HEADERS_ONLY)
-    await conv.send(envoy.request_headers(extra={"x-session-id": "s", "content-length": "12"}))
-    (reply,) = await conv.read()
-    assert reply.request_headers.response.clear_route_cache
-    assert dict(reply.dynamic_metadata[LB]) == {DEST: ENDPOINT, LEASE: ENDPOINT}
+    stub = ext_authz_pb2_grpc.AuthorizationStub(running.channel)
+    reply = await stub.Check(_check({"x-session-id": "s", "content-length": "12"}))
+    assert reply.status.code == 0 and reply.WhichOneof("http_response") == "ok_response"
+    assert dict(reply.dynamic_metadata) == {DEST: ENDPOINT, LEASE: ENDPOINT}
+    (option,) = reply.ok_response.headers  # a header set: Envoy clears its route cache
+    assert option.header.key == DEST and option.header.value == ENDPOINT
     [asked] = running.picker.header_requests
     assert asked.call_id == "req-1" and asked.body == b"" and asked.headers["x-session-id"] == "s"
+    assert asked.method == "POST" and asked.path == "/v1/chat/completions"
     assert running.picker.requests == []  # the full-duplex decision was not asked for
-    assert await conv.end() == grpc.StatusCode.OK
     placed = running.processor.metrics.at_headers.labels("placed")._value.get()
     assert placed == 1
 
 
 async def test_a_call_not_placed_at_headers_passes_unchanged_to_the_body_filter(epp):
     running = await epp()
-    conv = running.stream(HEADERS_ONLY)
-    await conv.send(envoy.request_headers())
-    (reply,) = await conv.read()
-    assert reply.WhichOneof("response") == "request_headers"
-    assert not reply.request_headers.HasField("response") and not reply.HasField("dynamic_metadata")
-    assert await conv.end() == grpc.StatusCode.OK
+    stub = ext_authz_pb2_grpc.AuthorizationStub(running.channel)
+    reply = await stub.Check(_check({}))
+    assert reply.status.code == 0  # never a denial
+    assert not reply.ok_response.headers and not reply.HasField("dynamic_metadata")
 
 
 async def test_a_failing_lease_lookup_passes_the_call_on(epp):
     running = await epp(picker=RecordingPicker(endpoint="not an endpoint"))
     running.picker.at_headers = True
-    conv = running.stream(HEADERS_ONLY)
-    await conv.send(envoy.request_headers())
-    (reply,) = await conv.read()
-    assert not reply.HasField("dynamic_metadata")  # the body filter decides
+    stub = ext_authz_pb2_grpc.AuthorizationStub(running.channel)
+    reply = await stub.Check(_check({}))
+    assert reply.status.code == 0 and not reply.HasField("dynamic_metadata")
 
 
 def _entry(rid: str, status: int, **flags: bool) -> als_pb2.HTTPAccessLogEntry:

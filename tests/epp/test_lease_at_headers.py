@@ -1,6 +1,6 @@
 """Lease returns placed at request headers, through the real Envoy of three sim boxes and
-`talariad epp` (the shipped gateway config, which renders the headers-only filter by default):
-a session's return to its live lease is placed at its headers (the full-duplex filter never runs
+`talariad epp` (the shipped gateway config, which checks each call at its request headers by
+default): a session's return to its live lease is placed at its headers (the full-duplex filter never runs
 for it), counted in flight on its box until Envoy's access log reports its end, and its lease is
 renewed there, so the session stays on its box; a call that may be another branch (a shorter
 body) is decided on its body; a call placed at headers whose box was killed is served by the

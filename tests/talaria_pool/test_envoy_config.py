@@ -10,15 +10,9 @@ import pytest
 import yaml
 
 from talaria_pool import envoy
-from talariad.epp.config import (
-    FAILURE_MODE,
-    FAILURE_MODE_KEY,
-    GATEWAY_HEALTH_CHECK,
-    HEADERS_STAGE,
-    STAGE_KEY,
-    EPPConfig,
-)
-from talariad.epp.replies import DESTINATION, LEASE
+from talariad.calls.session import HEADERS as SESSION_HEADERS
+from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK, EPPConfig
+from talariad.epp.replies import AT_HEADERS, DESTINATION, LEASE
 from talariad.epp.stream import MAX_BODY_BYTES
 from tests.support import certs
 from tests.support.pool import needs_envoy
@@ -79,7 +73,9 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body, at_headers):
     # retried on the next one, its body kept for the retry up to the EPP's limit
     lb = clusters["pool_picked"]["load_balancing_policy"]["policies"][0]["typed_extension_config"]
     sources = lb["typed_config"]["override_host_sources"]
-    assert sources == [{"metadata": {"key": "envoy.lb", "path": [{"key": DESTINATION}]}}]
+    assert sources[0] == {"metadata": {"key": "envoy.lb", "path": [{"key": DESTINATION}]}}
+    at = [{"metadata": {"key": AT_HEADERS, "path": [{"key": DESTINATION}]}}] if at_headers else []
+    assert sources[1:] == at
     picked_boxes = clusters["pool_picked"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
     assert len(picked_boxes) == len(BOXES)
     assert "connect-failure" in routes[0]["route"]["retry_policy"]["retry_on"]
@@ -105,9 +101,10 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body, at_headers):
 
 
 def test_lease_returns_at_headers():
-    """The headers-only filter before the full-duplex one, always failing open; its route turns
-    the full-duplex filter off and keeps the pick's fallback and retries; every picker hears of
-    the ends of those calls (and only those) on a cluster of its own, over the pickers' TLS."""
+    """The check at request headers before the full-duplex filter, always failing open and sent
+    only the headers the picker reads; its route turns the full-duplex filter off and keeps the
+    pick's fallback and retries; every picker hears of the ends of those calls (and only those)
+    on a cluster of its own, over the pickers' TLS."""
     tls = envoy.EPPTLS("/etc/envoy/epp-ca.crt")
     two = envoy.GatewaySpec(
         **{**spec().__dict__, "epp": ("127.0.0.1:9002", "10.0.0.9:9003"), "epp_tls": tls}
@@ -116,14 +113,15 @@ def test_lease_returns_at_headers():
     names = list(filters)
     assert names.index(envoy.LEASE_FILTER) + 1 == names.index("envoy.filters.http.ext_proc")
     lease = filters[envoy.LEASE_FILTER]
+    assert lease["@type"].endswith("ext_authz.v3.ExtAuthz")
     assert lease["failure_mode_allow"] is True  # no body is handed over: a failure costs nothing
-    assert lease["grpc_service"]["initial_metadata"] == [{"key": STAGE_KEY, "value": HEADERS_STAGE}]
+    assert lease["clear_route_cache"] is True and "with_request_body" not in lease
     assert lease["grpc_service"]["envoy_grpc"]["cluster_name"] == "epp"
-    mode = lease["processing_mode"]
-    assert mode["request_header_mode"] == "SEND"
-    assert {mode[k] for k in mode if k != "request_header_mode"} <= {"SKIP", "NONE"}
+    allowed = {p["exact"] for p in lease["allowed_headers"]["patterns"]}
+    assert allowed == {*SESSION_HEADERS, "content-length", "x-request-id"}
     route, picked, _, not_found = hcm["route_config"]["virtual_hosts"][0]["routes"]
     assert route["match"]["prefix"] == "/v1/"
+    assert route["match"]["dynamic_metadata"][0]["filter"] == AT_HEADERS
     assert route["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["disabled"]
     assert route["route"] == picked["route"]  # the pick's list, its retries on the fallback
     assert route["request_body_buffer_limit"] == picked["request_body_buffer_limit"]
@@ -131,17 +129,16 @@ def test_lease_returns_at_headers():
     assert off["envoy.filters.http.ext_proc"]["disabled"] and off[envoy.LEASE_FILTER]["disabled"]
     grpc_logs = [a for a in hcm["access_log"] if a["name"] == "envoy.access_loggers.http_grpc"]
     assert len(grpc_logs) == 2
+    epp_hosts = clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
     for i, log in enumerate(grpc_logs):
         only = log["filter"]["metadata_filter"]
+        assert only["matcher"]["filter"] == AT_HEADERS
         assert only["matcher"]["path"] == [{"key": LEASE}]
         assert only["match_if_key_not_found"] is False  # else it logs every call
         common = log["typed_config"]["common_config"]
         assert common["buffer_size_bytes"] == 0  # one message a call, at its end
         cluster = clusters[common["grpc_service"]["envoy_grpc"]["cluster_name"]]
-        hosts = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-        assert (
-            hosts == clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"][i : i + 1]
-        )
+        assert cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] == epp_hosts[i : i + 1]
         assert cluster["transport_socket"] == clusters["epp"]["transport_socket"]
     _, filters, clusters = parts(envoy.render(spec(at_headers=False)))
     assert envoy.LEASE_FILTER not in filters and not any(n.startswith("epp_log") for n in clusters)
