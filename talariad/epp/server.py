@@ -34,6 +34,7 @@ from talariad.epp.stream import BODY_TIMEOUT_S, MAX_BODY_BYTES, Stream, check_en
 log = logging.getLogger("talariad.epp")
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+MAX_ANSWERS = 4096  # the check's answers kept built, one per (pick, fallback)
 MAX_MESSAGE_BYTES = 16 * 2**20
 """Largest message taken from Envoy; it sends body chunks of up to 1 MiB."""
 
@@ -126,6 +127,9 @@ class LeaseServicer(ext_authz_pb2_grpc.AuthorizationServicer):
         self.metrics = metrics or EPPMetrics()
         self._placed = self.metrics.at_headers.labels("placed")
         self._deferred = self.metrics.at_headers.labels("deferred")
+        # built once per (pick, fallback): a pool has few, and building one is most of a check's
+        # own CPU (a protobuf Struct)
+        self._answers: dict[tuple[str, str], ext_authz_pb2.CheckResponse] = {}
 
     async def Check(self, request, context):  # noqa: N802 (gRPC method name)
         return self.check(request)
@@ -153,7 +157,13 @@ class LeaseServicer(ext_authz_pb2_grpc.AuthorizationServicer):
         self._placed.inc()
         self.metrics.kinds.labels(pick.kind).inc()
         self.metrics.decided("picked", time.perf_counter() - started, 0.0)
-        return replies.placed_at_headers(pick.destination, pick.endpoint)
+        key = (pick.destination, pick.endpoint)
+        answer = self._answers.get(key)
+        if answer is None:
+            if len(self._answers) >= MAX_ANSWERS:
+                self._answers.clear()
+            answer = self._answers[key] = replies.placed_at_headers(*key)
+        return answer
 
 
 class AccessLogServicer(als_pb2_grpc.AccessLogServiceServicer):
