@@ -219,9 +219,9 @@ class BoxPicker:
         )
         decision = self.placement.place(call, now)
         if decision.kind is not DecisionKind.LEASE_HIT or decision.instance is None:
-            # the router judged the lease otherwise (its prefix gone): the body decides
-            if decision.instance is not None:
-                self.placement.failed(call.call_id, now)
+            # the router judged the lease otherwise (its prefix gone): undone (its in-flight
+            # record or its place in the router's queue), and the body decides
+            self.placement.failed(call.call_id, now)
             return None
         self._count(now)
         endpoint = self.endpoints[decision.instance]

@@ -374,3 +374,18 @@ def test_a_call_placed_at_headers_whose_end_was_never_logged_is_released():
     p.box_seen(box, BOXES[box], _snap(), 0.1 + HEADER_CALL_MAX_S + 1)
     assert _in_flight(p, box, 0.2) == 0
     p.logged(req.call_id, BOXES[box], 200, True, 500.0)  # a late entry changes nothing
+
+
+def test_a_lease_the_router_finds_unusable_at_headers_leaves_nothing_behind():
+    p = _picker()
+    s = Session("h7")
+    box = _turn(p, s, 0.0)
+    branch = p.explain("h7-1").session_id
+    # the box's snapshot no longer holds the branch's prefix: the router discards the lease
+    assert p.router.lease(branch, MODEL) is not None
+    p.box_seen(box, BOXES[box], _snap(), 0.05)  # a whole snapshot without the session
+    req = s.request()
+    assert p.lease_return(_headers_of(req), 0.1) is None
+    # the router placed it by cost ("lease prefix missing"), and that placement was undone
+    assert p.explain(req.call_id).kind.value == "cost"
+    assert all(_in_flight(p, b, 0.1) == 0 for b in BOXES) and p.router.held() == ()
