@@ -171,6 +171,17 @@ def latency(calls: int, agent_calls: int, throughput_s: float) -> dict:
         rate = throughput(pool, gateways["lease_echo"], throughput_s)
     finally:
         pool.stop()
+    # the same lease returns with the box polled once a second: what the calls cost the picker
+    # beside what installing the snapshots their changes cause does (the polls' share)
+    workdir = Path(tempfile.mkdtemp(prefix="epp-bench-agents-1s-"))
+    slow = {"poll_interval_s": 1.0}
+    pool = devpool.start_pool(workdir, boxes=1, time_scale=AGENT_TIME_SCALE, epp=slow)
+    try:
+        gateways = _gateways(pool, workdir, ("lease_echo",))
+        polled_1s = picker_cpu(pool, gateways, agent_calls, ("lease_return",))["lease_return"]
+    finally:
+        pool.stop()
+    cpu["lease_return_polled_1s"] = polled_1s
     out["picker_cpu_ms_per_call"] = cpu["lease_return"]
     out["picker_cpu_ms_per_call_by_kind"] = cpu
     out["throughput_70k"] = rate
@@ -294,28 +305,29 @@ class AgentSession:
         self.messages.append({"role": "assistant", "content": answer})
 
 
-def picker_cpu(pool: devpool.LocalPool, gateways: dict[str, str], calls: int) -> dict:
+def picker_cpu(
+    pool: devpool.LocalPool, gateways: dict[str, str], calls: int, only: tuple[str, ...] = ()
+) -> dict:
     """The picker process's CPU (every thread) per call through Envoy, c=1, 70 KB bodies, net of
-    its polling (its idle CPU over as long, measured first): a lease return placed at its headers
-    (the shipped config), the same return on the full-duplex path alone, and a new session;
-    beside them the no-op server's CPU per call as the check at request headers (the floor)."""
+    its idle polling (its CPU with no call over as long, measured first): a lease return placed
+    at its headers (the shipped config), the same return on the full-duplex path alone, and a
+    new session; beside them the no-op server's CPU per call as the check at request headers
+    (the floor). `only`: those kinds alone."""
     pid = pool.procs["epp"].proc.pid
     idle_from, idle_at = _cpu_s(pid), time.perf_counter()
     time.sleep(2.0)  # the picker polling its box, no call
     idle_per_s = (_cpu_s(pid) - idle_from) / (time.perf_counter() - idle_at)
+    null = pool.procs.get("null-ext-proc")
     kinds = {
         "lease_return": ("lease_echo", False, pid, idle_per_s),
         "body_path_return": ("body_echo", False, pid, idle_per_s),
         "new_session": ("lease_echo", True, pid, idle_per_s),
-        "null_floor_at_headers": (
-            "null_lease_none",
-            False,
-            pool.procs["null-ext-proc"].proc.pid,
-            0,
-        ),
+        "null_floor_at_headers": ("null_lease_none", False, null and null.proc.pid, 0.0),
     }
     out: dict = {}
     for kind, (gateway, new, whose, idle) in kinds.items():
+        if only and kind not in only:
+            continue
         with httpx.Client(base_url=f"http://{gateways[gateway]}", timeout=60) as client:
             agent = AgentSession(f"cpu-{kind}")
             for _ in range(5):  # warm-up: the session placed, its lease live
