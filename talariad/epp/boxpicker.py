@@ -18,10 +18,11 @@ from talariad.calls import routes
 from talariad.calls.branches import PrefixBranches
 from talariad.calls.errors import APIError
 from talariad.calls.placement import Placement, refusal
-from talariad.calls.spec import CallSpec, canonical_prompt
+from talariad.calls.spec import CallSpec, bare_call_id, canonical_prompt
 from talariad.config import resolve_model
 from talariad.router import CallRequest, Decision, DecisionKind, Router
 from talariad.router.box_policies import BOX_POLICIES, BoxStats
+from talariad.router.router import DECISION_LOG
 from talariad.types import KVLocation, KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
 
@@ -79,6 +80,7 @@ class BoxPicker:
         self._held: dict[str, _Held] = {}
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._branch_open: dict[tuple[str, str], str] = {}  # a branch's open call
+        self._box_calls: OrderedDict[str, str] = OrderedDict()  # box's call id -> ours
         self._rr = count()
         self._fallback_rr = count()
         self._decided: deque[float] = deque()
@@ -259,8 +261,21 @@ class BoxPicker:
         box = boxes[next(self._rr) % len(boxes)]
         return Pick(request.call_id, self.endpoints[box], "round_robin")
 
-    def served(self, call_id: str, endpoint: str | None, status: int, now: float) -> None:
-        """Envoy's response headers: re-target the call if Envoy served it elsewhere."""
+    def served(
+        self,
+        call_id: str,
+        endpoint: str | None,
+        status: int,
+        now: float,
+        box_call_id: str | None = None,
+    ) -> None:
+        """Envoy's response headers: re-target the call if Envoy served it elsewhere; the box's
+        own id for the call (its `CALL_ID_HEADER`, inside the response id the client sees) is
+        kept for `explain`, as long as its decision is."""
+        if box_call_id and box_call_id != call_id:
+            self._box_calls[box_call_id] = call_id
+            while len(self._box_calls) > DECISION_LOG:
+                self._box_calls.popitem(last=False)
         rec = self._open.get(call_id)
         if rec is None:
             return
@@ -294,8 +309,14 @@ class BoxPicker:
 
     # --- reads ------------------------------------------------------------------------------
     def explain(self, call_id: str) -> Decision | None:
-        """The router's latest decision for the call, with every box it weighed."""
-        return self.router.explain(call_id)
+        """The router's latest decision for the call, with every box it weighed: `call_id` is
+        the id Envoy gave the call (`x-request-id`) or the response id the client saw
+        (`chatcmpl-…`, `msg_…`, `resp_…`: the box's call id, mapped to the picker's)."""
+        found = self.router.explain(call_id)
+        if found is None:
+            bare = bare_call_id(call_id)
+            found = self.router.explain(self._box_calls.get(bare, bare))
+        return found
 
     def healthy_boxes(self, now: float) -> list[str]:
         """Boxes passing their health check with a fresh snapshot at `now`, by name."""

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from itertools import chain
 
 from talariad.calls.errors import APIError
+from talariad.calls.spec import CALL_ID_HEADER
 from talariad.config import LimitsConfig, split_host_port
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp import replies
@@ -165,8 +166,10 @@ class Stream:
             served = replies.served_endpoint(req)
             if served is not None and served not in (self.pick.endpoint, self.pick.fallback):
                 self.metrics.served_mismatch.inc()
-            status = _status(replies.headers_of(msg.headers).get(":status", ""))
-            self._tell("served", self.call_id, served, status, self.clock())
+            headers = replies.headers_of(msg.headers)
+            status = _status(headers.get(":status", ""))
+            box_call = headers.get(CALL_ID_HEADER)
+            self._tell("served", self.call_id, served, status, self.clock(), box_call)
         if msg.end_of_stream or not self.response_body_sent:
             self._settle(True)  # no response body will come to see the end of
         return [replies.continue_headers(response=True)]

@@ -117,6 +117,18 @@ def test_ctl_call_explain_shows_every_box_weighed(served):
     assert recent.exit_code == 3 and "status and call explain" in recent.stderr
 
 
+@pytest.mark.parametrize("prefix", ["chatcmpl-", "msg_", "resp_", "cmpl-"])
+def test_ctl_call_explain_takes_the_response_id_the_client_saw(served, prefix):
+    # the box answered the picker's call "s1-1" under its own call id (its x-talaria-call-id)
+    served.served("s1-1", served.endpoints["a"], 200, 0.12, box_call_id="0badc0ffee")
+    ask = ["--epp", "x:1", "call", "explain", f"{prefix}0badc0ffee", "--json"]
+    result = CliRunner().invoke(ctl, ask)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["call_id"] == "s1-1"
+    unknown = CliRunner().invoke(ctl, ["--epp", "x:1", "call", "explain", f"{prefix}feed"])
+    assert unknown.exit_code == 3 and "no decision" in unknown.stderr
+
+
 def test_the_example_pool_config_and_its_boxes_parse():
     """etc/examples/epp.yaml is what the README points operators at: it must stay valid."""
     examples = Path(__file__).resolve().parents[2] / "etc" / "examples"
