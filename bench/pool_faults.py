@@ -81,6 +81,7 @@ STREAMS = 1500
 BIG_BODIES, BIG_BODY_BYTES = 8, 60 * 1000 * 1000
 TRICKLES = 2000
 FUZZ_REQUESTS = 3000
+SLOW_S = 5.0  # a call sent after the fault slower than this waited on it (a stopped box)
 CUTS = {"picker_kill", "picker_term", "box_kill", "box_stop"}
 """Cases whose fault hits the calls on their way at its instant: `other_p99_s` leaves those out
 (the other cases' extra load starts then: every call of the sessions is an "other" call)."""
@@ -455,6 +456,11 @@ def summarize(row: Row, sessions: int) -> tuple[dict, dict]:
         "rss_start_mib": row.rss_start_mib,
         "took_s": row.took_s,
         "unpicked": row.unpicked,
+        "slow_after": sum(
+            1
+            for c in answered
+            if row.fault_at is not None and c.sent >= row.fault_at and c.ended - c.sent > SLOW_S
+        ),
         "fault_s": None if row.fault_at is None else fault_offset(row),
     }
     return out, notes
@@ -508,6 +514,7 @@ def table(rows: list[dict], notes: list[dict], args: argparse.Namespace) -> str:
         ]
         if n["fault_s"] is not None:
             parts.append(f"fault {n['fault_s']:.1f} s after the first call")
+            parts.append(f"{n['slow_after']} calls sent after it took over {SLOW_S:g} s")
         if x.sent:
             parts.append(f"its own {x.sent} requests: {dict(sorted(x.statuses.items()))}")
         if x.note:
