@@ -11,7 +11,7 @@ import typer
 from talaria_ctl.output import print_json, table
 from talariad.admin.client import Refused
 
-BOX_COLUMNS = ("box", "endpoint", "state", "age_s", "sessions", "in_flight", "leases")
+BOX_COLUMNS = ("box", "endpoint", "state", "age_s", "sessions", "in_flight", "capacity", "leases")
 
 
 class EPPClient:
@@ -56,11 +56,15 @@ def show_status(client: EPPClient, as_json: bool) -> None:
                 "-" if b["snapshot_age_s"] is None else b["snapshot_age_s"],
                 b["sessions"],
                 b["in_flight"],
+                b.get("capacity", "-"),
                 b["leases"],
             )
             for b in data["boxes"]
         ],
     )
+    refused = [r for r in data.get("refusals", ()) if r["count"]]
+    if refused:
+        print("refused: " + ", ".join(f"{r['count']} x {r['status']} {r['code']}" for r in refused))
 
 
 def explain(client: EPPClient, call_id: str) -> dict:

@@ -19,7 +19,7 @@ from talariad.epp import ext_proc_pb2_grpc
 from talariad.epp.config import FAILURE_MODE_KEY
 from talariad.epp.contract import Picker
 from talariad.epp.metrics import EPPMetrics
-from talariad.epp.stream import BODY_TIMEOUT_S, MAX_BODY_BYTES, Stream
+from talariad.epp.stream import BODY_TIMEOUT_S, MAX_BODY_BYTES, BodyBudget, Stream
 
 log = logging.getLogger("talariad.epp")
 
@@ -37,12 +37,19 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
         max_body_bytes: int = MAX_BODY_BYTES,
         failure_mode: str | None = None,
         body_timeout_s: float = BODY_TIMEOUT_S,
+        max_streams: int | None = None,
+        body_buffer_bytes: int | None = None,
     ) -> None:
         """`failure_mode`: the picker config's; a stream whose Envoy config names another one
         (`FAILURE_MODE_KEY` metadata) gets a warning logged, once for each mode named.
-        `body_timeout_s`: a request body not whole this long after its headers gets 408."""
+        `body_timeout_s`: a request body not whole this long after its headers gets 408.
+        `max_streams`: streams held at once, past which a call is answered 429 at its headers;
+        `body_buffer_bytes`: request-body bytes held at once over every stream (None: no bound)."""
         self.picker, self.clock, self.max_body = picker, clock, max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.max_streams = max_streams
+        self.open = 0
+        self.budget = BodyBudget(body_buffer_bytes)
         self.metrics = metrics or EPPMetrics()
         self.failure_mode = failure_mode
         self.told: set[str] = set()
@@ -62,7 +69,9 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
 
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
         self._check_failure_mode(context)
-        stream = Stream(self.picker, self.clock, self.metrics, self.max_body)
+        over = self.max_streams if self.max_streams and self.open >= self.max_streams else None
+        stream = Stream(self.picker, self.clock, self.metrics, self.max_body, self.budget, over)
+        self.open += 1
         self.metrics.streams.inc()
         self.metrics.in_flight.inc()
         clean = False
@@ -101,6 +110,7 @@ class ExtProcServicer(ext_proc_pb2_grpc.ExternalProcessorServicer):
                 pending.cancel()
                 pending.add_done_callback(_retrieved)  # a read Envoy's reset failed: not an error
             stream.ended(clean)
+            self.open -= 1
             self.metrics.in_flight.dec()
 
 

@@ -160,7 +160,11 @@ class PoolEndpoint:
         if target.sessions_truncated:  # changes to a cut view are no delta to send
             self._cut_at = self.log.seq
         return BoxSnapshot(
-            version=self.version, sessions_epoch=self.log.seq, target=target, models=models
+            version=self.version,
+            sessions_epoch=self.log.seq,
+            target=target,
+            models=models,
+            max_connections=gw.cfg.limits.max_connections,
         )
 
     def _changes(

@@ -17,6 +17,7 @@ from talariad.cli import app
 from talariad.config import LimitsConfig
 from talariad.epp.admin import admin_app
 from talariad.epp.config import EPPConfig
+from talariad.epp.contract import ImmediateAnswer
 from talariad.epp.discovery.file import parse_boxes
 from talariad.epp.metrics import EPPMetrics
 from tests.epp.test_boxpicker import Session, _picker, _turn
@@ -41,6 +42,8 @@ def _epp(tmp_path, data) -> CliRunner:
         ({"max_body_bytes": 10}, "max_body_bytes: Input should be greater than or equal to 1024"),
         ({"body_timeout_s": 0}, "body_timeout_s: Input should be greater than 0"),
         ({"listen": "nowhere"}, "listen: Value error, expected host:port"),
+        ({"max_streams": 0}, "max_streams: Input should be greater than or equal to 1"),
+        ({"body_buffer_bytes": 4096}, "body_buffer_bytes (4096) must be at least max_body_bytes"),
         ({"colour": "blue"}, "colour: unknown key"),
         ({"tls": {"cert_file": "c.pem", "key_file": "k.pem"}}, "tls.cert_file: cannot read"),
         (
@@ -84,7 +87,9 @@ def served(monkeypatch):
     picker = _picker()
     session = Session("s1")
     _turn(picker, session, 0.1)
-    client = TestClient(admin_app(picker, EPPMetrics().registry))
+    metrics = EPPMetrics()
+    metrics.refused(ImmediateAnswer(429, b"{}", {}, "pool_full"))  # the pool was full once
+    client = TestClient(admin_app(picker, metrics.registry))
     monkeypatch.setattr(epp_ctl.httpx, "get", lambda url, timeout: client.get(url))
     monkeypatch.setattr("talariad.epp.admin.time.monotonic", lambda: 0.2)
     return picker
@@ -97,8 +102,12 @@ def test_ctl_status_lists_the_boxes(served):
     assert {b["name"] for b in data["boxes"]} == {"a", "b"}
     assert sum(b["sessions"] for b in data["boxes"]) == 1 and data["decisions_per_s"] > 0
     assert all(b["state"] == "healthy" for b in data["boxes"])
+    assert data["refusals"][0] == {"status": 429, "code": "pool_full", "count": 1}
+    assert {(r["status"], r["code"]) for r in data["refusals"]} >= {(408, "request_timeout")}
+    assert all(b["capacity"] == 504 for b in data["boxes"])  # 512 connections, 8 kept
     table = CliRunner().invoke(ctl, ["--epp", "127.0.0.1:9090", "status"])
     assert table.exit_code == 0 and "10.0.0.1:8000" in table.stdout
+    assert "refused: 1 x 429 pool_full" in table.stdout
 
 
 def test_ctl_call_explain_shows_every_box_weighed(served):
