@@ -281,3 +281,35 @@ def test_large_bodies_leave_the_pickers_memory_bounded(pool):
         assert body["error"]["code"] in ("request_too_large", "epp_body_buffer_full")
     assert other == 200
     assert grown <= 200, grown
+
+
+def test_the_gateway_admits_no_more_calls_than_the_pickers_take_streams(pool):
+    # pickers x max_streams connections at once: Envoy's breaker on the pickers' cluster, which
+    # under fail-open would route a call unpicked, is never the limit a call meets
+    spec = envoy.GatewaySpec(
+        "127.0.0.1:0", pool.epp, tuple(pool.boxes), epp_max_streams=5, access_log="/dev/null"
+    )
+    gateway = devpool.start_gateway(pool, spec, "envoy-few-streams")
+
+    async def run() -> tuple[int, int]:
+        host, port = envoy.split_address(gateway.listen)
+        conns = [await asyncio.open_connection(host, port) for _ in range(20)]
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: pool\r\ncontent-length: 10\r\n\r\n{"
+        for _, w in conns:
+            w.write(head)
+        reads = [asyncio.create_task(r.read(65536)) for r, _ in conns]
+        await asyncio.wait(reads, timeout=3)
+        closed = sum(1 for t in reads if t.done() and not t.result())
+        held = sum(1 for t in reads if not t.done())
+        for t in reads:
+            t.cancel()
+        for _, w in conns:
+            w.close()
+        return closed, held
+
+    closed, held = asyncio.run(run())
+    stats = envoy_stats(gateway.admin)
+    overflow = sum(v for k, v in stats.items() if k.endswith("downstream_cx_overflow"))
+    print(f"\n20 connections to a gateway for 5 streams: {held} held, {closed} closed")
+    assert held == 5 and closed == 15 and overflow == 15
+    assert all(v == 0 for v in unpicked(gateway.admin).values())
