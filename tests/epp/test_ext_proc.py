@@ -11,6 +11,7 @@ import os
 import grpc
 
 from talariad.epp import ext_proc_pb2 as pb
+from talariad.epp import server as server_module
 from talariad.epp.contract import ImmediateAnswer
 from tests.epp import fake_envoy as envoy
 from tests.epp.fake_envoy import ENDPOINT, MIB, RecordingPicker
@@ -381,3 +382,21 @@ async def until(condition, wait_s: float = 5.0) -> None:
 
 async def until_open(run, n: int) -> None:
     await until(lambda: run.processor.open == n)
+
+
+async def test_grpcs_own_pending_bound_is_above_what_the_gateway_can_open(monkeypatch):
+    # gRPC refuses streams the server has not taken yet past 1,000 (3,000 hard): through Envoy,
+    # a burst of 2,000 trickling bodies had streams refused (500s, or unpicked under fail-open)
+    built = {}
+    real = server_module.grpc.aio.server
+
+    def capture(options):
+        built.update(options)
+        return real(options=options)
+
+    monkeypatch.setattr(server_module.grpc.aio, "server", capture)
+    processor = server_module.ExtProcServicer(RecordingPicker(), max_streams=50)
+    started = await server_module.start(processor, "127.0.0.1:0")
+    await started.server.stop(0)
+    assert built["grpc.server.max_pending_requests"] == 50 * server_module.PENDING_PER_STREAM
+    assert built["grpc.server.max_pending_requests_hard_limit"] == 5000
