@@ -134,7 +134,7 @@ class Stream:
         declared = self.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body:
             self.body_bytes = int(declared)  # refused before any of it is read
-            self.size_known = True  # its size is known
+            self.size_known = True
             return self._route(body_follows=False)
         if self.over_streams is not None:  # refused before any of it is read
             return self._route(body_follows=False)
@@ -171,7 +171,6 @@ class Stream:
         self.routed = True
         started = time.perf_counter()
         body, self.body = bytes(self.body), bytearray()
-        self._release()  # handed back to Envoy below (or refused): no longer the picker's
         outcome, decision = self._decide(body)
         if isinstance(decision, ImmediateAnswer):
             self.metrics.refused(decision)
@@ -184,8 +183,16 @@ class Stream:
         lag = None if self.arrived is None else self.clock() - self.arrived
         self.metrics.decided(outcome, time.perf_counter() - started, lag)
         if not body_follows or self.pick is None:
+            self._release()
             return [first]
-        return chain([first], replies.request_body_pieces(body, body_ends))
+        return chain([first], self._handed_back(body, body_ends))
+
+    def _handed_back(self, body: bytes, body_ends: bool) -> Replies:
+        """The body's pieces; it is the picker's (`budget`) until the last has gone to Envoy."""
+        try:
+            yield from replies.request_body_pieces(body, body_ends)
+        finally:
+            self._release()
 
     def _decide(self, body: bytes) -> tuple[str, Pick | ImmediateAnswer]:
         if self.body_bytes > self.max_body:
