@@ -67,6 +67,8 @@ same 429 first, from its own count, while it is the only picker)."""
 
 DOWNSTREAM_STREAMS = 100
 """An HTTP/2 client's concurrent calls on one connection to the gateway."""
+ADMIN_CONNECTIONS = 64
+"""Connections to Envoy's admin port beside the gateway's (operators, health probes)."""
 
 
 class EnvoyError(Exception):
@@ -165,6 +167,7 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
     cap = Capacity.of(spec, len(epps))
     return string.Template(template.read_text()).substitute(
         gateway_connections=cap.gateway_connections,
+        all_connections=cap.gateway_connections + ADMIN_CONNECTIONS,
         downstream_streams=DOWNSTREAM_STREAMS,
         box_circuit_breakers=_breakers(cap.pool, cap.per_box),
         epp_circuit_breakers=_breakers(cap.epp_streams),

@@ -232,6 +232,9 @@ def test_capacity_comes_from_the_pool_and_no_envoy_default_applies():
     # the one that refuses a call (fail-open would route it unpicked)
     runtime = yaml.safe_load(text)["layered_runtime"]["layers"][0]["static_layer"]
     assert runtime["envoy.resource_limits.listener.gateway.connection_limit"] == 600
+    [monitor] = yaml.safe_load(text)["overload_manager"]["resource_monitors"]
+    everything = monitor["typed_config"]["max_active_downstream_connections"]
+    assert everything == 600 + envoy.ADMIN_CONNECTIONS  # no listener of Envoy unbounded
     streams = hcm["http2_protocol_options"]["max_concurrent_streams"]
     [epp_limits] = clusters["epp"]["circuit_breakers"]["thresholds"]
     assert set(epp_limits) == {
