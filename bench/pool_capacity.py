@@ -4,6 +4,7 @@ Envoy routed without a pick, the most calls the picker had open on one box, the 
 the load. Provisional numbers: the machine is shared.
 
     python bench/pool_capacity.py --streams 1500 --trickle 2000 --big 8 [--json]
+    python bench/pool_capacity.py --streams 1500 --box-connections 108   # past the pool's 300
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ def row(case: str, pool: devpool.LocalPool, s: Sampler, extra: dict) -> dict:
 
 def run_case(case: str, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        pool = devpool.start_pool(Path(tmp), boxes=3, failure_mode="fail_open")
+        limits = {"max_connections": args.box_connections} if args.box_connections else None
+        pool = devpool.start_pool(Path(tmp), boxes=3, failure_mode="fail_open", limits=limits)
         if args.workdir:
             print(f"{case}: logs in {tmp} (removed after)", file=sys.stderr)
         try:
@@ -229,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--streams", type=int, default=0, help="calls at once (0: skip)")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument(
+        "--box-connections", type=int, help="the boxes' limits.max_connections (default 512)"
+    )
     ap.add_argument("--trickle", type=int, default=0, help="trickling bodies (0: skip)")
     ap.add_argument("--big", type=int, default=0, help="chunked and declared 60 MB bodies each")
     ap.add_argument("--workdir", help="where the pool's logs go (default: a temporary folder)")
