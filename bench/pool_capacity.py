@@ -24,13 +24,13 @@ from pathlib import Path
 import httpx
 
 from talaria_pool import devpool, envoy
+from talariad.epp.config import GATEWAY_STATS
 
 MIB = 2**20
 
 
 def envoy_stats(admin: str) -> dict[str, int]:
-    q = r"failure_mode_allowed|streams_failed|pool_fallback\.upstream_rq_total|_overflow$"
-    text = httpx.get(f"{admin}/stats", params={"filter": q}, timeout=10).text
+    text = httpx.get(f"{admin}/stats", params={"filter": GATEWAY_STATS}, timeout=10).text
     out = {}
     for line in text.splitlines():
         name, _, value = line.partition(": ")

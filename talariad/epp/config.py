@@ -42,6 +42,14 @@ class GatewayHealthCheck:
 
 GATEWAY_HEALTH_CHECK = GatewayHealthCheck()
 
+GATEWAY_STATS = (
+    r"failure_mode_allowed|streams_failed|pool_fallback\.upstream_rq_total"
+    r"|(upstream_rq_pending|upstream_cx|upstream_rq_retry|downstream_cx)_overflow"
+)
+"""The gateway's Envoy admin stats (`/stats?filter=`) that say what Envoy did without the picker:
+calls routed unpicked (ext_proc's `failure_mode_allowed`, the fail-open cluster's requests),
+picker streams that failed, and every overflow of its limits (docs/pool.md)."""
+
 FailureMode = Literal["fail_open", "fail_closed"]
 FAILURE_MODE: FailureMode = "fail_open"
 """The one default of the picker's config and of the rendered Envoy config: while no picker

@@ -15,7 +15,9 @@ from collections import Counter
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from talaria_ctl.main import app as ctl
 from talaria_pool import devpool, envoy
 from talariad.epp.config import box_call_capacity
 from tests.support.pool import chat, needs_envoy, running_pool, served_by_id
@@ -124,6 +126,12 @@ def test_more_calls_than_the_pool_takes_are_picked_or_429_never_5xx_nor_unpicked
     served = [log[a.headers["x-request-id"]] for a in answers if a.status == 200]
     assert served and all(row["picked"] not in ("", "-", None) for row in served)
     assert all(v == 0 for v in unpicked(pool.envoy_admin).values()), unpicked(pool.envoy_admin)
+    # the operator's one place: the picker's refusals and what Envoy did, side by side
+    argv = ["--epp", pool.epp_admin, "status", "--gateway", pool.envoy_admin]
+    shown = CliRunner().invoke(ctl, argv)
+    assert shown.exit_code == 0, shown.output
+    assert f"refused: {codes['pool_full']} x 429 pool_full" in shown.stdout
+    assert "no call routed unpicked, no limit overflowed" in shown.stdout
 
 
 def test_envoys_own_limits_overflow_as_a_429_in_the_apis_shape(pool):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from fastapi.testclient import TestClient
@@ -16,7 +17,7 @@ from talaria_ctl.main import app as ctl
 from talariad.cli import app
 from talariad.config import LimitsConfig
 from talariad.epp.admin import admin_app
-from talariad.epp.config import EPPConfig
+from talariad.epp.config import GATEWAY_STATS, EPPConfig
 from talariad.epp.contract import ImmediateAnswer
 from talariad.epp.discovery.file import parse_boxes
 from talariad.epp.metrics import EPPMetrics
@@ -133,3 +134,29 @@ def test_the_example_pool_config_and_its_boxes_parse():
     assert cfg.discovery.static is not None
     boxes = parse_boxes((examples / cfg.discovery.static.file).read_text())
     assert [b.name for b in boxes.values()] == ["box0", "box1"]
+
+
+def test_ctl_status_shows_what_the_gateway_did_without_the_picker(served, monkeypatch):
+    stats = "cluster.pool_fallback.upstream_rq_total: 3\nhttp.gateway.ext_proc.streams_failed: 0\n"
+    asked = []
+    to_picker = epp_ctl.httpx.get
+
+    def get(url, timeout):
+        if "/stats" in url:
+            asked.append(httpx.URL(url).params["filter"])
+            return httpx.Response(200, text=stats, request=httpx.Request("GET", url))
+        return to_picker(url, timeout=timeout)
+
+    monkeypatch.setattr(epp_ctl.httpx, "get", get)
+    argv = ["--epp", "127.0.0.1:9090", "status", "--gateway", "127.0.0.1:9901"]
+    result = CliRunner().invoke(ctl, [*argv, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["gateway"] == {
+        "cluster.pool_fallback.upstream_rq_total": 3,
+        "http.gateway.ext_proc.streams_failed": 0,
+    }
+    assert asked == [GATEWAY_STATS]
+    table = CliRunner().invoke(ctl, argv)
+    assert "gateway at 127.0.0.1:9901: cluster.pool_fallback.upstream_rq_total 3" in table.stdout
+    alone = CliRunner().invoke(ctl, ["status", "--gateway", "127.0.0.1:9901"])
+    assert alone.exit_code == 2 and "--gateway goes with --epp" in alone.stderr
