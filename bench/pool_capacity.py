@@ -1,7 +1,7 @@
-"""A pool's capacity through the real Envoy (3 sim boxes, one picker, fail-open, loopback): many
-calls at once, bodies that trickle, large bodies. What each call got (status, 429 code), what
-Envoy routed without a pick, the most calls the picker had open on one box, the picker's RSS and
-the load. Provisional numbers: the machine is shared.
+"""A pool's capacity through the real Envoy (3 sim boxes, one picker, loopback, fail-open unless
+told): many calls at once, bodies that trickle, large bodies. What each call got (status, 429
+code), what Envoy routed without a pick, the most calls the picker had open on one box, the
+picker's RSS and the load. Provisional numbers: the machine is shared.
 
     python bench/pool_capacity.py --streams 1500 --trickle 2000 --big 8 [--json]
     python bench/pool_capacity.py --streams 1500 --box-connections 108   # past the pool's 300
@@ -186,7 +186,7 @@ def row(case: str, pool: devpool.LocalPool, s: Sampler, extra: dict) -> dict:
 def run_case(case: str, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         limits = {"max_connections": args.box_connections} if args.box_connections else None
-        pool = devpool.start_pool(Path(tmp), boxes=3, failure_mode="fail_open", limits=limits)
+        pool = devpool.start_pool(Path(tmp), boxes=3, failure_mode=args.failure_mode, limits=limits)
         if args.workdir:
             print(f"{case}: logs in {tmp} (removed after)", file=sys.stderr)
         try:
@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--trickle", type=int, default=0, help="trickling bodies (0: skip)")
     ap.add_argument("--big", type=int, default=0, help="chunked and declared 60 MB bodies each")
+    ap.add_argument("--failure-mode", default="fail_open", choices=("fail_open", "fail_closed"))
     ap.add_argument("--workdir", help="where the pool's logs go (default: a temporary folder)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
