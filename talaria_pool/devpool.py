@@ -233,6 +233,10 @@ def start_pool(
         )
         if epp and "max_body_bytes" in epp:  # Envoy keeps as much for a retry
             spec = dataclasses.replace(spec, max_body_bytes=epp["max_body_bytes"])
+        if limits and "max_connections" in limits:  # Envoy's limits come from the pool's
+            spec = dataclasses.replace(spec, box_max_connections=limits["max_connections"])
+        if epp and "max_streams" in epp:
+            spec = dataclasses.replace(spec, epp_max_streams=epp["max_streams"])
         run = start_gateway(pool, spec)
         pool.gateway, pool.envoy_admin = run.listen, run.admin
     except BaseException:

@@ -49,6 +49,8 @@ class ImmediateAnswer:
     status: int
     body: bytes
     headers: Mapping[str, str] = field(default_factory=dict)
+    code: str = field(default="", compare=False)
+    """The error's `code` (else its `type`): what the refusal metrics count it by."""
 
 
 class Picker(Protocol):
