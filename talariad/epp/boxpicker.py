@@ -10,7 +10,7 @@ docs/pool.md.
 from __future__ import annotations
 
 import random
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from itertools import count
 
@@ -19,13 +19,15 @@ from talariad.calls.branches import PrefixBranches
 from talariad.calls.errors import APIError
 from talariad.calls.placement import Placement, refusal
 from talariad.calls.session import header_session
-from talariad.calls.spec import CallSpec, canonical_prompt
+from talariad.calls.spec import CallSpec, bare_call_id, canonical_prompt
 from talariad.config import resolve_model
 from talariad.router import CallRequest, Decision, DecisionKind, Router
 from talariad.router.box_policies import BOX_POLICIES, BoxStats
+from talariad.router.router import DECISION_LOG
 from talariad.types import KVLocation, KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
 
+from .config import BOX_MAX_CONNECTIONS, box_call_capacity
 from .contract import EPPRequest, ImmediateAnswer, Pick
 from .replies import answer
 
@@ -82,8 +84,18 @@ class BoxPicker:
     """How long past its expiry a lease stays in the book for a call that arrived in time and is
     still being read (a lease is judged at the call's arrival, `CallRequest.arrived_at`)."""
 
-    def __init__(self, router: Router, max_branches: int = 4, policy: str = "talaria") -> None:
+    def __init__(
+        self,
+        router: Router,
+        max_branches: int = 4,
+        policy: str = "talaria",
+        box_max_connections: int = BOX_MAX_CONNECTIONS,
+    ) -> None:
+        """`box_max_connections`: a box's connection limit when its snapshot does not say."""
         self.router = router
+        self.box_max_connections = box_max_connections
+        self._capacity: dict[str, int] = {}  # box -> calls it takes at once (its snapshot's)
+        self._load: Counter[str] = Counter()  # box -> calls picked for it and not ended
         self.policy = BOX_POLICIES.get(policy)(router, random.Random(router.knobs.seed))
         self.branches = PrefixBranches(max_branches, router.knobs.max_sessions)
         self.placement = Placement(router, self.branches, self.policy, self.ARRIVAL_GRACE_S)
@@ -96,6 +108,7 @@ class BoxPicker:
         self._held: dict[str, _Held] = {}
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._branch_open: dict[tuple[str, str], str] = {}  # a branch's open call
+        self._box_calls: OrderedDict[str, str] = OrderedDict()  # box's call id -> ours
         self._rr = count()
         self._fallback_rr = count()
         self._decided: deque[float] = deque()
@@ -117,6 +130,8 @@ class BoxPicker:
             return False
         self._set_endpoint(name, endpoint)
         self._set_models(name, snap.models)
+        if snap.max_connections is not None:
+            self._capacity[name] = box_call_capacity(snap.max_connections)
         self._seen_at[name] = now
         if held is not None and base is not None:
             sessions, changed = held.sessions, frozenset(target.merge_into(held.sessions))
@@ -172,6 +187,7 @@ class BoxPicker:
         self._pool_models = None
         self._seen_at.pop(name, None)
         self._held.pop(name, None)
+        self._capacity.pop(name, None)
 
     def _set_endpoint(self, name: str, endpoint: str) -> None:
         old = self.endpoints.get(name)
@@ -218,9 +234,14 @@ class BoxPicker:
             request.arrived,
         )
         decision = self.placement.place(call, now)
-        if decision.kind is not DecisionKind.LEASE_HIT or decision.instance is None:
-            # the router judged the lease otherwise (its prefix gone): undone (its in-flight
-            # record or its place in the router's queue), and the body decides
+        if (
+            decision.kind is not DecisionKind.LEASE_HIT
+            or decision.instance is None
+            or self.full(decision.instance)
+        ):
+            # the router judged the lease otherwise (its prefix gone), or its box is at its
+            # connection limit: undone (its in-flight record or its place in the router's
+            # queue), and the body decides (another box with room, or 429 pool_full)
             self.placement.failed(call.call_id, now)
             return None
         self._count(now)
@@ -324,11 +345,49 @@ class BoxPicker:
         self._count(now)
         if decision.instance is None:
             return self._refuse(path, requested, decision, now)
+        if self.full(decision.instance):
+            moved = self._off_full_box(decision, call.model, now)
+            if moved is None:
+                self.placement.failed(call.call_id, now)
+                return answer(path, self._pool_full())
+            decision = moved
         endpoint = self.endpoints[decision.instance]
         # the lease will say the box holds the prompt (the answer's length is not seen here)
         self._remember(call.call_id, _Open(decision.instance, endpoint, call.prompt_tokens, branch))
         fallback = self._fallback(decision, call.model, now)
         return Pick(call.call_id, endpoint, decision.kind.value, fallback)
+
+    def capacity(self, box: str) -> int:
+        """Calls `box` takes at once: its connection limit (its snapshot's, else the configured
+        one) less those kept for what is not a call."""
+        return self._capacity.get(box) or box_call_capacity(self.box_max_connections)
+
+    def full(self, box: str) -> bool:
+        """This picker has as many calls open on `box` as it takes: it gets no more (one more
+        would be closed at its accept, or wait in the gateway for a connection)."""
+        return self._load[box] >= self.capacity(box)
+
+    def _off_full_box(self, d: Decision, model: str, now: float) -> Decision | None:
+        """The placement moved off its full box to the next-best one that takes calls (as a
+        fallback is chosen), recorded for explain; None when every box is full."""
+        endpoint = self._fallback(d, model, now)
+        box = None if endpoint is None else self._boxes_at.get(endpoint)
+        if box is None or not self.router.forwarded(d.call_id, box, now):
+            return None
+        moved = d._replace(instance=box, reason=f"{d.reason}; {d.instance} at its connection limit")
+        self.router.record(moved)
+        return moved
+
+    def _pool_full(self) -> APIError:
+        total = sum(self.capacity(b) for b in self.endpoints)
+        return APIError(
+            429,
+            f"every box of the pool is at its connection limit ({total} calls at once); "
+            "try again shortly",
+            type="rate_limit_exceeded",
+            code="pool_full",
+            headers={"Retry-After": "1"},
+        )
 
     def _fallback(self, d: Decision, model: str, now: float) -> str | None:
         """The endpoint of the next-best box for a placed call, where Envoy retries it if it
@@ -338,15 +397,20 @@ class BoxPicker:
         (`served`)."""
         others = (c for c in d.candidates if c.feasible and c.instance != d.instance)
         for c in sorted(others, key=lambda c: c.rank_s):
-            if c.instance in self.endpoints and self.router.placeable(c.instance, model, now):
+            if self._open_to(c.instance, model, now):
                 return self.endpoints[c.instance]
         names = list(self.endpoints)
         start = next(self._fallback_rr)
         for i in range(len(names)):
             name = names[(start + i) % len(names)]
-            if name != d.instance and self.router.placeable(name, model, now):
+            if name != d.instance and self._open_to(name, model, now):
                 return self.endpoints[name]
         return None
+
+    def _open_to(self, box: str, model: str, now: float) -> bool:
+        return (
+            box in self.endpoints and not self.full(box) and self.router.placeable(box, model, now)
+        )
 
     def _settle_answered(self, branch: tuple[str, str], now: float) -> None:
         """A branch's next call means its previous answer ended: settle that call now, unless its
@@ -394,14 +458,29 @@ class BoxPicker:
         box = boxes[next(self._rr) % len(boxes)]
         return Pick(request.call_id, self.endpoints[box], "round_robin")
 
-    def served(self, call_id: str, endpoint: str | None, status: int, now: float) -> None:
-        """Envoy's response headers: re-target the call if Envoy served it elsewhere."""
+    def served(
+        self,
+        call_id: str,
+        endpoint: str | None,
+        status: int,
+        now: float,
+        box_call_id: str | None = None,
+    ) -> None:
+        """Envoy's response headers: re-target the call if Envoy served it elsewhere; the box's
+        own id for the call (its `CALL_ID_HEADER`, inside the response id the client sees) is
+        kept for `explain`, as long as its decision is."""
+        if box_call_id and box_call_id != call_id:
+            self._box_calls[box_call_id] = call_id
+            while len(self._box_calls) > DECISION_LOG:
+                self._box_calls.popitem(last=False)
         rec = self._open.get(call_id)
         if rec is None:
             return
         rec.status = status
         box = self._boxes_at.get(endpoint or "")
         if box is not None and box != rec.box and self.router.forwarded(call_id, box, now):
+            self._load[rec.box] -= 1
+            self._load[box] += 1
             rec.box, rec.endpoint = box, endpoint or rec.endpoint
 
     def finished(self, call_id: str, ok: bool, now: float) -> None:
@@ -410,6 +489,7 @@ class BoxPicker:
         rec = self._open.pop(call_id, None)
         if rec is None:
             return
+        self._load[rec.box] -= 1
         if rec.branch is not None and self._branch_open.get(rec.branch) == call_id:
             del self._branch_open[rec.branch]
         if ok and rec.status < 400:
@@ -419,18 +499,26 @@ class BoxPicker:
 
     def _remember(self, call_id: str, rec: _Open) -> None:
         self._open[call_id] = rec
+        self._load[rec.box] += 1
         if rec.branch is not None:
             self._branch_open[rec.branch] = call_id
         while len(self._open) > MAX_OPEN_CALLS:  # the server lost their ends: release them
             old, lost = self._open.popitem(last=False)
+            self._load[lost.box] -= 1
             if lost.branch is not None and self._branch_open.get(lost.branch) == old:
                 del self._branch_open[lost.branch]
             self.placement.failed(old, 0.0)  # `failed` reads no clock
 
     # --- reads ------------------------------------------------------------------------------
     def explain(self, call_id: str) -> Decision | None:
-        """The router's latest decision for the call, with every box it weighed."""
-        return self.router.explain(call_id)
+        """The router's latest decision for the call, with every box it weighed: `call_id` is
+        the id Envoy gave the call (`x-request-id`) or the response id the client saw
+        (`chatcmpl-…`, `msg_…`, `resp_…`: the box's call id, mapped to the picker's)."""
+        found = self.router.explain(call_id)
+        if found is None:
+            bare = bare_call_id(call_id)
+            found = self.router.explain(self._box_calls.get(bare, bare))
+        return found
 
     def healthy_boxes(self, now: float) -> list[str]:
         """Boxes passing their health check with a fresh snapshot at `now`, by name."""
@@ -490,6 +578,7 @@ class BoxPicker:
                         sessions.get(s.instance, set()) | self.router.held_sessions(s.instance)
                     ),
                     "in_flight": s.in_flight,
+                    "capacity": self.capacity(s.instance),
                     "leases": s.leases,
                 }
             )

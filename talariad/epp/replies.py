@@ -119,7 +119,8 @@ def request_body_pieces(body: bytes, end_of_stream: bool = True) -> Iterator[pb.
 def answer(path: str, err: APIError) -> ImmediateAnswer:
     """`err` as an immediate answer, in the error shape of the API `path` belongs to."""
     headers = {k.lower(): str(v) for k, v in err.headers.items()}
-    return ImmediateAnswer(err.status, json.dumps(error_body(path, err)).encode(), headers)
+    body = json.dumps(error_body(path, err)).encode()
+    return ImmediateAnswer(err.status, body, headers, err.code or err.type)
 
 
 def refuse(refusal: ImmediateAnswer, details: str) -> pb.ProcessingResponse:

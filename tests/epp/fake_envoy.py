@@ -173,7 +173,7 @@ class RecordingPicker:
             raise RuntimeError("picker bug")
         return self.refusal or Pick(request.call_id, self.endpoint)
 
-    def served(self, call_id: str, endpoint: str | None, status: int, now: float) -> None:
+    def served(self, call_id, endpoint, status, now, box_call_id=None) -> None:
         self.served_calls.append((call_id, endpoint, status))
 
     def finished(self, call_id: str, ok: bool, now: float) -> None:

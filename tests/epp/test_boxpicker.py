@@ -389,3 +389,53 @@ def test_a_lease_the_router_finds_unusable_at_headers_leaves_nothing_behind():
     # the router placed it by cost ("lease prefix missing"), and that placement was undone
     assert p.explain(req.call_id).kind.value == "cost"
     assert all(_in_flight(p, b, 0.1) == 0 for b in BOXES) and p.router.held() == ()
+
+
+def _capped_picker(max_connections: int) -> BoxPicker:
+    """Boxes whose snapshots publish `max_connections` (the picker's default would be 512)."""
+    p = BoxPicker(Router(RouterKnobs(overload="spill"), {}))
+    for name, ep in BOXES.items():
+        snap = _snap().model_copy(update={"max_connections": max_connections})
+        p.box_seen(name, ep, snap, 0.0)
+    return p
+
+
+def test_a_box_gets_no_more_calls_than_its_connection_limit_takes_and_then_the_pool_is_429():
+    p = _capped_picker(10)  # 10 connections, 8 kept for polls and checks: 2 calls a box
+    assert p.capacity("a") == p.capacity("b") == 2
+    picks = [p.pick(Session(f"s{i}").request(), 0.1 + i * 0.01) for i in range(4)]
+    boxes = [_box(p, pick) for pick in picks]
+    assert sorted(boxes) == ["a", "a", "b", "b"]
+    assert picks[3].fallback is None  # no box with room left to fall back on
+    full = p.pick(Session("late").request(), 0.2)
+    assert isinstance(full, ImmediateAnswer) and full.status == 429, full
+    assert full.headers["retry-after"] == "1" and full.code == "pool_full"
+    assert "connection limit (4 calls at once)" in json.loads(full.body)["error"]["message"]
+    assert sum(b["in_flight"] for b in p.status(0.2)["boxes"]) == 4  # the refusal holds nothing
+    p.finished("s0-1", True, 0.3)  # one ends: its box takes the next
+    assert _box(p, p.pick(Session("next").request(), 0.4)) == boxes[0]
+
+
+def test_a_placement_on_a_full_box_moves_to_one_with_room():
+    p = _capped_picker(10)  # two calls a box
+    s = Session("s1")
+    home = _turn(p, s, 0.1)  # its lease is on `home`
+    other = next(b for b in BOXES if b != home)
+    opened, now = [], 0.2
+    while not p.full(home):  # other sessions' calls fill `home`
+        req = Session(f"x{len(opened)}").request()
+        opened.append((req.call_id, _box(p, p.pick(req, now))))
+        now += 0.01
+    for call_id, box in opened:
+        if box == other:
+            p.finished(call_id, True, now)
+    returning = s.request()
+    assert _box(p, p.pick(returning, now + 0.01)) == other
+    explained = p.explain(returning.call_id)
+    assert explained.instance == other and f"{home} at its connection limit" in explained.reason
+
+
+def test_a_box_that_publishes_no_limit_takes_the_configured_one():
+    p = BoxPicker(Router(RouterKnobs(), {}), box_max_connections=12)
+    p.box_seen("a", BOXES["a"], _snap(), 0.0)
+    assert p.capacity("a") == 4

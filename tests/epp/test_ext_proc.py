@@ -12,6 +12,7 @@ import grpc
 
 from talariad.epp import als_pb2, als_pb2_grpc, ext_authz_pb2, ext_authz_pb2_grpc
 from talariad.epp import ext_proc_pb2 as pb
+from talariad.epp import server as server_module
 from talariad.epp.contract import ImmediateAnswer
 from talariad.epp.replies import LEASE
 from tests.epp import fake_envoy as envoy
@@ -152,9 +153,12 @@ async def test_a_body_over_the_bound_is_a_413_in_the_openai_shape(epp):
     (reply,) = await call.read()
     assert reply.immediate_response.status.code == 413
     error = json.loads(reply.immediate_response.body)["error"]
-    assert error["code"] == "request_too_large" and "3000 bytes" in error["message"]
+    # refused as it passed the bound: the rest of a chunked body is never read
+    assert error["code"] == "request_too_large" and "passed 1000 bytes" in error["message"]
     assert run.picker.requests == []
     assert run.processor.metrics.decisions.labels("too_large")._value.get() == 1
+    assert run.processor.metrics.refusals.labels("413", "request_too_large")._value.get() == 1
+    assert run.processor.budget.held == 0
 
 
 async def test_a_body_over_the_bound_on_messages_is_in_the_anthropic_shape(epp):
@@ -412,3 +416,76 @@ async def test_access_log_entries_settle_the_calls_placed_at_headers(epp):
         ("reset", ENDPOINT, 200, False),
         ("none", ENDPOINT, 0, False),
     ]
+
+
+async def test_a_stream_past_the_pickers_limit_is_a_429_at_its_headers(epp):
+    run = await epp(max_streams=1)
+    first = run.stream()
+    await first.send(envoy.request_headers())  # held open: its body has not come
+    await until_open(run, 1)
+    second = run.stream()
+    await second.send(envoy.request_headers())
+    (reply,) = await second.read()  # at the headers: no body was sent
+    answer = reply.immediate_response
+    assert answer.status.code == 429
+    assert {h.header.key: h.header.raw_value for h in answer.headers.set_headers}[
+        "retry-after"
+    ] == b"1"
+    assert json.loads(answer.body)["error"]["code"] == "epp_stream_limit"
+    await second.send(envoy.body(b"{}", end_of_stream=True))
+    assert await second.end() == grpc.StatusCode.OK
+    await first.send(envoy.body(b"{}", end_of_stream=True))  # the first is still picked
+    (routing, *_) = await first.read(2)
+    assert_routes_to(routing, ENDPOINT)
+    m = run.processor.metrics
+    assert m.refusals.labels("429", "epp_stream_limit")._value.get() == 1
+    assert m.decisions.labels("overloaded")._value.get() == 1
+    assert len(run.picker.requests) == 1
+
+
+async def test_bodies_past_the_shared_buffer_are_a_429_and_release_what_they_held(epp):
+    run = await epp(max_body_bytes=1000, body_buffer_bytes=1500)
+    first, second = run.stream(), run.stream()
+    await first.send(envoy.request_headers(), envoy.body(b"x" * 1000))
+    await until(lambda: run.processor.budget.held == 1000)
+    await second.send(envoy.request_headers(), envoy.body(b"y" * 400))
+    await until(lambda: run.processor.budget.held == 1400)
+    await second.send(envoy.body(b"y" * 400))  # 1,800 held: past the budget
+    (reply,) = await second.read()
+    assert reply.immediate_response.status.code == 429
+    assert json.loads(reply.immediate_response.body)["error"]["code"] == "epp_body_buffer_full"
+    assert run.processor.budget.held == 1000  # the refused body's bytes are given back
+    await first.send(envoy.body(b"", end_of_stream=True))
+    _routing, pieces = await first.request_body_back()
+    assert pieces == [b"x" * 1000]
+    assert run.processor.budget.held == 0  # handed back to Envoy: no longer held
+    assert run.processor.metrics.refusals.labels("429", "epp_body_buffer_full")._value.get() == 1
+
+
+async def until(condition, wait_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
+
+
+async def until_open(run, n: int) -> None:
+    await until(lambda: run.processor.open == n)
+
+
+async def test_grpcs_own_pending_bound_is_above_what_the_gateway_can_open(monkeypatch):
+    # gRPC refuses streams the server has not taken yet past 1,000 (3,000 hard): through Envoy,
+    # a burst of 2,000 trickling bodies had streams refused (500s, or unpicked under fail-open)
+    built = {}
+    real = server_module.grpc.aio.server
+
+    def capture(options):
+        built.update(options)
+        return real(options=options)
+
+    monkeypatch.setattr(server_module.grpc.aio, "server", capture)
+    processor = server_module.ExtProcServicer(RecordingPicker(), max_streams=50)
+    started = await server_module.start(processor, "127.0.0.1:0")
+    await started.server.stop(0)
+    assert built["grpc.server.max_pending_requests"] == 50 * server_module.PENDING_PER_STREAM
+    assert built["grpc.server.max_pending_requests_hard_limit"] == 5000

@@ -3,6 +3,7 @@ the prototype proved, and the real Envoy accepts each (`envoy --mode validate`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
@@ -11,7 +12,13 @@ import yaml
 
 from talaria_pool import envoy
 from talariad.calls.session import HEADERS as SESSION_HEADERS
-from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK, EPPConfig
+from talariad.epp.config import (
+    FAILURE_MODE,
+    FAILURE_MODE_KEY,
+    GATEWAY_HEALTH_CHECK,
+    EPPConfig,
+    box_call_capacity,
+)
 from talariad.epp.replies import AT_HEADERS, DESTINATION, LEASE
 from talariad.epp.stream import MAX_BODY_BYTES
 from tests.support import certs
@@ -255,3 +262,73 @@ def test_render_command_wants_the_pickers_ca_for_a_client_certificate(capsys):
     assert capsys.readouterr().err.strip() == (
         "talaria_pool.envoy: --epp-cert and --epp-key need --epp-ca (TLS to the pickers)"
     )
+
+
+def test_capacity_comes_from_the_pool_and_no_envoy_default_applies():
+    two_pickers = dataclasses.replace(
+        spec(), epp=("127.0.0.1:9002", "127.0.0.1:9003"), box_max_connections=100
+    )
+    text = envoy.render(dataclasses.replace(two_pickers, epp_max_streams=300))
+    hcm, _filters, clusters = parts(text)
+    per_box = box_call_capacity(100)
+    for name in ("pool_picked", "pool_fallback"):
+        breakers = clusters[name]["circuit_breakers"]
+        assert breakers["thresholds"] == [
+            {
+                "priority": "DEFAULT",
+                "max_connections": per_box * len(BOXES),
+                "max_pending_requests": per_box * len(BOXES),
+                "max_requests": per_box * len(BOXES),
+                "max_retries": per_box * len(BOXES),
+            }
+        ]
+        assert breakers["per_host_thresholds"] == [
+            {"priority": "DEFAULT", "max_connections": per_box}
+        ]
+    # the gateway admits as many connections as the two pickers take streams, and the pickers'
+    # cluster takes a stream for every call those connections can carry: its breaker is never
+    # the one that refuses a call (fail-open would route it unpicked)
+    runtime = yaml.safe_load(text)["layered_runtime"]["layers"][0]["static_layer"]
+    assert runtime["envoy.resource_limits.listener.gateway.connection_limit"] == 600
+    [monitor] = yaml.safe_load(text)["overload_manager"]["resource_monitors"]
+    everything = monitor["typed_config"]["max_active_downstream_connections"]
+    assert everything == 600 + envoy.ADMIN_CONNECTIONS  # no listener of Envoy unbounded
+    streams = hcm["http2_protocol_options"]["max_concurrent_streams"]
+    [epp_limits] = clusters["epp"]["circuit_breakers"]["thresholds"]
+    assert set(epp_limits) == {
+        "priority",
+        "max_connections",
+        "max_pending_requests",
+        "max_requests",
+        "max_retries",
+    }
+    assert min(v for k, v in epp_limits.items() if k != "priority") == 600 * streams
+    http2 = clusters["epp"]["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]["explicit_http_config"]["http2_protocol_options"]
+    assert http2["max_concurrent_streams"] == 300
+    # every cluster has every limit set: none of Envoy's 1,024 defaults (3 retries) is left
+    for cluster in clusters.values():
+        [limits] = cluster["circuit_breakers"]["thresholds"]
+        assert all(k in limits for k in ("max_connections", "max_pending_requests"))
+        assert all(k in limits for k in ("max_requests", "max_retries"))
+    # an overflow of the boxes' breakers is a 429 in the API's shape, with retry-after
+    mappers = hcm["local_reply_config"]["mappers"]
+    [full] = [m for m in mappers if m["filter"]["response_flag_filter"]["flags"] == ["UO"]]
+    assert (
+        full["status_code"] == 429 and full["headers_to_add"][0]["header"]["key"] == "retry-after"
+    )
+    body = json.loads(full["body_format_override"]["text_format_source"]["inline_string"])
+    assert body["error"]["code"] == "pool_full"
+
+
+def test_the_render_command_takes_the_pools_limits(capsys):
+    argv = ["render", "--epp", "127.0.0.1:9002", "--box", "127.0.0.1:8001"]
+    assert envoy.main([*argv, "--box-max-connections", "40", "--epp-max-streams", "7"]) == 0
+    _hcm, _f, clusters = parts(capsys.readouterr().out)
+    assert clusters["pool_picked"]["circuit_breakers"]["per_host_thresholds"][0] == {
+        "priority": "DEFAULT",
+        "max_connections": 32,
+    }
+    assert envoy.main([*argv, "--epp-max-streams", "0"]) == 2
+    assert "max_streams must be >= 1" in capsys.readouterr().err
