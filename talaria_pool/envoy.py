@@ -197,7 +197,7 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
         access_log=json.dumps(spec.access_log),
         not_found_body=json.dumps(json.dumps(NOT_FOUND.body())),
         unreachable_body=json.dumps(json.dumps(UNREACHABLE.body())),
-        **_lease_parts(spec, epps),
+        **_lease_parts(spec, epps, cap),
     )
 
 
@@ -287,6 +287,7 @@ _LOG_CLUSTER = """\
     type: STATIC
     connect_timeout: 1s
 $transport_socket
+$circuit_breakers
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
@@ -298,8 +299,10 @@ $transport_socket
 $endpoint"""
 
 
-def _lease_parts(spec: GatewaySpec, epps: tuple[str, ...]) -> dict[str, str]:
-    """The template's lease-at-headers pieces (all empty when `spec.lease_at_headers` is off)."""
+def _lease_parts(spec: GatewaySpec, epps: tuple[str, ...], cap: Capacity) -> dict[str, str]:
+    """The template's lease-at-headers pieces (all empty when `spec.lease_at_headers` is off).
+    A log cluster carries a stream or two per Envoy worker; its limits are the pickers' cluster's,
+    so that no Envoy default is left anywhere."""
     keys = ("lease_filter", "lease_route", "lease_filter_off", "lease_access_logs", "lease_source")
     if not spec.lease_at_headers:
         return dict.fromkeys((*keys, "lease_log_clusters"), "")
@@ -315,7 +318,11 @@ def _lease_parts(spec: GatewaySpec, epps: tuple[str, ...]) -> dict[str, str]:
         ),
         "lease_log_clusters": "\n".join(
             string.Template(_LOG_CLUSTER).substitute(
-                index=i, cluster=c, transport_socket=tls, endpoint=_endpoints((epp,))
+                index=i,
+                cluster=c,
+                transport_socket=tls,
+                circuit_breakers=_breakers(cap.epp_streams),
+                endpoint=_endpoints((epp,)),
             )
             for i, (c, epp) in enumerate(zip(clusters, epps, strict=True))
         ),
