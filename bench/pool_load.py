@@ -42,7 +42,8 @@ What is read, and where from:
   before the kill (the text report says how many of those a call in between had moved first).
 
     PYTHONPATH=. python bench/pool_load.py [--sessions 200] [--calls 10] [--gap 0.2,1.0]
-        [--policy talaria] [--restart-picker AT] [--failure-mode fail_open] [--seed 0] [--json]
+        [--policy talaria] [--restart-picker AT] [--failure-mode fail_open] [--pickers 1]
+        [--seed 0] [--json]
 
 Prints statuses, sessions that stayed on one box, returns within tau and how many the picker
 placed by their lease, the send-to-decision lag p50/p99, calls/s and the load average, with what
@@ -58,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import datetime
 import json
 import os
@@ -136,6 +138,7 @@ class Call:
     at_envoy: float | None = None  # when Envoy received it (its access log), monotonic
     written: float | None = None  # when the client had written the whole request
     asked: bool = False  # its decision was asked for
+    error: str | None = None  # a refusal's API error code (`box_unreachable`: no box took it)
 
 
 @dataclass
@@ -259,6 +262,8 @@ async def send(
             ) as r:
                 call.status = str(r.status_code)
                 retry_after = r.headers.get("retry-after", "1")
+                if r.status_code != 200:
+                    call.error = _error_code(await r.aread())
                 events = []
                 async for line in r.aiter_lines():
                     if line.startswith("data: ") and line != "data: [DONE]":
@@ -273,6 +278,8 @@ async def send(
             retry_after = r.headers.get("retry-after", "1")
             if r.status_code == 200:
                 _read_answer(call, r.json(), r.headers)
+            else:
+                call.error = _error_code(r.content)
     except (httpx.RemoteProtocolError, httpx.ReadError) as err:
         call.status = "cut" if call.status else "no_response"
         call.text = type(err).__name__
@@ -285,6 +292,15 @@ async def send(
         return min(10.0, max(0.0, float(retry_after)))
     except ValueError:
         return 1.0
+
+
+def _error_code(body: bytes) -> str | None:
+    """The API error's `code` (or `type`) of a refusal's body; None when it is not that shape."""
+    try:
+        error = json.loads(body)["error"]
+        return error.get("code") or error.get("type")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _read_answer(call: Call, body: dict, headers: httpx.Headers) -> None:
@@ -314,30 +330,41 @@ def _read_usage(call: Call, usage: dict, headers: httpx.Headers) -> None:
 class Decisions:
     """Reads the picker's decision for each call from its admin `/calls/ID`."""
 
-    admin: str
+    admins: list[str]  # every picker's: a call's decision is with the one Envoy asked
     errors_s: list[float] = field(default_factory=list)
     """Half of each `/calls/ID` round trip: how far off each decision time can be."""
 
     async def sweep(self, calls: list[Call], in_flight: int = EXPLAIN_IN_FLIGHT) -> None:
-        """Read the decisions of `calls` (a 404 leaves one unknown), up to `in_flight` at a
-        time (one: the tightest bound on the decision time)."""
+        """Read the decisions of `calls` (a 404 from every picker leaves one unknown), up to
+        `in_flight` at a time (one: the tightest bound on the decision time)."""
         limits = httpx.Limits(max_connections=in_flight)
-        async with httpx.AsyncClient(
-            base_url=f"http://{self.admin}", timeout=10, limits=limits
-        ) as client:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(
+                    httpx.AsyncClient(base_url=f"http://{admin}", timeout=10, limits=limits)
+                )
+                for admin in self.admins
+            ]
             gate = asyncio.Semaphore(in_flight)
 
-            async def read(call: Call) -> None:
-                call.asked = True
+            async def ask(client: httpx.AsyncClient, call: Call):
                 async with gate:
                     asked = time.monotonic()
                     try:
                         r = await client.get(f"/calls/{call.request_id}")
                     except httpx.TransportError:
-                        return
-                    answered = time.monotonic()
-                if r.status_code != 200:
+                        return None
+                    return r, asked, time.monotonic()
+
+            async def read(call: Call) -> None:
+                call.asked = True
+                for client in clients:
+                    got = await ask(client, call)
+                    if got is not None and got[0].status_code == 200:
+                        break
+                else:
                     return
+                r, asked, answered = got
                 d = r.json()
                 call.kind, call.policy, call.reason = d["kind"], d.get("policy"), d.get("reason")
                 # the picker read its clock between `asked` and `answered`
@@ -440,7 +467,7 @@ async def drive(
     restart: Restart | None,
 ) -> Run:
     a = agents(args.seed, run_tag)
-    decisions = Decisions(pool.epp_admin)
+    decisions = Decisions([admin for _, admin in pool.pickers.values()])
     load_start = os.getloadavg()
     lags: list[float] = []
     tls = ssl.create_default_context()  # unused (plain HTTP); one, not one per client
@@ -632,6 +659,7 @@ def report(out: dict, extra: dict, args: argparse.Namespace) -> str:
     errors = extra["lag_errors_s"]
     lines = [
         f"pool_load: policy {out['policy']}, {s} sessions x {args.calls} calls, {BOXES} boxes, "
+        f"{args.pickers} picker{'s' if args.pickers > 1 else ''}, "
         f"tau {extra['tau_s']:g} s, tool gaps {args.gap[0]:g}-{args.gap[1]:g} s, odd sessions "
         f"streamed, seed {args.seed}",
         f"statuses              {statuses}",
@@ -739,12 +767,18 @@ def main(argv: list[str] | None = None) -> int:
         help="while the picker is down Envoy round-robins calls (fail_open, devpool's default) "
         "or answers 500 (fail_closed)",
     )
+    ap.add_argument(
+        "--pickers",
+        type=int,
+        default=1,
+        help="pickers behind Envoy, which spreads its streams over them (active-active)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args(argv)
     try:
-        if args.sessions < 1 or args.calls < 1:
-            raise UsageError("--sessions and --calls must be at least 1")
+        if args.sessions < 1 or args.calls < 1 or args.pickers < 1:
+            raise UsageError("--sessions, --calls and --pickers must be at least 1")
         if args.restart_picker is not None and args.restart_picker <= 0:
             raise UsageError("--restart-picker AT must be more than 0 seconds")
         epp = epp_extra(args.policy)
@@ -766,7 +800,9 @@ def main(argv: list[str] | None = None) -> int:
     pool: devpool.LocalPool | None = None
     ok = False
     try:
-        pool = devpool.start_pool(workdir, BOXES, failure_mode=args.failure_mode, epp=epp)
+        pool = devpool.start_pool(
+            workdir, BOXES, failure_mode=args.failure_mode, epp=epp, pickers=args.pickers
+        )
         run = asyncio.run(drive(pool, epp, args, os.urandom(3).hex(), restart))
         ok = True
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from talariad.admin import admin_pb2, admin_pb2_grpc, views
 from talariad.admin.operator import ActionRefused, Operator
 from talariad.admin.planning import PlannerShell
+from talariad.calls.spec import bare_call_id
 from talariad.config import ConfigError
 from talariad.router import Router
 
@@ -90,7 +91,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return views.leases(self.router, self.clock())
 
     async def Explain(self, request, context):  # noqa: N802
-        found = self.router.explain(views.bare_call_id(request.call_id))
+        found = self.router.explain(bare_call_id(request.call_id))
         if found is None:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,

@@ -6,15 +6,6 @@ from talariad.admin import admin_pb2
 from talariad.router import Decision, Lease, Router, SessionEntry
 from talariad.wire.decision import decision_fields
 
-_RESPONSE_PREFIXES = ("chatcmpl-", "cmpl-", "msg_")
-
-
-def bare_call_id(call_id: str) -> str:
-    for prefix in _RESPONSE_PREFIXES:
-        if call_id.startswith(prefix):
-            return call_id[len(prefix) :]
-    return call_id
-
 
 def session(e: SessionEntry, now: float) -> admin_pb2.Session:
     return admin_pb2.Session(

@@ -94,6 +94,22 @@ def make_call_id() -> str:
     return os.urandom(12).hex()
 
 
+RESPONSE_ID_PREFIXES = ("chatcmpl-", "cmpl-", "msg_", "resp_")
+"""What each API puts before the call id in the answer's `id` (chat, completions, messages, and
+the Responses API's response and its message item)."""
+
+CALL_ID_HEADER = "x-talaria-call-id"
+"""The box's answer names its call id here: the picker maps it to its own call's id."""
+
+
+def bare_call_id(response_id: str) -> str:
+    """The call id inside a response id the client saw (`chatcmpl-ID` -> `ID`); others as they are."""
+    for prefix in RESPONSE_ID_PREFIXES:
+        if response_id.startswith(prefix):
+            return response_id[len(prefix) :]
+    return response_id
+
+
 def estimate_tokens(chars: int) -> int:
     return chars // 4 + 1
 

@@ -19,7 +19,7 @@ from pydantic_core import to_json
 
 from talariad.calls.errors import APIError
 from talariad.calls.placement import refusal
-from talariad.calls.spec import CallSpec, canonical_prompt, make_call_id
+from talariad.calls.spec import CALL_ID_HEADER, CallSpec, canonical_prompt, make_call_id
 from talariad.gateway import limits
 from talariad.gateway.routing import ModelUnavailable
 from talariad.tools import ToolStream
@@ -112,6 +112,7 @@ class Call:
             "x-talaria-session-id": quote(self.session, safe="-_.~:@+="),
             "x-talaria-instance": self.instance,
             "x-talaria-route": self.route,
+            CALL_ID_HEADER: self.id,  # a pool's picker maps it to the call it decided
         }
 
     def events(self) -> AsyncIterator[StreamEvent]:

@@ -44,10 +44,12 @@ def healthy_pickers(admin: str) -> set[str]:
     }
 
 
-def streams_taken(admin: str) -> float:
+def calls_taken(admin: str) -> float:
+    """The calls a picker took: its ext_proc streams and the lease returns it placed at their
+    headers (which open none)."""
     text = httpx.get(f"http://{admin}/metrics", timeout=5).text
-    line = next(ln for ln in text.splitlines() if ln.startswith("talaria_epp_streams_total "))
-    return float(line.split()[-1])
+    series = ("talaria_epp_streams_total ", 'talaria_epp_at_headers_total{result="placed"} ')
+    return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(series))
 
 
 async def wait_for(condition, what: str, wait_s: float = 30) -> None:
@@ -93,7 +95,7 @@ def test_sigterm_to_one_of_two_pickers_loses_no_call(pool):
             agents = [asyncio.create_task(agent(c, w)) for w in range(WORKERS)]
             try:
                 # both pickers carry calls before the signal
-                await wait_for(lambda: streams_taken(second_admin) >= 20, "picker b took none")
+                await wait_for(lambda: calls_taken(second_admin) >= 20, "picker b took none")
                 os.kill(picker.pid, signal.SIGTERM)
                 termed = time.monotonic()
                 await wait_for(lambda: picker.poll() is not None, "picker b never exited")
