@@ -8,6 +8,8 @@ taken to be reflected in the snapshot and leaves the overlay (it stays in flight
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -220,10 +222,20 @@ class InstanceBook:
         self._overlaid: defaultdict[str, set[str]] = defaultdict(set)
         self._holders: dict[tuple[str, str], set[str]] = {}
         self._hot: set[str] = set()  # instances whose snapshot puts them in the hot pool
+        self.left_hot = 0
+        """Bumped whenever an instance leaves `hot()` (a new pool, or gone from the book)."""
         self.generation = 0
         """Bumped whenever an instance's snapshot, membership or closed state changes."""
         self.changes = 0
         """Bumped by those and by every heartbeat: whatever `placeable` reads but the clock."""
+        # the instances `placeable` admits but for the clock (healthy, some model allowed), and
+        # the oldest snapshot and heartbeat among them as heaps kept at every change: while both
+        # are fresh a pick reads its eligible list here, built once per change of that set,
+        # instead of filtering every instance after each snapshot (docs/pool.md "Scale")
+        self._serving: dict[str, frozenset[str]] = {}  # name -> its allowed models
+        self._serving_by_model: dict[str, list] = {}  # model -> [its list, `positions`]
+        self._taken: list[tuple[float, str]] = []  # heap of (taken_at, name), stale entries too
+        self._seen: list[tuple[float, str]] = []  # heap of (last_seen, name), the same
 
     def open_replicas(self, model: str) -> tuple[int, int]:
         """(k, queued tokens) of `model` over its open replicas on healthy instances."""
@@ -286,12 +298,15 @@ class InstanceBook:
     def _index(self, inst: InstanceState) -> None:
         for held in self._indexed.pop(inst.name, ()):
             held.discard(inst.name)
+        was_hot = inst.name in self._hot
         self._hot.discard(inst.name)
         snap = inst.snapshot
+        if snap is not None and inst.name in self._by_name and snap.pool is Pool.HOT:
+            self._hot.add(inst.name)
+        elif was_hot:
+            self.left_hot += 1
         if snap is None or inst.name not in self._by_name:
             return
-        if snap.pool is Pool.HOT:
-            self._hot.add(inst.name)
         held = self._indexed[inst.name] = []
         for model in snap.allowed_models | snap.models.keys():
             state = snap.residency(model).state
@@ -301,6 +316,60 @@ class InstanceBook:
                 held.append(self._resident[model])
         for names in held:
             names.add(inst.name)
+
+    def serving(self, model: str) -> list[InstanceState]:
+        """The healthy instances allowed `model`, by name, fresh or not (read it, do not change
+        it): `placeable` but for the clock."""
+        held = self._serving_by_model.get(model)
+        if held is None:
+            insts = [i for i in self._ordered if i.name in self._serving and model in i.allowed]
+            held = self._serving_by_model[model] = [insts, None]
+        return held[0]
+
+    def positions(self, model: str, insts: list[InstanceState]) -> dict[InstanceState, int] | None:
+        """Each instance's place in `insts` where that is `serving(model)`'s current list (built
+        once per list), else None: a ranking's members and where their entries go."""
+        held = self._serving_by_model.get(model)
+        if held is None or held[0] is not insts:
+            return None
+        if held[1] is None:
+            held[1] = {inst: i for i, inst in enumerate(insts)}
+        return held[1]
+
+    def oldest(self) -> tuple[float, float]:
+        """The oldest snapshot time and heartbeat among the serving instances (inf: none)."""
+        taken, seen = self._taken, self._seen
+        return (taken[0][0] if taken else math.inf), (seen[0][0] if seen else math.inf)
+
+    def _restate(self, inst: InstanceState) -> None:
+        """Keep the serving set and its heaps in step with `inst`'s health, models and clocks
+        (after every change of them): O(log instances), amortised."""
+        name, serving = inst.name, self._serving
+        now_in = inst.health_ok and bool(inst.allowed) and self._by_name.get(name) is inst
+        if now_in != (name in serving) or (now_in and serving[name] != inst.allowed):
+            self._serving_by_model.clear()
+        if now_in:
+            serving[name] = inst.allowed
+            heapq.heappush(self._taken, (inst.taken_at, name))
+            heapq.heappush(self._seen, (inst.last_seen, name))
+        else:
+            serving.pop(name, None)
+        self._settle(self._taken, "taken_at")
+        self._settle(self._seen, "last_seen")
+
+    def _settle(self, heap: list[tuple[float, str]], field: str) -> None:
+        """Drop the heap's top entries that no longer stand for a serving instance's value; a
+        heap grown past a few entries per instance is built again."""
+        serving, by_name = self._serving, self._by_name
+        if len(heap) > 4 * len(serving) + 64:
+            heap[:] = [(getattr(by_name[n], field), n) for n in serving]
+            heapq.heapify(heap)
+            return
+        while heap:
+            at, name = heap[0]
+            if name in serving and getattr(by_name[name], field) == at:
+                return
+            heapq.heappop(heap)
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
@@ -331,6 +400,7 @@ class InstanceBook:
             self._rehold(inst.name, old, snapshot.sessions)
         self._reoverlay(inst, self._overlaid.keys() | inst.ov_model.keys())  # recounted
         inst.report_health(snapshot.healthy, now)
+        self._restate(inst)
         self._reshare(inst, inst.open_share.keys() | snapshot.models.keys() | inst.ov_model.keys())
         return True
 
@@ -341,6 +411,7 @@ class InstanceBook:
         before = inst.health_ok
         inst.report_health(healthy, now)
         self.changes += 1
+        self._restate(inst)
         if inst.health_ok != before and inst.snapshot is not None:
             self._reshare(
                 inst, inst.open_share.keys() | inst.snapshot.models.keys() | inst.ov_model.keys()
@@ -357,6 +428,7 @@ class InstanceBook:
             inst.allowed = (
                 frozenset() if closed or inst.snapshot is None else inst.snapshot.allowed_models
             )
+            self._restate(inst)
 
     def remove(self, name: str) -> list[InFlight]:
         inst = self._by_name.pop(name, None)
@@ -371,6 +443,7 @@ class InstanceBook:
         if inst.snapshot is not None:
             self._rehold(name, inst.snapshot.sessions, {})
         self._ordered.remove(inst)
+        self._restate(inst)  # no longer in the book: leaves the serving set
         for call_id in inst.inflight:
             self._calls.pop(call_id, None)
         return list(inst.inflight.values())
@@ -456,6 +529,14 @@ class InstanceBook:
                     overlaid[model].add(inst.name)
             for key in inst.snapshot.sessions if inst.snapshot else ():
                 holders[key].add(inst.name)
+        serving = {i.name for i in self._ordered if i.health_ok and i.allowed}
+        if self._serving.keys() != serving:
+            raise AssertionError("serving set out of step with the instances' health and models")
+        if serving and self.oldest() != (
+            min(i.taken_at for i in self._ordered if i.name in serving),
+            min(i.last_seen for i in self._ordered if i.name in serving),
+        ):
+            raise AssertionError("oldest serving snapshot or heartbeat out of step")
         if {m: names for m, names in self._overlaid.items() if names} != overlaid:
             raise AssertionError("per-model overlay index out of step with the overlays")
         if self._holders != holders:
@@ -469,4 +550,5 @@ class InstanceBook:
         inst.closed = name in self.closed
         self._by_name[name] = inst
         self._ordered = sorted(self._by_name.values(), key=lambda i: i.name)
+        self._serving_by_model.clear()  # by name order: a newcomer may serve once installed
         return inst

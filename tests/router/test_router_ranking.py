@@ -218,6 +218,9 @@ def test_pruned_ranking_decides_as_scoring_every_instance(kn, evs):
             flying.pop(ev[1] % len(flying))
         fast.check_integrity()
         ref.check_integrity()
+        for model in MODELS:  # the kept eligible list is the filter over every instance
+            every = [i for i in fast._instances.all() if i.placeable(model, now, fast.knobs)]
+            assert fast._view.eligible(model, now) == every
     for got, want in later:  # leases, overlays and windows have moved on since
         assert tuple(got.candidates) == tuple(want.candidates)
 

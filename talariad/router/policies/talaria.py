@@ -49,10 +49,10 @@ class TalariaPolicy(Policy):
         names = [lease.instance] if lease is not None else []
         names += [rec.instance] if rec is not None else []
         names += sorted(view.instances.holders(key), key=lambda n: _held_rank(view, n, key))
-        eligible = view.eligible(call.model, now)
         for name in names:
             inst = view.instances.get(name)
-            if inst is None or inst not in eligible:
+            # `view.eligible` holds it: one instance's test, not a scan of that list
+            if inst is None or not inst.placeable(call.model, now, view.knobs):
                 continue
             kv = view.kv(inst, call)[0]
             if kv is KVState.MISSING:

@@ -35,7 +35,7 @@ class LazyCandidates(Sequence):
     """The per-candidate breakdown of one placement, scored from captured inputs when first read."""
 
     __slots__ = ("_cost", "_plan", "_entries", "_leases", "_counts", "_kept", "_busy")
-    __slots__ += ("_model_work", "_gain", "_rendered")
+    __slots__ += ("_model_work", "_gain", "_rendered", "_scored")
 
     def __init__(
         self,
@@ -48,6 +48,7 @@ class LazyCandidates(Sequence):
         busy: tuple | None,
         model_work: float | None,
         gain: float | GainFacts | None,
+        scored: tuple[CandidateCost, ...] | None = None,
     ) -> None:
         """entries: per instance its candidate, or where it was skipped its
         `InstanceState.facts`; leases, counts, kept, busy: the states (`logged.thaw`) of the
@@ -55,10 +56,12 @@ class LazyCandidates(Sequence):
         (`LeaseBook.held`, `PlacedWork.held_kept`, `held_busy`; the sums None without a
         placement time); model_work: the model's placed work where the
         retirement rule applies, else None; gain: Eq. (2)'s gain, or the facts it is worked
-        out from (`CostModel.gain_facts`), None where no skipped candidate needs a replica."""
+        out from (`CostModel.gain_facts`), None where no skipped candidate needs a replica;
+        scored: the candidates among `entries` in their order, where the ranking kept them
+        (None: `scored` reads the entries)."""
         self._cost, self._plan, self._entries = cost, plan, entries
         self._leases, self._counts, self._kept, self._busy = leases, counts, kept, busy
-        self._model_work, self._gain = model_work, gain
+        self._model_work, self._gain, self._scored = model_work, gain, scored
         self._rendered: tuple[CandidateCost, ...] | None = None
 
     def _all(self) -> tuple[CandidateCost, ...]:
@@ -72,7 +75,7 @@ class LazyCandidates(Sequence):
             self._rendered = tuple(
                 self._render(e) if type(e) is tuple else e for e in self._entries
             )
-            self._entries, self._leases, self._counts = [], {}, {}
+            self._entries, self._leases, self._counts, self._scored = [], {}, {}, None
             self._kept = self._busy = None
         return self._rendered
 
@@ -139,6 +142,8 @@ class LazyCandidates(Sequence):
         """The candidates the ranking scored, in instance order (reading them renders none)."""
         if self._rendered is not None:
             return list(self._rendered)
+        if self._scored is not None:
+            return list(self._scored)  # no scan of every instance's entry
         return [e for e in self._entries if type(e) is not tuple]
 
     def __len__(self) -> int:

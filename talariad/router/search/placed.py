@@ -35,6 +35,8 @@ class PlacedWork(DemandTracker):
         self._due: defaultdict[str, list[tuple[float, str]]] = defaultdict(list)
         """model -> heap of (its oldest event's end, instance) over the (instance, model) windows"""
         self._head: dict[tuple[str, str], float] = {}  # (instance, model) -> its entry in _due
+        # model -> (the `epoch` of `trim_due`'s `quiet`, entries of `_due` set aside under it)
+        self._aside: dict[str, tuple[int, list[tuple[float, str]]]] = {}
         self._expiry: list[tuple[float, str]] = []  # heap of (until, instance): (instance, None)
 
     def record(self, model, now: float, work_s: float, until: float | None = None) -> None:
@@ -85,22 +87,40 @@ class PlacedWork(DemandTracker):
             self._head[key] = head
             heapq.heappush(self._due[model], (head, inst))
 
-    def trim_due(self, model: str, now: float, read) -> None:
+    def trim_due(
+        self, model: str, now: float, read, quiet: set[str] = _NO_NAMES, epoch: int = 0
+    ) -> None:
         """Trim the (instance, model) windows that reading `work_s((instance, model), now)` for
-        every instance with `read(instance)` would trim (those with an event past the window)."""
+        every instance with `read(instance)` would trim (those with an event past the window).
+        `quiet`: instances `read` is false for as long as `epoch` stands (the caller's count of
+        their leaving that set); their due windows wait aside until it moves, not read again
+        at every call (docs/pool.md "Scale")."""
         due, cutoff, parked = self._due.get(model), now - self._window, []
+        aside = self._aside.get(model)
+        if aside is not None and aside[0] != epoch:
+            for entry in aside[1]:
+                heapq.heappush(due, entry)  # type: ignore[arg-type]
+            aside = self._aside[model] = (epoch, [])
         while due and due[0][0] <= cutoff:
             head, inst = heapq.heappop(due)
             key = (inst, model)
             if self._head.get(key) != head:
                 continue  # that window was trimmed since: a newer entry stands for it
             if not read(inst):
-                parked.append((head, inst))  # not read: left as it is
+                if inst in quiet:
+                    if aside is None:
+                        aside = self._aside[model] = (epoch, [])
+                    aside[1].append((head, inst))
+                else:
+                    parked.append((head, inst))  # not read: left as it is
                 continue
             del self._head[key]
             self._trim(key, now)  # queues the window's new oldest event
         for entry in parked:
             heapq.heappush(due, entry)  # type: ignore[arg-type]
+        if aside is not None and len(aside[1]) > 2 * len(self._head) + 64:
+            kept = [(h, i) for h, i in aside[1] if self._head.get((i, model)) == h]
+            self._aside[model] = (epoch, kept)  # drop the entries newer ones stand for
 
     def busy_names(self, model: str, instances: InstanceBook, now: float):
         """The names of `instances` with a positive window sum for `model` at `now`: those for

@@ -91,6 +91,7 @@ class _Search:
         "cheapest",
         "retired",
         "_gain",
+        "_positions",
     )
 
     def __init__(
@@ -103,7 +104,9 @@ class _Search:
         insts: list[InstanceState],
     ) -> None:
         self.cost, self.plan, self.every, self.demand, self.now = cost, plan, every, demand, now
-        self.members = set(insts)
+        # the eligible list the book keeps comes with its index (no set built per call)
+        self._positions = every.positions(plan.call.model, insts)
+        self.members: set | dict = self._positions if self._positions is not None else set(insts)
         self.scored: dict[InstanceState, CandidateCost] = {}  # few
         self.best: CandidateCost | None = None
         self.cheapest: CandidateCost | None = None  # feasible or not
@@ -128,7 +131,8 @@ class _Search:
             inst = every.get(rec.instance)
             if inst in members and rec.at > cost.row(inst, model, plan.profile)[TAKEN_AT]:  # type: ignore[arg-type]
                 special.append(inst)
-        special += members.difference(order.insts)  # none while the order is in step
+        if self._positions is None:  # the book's eligible list is in the order (in step)
+            special += members.difference(order.insts)  # none while the order is in step
         for inst in special:
             if inst in members and inst not in self.scored:
                 self.score(inst)  # type: ignore[arg-type]
@@ -211,28 +215,36 @@ class _Search:
             gain = cost.gain_facts(plan, every, self.demand, self.now)
         # NOTE: what an explanation holds outlives the call and so brings the next GC pass
         # nearer: one list (candidates, and the facts of the skipped), the books it needs
+        entries, weighed = self._entries(insts)
         lazy = LazyCandidates(
             cost,
             plan,
-            self._entries(insts),
+            entries,
             leases,
             counts,
             placed.held_kept(model) if now is not None else None,
             placed.held_busy() if now is not None else None,
             model_work if retiring else None,
             gain,
+            weighed,
         )
         return Ranking(self.best, lazy, cheapest, self._retired())
 
-    def _entries(self, insts: list[InstanceState]) -> list:
-        """Per instance its candidate, or where it was skipped its facts (in `insts` order)."""
+    def _entries(self, insts: list[InstanceState]) -> tuple[list, tuple | None]:
+        """Per instance its candidate, or where it was skipped its facts (in `insts` order); and
+        where few were scored, those in that order (None: found by reading the entries)."""
         scored = self.scored
         if 4 * len(scored) > len(insts):
-            return [scored[i] if i in scored else i.facts for i in insts]
+            return [scored[i] if i in scored else i.facts for i in insts], None
         entries = [i.facts for i in insts]
+        at = self._positions
+        places = []
         for inst, cand in scored.items():
-            entries[insts.index(inst)] = cand  # the list's own scan: few scored
-        return entries
+            place = insts.index(inst) if at is None else at[inst]  # few scored
+            entries[place] = cand
+            places.append(place)
+        places.sort()
+        return entries, tuple(map(entries.__getitem__, places))
 
     def _trim_read(self, members: set[InstanceState], resident) -> None:
         """Trim the windows of the model that scoring the skipped instances would read:
@@ -248,7 +260,9 @@ class _Search:
                 name in resident and _reads(inst, members, model)
             )
 
-        cost.placed.trim_due(model, self.plan.now, reads)  # type: ignore[arg-type]
+        # a hot instance is never read so (no slot added, not resident cold) until it leaves
+        # the hot pool
+        cost.placed.trim_due(model, self.plan.now, reads, every.hot(), every.left_hot)  # type: ignore[arg-type]
 
     def _absent_skipped(self, members: set[InstanceState]) -> bool:
         """A skipped instance needs a fresh replica: the model is absent there."""
