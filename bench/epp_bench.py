@@ -36,7 +36,7 @@ from talariad.epp.config import PICKER_KNOBS
 from talariad.epp.contract import EPPRequest, Pick
 from talariad.epp.poller import BoxPoller
 from talariad.gateway.pool import box_target
-from talariad.gc_tuning import settle_gc
+from talariad.gc_tuning import FREEZE_CHECK_S, SurvivorFreezer, settle_gc
 from talariad.router import Router, RouterKnobs
 from talariad.router.snapshot import router_snapshot
 from talariad.types import KVLocation, KVState
@@ -519,6 +519,11 @@ class PickerPool:
         # the router as the picker runs it (a session's home, the candidate set)
         self.picker = BoxPicker(Router(RouterKnobs(**PICKER_KNOBS), {}))
         settle_gc()  # as `talariad epp` does once started: the live sessions come after it
+        # and its task, every FREEZE_CHECK_S of real time as there (not of the picker's clock:
+        # the burst's second of it takes the picker many)
+        self.freezer = SurvivorFreezer()
+        self.checked = time.perf_counter()
+        self.freeze_times: list[float] = []  # seconds each check that froze took
         self.boxes = [SyntheticBox(b, rng.uniform(0.1, 1.0)) for b in range(boxes)]
         self.by_address = {box.address: box for box in self.boxes}
         self.polled = -1.0
@@ -535,6 +540,11 @@ class PickerPool:
                 started = time.perf_counter()
                 box.poll(self.picker, now)
                 self.poll_times.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        if started - self.checked >= FREEZE_CHECK_S:
+            self.checked = started
+            if self.freezer.check():
+                self.freeze_times.append(time.perf_counter() - started)
         req = _request(call_id, sid, messages)
         started = time.perf_counter()
         pick = self.picker.pick(req, now)
@@ -589,6 +599,10 @@ class PickerPool:
             "max_pick_us": round(max(picks) * 1e6, 1),
             "max_box_install_us": round(max(self.poll_times) * 1e6, 1),
             "max_gc_pass_us": {str(g): round(t * 1e6, 1) for g, t in sorted(passes.items())},
+            # the freezes of `talariad epp`'s task (gc_tuning.SurvivorFreezer), warm-up included:
+            # its loop's time too, off the timed picks
+            "freezes": len(self.freeze_times),
+            "max_freeze_us": round(max(self.freeze_times, default=0.0) * 1e6, 1),
         }
         return at + 2 * self.tau_s, burst
 

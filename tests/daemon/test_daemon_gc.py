@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import gc
+import sys
 
-from talariad.gc_tuning import GC_GEN0_THRESHOLD, settle_gc
+from talariad.gc_tuning import GC_GEN0_THRESHOLD, SurvivorFreezer, settle_gc
 
 
 def test_settle_gc_freezes_start_up_objects_and_spaces_young_passes():
@@ -16,3 +17,21 @@ def test_settle_gc_freezes_start_up_objects_and_spaces_young_passes():
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_the_survivor_freezer_freezes_only_after_the_process_has_grown():
+    freezer = SurvivorFreezer(growth_blocks=50_000)
+    try:
+        gc.unfreeze()
+        assert not freezer.check()  # nothing grew
+        assert gc.get_freeze_count() == 0
+        held = [[i] for i in range(60_000)]  # a burst's state: tens of thousands of blocks
+        assert freezer.check()
+        assert freezer.freezes == 1 and gc.get_freeze_count() >= len(held)
+        assert not freezer.check()  # counted from the freeze: no growth since
+        grown = sys.getallocatedblocks()
+        del held[:]
+        assert not freezer.check()  # shrunk: growth now counts from the smaller size
+        assert freezer.base < grown - 30_000
+    finally:
+        gc.unfreeze()
