@@ -138,25 +138,29 @@ def _plain_anthropic(m: Any, names: dict[str, str], out: list[dict]) -> bool:
     for b in content:
         if type(b) is not dict or type(kind := b.get("type")) is not str:
             return False
-        if not all(_optional_str(b.get(k)) for k in ("text", "id", "name", "tool_use_id")):
-            return False
-        inner = b.get("content")
-        if not (_optional_str(inner) or (type(inner) is list and _all_dicts(inner))):
+        said, use, inner = b.get("text"), b.get("tool_use_id"), b.get("content")
+        call_id, name = b.get("id"), b.get("name")
+        if (
+            (said is not None and type(said) is not str)
+            or (use is not None and type(use) is not str)
+            or (call_id is not None and type(call_id) is not str)
+            or (name is not None and type(name) is not str)
+            or not (_optional_str(inner) or (type(inner) is list and _all_dicts(inner)))
+        ):
             return False
         if kind == "tool_result":
-            use = b.get("tool_use_id")
             flat = _flat_result(inner)
             out.append(
                 {"role": "tool", "content": flat, "tool_call_id": use, "name": names.get(use or "")}
             )
         elif kind == "text":
-            text.append(b.get("text") or "")
+            text.append(said or "")
         elif kind == "tool_use":
             args = b.get("input")
             calls.append(
                 ToolCall(
-                    id=b.get("id") or "",
-                    name=b.get("name") or "",
+                    id=call_id or "",
+                    name=name or "",
                     arguments=args if isinstance(args, (dict, str)) else {},
                 )
             )
