@@ -86,7 +86,9 @@ def _plain_chat(m: Any, names: dict[str, str], out: list[dict]) -> bool:
         return False
     role = _CHAT_ROLES[m["role"]]
     call_id, name = m.get("tool_call_id"), m.get("name")
-    if not _optional_str(call_id) or not _optional_str(name):
+    if (call_id is not None and type(call_id) is not str) or (
+        name is not None and type(name) is not str
+    ):
         return False
     turn = {"role": role, "content": content, "tool_call_id": call_id}
     turn["name"] = name if role == "tool" else None
