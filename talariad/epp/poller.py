@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
 import aiohttp
 
-from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
+from talariad.wire.box import AGE_HEADER, SNAPSHOT_PATH, BoxSnapshot
 
 log = logging.getLogger("talariad.epp")
 
@@ -28,6 +29,10 @@ class BoxFeed(Protocol):
     def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> bool: ...
 
     def since(self, name: str) -> int | None: ...
+
+    def etag(self, name: str) -> str | None: ...
+
+    def box_same(self, name: str, age_s: float, now: float) -> bool: ...
 
     def box_lost(self, name: str, now: float) -> None: ...
 
@@ -99,12 +104,15 @@ class BoxPoller:
             await asyncio.sleep(self.interval_s)
 
     async def poll(self, name: str, endpoint: str) -> bool:
-        """One poll of one box; True when it answered with a snapshot. Sessions come as changes
-        since the view the picker holds (`?since=`); a box that cannot send them (a restart, a
-        token too old) sends them whole."""
+        """One poll of one box; True when it answered with a snapshot, or that the one held
+        stands. Sessions come as changes since the view the picker holds (`?since=`); a box that
+        cannot send them (a restart, a token too old) sends them whole. The poll is conditional
+        on the snapshot held (`If-None-Match`): a box whose state says the same answers `304`
+        with its age only, which neither end serializes or parses."""
         since = self.feed.since(name)
+        etag = None if since is None else self.feed.etag(name)
         try:
-            snap = await self._fetch(endpoint, since)
+            snap = await self._fetch(endpoint, since, etag)
         except aiohttp.ClientConnectorError as err:
             log.debug("box %s (%s) refused: %s", name, endpoint, err)
             self.feed.box_lost(name, self.clock())
@@ -117,16 +125,27 @@ class BoxPoller:
                 self.feed.box_lost(name, now)
             return False
         now = self.clock()
+        if isinstance(snap, float):
+            if not self.feed.box_same(name, snap, now):  # the target held was let go since
+                return await self.poll(name, endpoint)  # whole, once: nothing held to name
+            self.last_ok[name] = now
+            return True
         if not self.feed.box_seen(name, endpoint, snap, now):
             # changes to a view the picker lost (a daemon never sends them): ask for it whole
             return since is not None and await self.poll(name, endpoint)  # once
         self.last_ok[name] = now
         return True
 
-    async def _fetch(self, endpoint: str, since: int | None) -> BoxSnapshot:
+    async def _fetch(
+        self, endpoint: str, since: int | None, etag: str | None
+    ) -> BoxSnapshot | float:
+        """The box's snapshot, or its target's age when the one `etag` names stands (`304`)."""
         params = {} if since is None else {"since": str(since)}
+        headers = None if etag is None else {"if-none-match": etag}
         url = f"http://{endpoint}{SNAPSHOT_PATH}"
-        async with self._client().get(url, params=params) as r:
+        async with self._client().get(url, params=params, headers=headers) as r:
+            if r.status == 304:
+                return _not_modified_age(r.headers.get(AGE_HEADER), etag)
             r.raise_for_status()
             body = await r.read()
         return BoxSnapshot.model_validate_json(body)
@@ -142,3 +161,12 @@ class BoxPoller:
                 connector=connector, timeout=self._timeout, headers=self._headers
             )
         return self._session
+
+
+def _not_modified_age(header: str | None, etag: str | None) -> float:
+    """The target's age a `304` says; ValueError (no answer) when it is no age, or the poll named
+    no snapshot to keep."""
+    age = float(header or "nan")
+    if etag is None or not (math.isfinite(age) and age >= 0):
+        raise ValueError(f"a 304 with no snapshot to keep or no age ({AGE_HEADER}: {header})")
+    return age

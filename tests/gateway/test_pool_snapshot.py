@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from talariad.admin.client import AdminClient
-from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
+from talariad.wire.box import AGE_HEADER, SNAPSHOT_PATH, BoxSnapshot
 from tests.support.daemon import start_daemon, stop_daemon
 
 TOKEN = "pool-secret-1"
@@ -196,3 +196,32 @@ def test_merged_changes_equal_a_fresh_whole_view(box):
         assert time.monotonic() < deadline, (held, fresh)
         time.sleep(0.2)
     assert {"delta-m0", "delta-m1", "delta-m2"} <= {k[0].split("~")[0] for k in held}
+
+
+# --- conditional polls (`If-None-Match`) ----------------------------------------------------
+def _if_changed(box, held: BoxSnapshot) -> httpx.Response:
+    """A poll that names the snapshot `held` (its etag and session view)."""
+    headers = {**AUTH, "if-none-match": held.etag or ""}
+    params = {"since": held.sessions_epoch}
+    return httpx.get(box.endpoint + SNAPSHOT_PATH, headers=headers, params=params, timeout=5)
+
+
+def test_a_quiet_box_answers_a_conditional_poll_with_its_age_only(box):
+    held = _whole_until(box, lambda s: _all_live(box, s))
+    assert held.etag
+    deadline = time.monotonic() + 20
+    while (r := _if_changed(box, held)).status_code != 304:  # until the box is quiet
+        assert r.status_code == 200 and time.monotonic() < deadline, r.text
+        held = BoxSnapshot.model_validate_json(r.content)
+        assert r.headers["etag"] == held.etag
+        time.sleep(0.1)
+    assert r.content == b"" and r.headers["etag"] == held.etag
+    assert 0 <= float(r.headers[AGE_HEADER]) < 2.0  # its instances heard from lately
+    _call(box, "cond-a")
+    deadline = time.monotonic() + 20
+    while (r := _if_changed(box, held)).status_code == 304:  # until the call reaches the view
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    changed = BoxSnapshot.model_validate_json(r.content)
+    assert r.status_code == 200 and changed.etag != held.etag
+    assert changed.target.sessions_base == held.sessions_epoch and "cond-a" in _ids(changed)
