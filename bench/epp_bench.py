@@ -398,60 +398,161 @@ def throughput(pool: devpool.LocalPool, gateway: str, seconds: float, concurrenc
 
 # --- polling: the EPP's CPU per box poll ----------------------------------------------------------
 
+BUSY_CHANGES_PER_S = 4.0
+"""How often a busy box's snapshot changes: its daemon reads its instances' telemetry every
+250 ms (`policy.telemetry_interval_s`); an idle box's says the same for as long as it idles."""
+BUSY_SHARE = 0.5
+"""The share of the pool's boxes taken as busy for `core_fraction` (the rest idle)."""
+
 
 def poll_cost(polls: int) -> dict:
-    """CPU (this process) per poll of one sim box: the EPP's poller (`BoxPoller.poll`: fetch,
-    parse, merge, install), beside the bare GET through httpx, the client the poller had before,
-    in one run. At 256 boxes polled ten times a second this is what the picker's loop pays."""
+    """CPU per poll of one sim box, with real HTTP, arms interleaved: the EPP's poller polling
+    the idle box as it does (`BoxPoller.poll`, conditional: answered `304`, the target held
+    kept), a poll answered in full and installed (a changed box: its held etag and basis
+    dropped first), the poll as it was before polls were conditional (answered in full, the
+    same basis, not installed), and a bare httpx GET; the box daemon's CPU per poll answered
+    `304` and in full (blocks, less its idle CPU). Then the core fraction the picker's polling
+    takes at 256 and 1,000 boxes, extrapolated from these (not run with that many boxes)."""
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-"))
     pool = devpool.LocalPool(workdir)
     (workdir / devpool.TOKEN_FILE).write_text(secrets.token_urlsafe(32) + "\n")
     try:
         box = devpool.start_box(pool, 0)
         token = (workdir / devpool.TOKEN_FILE).read_text().strip()
-        return asyncio.run(_poll_cost(box, token, polls))
+        return asyncio.run(_poll_cost(box, pool.procs["box0"].proc.pid, token, polls))
     finally:
         pool.stop()
 
 
-async def _poll_cost(box: str, token: str, polls: int) -> dict:
-    poller = BoxPoller(BoxPicker(Router(RouterKnobs(), {})), token)
+class _CountingPicker(BoxPicker):
+    """The picker, counting the polls answered `304` (`box_same`) and in full (`box_seen`)."""
+
+    def __init__(self) -> None:
+        super().__init__(Router(RouterKnobs(), {}))
+        self.same = self.seen = 0
+
+    def box_same(self, name: str, age_s: float, now: float) -> bool:
+        self.same += 1
+        return super().box_same(name, age_s, now)
+
+    def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> bool:
+        self.seen += 1
+        return super().box_seen(name, endpoint, snap, now)
+
+    def changed(self, name: str) -> None:
+        """Its next poll of `name` is answered in full and installed, as a changed box's is."""
+        held = self._held[name]
+        held.etag, held.basis = None, []
+
+    def unconditional(self, name: str) -> None:
+        """Its next poll of `name` is answered in full, as before polls were conditional."""
+        self._held[name].etag = None
+
+
+async def _poll_cost(box: str, box_pid: int, token: str, polls: int) -> dict:
+    picker = _CountingPicker()
+    poller = BoxPoller(picker, token)
     url, headers = f"http://{box}{SNAPSHOT_PATH}", {"authorization": f"Bearer {token}"}
     async with httpx.AsyncClient() as client:
 
         async def with_httpx() -> None:
             (await client.get(url, headers=headers)).raise_for_status()
 
-        async def with_poller() -> None:
+        async def polled(before=None) -> None:
+            if before is not None:
+                before("box0")
             assert await poller.poll("box0", box)
 
         try:
-            arms = {"poller": with_poller, "httpx_get": with_httpx}
+            await _until_quiet(poller, picker, box)
+            arms = {
+                "poller": polled,
+                "changed": lambda: polled(picker.changed),
+                "unconditional": lambda: polled(picker.unconditional),
+                "httpx_get": with_httpx,
+            }
             cpu = {name: 0.0 for name in arms}
+            same_before = picker.same
             for i in range(polls + 20):  # the first 20 warm up
                 for name, one in arms.items():
                     started = time.process_time()
                     await one()
                     if i >= 20:
                         cpu[name] += time.process_time() - started
+            # of the "poller" arm's polls, those answered 304 (the box stayed idle)
+            answered_304 = picker.same - same_before
+            box_cpu = await _box_cpu(poller, picker, box, box_pid, polls)
         finally:
             await poller.aclose()
     out = {f"{name}_cpu_ms": round(total / polls * 1e3, 3) for name, total in cpu.items()}
     out["polls"] = polls
-    # the picker's polling at pool scale, from the per-poll CPU above (one box's whole poll:
-    # fetch, parse, merge, install) at the default interval: extrapolated, not run with that
-    # many boxes
+    out["poller_answered_304"] = answered_304
+    out.update(box_cpu)
     interval = BoxPoller.__init__.__defaults__[0]  # type: ignore[index]
-    per_poll_s = cpu["poller"] / polls
     out["poll_interval_s"] = interval
+    # a busy box changes every 250 ms: that share of its polls is answered in full
+    busy = min(BUSY_CHANGES_PER_S * interval, 1.0)
+    share = BUSY_SHARE * busy
+    out["busy_box_changed_share"] = round(busy, 3)
+    out["changed_share"] = round(share, 3)
+    same_s, changed_s = cpu["poller"] / polls, cpu["changed"] / polls
     out["pool"] = [
         {
             "boxes": n,
             "polls_per_s": round(n / interval),
-            "core_fraction": round(per_poll_s * n / interval, 3),
+            "core_fraction": round(((1 - share) * same_s + share * changed_s) * n / interval, 3),
+            "core_fraction_idle": round(same_s * n / interval, 3),
+            "core_fraction_busy": round(((1 - busy) * same_s + busy * changed_s) * n / interval, 3),
+            "core_fraction_unconditional": round(cpu["unconditional"] / polls * n / interval, 3),
         }
         for n in (256, 1000)
     ]
+    return out
+
+
+async def _until_quiet(poller: BoxPoller, picker: _CountingPicker, box: str) -> None:
+    """Poll until the idle box answers `304` (its instances settled after the start)."""
+    deadline = time.monotonic() + 60
+    while picker.same == 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the idle box never answered a conditional poll with 304")
+        assert await poller.poll("box0", box)
+        await asyncio.sleep(0.1)
+
+
+async def _box_cpu(
+    poller: BoxPoller, picker: _CountingPicker, box: str, pid: int, polls: int
+) -> dict:
+    """The box daemon's CPU per poll answered `304` and in full: blocks of polls, each less the
+    daemon's idle CPU over as long (its own telemetry reads), measured before and after."""
+
+    async def idle(seconds: float) -> float:
+        cpu = _cpu_s(pid)
+        await asyncio.sleep(seconds)
+        return (_cpu_s(pid) - cpu) / seconds
+
+    async def block(before) -> tuple[float, float]:
+        cpu, wall = _cpu_s(pid), time.monotonic()
+        for _ in range(20):
+            if before is not None:
+                before("box0")
+            assert await poller.poll("box0", box)
+        return _cpu_s(pid) - cpu, time.monotonic() - wall
+
+    idle_rate = await idle(2.0)
+    totals = {"box_304": [0.0, 0.0], "box_full": [0.0, 0.0]}
+    for _ in range(max(polls // 20, 1)):
+        for name, before in (("box_304", None), ("box_full", picker.changed)):
+            cpu, wall = await block(before)
+            totals[name][0] += cpu
+            totals[name][1] += wall
+    idle_rate = (idle_rate + await idle(2.0)) / 2
+    n = max(polls // 20, 1) * 20
+    out = {
+        f"{name}_cpu_ms": round(max(cpu - idle_rate * wall, 0.0) / n * 1e3, 3)
+        for name, (cpu, wall) in totals.items()
+    }
+    out["box_idle_cpu_fraction"] = round(idle_rate, 4)
     return out
 
 

@@ -169,14 +169,16 @@ class BoxPicker:
     def box_same(self, name: str, age_s: float, now: float) -> bool:
         """A box answered that its snapshot still says what the one held does (`304`: the
         `etag` matched) but its age: it is fresh; the target installed stands, installed again,
-        taken `age_s` before `now`, before it goes stale (as `box_seen` renews an idle box's).
+        taken `age_s` before `now`, before it goes stale (as `box_seen` renews an idle box's;
+        sooner: an unchanged box answers only every `poll_hold_s` and `poll_interval_s`, at most
+        half the staleness bound, and its instances' age varies by their telemetry period).
         False, and nothing done, when no target is held (ask for the snapshot whole)."""
         held = self._held.get(name)
         if held is None:
             return False
         self._seen_at[name] = now
         taken = now - age_s
-        if taken - held.taken >= self.router.knobs.staleness_s / 2:
+        if taken - held.taken >= self.router.knobs.staleness_s / 4:
             self._versions[name] = version = self._versions.get(name, 0) + 1
             # the same target and view, taken later: no session changed
             box = dataclasses.replace(

@@ -127,6 +127,11 @@ class EPPConfig(_Strict):
     poll_interval_s: float = Field(default=0.1, gt=0)
     stale_after_s: float = Field(default=2.0, gt=0)
     """A box not answering for this long takes no new calls (nor lease returns)."""
+    poll_hold_s: float = Field(default=0.5, ge=0)
+    """How long a box holds a poll while its snapshot says the same as the one the picker holds
+    (answered at once when it changes): an idle box is asked about twice a second, a busy one
+    as often as it changes. 0: every `poll_interval_s`. Cut to what keeps an unchanged box heard
+    from every half `stale_after_s` (with `poll_interval_s`)."""
     failure_mode: FailureMode = FAILURE_MODE
     """What Envoy does when no picker answers; the gateway's config enforces it (its ext_proc
     filter, and its EPP cluster's health check). The picker warns, once, when the Envoy config

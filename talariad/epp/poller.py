@@ -50,16 +50,23 @@ class BoxPoller:
         token: str,
         interval_s: float = 0.1,
         stale_after_s: float = 2.0,
+        hold_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.feed, self.interval_s, self.stale_after_s, self.clock = (
+        """`hold_s`: how long a box may hold a conditional poll while nothing changes there
+        (`?wait=`; 0: answered at once), cut so that an unchanged box is heard from at least
+        every half `stale_after_s` (`BoxPicker.box_same` renews its target by then)."""
+        hold_s = min(hold_s, max(stale_after_s / 2 - interval_s, 0.0))
+        self.feed, self.interval_s, self.stale_after_s, self.hold_s, self.clock = (
             feed,
             interval_s,
             stale_after_s,
+            hold_s,
             clock,
         )
         self._headers = {"authorization": f"Bearer {token}"}
         self._timeout = aiohttp.ClientTimeout(total=min(stale_after_s, 1.0))
+        self._held_timeout = aiohttp.ClientTimeout(total=hold_s + min(stale_after_s, 1.0))
         self._session: aiohttp.ClientSession | None = None  # made on the loop, at first use
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}
         self.last_ok: dict[str, float] = {}
@@ -107,8 +114,9 @@ class BoxPoller:
         """One poll of one box; True when it answered with a snapshot, or that the one held
         stands. Sessions come as changes since the view the picker holds (`?since=`); a box that
         cannot send them (a restart, a token too old) sends them whole. The poll is conditional
-        on the snapshot held (`If-None-Match`): a box whose state says the same answers `304`
-        with its age only, which neither end serializes or parses."""
+        on the snapshot held (`If-None-Match`): a box whose state says the same holds it up to
+        `hold_s` (answered as soon as that changes), then answers `304` with its age only, which
+        neither end serializes or parses."""
         since = self.feed.since(name)
         etag = None if since is None else self.feed.etag(name)
         try:
@@ -141,9 +149,15 @@ class BoxPoller:
     ) -> BoxSnapshot | float:
         """The box's snapshot, or its target's age when the one `etag` names stands (`304`)."""
         params = {} if since is None else {"since": str(since)}
-        headers = None if etag is None else {"if-none-match": etag}
+        headers, timeout = None, self._timeout
+        if etag is not None:  # held by the box while what it would send is the same
+            headers, params["wait"], timeout = (
+                {"if-none-match": etag},
+                str(self.hold_s),
+                self._held_timeout,
+            )
         url = f"http://{endpoint}{SNAPSHOT_PATH}"
-        async with self._client().get(url, params=params, headers=headers) as r:
+        async with self._client().get(url, params=params, headers=headers, timeout=timeout) as r:
             if r.status == 304:
                 return _not_modified_age(r.headers.get(AGE_HEADER), etag)
             r.raise_for_status()

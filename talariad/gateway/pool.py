@@ -6,6 +6,7 @@ Design: docs/pool.md."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import random
@@ -145,6 +146,34 @@ class PoolEndpoint:
         self._cut_at: int | None = None  # the last token whose view was cut
         self._live: frozenset[str] = frozenset()  # the live instances of the last snapshot
         self._etag: tuple[tuple, str] | None = None  # (the state it was computed at, the etag)
+        self._news: asyncio.Event | None = None  # set at the next telemetry merged (held polls)
+
+    def merged(self, keys: list[Key] | None) -> None:
+        """An instance's telemetry was merged (`RouterShell.merged`; `keys`: the pairs it
+        changed, None: any): logged, and the polls held wake to look."""
+        self.log.record(keys)
+        if self._news is not None:
+            self._news.set()
+            self._news = None
+
+    async def answer_held(
+        self, gw: Gateway, since: int | None, etag: str | None, wait_s: float
+    ) -> BoxSnapshot | float:
+        """`answer`, held up to `wait_s` while it is only the age: answered as soon as an
+        instance's telemetry changes what it says, else the age at the end. (Instances going out
+        of service with no telemetry merged are seen at the hold's end.)"""
+        got = self.answer(gw, gw.clock(), since, etag)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + wait_s
+        while isinstance(got, float) and (left := end - loop.time()) > 0:
+            if self._news is None:
+                self._news = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._news.wait(), left)
+            except TimeoutError:
+                pass
+            got = self.answer(gw, gw.clock(), since, etag)
+        return got
 
     def authorize(self, header: str | None) -> None:
         """Raise the API's 404 when no token is configured, 401 when `header` lacks it."""

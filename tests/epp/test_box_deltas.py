@@ -8,6 +8,7 @@ installs with O(changes) work."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from types import SimpleNamespace
 
@@ -35,7 +36,7 @@ class FakeDaemon:
         self.shell = RouterShell(Router(RouterKnobs(), {}))
         self.pool = PoolEndpoint("t", max_sessions)
         self.pool.log = SessionLog(max_changes)
-        self.shell.merged = self.pool.log.record
+        self.shell.merged = self.pool.merged
         self.rows = {n: {} for n in INSTANCES}
         self.deltas = {n: SessionDeltas() for n in INSTANCES}
         self.since: dict[str, int | None] = dict.fromkeys(INSTANCES)
@@ -48,6 +49,7 @@ class FakeDaemon:
             directory=SimpleNamespace(snapshot=self.latest.get, age_s=lambda name, now: 0.0),
             cfg=SimpleNamespace(models=[], instances=[SimpleNamespace(name=n) for n in INSTANCES]),
             ready=lambda name: name not in self.down,
+            clock=lambda: 0.0,
         )
 
     def telemetry(self, name: str, lost: bool) -> None:
@@ -263,7 +265,7 @@ def test_an_unchanged_box_answers_with_its_age_only_and_stays_fresh():
         answers.append(_seen(picker, box, now, box_now=box.version))
         assert picker.healthy_boxes(now) == ["box"], now
     assert set(answers) == {"same"}
-    assert 4 <= picker._versions["box"] <= 11  # renewed every half staleness bound, no more
+    assert 10 <= picker._versions["box"] <= 21  # renewed every quarter staleness bound, no more
     installed = picker.router._instances.get("box").snapshot
     assert installed.sessions == {A: installed.sessions[A]} and installed.taken_at > 9.0
     picker.router.check_integrity()
@@ -319,3 +321,31 @@ def test_an_etag_names_the_whole_state_a_picker_holds():
     loaded = box.answer(later.sessions_epoch, later.etag)
     assert isinstance(loaded, BoxSnapshot) and loaded.target.kv_occupancy == 0.5
     assert loaded.target.sessions == [] and loaded.sessions_epoch == later.sessions_epoch
+
+
+def test_a_held_poll_is_answered_when_the_box_changes_and_not_before():
+    box = FakeDaemon(100, 100)
+    box.telemetry("i0", lost=False)
+    first = box.answer(None, None)
+    assert isinstance(first, BoxSnapshot)
+
+    async def run() -> BoxSnapshot | float:
+        held = asyncio.create_task(
+            box.pool.answer_held(box.gw, first.sessions_epoch, first.etag, 60.0)
+        )
+        for _ in range(5):
+            await asyncio.sleep(0)
+        box.telemetry("i0", lost=False)  # a new reply that says the same: held on
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not held.done()
+        box.rows["i0"][A] = (DEVICE, 2)
+        box.telemetry("i0", lost=False)
+        return await asyncio.wait_for(held, 10)
+
+    got = asyncio.run(run())
+    assert isinstance(got, BoxSnapshot) and got.etag != first.etag
+    assert [s.session_id for s in got.target.sessions] == ["a"]
+    # nothing changes: the hold ends with the age
+    again = asyncio.run(box.pool.answer_held(box.gw, got.sessions_epoch, got.etag, 0.01))
+    assert isinstance(again, float)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -199,11 +200,27 @@ def test_merged_changes_equal_a_fresh_whole_view(box):
 
 
 # --- conditional polls (`If-None-Match`) ----------------------------------------------------
+def _conditional(held: BoxSnapshot, wait: float = 0.0) -> dict:
+    """A poll that names the snapshot `held` (its etag and session view), held `wait` s."""
+    return {
+        "headers": {**AUTH, "if-none-match": held.etag or ""},
+        "params": {"since": held.sessions_epoch, "wait": wait},
+    }
+
+
 def _if_changed(box, held: BoxSnapshot) -> httpx.Response:
-    """A poll that names the snapshot `held` (its etag and session view)."""
-    headers = {**AUTH, "if-none-match": held.etag or ""}
-    params = {"since": held.sessions_epoch}
-    return httpx.get(box.endpoint + SNAPSHOT_PATH, headers=headers, params=params, timeout=5)
+    return httpx.get(box.endpoint + SNAPSHOT_PATH, timeout=5, **_conditional(held))
+
+
+def _quiet(box) -> BoxSnapshot:
+    """A snapshot a conditional poll is answered `304` for (the box idle)."""
+    held = _whole_until(box, lambda s: _all_live(box, s))
+    deadline = time.monotonic() + 20
+    while (r := _if_changed(box, held)).status_code != 304:
+        assert r.status_code == 200 and time.monotonic() < deadline, r.text
+        held = BoxSnapshot.model_validate_json(r.content)
+        time.sleep(0.1)
+    return held
 
 
 def test_a_quiet_box_answers_a_conditional_poll_with_its_age_only(box):
@@ -225,3 +242,32 @@ def test_a_quiet_box_answers_a_conditional_poll_with_its_age_only(box):
     changed = BoxSnapshot.model_validate_json(r.content)
     assert r.status_code == 200 and changed.etag != held.etag
     assert changed.target.sessions_base == held.sessions_epoch and "cond-a" in _ids(changed)
+
+
+def test_a_held_poll_is_answered_as_soon_as_the_box_changes(box):
+    """Held up to the box's most (5 s) and given 4 s: answered by the change, not the hold's end."""
+    held = _quiet(box)
+
+    async def run() -> BoxSnapshot:
+        nonlocal held
+        async with httpx.AsyncClient(base_url=box.endpoint, timeout=4) as client:
+            waiting = asyncio.create_task(client.get(SNAPSHOT_PATH, **_conditional(held, 30)))
+            r = await client.post(
+                "/v1/chat/completions",
+                json={"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"x-session-id": "held-a"},
+            )
+            assert r.status_code == 200
+            deadline = time.monotonic() + 20
+            while True:  # any other change first is answered at once too; held again
+                r = await waiting
+                assert r.status_code == 200, r.status_code
+                changed = BoxSnapshot.model_validate_json(r.content)
+                if "held-a" in _ids(changed):
+                    return changed
+                assert time.monotonic() < deadline
+                held = changed
+                waiting = asyncio.create_task(client.get(SNAPSHOT_PATH, **_conditional(held, 30)))
+
+    changed = asyncio.run(run())
+    assert changed.target.sessions_base is not None and changed.etag != held.etag
