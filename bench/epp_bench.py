@@ -4,7 +4,8 @@ path (`envoy_epp_*`), a lease return placed at its request headers (`envoy_epp_l
 session through the same config (`envoy_epp_new_*`), beside their floors, Envoy + a server that
 picks nothing (`null_ext_proc.py`: `envoy_null_none`, `envoy_null_lease_none`); the picker's CPU
 per call through Envoy with 70 KB agent bodies (`picker_cpu_ms_per_call`) and the calls/s it
-sustains with them; the EPP's CPU per box poll (its poller beside a bare httpx GET); and the EPP's
+sustains with them; the EPP's CPU per box poll (answered 304, in full, as before conditional
+polls, beside a bare httpx GET) and its poll loop's over 256 boxes, idle and busy; and the EPP's
 decision time at 16, 64 and 256 boxes with 100k live sessions (the picker in-process, fed
 synthetic box snapshots).
 
@@ -28,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 from talaria_pool import devpool, envoy
@@ -403,25 +405,94 @@ BUSY_CHANGES_PER_S = 4.0
 250 ms (`policy.telemetry_interval_s`); an idle box's says the same for as long as it idles."""
 BUSY_SHARE = 0.5
 """The share of the pool's boxes taken as busy for `core_fraction` (the rest idle)."""
+LOOP_S = 10.0
+"""Seconds the picker's poll loop runs against the idle box, and against the busy one."""
+LOOP_BOXES = 256
+"""Boxes the poll loop polls: the one box under this many names."""
+
+_BUSY_DRIVER = """
+import sys, time, httpx
+url, model, end = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}
+with httpx.Client(timeout=30) as c:
+    i = 0
+    while time.monotonic() < end:  # a new session every 100 ms: its view changes every read
+        c.post(url, json=body, headers={"x-session-id": f"busy-{i}"})
+        i += 1
+        time.sleep(0.1)
+"""
+"""Calls a busy box takes (a process of its own: its CPU is not the picker's)."""
 
 
 def poll_cost(polls: int) -> dict:
-    """CPU per poll of one sim box, with real HTTP, arms interleaved: the EPP's poller polling
-    the idle box as it does (`BoxPoller.poll`, conditional: answered `304`, the target held
-    kept), a poll answered in full and installed (a changed box: its held etag and basis
-    dropped first), the poll as it was before polls were conditional (answered in full, the
-    same basis, not installed), and a bare httpx GET; the box daemon's CPU per poll answered
-    `304` and in full (blocks, less its idle CPU). Then the core fraction the picker's polling
-    takes at 256 and 1,000 boxes, extrapolated from these (not run with that many boxes)."""
+    """The picker's polling CPU, with real HTTP against one sim box. Per poll, arms interleaved
+    (`hold_s` 0: answered at once): the poller polling the idle box (conditional: answered
+    `304`, the target held kept), a poll answered in full and installed (a changed box: its held
+    etag and basis dropped first), the poll as it was before polls were conditional (answered
+    in full, the same basis, not installed), and a bare httpx GET; the box daemon's CPU per poll
+    answered `304` and in full. Then the poll loop as it runs (`poll_interval_s`,
+    `poll_hold_s`) for `LOOP_S` against the idle box and against the box kept busy: its CPU
+    and answers per second per box. The core fraction at 256 and 1,000 boxes is extrapolated
+    from those (not run with that many boxes)."""
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-"))
     pool = devpool.LocalPool(workdir)
     (workdir / devpool.TOKEN_FILE).write_text(secrets.token_urlsafe(32) + "\n")
     try:
         box = devpool.start_box(pool, 0)
         token = (workdir / devpool.TOKEN_FILE).read_text().strip()
-        return asyncio.run(_poll_cost(box, pool.procs["box0"].proc.pid, token, polls))
+        out = asyncio.run(_poll_cost(box, pool.procs["box0"].proc.pid, token, polls))
+        out["idle_loop"] = asyncio.run(_loop_cpu(box, token))
+        argv = [sys.executable, "-c", _BUSY_DRIVER, f"http://{box}/v1/chat/completions"]
+        driver = pool.spawn("busy", [*argv, MODEL, str(LOOP_S + 4)], workdir)
+        try:
+            out["busy_loop"] = asyncio.run(_loop_cpu(box, token))
+        finally:
+            driver.proc.kill()
+            driver.proc.wait()
+        return _at_scale(out, polls)
     finally:
         pool.stop()
+
+
+def _at_scale(out: dict, polls: int) -> dict:
+    """The pool-scale figures: `core_fraction` for `BUSY_SHARE` of the boxes busy (their loop's
+    CPU per second as measured), beside all idle, all busy, polled every `poll_interval_s`
+    unheld (a busy box's polls changed at `BUSY_CHANGES_PER_S`), and as before conditional
+    polls (every poll answered in full)."""
+    interval = BoxPoller.__init__.__defaults__[0]  # type: ignore[index]
+    out["poll_interval_s"] = interval
+    out["poll_hold_s"] = BoxPoller.__init__.__defaults__[2]  # type: ignore[index]
+    idle, busy = (
+        {k: v / LOOP_BOXES for k, v in out[loop].items() if k != "boxes"}
+        for loop in ("idle_loop", "busy_loop")
+    )
+    unheld_busy = min(BUSY_CHANGES_PER_S * interval, 1.0)  # share of a busy box's polls changed
+    same_s, changed_s = out["poller_cpu_ms"] / 1e3, out["changed_cpu_ms"] / 1e3
+    per_box = {
+        "idle": idle["cpu_fraction"],
+        "busy": busy["cpu_fraction"],
+        "unheld": (1 - BUSY_SHARE) * same_s / interval
+        + BUSY_SHARE * ((1 - unheld_busy) * same_s + unheld_busy * changed_s) / interval,
+        "unconditional": out["unconditional_cpu_ms"] / 1e3 / interval,
+    }
+    mix = (1 - BUSY_SHARE) * per_box["idle"] + BUSY_SHARE * per_box["busy"]
+    polls_per_box = (1 - BUSY_SHARE) * idle["answers_per_s"] + BUSY_SHARE * busy["answers_per_s"]
+    out["busy_share"] = BUSY_SHARE
+    out["changed_share"] = round(
+        BUSY_SHARE * busy["changed_per_s"] / max(polls_per_box, 1e-9)
+        + (1 - BUSY_SHARE) * idle["changed_per_s"] / max(polls_per_box, 1e-9),
+        3,
+    )
+    out["pool"] = [
+        {
+            "boxes": n,
+            "polls_per_s": round(n * polls_per_box),
+            "core_fraction": round(mix * n, 3),
+            **{f"core_fraction_{k}": round(v * n, 3) for k, v in per_box.items()},
+        }
+        for n in (256, 1000)
+    ]
+    return out
 
 
 class _CountingPicker(BoxPicker):
@@ -449,9 +520,47 @@ class _CountingPicker(BoxPicker):
         self._held[name].etag = None
 
 
+class _OneBoxPoller(BoxPoller):
+    """The poller, with no cap on connections to one address: the loop's boxes are one box
+    under many names (the picker keeps two connections per box, as to a box of its own)."""
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+                timeout=self._timeout,
+                headers=self._headers,
+            )
+        return self._session
+
+
+async def _loop_cpu(box: str, token: str) -> dict:
+    """The poll loop as it runs, on `LOOP_BOXES` boxes (the one box under as many names) for
+    `LOOP_S`: this process's CPU per second (nothing else runs in it), its answers per second and
+    those answered in full."""
+    picker = _CountingPicker()
+    poller = _OneBoxPoller(picker, token)
+    try:
+        poller.set_boxes({f"box{i}": box for i in range(LOOP_BOXES)})
+        await asyncio.sleep(3.0)  # the first, whole snapshots
+        answers, changed = picker.same + picker.seen, picker.seen
+        cpu, wall = time.process_time(), time.monotonic()
+        await asyncio.sleep(LOOP_S)
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        answers, changed = picker.same + picker.seen - answers, picker.seen - changed
+    finally:
+        await poller.aclose()
+    return {
+        "boxes": LOOP_BOXES,
+        "cpu_fraction": round(cpu / wall, 4),
+        "answers_per_s": round(answers / wall, 1),
+        "changed_per_s": round(changed / wall, 1),
+    }
+
+
 async def _poll_cost(box: str, box_pid: int, token: str, polls: int) -> dict:
     picker = _CountingPicker()
-    poller = BoxPoller(picker, token)
+    poller = BoxPoller(picker, token, hold_s=0.0)
     url, headers = f"http://{box}{SNAPSHOT_PATH}", {"authorization": f"Bearer {token}"}
     async with httpx.AsyncClient() as client:
 
@@ -488,25 +597,6 @@ async def _poll_cost(box: str, box_pid: int, token: str, polls: int) -> dict:
     out["polls"] = polls
     out["poller_answered_304"] = answered_304
     out.update(box_cpu)
-    interval = BoxPoller.__init__.__defaults__[0]  # type: ignore[index]
-    out["poll_interval_s"] = interval
-    # a busy box changes every 250 ms: that share of its polls is answered in full
-    busy = min(BUSY_CHANGES_PER_S * interval, 1.0)
-    share = BUSY_SHARE * busy
-    out["busy_box_changed_share"] = round(busy, 3)
-    out["changed_share"] = round(share, 3)
-    same_s, changed_s = cpu["poller"] / polls, cpu["changed"] / polls
-    out["pool"] = [
-        {
-            "boxes": n,
-            "polls_per_s": round(n / interval),
-            "core_fraction": round(((1 - share) * same_s + share * changed_s) * n / interval, 3),
-            "core_fraction_idle": round(same_s * n / interval, 3),
-            "core_fraction_busy": round(((1 - busy) * same_s + busy * changed_s) * n / interval, 3),
-            "core_fraction_unconditional": round(cpu["unconditional"] / polls * n / interval, 3),
-        }
-        for n in (256, 1000)
-    ]
     return out
 
 
