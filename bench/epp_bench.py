@@ -463,7 +463,7 @@ def _at_scale(out: dict, polls: int) -> dict:
     out["poll_interval_s"] = interval
     out["poll_hold_s"] = BoxPoller.__init__.__defaults__[2]  # type: ignore[index]
     idle, busy = (
-        {k: v / LOOP_BOXES for k, v in out[loop].items() if k != "boxes"}
+        {k: v / LOOP_BOXES for k, v in out[loop].items() if not k.startswith(("boxes", "lag"))}
         for loop in ("idle_loop", "busy_loop")
     )
     unheld_busy = min(BUSY_CHANGES_PER_S * interval, 1.0)  # share of a busy box's polls changed
@@ -537,10 +537,12 @@ class _OneBoxPoller(BoxPoller):
 async def _loop_cpu(box: str, token: str) -> dict:
     """The poll loop as it runs, on `LOOP_BOXES` boxes (the one box under as many names) for
     `LOOP_S`: this process's CPU per second (nothing else runs in it), its answers per second and
-    those answered in full."""
+    those answered in full; then, as a pick on that loop would see it, how late a 10 ms timer
+    fires with the loop polling (`lag_*`) and with it not yet polling (`lag_unpolled_*`)."""
     picker = _CountingPicker()
     poller = _OneBoxPoller(picker, token)
     try:
+        unpolled = await _loop_lag(2.0)
         poller.set_boxes({f"box{i}": box for i in range(LOOP_BOXES)})
         await asyncio.sleep(3.0)  # the first, whole snapshots
         answers, changed = picker.same + picker.seen, picker.seen
@@ -548,6 +550,7 @@ async def _loop_cpu(box: str, token: str) -> dict:
         await asyncio.sleep(LOOP_S)
         cpu, wall = time.process_time() - cpu, time.monotonic() - wall
         answers, changed = picker.same + picker.seen - answers, picker.seen - changed
+        polled = await _loop_lag(3.0)
     finally:
         await poller.aclose()
     return {
@@ -555,7 +558,21 @@ async def _loop_cpu(box: str, token: str) -> dict:
         "cpu_fraction": round(cpu / wall, 4),
         "answers_per_s": round(answers / wall, 1),
         "changed_per_s": round(changed / wall, 1),
+        "lag_p50_ms": round(pct(polled, 0.5) * 1e3, 3),
+        "lag_p99_ms": round(pct(polled, 0.99) * 1e3, 3),
+        "lag_unpolled_p50_ms": round(pct(unpolled, 0.5) * 1e3, 3),
+        "lag_unpolled_p99_ms": round(pct(unpolled, 0.99) * 1e3, 3),
     }
+
+
+async def _loop_lag(seconds: float) -> list[float]:
+    """How late each of a run of 10 ms timers fired on this loop, for `seconds`."""
+    lags, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.perf_counter()
+        await asyncio.sleep(0.01)
+        lags.append(time.perf_counter() - started - 0.01)
+    return lags
 
 
 async def _poll_cost(box: str, box_pid: int, token: str, polls: int) -> dict:
