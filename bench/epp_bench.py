@@ -29,7 +29,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
 import httpx
 
 from talaria_pool import devpool, envoy
@@ -520,27 +519,13 @@ class _CountingPicker(BoxPicker):
         self._held[name].etag = None
 
 
-class _OneBoxPoller(BoxPoller):
-    """The poller, with no cap on connections to one address: the loop's boxes are one box
-    under many names (the picker keeps two connections per box, as to a box of its own)."""
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
-                timeout=self._timeout,
-                headers=self._headers,
-            )
-        return self._session
-
-
 async def _loop_cpu(box: str, token: str) -> dict:
     """The poll loop as it runs, on `LOOP_BOXES` boxes (the one box under as many names) for
     `LOOP_S`: this process's CPU per second (nothing else runs in it), its answers per second and
     those answered in full; then, as a pick on that loop would see it, how late a 10 ms timer
     fires with the loop polling (`lag_*`) and with it not yet polling (`lag_unpolled_*`)."""
     picker = _CountingPicker()
-    poller = _OneBoxPoller(picker, token)
+    poller = BoxPoller(picker, token)  # a connection per box name
     try:
         unpolled = await _loop_lag(2.0)
         poller.set_boxes({f"box{i}": box for i in range(LOOP_BOXES)})
