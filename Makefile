@@ -50,11 +50,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not e2e and not proc" --hypothesis-profile=fast
 
-# Regenerate the Python modules of the admin API and of the EPP's ext_proc subset after editing
-# talariad/admin/admin.proto or talariad/epp/ext_proc.proto.
+# Regenerate the Python modules of the admin API and of the EPP's Envoy API subsets after editing
+# talariad/admin/admin.proto or talariad/epp/{ext_proc,ext_authz,als}.proto.
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. talariad/admin/admin.proto
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. talariad/epp/ext_proc.proto
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. talariad/epp/ext_proc.proto talariad/epp/ext_authz.proto talariad/epp/als.proto
 
 # The unit with ExecStart under PREFIX.
 unit:

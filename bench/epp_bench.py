@@ -1,17 +1,22 @@
 """What the pool's gateway costs: the latency Envoy + EPP adds over Envoy alone and over a direct
-call to a box (p50/p99, arms interleaved, c=1, response body echoed and NONE; beside them the
-floor, Envoy + an ext_proc server that picks nothing, `null_ext_proc.py`), the EPP's CPU per box
-poll (its poller beside a bare httpx GET), and the EPP's decision time at 16, 64 and 256 boxes
-with 100k live sessions (the picker in-process, fed synthetic box snapshots).
+call to a box (p50/p99, arms interleaved, c=1, response body echoed and NONE): today's full-duplex
+path (`envoy_epp_*`), a lease return placed at its request headers (`envoy_epp_lease_*`) and a new
+session through the same config (`envoy_epp_new_*`), beside their floors, Envoy + a server that
+picks nothing (`null_ext_proc.py`: `envoy_null_none`, `envoy_null_lease_none`); the picker's CPU
+per call through Envoy with 70 KB agent bodies (`picker_cpu_ms_per_call`) and the calls/s it
+sustains with them; the EPP's CPU per box poll (its poller beside a bare httpx GET); and the EPP's
+decision time at 16, 64 and 256 boxes with 100k live sessions (the picker in-process, fed
+synthetic box snapshots).
 
-    python bench/epp_bench.py [--calls 300] [--polls 300] [--decisions 2000]
-        [--part latency|poll|decision|all] [--json]
+    python bench/epp_bench.py [--calls 300] [--agent-calls 100] [--throughput-s 10]
+        [--polls 300] [--decisions 2000] [--part latency|poll|decision|all] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -113,52 +118,111 @@ def plain_envoy_config(box: str) -> str:
     return json.dumps(cfg)  # JSON is YAML
 
 
-def latency(calls: int) -> dict:
-    """One box; four arms called in rotating order, one keep-alive connection each, one session."""
+LATENCY_ARMS = {
+    # name: (gateway, a session of its own for every call), beside "direct" and "envoy"
+    "envoy_epp_echo": ("body_echo", False),  # today's path: the full-duplex filter only
+    "envoy_epp_none": ("body_none", False),
+    "envoy_null_none": ("null_none", False),  # its floor: a no-op full-duplex ext_proc
+    "envoy_epp_lease_none": ("lease_none", False),  # a lease return, placed at its headers
+    "envoy_epp_lease_echo": ("lease_echo", False),
+    "envoy_null_lease_none": ("null_lease_none", False),  # its floor: a no-op check at headers
+    "envoy_epp_new_none": ("lease_none", True),  # a new session: headers, then body
+    "envoy_epp_new_echo": ("lease_echo", True),
+}
+"""The latency arms over Envoy + EPP: which gateway each calls, and whether each of its calls is
+a new session (else one session returning to its lease, within τ)."""
+
+
+def latency(calls: int, agent_calls: int, throughput_s: float) -> dict:
+    """One box; the arms called in rotating order, one keep-alive connection each; then, on a
+    pool of its own whose box takes no modelled time (the picker's work is what is measured),
+    the picker's CPU per call and its calls/s with agent-sized (70 KB) bodies."""
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-"))
     pool = devpool.start_pool(workdir, boxes=1)
     try:
-        spec = envoy.GatewaySpec(
-            "127.0.0.1:0", pool.epp, tuple(pool.boxes), 0, "fail_closed", "none"
-        )
-        none_gw = devpool.start_gateway(pool, spec, "envoy-none").listen
-        (workdir / "plain.yaml").write_text(plain_envoy_config(pool.boxes[0]))
-        plain = envoy.start(workdir / "plain.yaml", workdir, "envoy-plain")
-        pool.procs["envoy-plain"] = devpool.Proc(
-            "envoy-plain", plain.proc, workdir / "envoy-plain.log"
-        )
-        null_at = f"127.0.0.1:{devpool.free_port()}"
-        null = pool.spawn(
-            "null-ext-proc", [sys.executable, str(NULL_EXT_PROC), null_at, pool.boxes[0]], workdir
-        )
-        _wait_listening(null, null_at)
-        null_spec = envoy.GatewaySpec(
-            "127.0.0.1:0", null_at, tuple(pool.boxes), 0, "fail_closed", "none"
-        )
-        null_gw = devpool.start_gateway(pool, null_spec, "envoy-null").listen
-        arms = {
-            "direct": pool.boxes[0],
-            "envoy": plain.listen,
-            "envoy_epp_echo": pool.gateway,
-            "envoy_epp_none": none_gw,
-            "envoy_null_none": null_gw,
-        }
+        gateways = _gateways(pool, workdir, GATEWAYS)
+        arms = {"direct": (pool.boxes[0], False), "envoy": (gateways["plain"], False)}
+        arms |= {name: (gateways[gw], new) for name, (gw, new) in LATENCY_ARMS.items()}
+        placed_before = _at_headers(pool)
         load_before = os.getloadavg()
         times = run_arms(arms, calls)
         load_after = os.getloadavg()
+        placed = _at_headers(pool) - placed_before
     finally:
         pool.stop()
-    out = {name: summary_ms(ts) for name, ts in times.items()}
-    for arm in ("envoy_epp_echo", "envoy_epp_none", "envoy_null_none"):
+    out: dict = {name: summary_ms(ts) for name, ts in times.items()}
+    for arm in LATENCY_ARMS:
         for base in ("envoy", "direct"):
             out[f"{arm}_over_{base}"] = {
                 k: round(out[arm][k] - out[base][k], 3) for k in ("p50_ms", "p99_ms")
             }
+    lease_calls = 2 * (calls + WARM_UP)  # the two lease arms' calls, warm-up included
+    out["lease_returns_placed_at_headers"] = round(placed / lease_calls, 3)
     out["calls_per_arm"] = calls
     out["load_before"], out["load_after"] = (
         [round(x, 2) for x in load_before],
         [round(x, 2) for x in load_after],
     )
+    workdir = Path(tempfile.mkdtemp(prefix="epp-bench-agents-"))
+    pool = devpool.start_pool(workdir, boxes=1, time_scale=AGENT_TIME_SCALE)
+    try:
+        gateways = _gateways(pool, workdir, ("lease_echo", "body_echo", "null_lease_none"))
+        cpu = picker_cpu(pool, gateways, agent_calls)
+        rate = throughput(pool, gateways["lease_echo"], throughput_s)
+    finally:
+        pool.stop()
+    # the same lease returns with the box polled once a second: what the calls cost the picker
+    # beside what installing the snapshots their changes cause does (the polls' share)
+    workdir = Path(tempfile.mkdtemp(prefix="epp-bench-agents-1s-"))
+    slow = {"poll_interval_s": 1.0}
+    pool = devpool.start_pool(workdir, boxes=1, time_scale=AGENT_TIME_SCALE, epp=slow)
+    try:
+        gateways = _gateways(pool, workdir, ("lease_echo",))
+        polled_1s = picker_cpu(pool, gateways, agent_calls, ("lease_return",))["lease_return"]
+    finally:
+        pool.stop()
+    cpu["lease_return_polled_1s"] = polled_1s
+    out["picker_cpu_ms_per_call"] = cpu["lease_return"]
+    out["picker_cpu_ms_per_call_by_kind"] = cpu
+    out["throughput_70k"] = rate
+    return out
+
+
+AGENT_TIME_SCALE = 0.001
+"""The 70 KB measurements' box: its modelled prefill of ~17k tokens takes a thousandth of real
+time, so the calls/s say what the gateway and the picker allow, not the box."""
+
+GATEWAYS = {
+    "body_echo": ("epp", "full-duplex", False),
+    "body_none": ("epp", "none", False),
+    "lease_echo": ("epp", "full-duplex", True),
+    "lease_none": ("epp", "none", True),
+    "null_none": ("null", "none", False),
+    "null_lease_none": ("null", "none", True),
+}
+"""The shipped config's variants: (whose ext_proc: the picker's or the no-op server's, the
+response body mode, the check at request headers rendered?)."""
+
+
+def _gateways(pool: devpool.LocalPool, workdir: Path, names) -> dict[str, str]:
+    """Envoy alone and the `GATEWAYS` named, each "host:port"; the no-op server if one needs it."""
+    (workdir / "plain.yaml").write_text(plain_envoy_config(pool.boxes[0]))
+    plain = envoy.start(workdir / "plain.yaml", workdir, "envoy-plain")
+    pool.procs["envoy-plain"] = devpool.Proc("envoy-plain", plain.proc, workdir / "envoy-plain.log")
+    out = {"plain": plain.listen}
+    null_at = ""
+    if any(GATEWAYS[n][0] == "null" for n in names):
+        null_at = f"127.0.0.1:{devpool.free_port()}"
+        argv = [sys.executable, str(NULL_EXT_PROC), null_at, pool.boxes[0]]
+        _wait_listening(pool.spawn("null-ext-proc", argv, workdir), null_at)
+    for name in names:
+        whose, body, at_headers = GATEWAYS[name]
+        epp = pool.epp if whose == "epp" else null_at
+        spec = envoy.GatewaySpec(
+            "127.0.0.1:0", epp, tuple(pool.boxes), 0, "fail_closed", body, "/dev/null"
+        )
+        spec = dataclasses.replace(spec, lease_at_headers=at_headers)
+        out[name] = devpool.start_gateway(pool, spec, f"envoy-{name}").listen
     return out
 
 
@@ -170,27 +234,164 @@ def _wait_listening(proc: devpool.Proc, address: str, wait_s: float = 30) -> Non
         time.sleep(0.1)
 
 
-def run_arms(arms: dict[str, str], calls: int) -> dict[str, list[float]]:
+WARM_UP = 20  # rounds of every arm before the measured ones
+
+
+def run_arms(arms: dict[str, tuple[str, bool]], calls: int) -> dict[str, list[float]]:
+    """Seconds per call of each arm ("host:port", a new session every call?), c=1."""
     body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}
-    clients = {n: httpx.Client(base_url=f"http://{a}", timeout=30) for n, a in arms.items()}
+    clients = {n: httpx.Client(base_url=f"http://{a}", timeout=30) for n, (a, _) in arms.items()}
     times: dict[str, list[float]] = {n: [] for n in arms}
     names = list(arms)
     try:
-        for i in range(calls + 20):  # the first 20 rounds warm up
+        for i in range(calls + WARM_UP):
             for name in names[i % len(names) :] + names[: i % len(names)]:
+                session = f"lat-{name}-{i}" if arms[name][1] else f"lat-{name}"
                 started = time.perf_counter()
                 r = clients[name].post(
-                    "/v1/chat/completions", json=body, headers={"x-session-id": "lat"}
+                    "/v1/chat/completions", json=body, headers={"x-session-id": session}
                 )
                 elapsed = time.perf_counter() - started
                 if r.status_code != 200:
                     raise RuntimeError(f"{name}: {r.status_code} {r.text[:200]}")
-                if i >= 20:
+                if i >= WARM_UP:
                     times[name].append(elapsed)
     finally:
         for c in clients.values():
             c.close()
     return times
+
+
+def _metric(pool: devpool.LocalPool, series: str) -> float:
+    text = httpx.get(f"http://{pool.epp_admin}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def _at_headers(pool: devpool.LocalPool) -> float:
+    return _metric(pool, 'talaria_epp_at_headers_total{result="placed"}')
+
+
+# --- the picker's CPU and calls/s through Envoy with agent-sized bodies -----------------------
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of every thread of process `pid` so far (schedstat: nanoseconds)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that just ended
+            pass
+    return total / 1e9
+
+
+class AgentSession:
+    """A coding agent's session ~70 KB in (`_agent_conversation`): each call resends it with one
+    more exchange."""
+
+    def __init__(self, sid: str) -> None:
+        self.sid, self.messages = sid, _agent_conversation()
+
+    def call(self, client: httpx.Client) -> None:
+        self.messages.append({"role": "user", "content": f"tool output {len(self.messages)}"})
+        body = {"model": MODEL, "max_tokens": 1, "messages": self.messages}
+        r = client.post("/v1/chat/completions", json=body, headers={"x-session-id": self.sid})
+        if r.status_code != 200:
+            raise RuntimeError(f"agent call: {r.status_code} {r.text[:200]}")
+        answer = r.json()["choices"][0]["message"]["content"]
+        self.messages.append({"role": "assistant", "content": answer})
+
+
+def picker_cpu(
+    pool: devpool.LocalPool, gateways: dict[str, str], calls: int, only: tuple[str, ...] = ()
+) -> dict:
+    """The picker process's CPU (every thread) per call through Envoy, c=1, 70 KB bodies, net of
+    its idle polling (its CPU with no call over as long, measured first): a lease return placed
+    at its headers (the shipped config), the same return on the full-duplex path alone, and a
+    new session; beside them the no-op server's CPU per call as the check at request headers
+    (the floor). `only`: those kinds alone."""
+    pid = pool.procs["epp"].proc.pid
+    idle_from, idle_at = _cpu_s(pid), time.perf_counter()
+    time.sleep(2.0)  # the picker polling its box, no call
+    idle_per_s = (_cpu_s(pid) - idle_from) / (time.perf_counter() - idle_at)
+    null = pool.procs.get("null-ext-proc")
+    kinds = {
+        "lease_return": ("lease_echo", False, pid, idle_per_s),
+        "body_path_return": ("body_echo", False, pid, idle_per_s),
+        "new_session": ("lease_echo", True, pid, idle_per_s),
+        "null_floor_at_headers": ("null_lease_none", False, null and null.proc.pid, 0.0),
+    }
+    out: dict = {}
+    for kind, (gateway, new, whose, idle) in kinds.items():
+        if only and kind not in only:
+            continue
+        with httpx.Client(base_url=f"http://{gateways[gateway]}", timeout=60) as client:
+            agent = AgentSession(f"cpu-{kind}")
+            for _ in range(5):  # warm-up: the session placed, its lease live
+                agent.call(client)
+            cpu_from, at = _cpu_s(whose), time.perf_counter()
+            for i in range(calls):
+                if new:
+                    agent = AgentSession(f"cpu-{kind}-{i}")
+                agent.call(client)
+            cpu, wall = _cpu_s(whose) - cpu_from, time.perf_counter() - at
+        out[kind] = round((cpu - idle * wall) / calls * 1e3, 3)
+    out["body_bytes"] = len(json.dumps(AgentSession("x").messages)) + 50
+    out["calls"] = calls
+    out["idle_cpu_ms_per_s"] = round(idle_per_s * 1e3, 3)
+    return out
+
+
+def throughput(pool: devpool.LocalPool, gateway: str, seconds: float, concurrency: int = 8) -> dict:
+    """Calls/s through Envoy and the picker (the shipped config) with 70 KB bodies: `concurrency`
+    agent sessions returning back to back for `seconds`, and the picker's share of a core. On
+    one machine with the client, Envoy and the box, the picker is not what bounds the calls/s;
+    `picker_bound_calls_per_s` is what its CPU per call would allow on a core of its own."""
+    pid = pool.procs["epp"].proc.pid
+
+    async def run() -> int:
+        stop_at = time.perf_counter() + seconds
+        done = 0
+
+        async def session(i: int) -> None:
+            nonlocal done
+            agent = AgentSession(f"rate-{i}")
+            async with httpx.AsyncClient(base_url=f"http://{gateway}", timeout=60) as client:
+                while time.perf_counter() < stop_at:
+                    agent.messages.append(
+                        {"role": "user", "content": f"tool {len(agent.messages)}"}
+                    )
+                    body = {"model": MODEL, "max_tokens": 1, "messages": agent.messages}
+                    r = await client.post(
+                        "/v1/chat/completions", json=body, headers={"x-session-id": agent.sid}
+                    )
+                    if r.status_code != 200:
+                        raise RuntimeError(f"throughput call: {r.status_code} {r.text[:200]}")
+                    agent.messages.append({"role": "assistant", "content": "ok"})
+                    done += 1
+
+        await asyncio.gather(*(session(i) for i in range(concurrency)))
+        return done
+
+    placed_before = _at_headers(pool)
+    cpu_from, at = _cpu_s(pid), time.perf_counter()
+    done = asyncio.run(run())
+    cpu, wall = _cpu_s(pid) - cpu_from, time.perf_counter() - at
+    cpu_ms = cpu / max(done, 1) * 1e3
+    return {
+        "calls_per_s": round(done / wall, 1),
+        "concurrency": concurrency,
+        "seconds": round(wall, 1),
+        "placed_at_headers": round((_at_headers(pool) - placed_before) / max(done, 1), 3),
+        "picker_cores": round(cpu / wall, 3),
+        "picker_cpu_ms_per_call": round(cpu_ms, 3),
+        "picker_bound_calls_per_s": round(1e3 / cpu_ms, 1) if cpu_ms > 0 else None,
+        "llm_d_reference": "llm-d's Go endpoint picker: about 324-388 requests/s per replica with "
+        "large prompts (its published figures, not measured on this machine)",
+    }
 
 
 # --- polling: the EPP's CPU per box poll ----------------------------------------------------------
@@ -411,6 +612,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--calls", type=int, default=300, help="measured calls per latency arm")
+    ap.add_argument(
+        "--agent-calls", type=int, default=100, help="70 KB calls per kind for the picker's CPU"
+    )
+    ap.add_argument(
+        "--throughput-s", type=float, default=10.0, help="seconds of 70 KB calls for calls/s"
+    )
     ap.add_argument("--decisions", type=int, default=2000, help="measured picks per pool size")
     ap.add_argument("--sessions", type=int, default=100_000, help="live sessions in the pool")
     ap.add_argument("--polls", type=int, default=300, help="measured box polls")
@@ -420,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"load_start": [round(x, 2) for x in os.getloadavg()]}
     try:
         if args.part in ("latency", "all"):
-            out["latency"] = latency(args.calls)
+            out["latency"] = latency(args.calls, args.agent_calls, args.throughput_s)
         if args.part in ("poll", "all"):
             out["poll"] = poll_cost(args.polls)
         if args.part in ("decision", "all"):

@@ -2,7 +2,8 @@
 to one box) and keeps nothing, over the same `grpc.aio` server, messages and replies as
 `talariad epp`. `bench/epp_bench.py` puts Envoy in front of it as a latency arm, so the cost of
 the protocol itself (a gRPC stream per call, its messages through Python) is measured beside the
-cost of the real picker.
+cost of the real picker. As the check at request headers (lease returns placed there) it places
+every call, and it takes the access log's entries without reading them.
 
     python bench/null_ext_proc.py HOST:PORT BOX_HOST:BOX_PORT
 """
@@ -12,8 +13,15 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from talariad.epp import (
+    als_pb2,
+    als_pb2_grpc,
+    ext_authz_pb2_grpc,
+    ext_proc_pb2_grpc,
+    replies,
+    server,
+)
 from talariad.epp import ext_proc_pb2 as pb
-from talariad.epp import ext_proc_pb2_grpc, replies, server
 
 
 class NullProcessor(ext_proc_pb2_grpc.ExternalProcessorServicer):
@@ -41,8 +49,29 @@ class NullProcessor(ext_proc_pb2_grpc.ExternalProcessorServicer):
                 yield replies.continue_trailers(response=kind == "response_trailers")
 
 
+class NullLease(ext_authz_pb2_grpc.AuthorizationServicer):
+    def __init__(self, endpoint: str) -> None:
+        self.reply = replies.placed_at_headers(endpoint, endpoint)
+
+    async def Check(self, request, context):  # noqa: N802 (gRPC method name)
+        return self.reply
+
+
+class NullAccessLog(als_pb2_grpc.AccessLogServiceServicer):
+    async def StreamAccessLogs(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        async for _ in request_iterator:
+            pass
+        return als_pb2.StreamAccessLogsResponse()
+
+
 async def main(address: str, endpoint: str) -> None:
-    started = await server.start(NullProcessor(endpoint), address)  # type: ignore[arg-type]
+    processor = NullProcessor(endpoint)
+    started = await server.start(
+        processor,  # type: ignore[arg-type]
+        address,
+        lease=NullLease(endpoint),
+        access_log=NullAccessLog(),
+    )
     print(f"null ext_proc listening on {address}", file=sys.stderr, flush=True)
     await server.serve(started, grace_s=0.0)
 

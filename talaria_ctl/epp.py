@@ -10,8 +10,9 @@ import typer
 
 from talaria_ctl.output import print_json, table
 from talariad.admin.client import Refused
+from talariad.epp.config import GATEWAY_STATS
 
-BOX_COLUMNS = ("box", "endpoint", "state", "age_s", "sessions", "in_flight", "leases")
+BOX_COLUMNS = ("box", "endpoint", "state", "age_s", "sessions", "in_flight", "capacity", "leases")
 
 
 class EPPClient:
@@ -41,8 +42,31 @@ class EPPClient:
         return data
 
 
-def show_status(client: EPPClient, as_json: bool) -> None:
+def gateway_stats(admin: str, timeout: float) -> dict[str, int]:
+    """What the gateway's Envoy did without the picker (`GATEWAY_STATS`), from its admin
+    address; exit 1 when it does not answer."""
+    base = admin if "://" in admin else f"http://{admin}"
+    url = httpx.URL(base.rstrip("/") + "/stats", params={"filter": GATEWAY_STATS})
+    try:
+        r = httpx.get(str(url), timeout=timeout)
+        r.raise_for_status()
+    except httpx.HTTPError as err:
+        print(
+            f"talaria-ctl: the gateway's admin at {admin} does not answer: {err}", file=sys.stderr
+        )
+        raise typer.Exit(1) from None
+    out = {}
+    for line in r.text.splitlines():
+        name, _, value = line.partition(": ")
+        if value.strip().isdigit():
+            out[name] = int(value)
+    return out
+
+
+def show_status(client: EPPClient, as_json: bool, gateway: str | None = None) -> None:
     data = client.get("/status")
+    if gateway is not None:
+        data["gateway"] = gateway_stats(gateway, client.timeout)
     if as_json:
         return print_json(data)
     table(
@@ -56,11 +80,19 @@ def show_status(client: EPPClient, as_json: bool) -> None:
                 "-" if b["snapshot_age_s"] is None else b["snapshot_age_s"],
                 b["sessions"],
                 b["in_flight"],
+                b.get("capacity", "-"),
                 b["leases"],
             )
             for b in data["boxes"]
         ],
     )
+    refused = [r for r in data.get("refusals", ()) if r["count"]]
+    if refused:
+        print("refused: " + ", ".join(f"{r['count']} x {r['status']} {r['code']}" for r in refused))
+    if gateway is not None:
+        seen = {k: v for k, v in data["gateway"].items() if v}
+        what = ", ".join(f"{k} {v}" for k, v in sorted(seen.items()))
+        print(f"gateway at {gateway}: {what or 'no call routed unpicked, no limit overflowed'}")
 
 
 def explain(client: EPPClient, call_id: str) -> dict:

@@ -106,10 +106,24 @@ def _global(
 
 
 @app.command()
-def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+def status(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    gateway: Annotated[
+        str | None,
+        typer.Option(
+            "--gateway",
+            help="With --epp: the gateway's Envoy admin HOST:PORT, to show what it did without "
+            "the picker (calls routed unpicked, overflows)",
+        ),
+    ] = None,
+) -> None:
     """Instances, their pool, models and health (--epp: the pool's boxes)."""
     if isinstance(ctx.obj, epp_ctl.EPPClient):
-        return epp_ctl.show_status(ctx.obj, as_json)
+        return epp_ctl.show_status(ctx.obj, as_json, gateway)
+    if gateway is not None:
+        print("talaria-ctl: --gateway goes with --epp", file=sys.stderr)
+        raise typer.Exit(2)
     data = fetch(ctx.obj.status)
     if as_json:
         return print_json(data)

@@ -37,12 +37,14 @@ class PoolError(Exception):
     """A part of the pool did not start; the message says which and where its log is."""
 
 
-def box_config(index: int, limits: dict | None = None) -> dict:
+def box_config(index: int, limits: dict | None = None, time_scale: float = 1.0) -> dict:
     """One sim box: `tiny-agent` (the coding agents' model ids) on a sim instance named after the
     box, so an answer's `talaria.instance` says which box served it. A call without an output
     limit gets the config's own `default_max_tokens` (4,096), as on a box whose operator wrote
     none: agents such as Codex send no limit and take a cut answer (`max_output_tokens`
-    incomplete) as a failure, and the sim ends its turn by itself (median 89 tokens)."""
+    incomplete) as a failure, and the sim ends its turn by itself (median 89 tokens).
+    `time_scale` multiplies the sim's modelled durations (a benchmark of the gateway takes the
+    box's time out with a small one)."""
     return {
         "listen": {"http": "127.0.0.1:0", "admin_socket": "admin.sock"},
         "models": [
@@ -55,7 +57,13 @@ def box_config(index: int, limits: dict | None = None) -> dict:
             }
         ],
         "instances": [
-            {"name": f"box{index}", "pool": "hot", "executor": "sim", "models": ["tiny-agent"]}
+            {
+                "name": f"box{index}",
+                "pool": "hot",
+                "executor": "sim",
+                "models": ["tiny-agent"],
+                "time_scale": time_scale,
+            }
         ],
         "anthropic": {"clamp_max_tokens": True},
         "limits": dict(limits or {}),
@@ -123,11 +131,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_box(pool: LocalPool, index: int, limits: dict | None = None, wait_s: float = 90) -> str:
+def start_box(
+    pool: LocalPool,
+    index: int,
+    limits: dict | None = None,
+    wait_s: float = 90,
+    time_scale: float = 1.0,
+) -> str:
     """Start box `index`; its "host:port" once it listens and answers /ready."""
     home = pool.workdir / f"box{index}"
     home.mkdir(exist_ok=True)
-    (home / "talaria.yaml").write_text(yaml.safe_dump(box_config(index, limits)))
+    (home / "talaria.yaml").write_text(yaml.safe_dump(box_config(index, limits, time_scale)))
     argv = [sys.executable, "-m", "talariad.cli", "run", "--config", "talaria.yaml"]
     p = pool.spawn(f"box{index}", argv + ["--log-level", "warning"], home)
     deadline = time.monotonic() + wait_s
@@ -205,6 +219,7 @@ def start_pool(
     response_body: str = "full-duplex",
     limits: dict | None = None,
     epp: dict | None = None,
+    time_scale: float = 1.0,
     pickers: int = 1,
     picker_at: list[tuple[str, str]] | None = None,
     envoy_admin_port: int = 0,
@@ -220,7 +235,7 @@ def start_pool(
     (workdir / TOKEN_FILE).write_text(secrets.token_urlsafe(32) + "\n")
     os.chmod(workdir / TOKEN_FILE, 0o600)
     try:
-        pool.boxes = [start_box(pool, i, limits) for i in range(boxes)]
+        pool.boxes = [start_box(pool, i, limits, time_scale=time_scale) for i in range(boxes)]
         for i in range(pickers):
             at = picker_at[i] if picker_at else None
             name = picker_name(i)
@@ -233,6 +248,10 @@ def start_pool(
         )
         if epp and "max_body_bytes" in epp:  # Envoy keeps as much for a retry
             spec = dataclasses.replace(spec, max_body_bytes=epp["max_body_bytes"])
+        if limits and "max_connections" in limits:  # Envoy's limits come from the pool's
+            spec = dataclasses.replace(spec, box_max_connections=limits["max_connections"])
+        if epp and "max_streams" in epp:
+            spec = dataclasses.replace(spec, epp_max_streams=epp["max_streams"])
         run = start_gateway(pool, spec)
         pool.gateway, pool.envoy_admin = run.listen, run.admin
     except BaseException:

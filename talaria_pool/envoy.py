@@ -21,8 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from talariad.calls.errors import APIError
+from talariad.calls.session import HEADERS as SESSION_HEADERS
 from talariad.config import split_host_port
-from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK
+from talariad.epp.config import (
+    BOX_MAX_CONNECTIONS,
+    FAILURE_MODE,
+    FAILURE_MODE_KEY,
+    GATEWAY_HEALTH_CHECK,
+    MAX_STREAMS,
+    box_call_capacity,
+)
+from talariad.epp.replies import AT_HEADERS, DESTINATION, LEASE
 from talariad.epp.stream import MAX_BODY_BYTES
 
 TEMPLATE = Path(__file__).with_name("gateway.yaml")
@@ -47,6 +56,21 @@ UNREACHABLE = APIError(
 )
 """The gateway's answer to a call that reached no box (its pick and fallback refused or reset it
 before any answer): Envoy's own 503, reworded in the API's error shape."""
+
+
+POOL_FULL = APIError(
+    429,
+    "every box of the pool is at its connection limit; try again shortly",
+    type="rate_limit_exceeded",
+    code="pool_full",
+)
+"""The gateway's answer when its box clusters' circuit breakers overflow (the picker answers the
+same 429 first, from its own count, while it is the only picker)."""
+
+DOWNSTREAM_STREAMS = 100
+"""An HTTP/2 client's concurrent calls on one connection to the gateway."""
+ADMIN_CONNECTIONS = 64
+"""Connections to Envoy's admin port beside the gateway's (operators, health probes)."""
 
 
 class EnvoyError(Exception):
@@ -79,6 +103,46 @@ class GatewaySpec:
     epp_tls: EPPTLS | None = None  # None: plaintext HTTP/2 to the pickers
     max_body_bytes: int = MAX_BODY_BYTES
     """The pickers' `max_body_bytes`: Envoy keeps a body this large for a retry on another box."""
+    lease_at_headers: bool = True
+    """A check at request headers (ext_authz) before the full-duplex ext_proc filter places a
+    session's lease return there (the full-duplex filter then never runs for it), and Envoy's
+    gRPC access log reports those calls' ends to every picker (docs/pool.md)."""
+    box_max_connections: int = BOX_MAX_CONNECTIONS
+    """The boxes' `limits.max_connections`."""
+    epp_max_streams: int = MAX_STREAMS
+    """The pickers' `max_streams`."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Envoy's limits, from the pool: no Envoy default (1,024 of everything, 3 retries) applies.
+
+    - a box's cluster: at most `per_box` calls to one box (its connection limit less those kept
+      for checks and polls: `box_call_capacity`), `pool` to all of them, as many pending and
+      retrying; past that Envoy answers 429 (its UO overflow, mapped in the template);
+    - the gateway: at most `gateway_connections` (pickers x `max_streams`) connections, so at
+      most that many HTTP/1.1 calls, `DOWNSTREAM_STREAMS` more for each HTTP/2 one;
+    - the pickers' cluster: `epp_streams`, every call the gateway can admit, so its breaker never
+      overflows (under fail-open that would route a call unpicked); each picker refuses past its
+      own `max_streams` with a 429."""
+
+    per_box: int
+    pool: int
+    gateway_connections: int
+    epp_streams: int
+    epp_max_streams: int
+
+    @classmethod
+    def of(cls, spec: GatewaySpec, pickers: int) -> Capacity:
+        per_box = box_call_capacity(spec.box_max_connections)
+        gateway = pickers * spec.epp_max_streams
+        return cls(
+            per_box,
+            per_box * len(spec.boxes),
+            gateway,
+            gateway * DOWNSTREAM_STREAMS,
+            spec.epp_max_streams,
+        )
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -98,13 +162,23 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
         raise EnvoyError(f"response body {spec.response_body!r}: one of {', '.join(BODY_MODES)}")
     if not spec.boxes:
         raise EnvoyError("the pool has no boxes")
+    if spec.box_max_connections < 1 or spec.epp_max_streams < 1:
+        raise EnvoyError("the boxes' max_connections and the pickers' max_streams must be >= 1")
     body_mode, trailer_mode = BODY_MODES[spec.response_body]
     listen_host, listen_port = split_address(spec.listen)
     epps = (spec.epp,) if isinstance(spec.epp, str) else spec.epp
     if not epps:
         raise EnvoyError("the pool has no EPP")
     check = GATEWAY_HEALTH_CHECK
+    cap = Capacity.of(spec, len(epps))
     return string.Template(template.read_text()).substitute(
+        gateway_connections=cap.gateway_connections,
+        all_connections=cap.gateway_connections + ADMIN_CONNECTIONS,
+        downstream_streams=DOWNSTREAM_STREAMS,
+        box_circuit_breakers=_breakers(cap.pool, cap.per_box),
+        epp_circuit_breakers=_breakers(cap.epp_streams),
+        epp_max_streams=cap.epp_max_streams,
+        pool_full_body=json.dumps(json.dumps(POOL_FULL.body())),
         admin_port=spec.admin_port,
         listen_address=listen_host,
         listen_port=listen_port,
@@ -123,7 +197,152 @@ def render(spec: GatewaySpec, template: Path = TEMPLATE) -> str:
         access_log=json.dumps(spec.access_log),
         not_found_body=json.dumps(json.dumps(NOT_FOUND.body())),
         unreachable_body=json.dumps(json.dumps(UNREACHABLE.body())),
+        **_lease_parts(spec, epps, cap),
     )
+
+
+LEASE_FILTER = AT_HEADERS
+"""The check at request headers: Envoy's ext_authz filter, under its own name (the namespace of
+its answer's metadata, which the routes and the access log read)."""
+
+_ALLOWED_HEADERS = "\n".join(
+    f"                - {{exact: {name}}}"
+    for name in (*SESSION_HEADERS, "content-length", "x-request-id")
+)
+
+_LEASE_FILTER = f"""\
+          # Lease returns at request headers: one unary gRPC call to the EPP with the request's
+          # method, path and the few headers it reads (the cheapest exchange Envoy offers a
+          # filter that may route the request). When the headers name a session returning to
+          # its live lease (docs/pool.md) the EPP answers with the pick in this filter's
+          # metadata (and its header, which clears the route cache); the route for it turns
+          # the full-duplex filter below off, so the body streams straight to the box.
+          # Otherwise it changes nothing and the full-duplex filter decides on the body. The EPP
+          # never denies; failing open is safe: no body is handed over.
+          - name: {LEASE_FILTER}
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz
+              stat_prefix: lease
+              transport_api_version: V3
+              grpc_service:
+                envoy_grpc: {{cluster_name: epp}}
+                timeout: 1s
+              failure_mode_allow: true
+              clear_route_cache: true
+              allowed_headers:
+                patterns:
+{_ALLOWED_HEADERS}"""
+
+_LEASE_ROUTE = f"""\
+              # A lease return placed at its headers (`{LEASE}` in the check's metadata, which no
+              # client can set): to its box, the next box of the EPP's list when it never reached
+              # it, without the full-duplex filter.
+              - match:
+                  prefix: "/v1/"
+                  dynamic_metadata:
+                  - filter: {AT_HEADERS}
+                    path: [{{key: {LEASE}}}]
+                    value: {{present_match: true}}
+                route:
+                  cluster: pool_picked
+                  timeout: 300s
+                  retry_policy: {{retry_on: "connect-failure,refused-stream,reset", num_retries: 2}}
+                request_body_buffer_limit: $max_body_bytes
+                typed_per_filter_config:
+                  envoy.filters.http.ext_proc:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute
+                    disabled: true"""
+
+_LEASE_FILTER_OFF = f"""\
+                  {LEASE_FILTER}:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute
+                    disabled: true"""
+
+_LEASE_SOURCE = f"""\
+            - metadata: {{key: {AT_HEADERS}, path: [{{key: {DESTINATION}}}]}}"""
+
+_LEASE_LOG = f"""\
+          # The end of each call placed at its headers (the full-duplex filter never sees it),
+          # sent to every EPP replica as the call ends, one message per call: the EPP settles the
+          # call's in-flight count and renews its session's lease from it. Only those calls.
+          - name: envoy.access_loggers.http_grpc
+            filter:
+              metadata_filter:
+                matcher:
+                  filter: {AT_HEADERS}
+                  path: [{{key: {LEASE}}}]
+                  value: {{present_match: true}}
+                match_if_key_not_found: false
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig
+              common_config:
+                log_name: talaria_lease_returns
+                transport_api_version: V3
+                grpc_service: {{envoy_grpc: {{cluster_name: $cluster}}}}
+                buffer_size_bytes: 0"""
+
+_LOG_CLUSTER = """\
+  # EPP replica $index's access-log feed (each replica hears of every call placed at headers).
+  - name: $cluster
+    type: STATIC
+    connect_timeout: 1s
+$transport_socket
+$circuit_breakers
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}
+    load_assignment:
+      cluster_name: $cluster
+      endpoints:
+      - lb_endpoints:
+$endpoint"""
+
+
+def _lease_parts(spec: GatewaySpec, epps: tuple[str, ...], cap: Capacity) -> dict[str, str]:
+    """The template's lease-at-headers pieces (all empty when `spec.lease_at_headers` is off).
+    A log cluster carries a stream or two per Envoy worker; its limits are the pickers' cluster's,
+    so that no Envoy default is left anywhere."""
+    keys = ("lease_filter", "lease_route", "lease_filter_off", "lease_access_logs", "lease_source")
+    if not spec.lease_at_headers:
+        return dict.fromkeys((*keys, "lease_log_clusters"), "")
+    clusters = [f"epp_log_{i}" for i in range(len(epps))]
+    tls = _epp_tls(spec.epp_tls, epps)
+    return {
+        "lease_filter": _LEASE_FILTER,
+        "lease_route": string.Template(_LEASE_ROUTE).substitute(max_body_bytes=spec.max_body_bytes),
+        "lease_filter_off": _LEASE_FILTER_OFF,
+        "lease_source": _LEASE_SOURCE,
+        "lease_access_logs": "\n".join(
+            string.Template(_LEASE_LOG).substitute(cluster=c) for c in clusters
+        ),
+        "lease_log_clusters": "\n".join(
+            string.Template(_LOG_CLUSTER).substitute(
+                index=i,
+                cluster=c,
+                transport_socket=tls,
+                circuit_breakers=_breakers(cap.epp_streams),
+                endpoint=_endpoints((epp,)),
+            )
+            for i, (c, epp) in enumerate(zip(clusters, epps, strict=True))
+        ),
+    }
+
+
+def _breakers(total: int, per_host: int | None = None) -> str:
+    """A cluster's `circuit_breakers`: `total` connections, requests, pending requests and
+    retries at once, and at most `per_host` connections to one host."""
+    limits = f"max_connections: {total}, max_pending_requests: {total}, "
+    limits += f"max_requests: {total}, max_retries: {total}"
+    lines = [
+        "    circuit_breakers:",
+        f"      thresholds: [{{priority: DEFAULT, {limits}}}]",
+    ]
+    if per_host is not None:
+        lines.append(
+            f"      per_host_thresholds: [{{priority: DEFAULT, max_connections: {per_host}}}]"
+        )
+    return "\n".join(lines)
 
 
 def _endpoints(addresses: tuple[str, ...]) -> str:
@@ -294,10 +513,25 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="the pickers' max_body_bytes"
     )
+    r.add_argument(
+        "--box-max-connections",
+        type=int,
+        default=BOX_MAX_CONNECTIONS,
+        help="the boxes' limits.max_connections",
+    )
+    r.add_argument(
+        "--epp-max-streams", type=int, default=MAX_STREAMS, help="the pickers' max_streams"
+    )
     r.add_argument("--admin-port", type=int, default=9901)
     r.add_argument("--failure-mode", default=FAILURE_MODE, help="fail_open or fail_closed")
     r.add_argument("--response-body", default="full-duplex", choices=sorted(BODY_MODES))
     r.add_argument("--access-log", default="/dev/stdout", help="file of one JSON line per call")
+    r.add_argument(
+        "--lease-at-headers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="place lease returns at their request headers (docs/pool.md)",
+    )
     r.add_argument("-o", "--out", help="file to write (default: stdout)")
     v = sub.add_parser("validate", help="envoy --mode validate on a rendered config")
     v.add_argument("config")
@@ -329,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
             args.access_log,
             _epp_tls_args(args),
             args.max_body_bytes,
+            args.lease_at_headers,
+            args.box_max_connections,
+            args.epp_max_streams,
         )
         text = render(spec)
     except EnvoyError as err:

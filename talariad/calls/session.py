@@ -42,10 +42,17 @@ def session_headers(headers: Mapping[str, str]) -> Mapping[str, str]:
     return found
 
 
-def session_id(headers: Mapping[str, str], body: Mapping, messages: list[tuple[str, str]]) -> str:
+def header_session(headers: Mapping[str, str]) -> str | None:
+    """The session the headers name (the first of `HEADERS` given), None when they name none."""
     for h in HEADERS:
         if headers.get(h):
             return headers[h][:256]
+    return None
+
+
+def session_id(headers: Mapping[str, str], body: Mapping, messages: list[tuple[str, str]]) -> str:
+    if (named := header_session(headers)) is not None:
+        return named
     for key in ("prompt_cache_key", "user"):
         if isinstance(body.get(key), str) and body[key]:
             return body[key][:256]

@@ -20,7 +20,7 @@ def admin_app(picker: BoxPicker, registry: CollectorRegistry) -> FastAPI:
 
     @app.get("/status")
     async def status() -> JSONResponse:
-        return JSONResponse(picker.status(time.monotonic()))
+        return JSONResponse({**picker.status(time.monotonic()), "refusals": refusals(registry)})
 
     @app.get("/calls/{call_id}")
     async def explain(call_id: str) -> JSONResponse:
@@ -36,3 +36,16 @@ def admin_app(picker: BoxPicker, registry: CollectorRegistry) -> FastAPI:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def refusals(registry: CollectorRegistry) -> list[dict]:
+    """The calls the picker answered itself, by status and code (`talaria_epp_refusals`), the
+    most frequent first."""
+    rows = [
+        {"status": int(s.labels["status"]), "code": s.labels["code"], "count": int(s.value)}
+        for family in registry.collect()
+        if family.name == "talaria_epp_refusals"
+        for s in family.samples
+        if s.name.endswith("_total")
+    ]
+    return sorted(rows, key=lambda r: (-r["count"], r["status"], r["code"]))

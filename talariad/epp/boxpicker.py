@@ -10,7 +10,7 @@ docs/pool.md.
 from __future__ import annotations
 
 import random
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from itertools import count
 
@@ -18,6 +18,7 @@ from talariad.calls import routes
 from talariad.calls.branches import PrefixBranches
 from talariad.calls.errors import APIError
 from talariad.calls.placement import Placement, refusal
+from talariad.calls.session import header_session
 from talariad.calls.spec import CallSpec, bare_call_id, canonical_prompt
 from talariad.config import resolve_model
 from talariad.router import CallRequest, Decision, DecisionKind, Router
@@ -26,10 +27,16 @@ from talariad.router.router import DECISION_LOG
 from talariad.types import KVLocation, KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
 
+from .config import BOX_MAX_CONNECTIONS, box_call_capacity
 from .contract import EPPRequest, ImmediateAnswer, Pick
 from .replies import answer
 
 MAX_OPEN_CALLS = 100_000  # picked calls whose end was never reported are failed past this
+HEADER_CALL_MAX_S = 330.0
+"""A call placed at its request headers whose end no access-log entry reported (the feed is lossy
+by design) is failed this long after it was placed: the gateway's route timeout (300 s) and slack,
+past which Envoy has ended it anyway."""
+MAX_BRANCHES_NOTED = 8  # a session's branches remembered for placing its returns at headers
 _RATE_WINDOW_S = 10.0
 _RESOLVED_MAX = 1024
 
@@ -55,6 +62,17 @@ class _Open:
     status: int = 0
 
 
+@dataclass(slots=True)
+class _Noted:
+    """A branch's last placed call, what a return to it at request headers is judged by: its
+    body's length (a return resends the conversation, so its body is no shorter) and the router's
+    estimate of its prompt."""
+
+    body_bytes: int
+    prompt_tokens: int
+    max_tokens: int
+
+
 class BoxPicker:
     """`Picker` over boxes. `pick` runs on the server's event loop: sync, no IO, bounded.
 
@@ -66,8 +84,18 @@ class BoxPicker:
     """How long past its expiry a lease stays in the book for a call that arrived in time and is
     still being read (a lease is judged at the call's arrival, `CallRequest.arrived_at`)."""
 
-    def __init__(self, router: Router, max_branches: int = 4, policy: str = "talaria") -> None:
+    def __init__(
+        self,
+        router: Router,
+        max_branches: int = 4,
+        policy: str = "talaria",
+        box_max_connections: int = BOX_MAX_CONNECTIONS,
+    ) -> None:
+        """`box_max_connections`: a box's connection limit when its snapshot does not say."""
         self.router = router
+        self.box_max_connections = box_max_connections
+        self._capacity: dict[str, int] = {}  # box -> calls it takes at once (its snapshot's)
+        self._load: Counter[str] = Counter()  # box -> calls picked for it and not ended
         self.policy = BOX_POLICIES.get(policy)(router, random.Random(router.knobs.seed))
         self.branches = PrefixBranches(max_branches, router.knobs.max_sessions)
         self.placement = Placement(router, self.branches, self.policy, self.ARRIVAL_GRACE_S)
@@ -84,6 +112,10 @@ class BoxPicker:
         self._rr = count()
         self._fallback_rr = count()
         self._decided: deque[float] = deque()
+        # the sessions the headers name -> their branches' last calls (returns at headers)
+        self._noted: OrderedDict[str, dict[tuple[str, str], _Noted]] = OrderedDict()
+        self._at_headers: deque[tuple[float, str]] = deque()  # (placed at, call id), in order
+        self._pool_models: frozenset[str] | None = None  # every model some box serves (a cache)
 
     # --- boxes (the poller's `BoxFeed`) -----------------------------------------------------
     def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> bool:
@@ -98,6 +130,8 @@ class BoxPicker:
             return False
         self._set_endpoint(name, endpoint)
         self._set_models(name, snap.models)
+        if snap.max_connections is not None:
+            self._capacity[name] = box_call_capacity(snap.max_connections)
         self._seen_at[name] = now
         if held is not None and base is not None:
             sessions, changed = held.sessions, frozenset(target.merge_into(held.sessions))
@@ -116,6 +150,7 @@ class BoxPicker:
         self._held[name] = _Held(snap.sessions_epoch, sessions, target.basis)
         self.router.heartbeat(name, now, healthy=target.healthy)
         self.placement.expire(now)
+        self._expire_at_headers(now)
         return True
 
     def since(self, name: str) -> int | None:
@@ -132,6 +167,7 @@ class BoxPicker:
             return
         if _names(self._models.get(name, [])) != _names(models):
             self._resolved.clear()
+            self._pool_models = None
         before = {m.name: m.profile for m in self._models.get(name, [])}
         for m in models:
             if before.get(m.name) != m.profile:
@@ -148,8 +184,10 @@ class BoxPicker:
         self._boxes_at.pop(self.endpoints.pop(name, ""), None)
         self._models.pop(name, None)
         self._resolved.clear()
+        self._pool_models = None
         self._seen_at.pop(name, None)
         self._held.pop(name, None)
+        self._capacity.pop(name, None)
 
     def _set_endpoint(self, name: str, endpoint: str) -> None:
         old = self.endpoints.get(name)
@@ -167,7 +205,123 @@ class BoxPicker:
         if planned is None:  # an unknown model is the box's to answer (404)
             return self._any_box(request, now)
         call, requested = planned
-        return self.place(call, request.path, requested, now)
+        decision = self.place(call, request.path, requested, now)
+        if isinstance(decision, Pick) and call.session_id is not None:
+            self._note(request, call)
+        return decision
+
+    # --- lease returns at request headers (docs/pool.md, "Lease returns at headers") ------------
+    def lease_return(self, request: EPPRequest, now: float) -> Pick | None:
+        """A call placed from its request headers alone, as its session's lease return, when that
+        is unambiguous (`_returning`); None: decide on the body. The call is in flight on its box
+        from now on and ends by `logged` (Envoy's access log), as a body-placed call ends by
+        `finished`."""
+        self._expire_at_headers(now)
+        found = self._returning(request, now)
+        if found is None:
+            return None
+        key, noted, lease = found
+        declared = int(request.headers["content-length"])
+        # the prompt grows as the body does (a return resends its conversation, and more)
+        tokens = max(noted.prompt_tokens * declared // max(noted.body_bytes, 1), lease.kv_len)
+        call = CallRequest(
+            request.call_id,
+            key[0],
+            key[1],
+            tokens,
+            min(lease.kv_len, tokens),
+            noted.max_tokens,
+            request.arrived,
+        )
+        decision = self.placement.place(call, now)
+        if (
+            decision.kind is not DecisionKind.LEASE_HIT
+            or decision.instance is None
+            or self.full(decision.instance)
+        ):
+            # the router judged the lease otherwise (its prefix gone), or its box is at its
+            # connection limit: undone (its in-flight record or its place in the router's
+            # queue), and the body decides (another box with room, or 429 pool_full)
+            self.placement.failed(call.call_id, now)
+            return None
+        self._count(now)
+        endpoint = self.endpoints[decision.instance]
+        self._remember(call.call_id, _Open(decision.instance, endpoint, tokens, key))
+        self._at_headers.append((now, call.call_id))
+        noted.body_bytes, noted.prompt_tokens = declared, tokens
+        return Pick(
+            call.call_id, endpoint, decision.kind.value, self._fallback(decision, key[1], now)
+        )
+
+    def _returning(self, request: EPPRequest, now: float):
+        """(branch key, its last call, its lease) when the headers name a session whose one live
+        branch (a live lease or a call in flight, over every model) holds a live lease on a box
+        that serves every model of the pool, with no call of it in flight, and the body is no
+        shorter than that branch's last; else None."""
+        if request.method != "POST" or request.path.split("?", 1)[0] not in routes.ROUTES:
+            return None
+        declared = request.headers.get("content-length", "")
+        session = header_session(request.headers)
+        if not declared.isdigit() or session is None or self.policy.name != "talaria":
+            return None
+        branches = self._noted.get(session)
+        if not branches:
+            return None
+        at = now if request.arrived is None else min(request.arrived, now)
+        live = []
+        for key, noted in branches.items():
+            lease = self.router.lease(*key)
+            if key in self._branch_open or (lease is not None and lease.live(at)):
+                live.append((key, noted, lease))
+        if len(live) != 1:
+            return None
+        key, noted, lease = live[0]
+        if key in self._branch_open or lease is None or int(declared) < noted.body_bytes:
+            return None
+        box = lease.instance
+        if box not in self.endpoints or not self.router.placeable(box, key[1], now):
+            return None
+        if not self.pool_models() <= {m.name for m in self._models.get(box, ())}:
+            return None
+        return key, noted, lease
+
+    def pool_models(self) -> frozenset[str]:
+        """Every model some box serves."""
+        if self._pool_models is None:
+            self._pool_models = frozenset(m.name for ms in self._models.values() for m in ms)
+        return self._pool_models
+
+    def _note(self, request: EPPRequest, call: CallRequest) -> None:
+        """Remember a placed call's branch under the session its headers name (if they do)."""
+        session = header_session(request.headers)
+        if session is None:
+            return
+        branches = self._noted.get(session)
+        if branches is None:
+            branches = self._noted[session] = {}
+        self._noted.move_to_end(session)
+        key = (call.session_id, call.model)
+        branches.pop(key, None)  # most recent last
+        branches[key] = _Noted(len(request.body), call.prompt_tokens, call.max_tokens)
+        while len(branches) > MAX_BRANCHES_NOTED:
+            del branches[next(iter(branches))]
+        while len(self._noted) > self.router.knobs.max_sessions:
+            self._noted.popitem(last=False)
+
+    def logged(self, call_id: str, endpoint: str | None, status: int, ok: bool, now: float) -> None:
+        """Envoy's access-log entry for a call placed at its headers: the box that served it, its
+        status and whether its response ended well; settles it as `served` and `finished` do."""
+        if call_id not in self._open:
+            return  # another replica's call, or settled already (its branch's next call)
+        self.served(call_id, endpoint, status, now)
+        self.finished(call_id, ok, now)
+
+    def _expire_at_headers(self, now: float) -> None:
+        """Fail the calls placed at headers that no access-log entry settled in time."""
+        while self._at_headers and self._at_headers[0][0] < now - HEADER_CALL_MAX_S:
+            _, call_id = self._at_headers.popleft()
+            if call_id in self._open:
+                self.finished(call_id, False, now)
 
     def plan(self, request: EPPRequest) -> tuple[CallRequest, str] | None:
         """A call's body as the router's request, and the model id the client sent; None for
@@ -191,11 +345,49 @@ class BoxPicker:
         self._count(now)
         if decision.instance is None:
             return self._refuse(path, requested, decision, now)
+        if self.full(decision.instance):
+            moved = self._off_full_box(decision, call.model, now)
+            if moved is None:
+                self.placement.failed(call.call_id, now)
+                return answer(path, self._pool_full())
+            decision = moved
         endpoint = self.endpoints[decision.instance]
         # the lease will say the box holds the prompt (the answer's length is not seen here)
         self._remember(call.call_id, _Open(decision.instance, endpoint, call.prompt_tokens, branch))
         fallback = self._fallback(decision, call.model, now)
         return Pick(call.call_id, endpoint, decision.kind.value, fallback)
+
+    def capacity(self, box: str) -> int:
+        """Calls `box` takes at once: its connection limit (its snapshot's, else the configured
+        one) less those kept for what is not a call."""
+        return self._capacity.get(box) or box_call_capacity(self.box_max_connections)
+
+    def full(self, box: str) -> bool:
+        """This picker has as many calls open on `box` as it takes: it gets no more (one more
+        would be closed at its accept, or wait in the gateway for a connection)."""
+        return self._load[box] >= self.capacity(box)
+
+    def _off_full_box(self, d: Decision, model: str, now: float) -> Decision | None:
+        """The placement moved off its full box to the next-best one that takes calls (as a
+        fallback is chosen), recorded for explain; None when every box is full."""
+        endpoint = self._fallback(d, model, now)
+        box = None if endpoint is None else self._boxes_at.get(endpoint)
+        if box is None or not self.router.forwarded(d.call_id, box, now):
+            return None
+        moved = d._replace(instance=box, reason=f"{d.reason}; {d.instance} at its connection limit")
+        self.router.record(moved)
+        return moved
+
+    def _pool_full(self) -> APIError:
+        total = sum(self.capacity(b) for b in self.endpoints)
+        return APIError(
+            429,
+            f"every box of the pool is at its connection limit ({total} calls at once); "
+            "try again shortly",
+            type="rate_limit_exceeded",
+            code="pool_full",
+            headers={"Retry-After": "1"},
+        )
 
     def _fallback(self, d: Decision, model: str, now: float) -> str | None:
         """The endpoint of the next-best box for a placed call, where Envoy retries it if it
@@ -205,15 +397,20 @@ class BoxPicker:
         (`served`)."""
         others = (c for c in d.candidates if c.feasible and c.instance != d.instance)
         for c in sorted(others, key=lambda c: c.rank_s):
-            if c.instance in self.endpoints and self.router.placeable(c.instance, model, now):
+            if self._open_to(c.instance, model, now):
                 return self.endpoints[c.instance]
         names = list(self.endpoints)
         start = next(self._fallback_rr)
         for i in range(len(names)):
             name = names[(start + i) % len(names)]
-            if name != d.instance and self.router.placeable(name, model, now):
+            if name != d.instance and self._open_to(name, model, now):
                 return self.endpoints[name]
         return None
+
+    def _open_to(self, box: str, model: str, now: float) -> bool:
+        return (
+            box in self.endpoints and not self.full(box) and self.router.placeable(box, model, now)
+        )
 
     def _settle_answered(self, branch: tuple[str, str], now: float) -> None:
         """A branch's next call means its previous answer ended: settle that call now, unless its
@@ -282,6 +479,8 @@ class BoxPicker:
         rec.status = status
         box = self._boxes_at.get(endpoint or "")
         if box is not None and box != rec.box and self.router.forwarded(call_id, box, now):
+            self._load[rec.box] -= 1
+            self._load[box] += 1
             rec.box, rec.endpoint = box, endpoint or rec.endpoint
 
     def finished(self, call_id: str, ok: bool, now: float) -> None:
@@ -290,6 +489,7 @@ class BoxPicker:
         rec = self._open.pop(call_id, None)
         if rec is None:
             return
+        self._load[rec.box] -= 1
         if rec.branch is not None and self._branch_open.get(rec.branch) == call_id:
             del self._branch_open[rec.branch]
         if ok and rec.status < 400:
@@ -299,10 +499,12 @@ class BoxPicker:
 
     def _remember(self, call_id: str, rec: _Open) -> None:
         self._open[call_id] = rec
+        self._load[rec.box] += 1
         if rec.branch is not None:
             self._branch_open[rec.branch] = call_id
         while len(self._open) > MAX_OPEN_CALLS:  # the server lost their ends: release them
             old, lost = self._open.popitem(last=False)
+            self._load[lost.box] -= 1
             if lost.branch is not None and self._branch_open.get(lost.branch) == old:
                 del self._branch_open[lost.branch]
             self.placement.failed(old, 0.0)  # `failed` reads no clock
@@ -376,6 +578,7 @@ class BoxPicker:
                         sessions.get(s.instance, set()) | self.router.held_sessions(s.instance)
                     ),
                     "in_flight": s.in_flight,
+                    "capacity": self.capacity(s.instance),
                     "leases": s.leases,
                 }
             )

@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from talariad.config import (
     ConfigError,
+    LimitsConfig,
     _pydantic_lines,
     _Strict,
     read_config_data,
@@ -40,6 +41,14 @@ class GatewayHealthCheck:
 
 
 GATEWAY_HEALTH_CHECK = GatewayHealthCheck()
+
+GATEWAY_STATS = (
+    r"failure_mode_allowed|streams_failed|pool_fallback\.upstream_rq_total"
+    r"|(upstream_rq_pending|upstream_cx|upstream_rq_retry|downstream_cx)_overflow"
+)
+"""The gateway's Envoy admin stats (`/stats?filter=`) that say what Envoy did without the picker:
+calls routed unpicked (ext_proc's `failure_mode_allowed`, the fail-open cluster's requests),
+picker streams that failed, and every overflow of its limits (docs/pool.md)."""
 
 FailureMode = Literal["fail_open", "fail_closed"]
 FAILURE_MODE: FailureMode = "fail_open"
@@ -83,6 +92,23 @@ class DiscoveryConfig(_Strict):
         return self
 
 
+MAX_STREAMS = 4096
+"""`EPPConfig.max_streams`'s default: ext_proc streams one picker holds at once."""
+BODY_BUFFER_BYTES = 4 * MAX_BODY_BYTES
+"""`EPPConfig.body_buffer_bytes`'s default: four largest bodies read at once."""
+BOX_MAX_CONNECTIONS = LimitsConfig.model_fields["max_connections"].default
+"""A box's own default `limits.max_connections`."""
+BOX_RESERVED_CONNECTIONS = 8
+"""Connections of a box kept for what is not a call: the pickers' snapshot polls, the gateway's
+health checks, an operator's probe. The rest is what the pool sends it calls on."""
+
+
+def box_call_capacity(max_connections: int) -> int:
+    """Calls one box takes at once: its `limits.max_connections` less the reserved ones (the box
+    closes a connection past its limit as soon as it is accepted)."""
+    return max(max_connections - BOX_RESERVED_CONNECTIONS, 1)
+
+
 LEASE_SLACK_S = 0.5
 """`EPPConfig.lease_slack_s`'s default (the simulator's picker uses it too)."""
 
@@ -115,6 +141,18 @@ class EPPConfig(_Strict):
     body_timeout_s: float = Field(default=BODY_TIMEOUT_S, gt=0)
     """A request body must be whole this long after its headers (default: the box's
     `limits.body_timeout_s` default), or the call gets 408 in the API's error shape."""
+    max_streams: int = Field(default=MAX_STREAMS, ge=1)
+    """ext_proc streams (calls through the gateway, for their whole answer) this picker holds at
+    once; past it a stream is answered 429 with `retry-after` at its headers, its body unread.
+    The rendered Envoy config sizes the picker cluster and the gateway's connections from it
+    (`python -m talaria_pool.envoy render --epp-max-streams`)."""
+    body_buffer_bytes: int = Field(default=BODY_BUFFER_BYTES, ge=1024)
+    """Request-body bytes this picker holds at once, over every stream reading one: a chunk that
+    would take it past refuses its call 429 with `retry-after` (the client sends it again), so
+    concurrent large bodies cannot grow the picker without bound. At least `max_body_bytes`."""
+    box_max_connections: int = Field(default=BOX_MAX_CONNECTIONS, ge=1)
+    """A box's `limits.max_connections` when its snapshot does not say (an older box): the
+    picker sends a box at most that many calls at once, less `BOX_RESERVED_CONNECTIONS`."""
     drain_s: float = Field(default=10.0, ge=0)
     """On SIGTERM, after announcing NOT_SERVING for `GATEWAY_HEALTH_CHECK.notice_s` (while the
     gateway moves new calls to another picker): how long the streams still open may finish."""
@@ -145,6 +183,15 @@ class EPPConfig(_Strict):
     def _knobs(cls, v: dict[str, Any]) -> dict[str, Any]:
         _router_knobs(v, 2.0)
         return v
+
+    @model_validator(mode="after")
+    def _buffer_holds_a_body(self) -> EPPConfig:
+        if self.body_buffer_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"body_buffer_bytes ({self.body_buffer_bytes}) must be at least max_body_bytes "
+                f"({self.max_body_bytes}): a largest body must fit"
+            )
+        return self
 
     def knobs(self) -> RouterKnobs:
         return picker_knobs(_router_knobs(self.router, self.stale_after_s), self.lease_slack_s)

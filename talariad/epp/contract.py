@@ -49,6 +49,8 @@ class ImmediateAnswer:
     status: int
     body: bytes
     headers: Mapping[str, str] = field(default_factory=dict)
+    code: str = field(default="", compare=False)
+    """The error's `code` (else its `type`): what the refusal metrics count it by."""
 
 
 class Picker(Protocol):
@@ -71,4 +73,14 @@ class Picker(Protocol):
     def finished(self, call_id: str, ok: bool, now: float) -> None:
         """The call's response ended (`ok`: its end of stream was seen, or it had none to see
         because the response body is not sent to the EPP) or was cut before it did."""
+        ...
+
+    def lease_return(self, request: EPPRequest, now: float) -> Pick | None:
+        """Place a call from its request headers alone (`request.body` is empty), where that is
+        unambiguous (a return to its session's lease); None: the call is decided on its body."""
+        ...
+
+    def logged(self, call_id: str, endpoint: str | None, status: int, ok: bool, now: float) -> None:
+        """Envoy's access-log entry for a call `lease_return` placed: the endpoint that served it,
+        its status, and whether its response ended well (`served` and `finished` in one)."""
         ...

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from talariad.calls.errors import APIError, error_body
+from talariad.epp import ext_authz_pb2 as authz
 from talariad.epp import ext_proc_pb2 as pb
 from talariad.epp.contract import ImmediateAnswer
 
@@ -15,6 +16,13 @@ DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
 LB = "envoy.lb"
 """The metadata namespace of the GIE endpoint contract (both ways)."""
+LEASE = "x-talaria-lease"
+"""The metadata key the check at request headers sets on a call it placed (the leased endpoint),
+beside `DESTINATION`, in `AT_HEADERS`: the gateway's route for it turns the full-duplex filter
+off, and its access log reports the call's end."""
+AT_HEADERS = "envoy.filters.http.ext_authz"
+"""The metadata namespace of the check at request headers (Envoy's ext_authz filter puts its
+answer's dynamic metadata there)."""
 EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
 PIECE_BYTES = 62_000
 """Largest body piece sent back: GIE's chunk size, under Envoy's per-message buffers."""
@@ -58,6 +66,29 @@ def route_to(destination: str) -> pb.ProcessingResponse:
     return reply
 
 
+def placed_at_headers(destination: str, leased: str) -> authz.CheckResponse:
+    """The check's answer for a call placed at its headers: OK, `destination` ("ip:port,ip:port":
+    `Pick.destination`) and the `leased` endpoint in the metadata, and the destination header
+    set, which makes Envoy clear its route cache (ext_authz clears it only when a header
+    changes) and names the pick in its access log as the full-duplex filter's does."""
+    option = authz.HeaderValueOption(
+        header=authz.HeaderValue(key=DESTINATION, value=destination),
+        append_action=authz.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+    reply = authz.CheckResponse(ok_response=authz.OkHttpResponse(headers=[option]))
+    reply.status.code = 0
+    reply.dynamic_metadata.update({DESTINATION: destination, LEASE: leased})
+    return reply
+
+
+_UNPLACED = authz.CheckResponse(ok_response=authz.OkHttpResponse())
+
+
+def unplaced() -> authz.CheckResponse:
+    """The check's answer for a call left to the body: OK, nothing changed."""
+    return _UNPLACED
+
+
 def streamed(body: bytes, end_of_stream: bool, *, response: bool) -> pb.ProcessingResponse:
     """A body chunk sent back to Envoy. Always `streamed_response`: a whole-body reply in full
     duplex is a "spurious message" to Envoy, which answers the client 500."""
@@ -88,7 +119,8 @@ def request_body_pieces(body: bytes, end_of_stream: bool = True) -> Iterator[pb.
 def answer(path: str, err: APIError) -> ImmediateAnswer:
     """`err` as an immediate answer, in the error shape of the API `path` belongs to."""
     headers = {k.lower(): str(v) for k, v in err.headers.items()}
-    return ImmediateAnswer(err.status, json.dumps(error_body(path, err)).encode(), headers)
+    body = json.dumps(error_body(path, err)).encode()
+    return ImmediateAnswer(err.status, body, headers, err.code or err.type)
 
 
 def refuse(refusal: ImmediateAnswer, details: str) -> pb.ProcessingResponse:

@@ -28,7 +28,7 @@ log = logging.getLogger("talariad.epp")
 
 def build_picker(cfg: EPPConfig) -> BoxPicker:
     """A picker over an empty pool (the poller adds the boxes); profiles come from the boxes."""
-    return BoxPicker(Router(cfg.knobs(), {}), cfg.max_branches, cfg.policy)
+    return BoxPicker(Router(cfg.knobs(), {}), cfg.max_branches, cfg.policy, cfg.box_max_connections)
 
 
 async def discovered(cfg: EPPConfig, base: pathlib.Path) -> Discovery:
@@ -62,6 +62,8 @@ async def serve_ext_proc(
         max_body_bytes=cfg.max_body_bytes,
         failure_mode=cfg.failure_mode,
         body_timeout_s=cfg.body_timeout_s,
+        max_streams=cfg.max_streams,
+        body_buffer_bytes=cfg.body_buffer_bytes,
     )
     started = await server.start(processor, cfg.listen, tls)
     print(f"talariad epp: ext_proc listening on {cfg.listen}", file=sys.stderr, flush=True)

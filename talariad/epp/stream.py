@@ -33,6 +33,24 @@ BODY_TIMEOUT_S = LimitsConfig.model_fields["body_timeout_s"].default
 Replies = Iterable[pb.ProcessingResponse]
 
 
+class BodyBudget:
+    """Request-body bytes held at once over every stream of a picker (`EPPConfig.
+    body_buffer_bytes`): concurrent large bodies cannot grow the picker without bound."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit, self.held = limit, 0
+
+    def take(self, n: int) -> bool:
+        """Hold `n` more bytes; False (nothing held) when that would pass the limit."""
+        if self.limit is not None and self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
 class Stream:
     def __init__(
         self,
@@ -40,13 +58,22 @@ class Stream:
         clock: Callable[[], float],
         metrics: EPPMetrics,
         max_body_bytes: int = MAX_BODY_BYTES,
+        budget: BodyBudget | None = None,
+        over_streams: int | None = None,
     ) -> None:
+        """`budget`: the body bytes shared with the picker's other streams; `over_streams`: the
+        picker's stream limit when this stream is past it (it is refused at its headers)."""
         self.picker, self.clock, self.metrics, self.max_body = (
             picker,
             clock,
             metrics,
             max_body_bytes,
         )
+        self.budget = budget or BodyBudget()
+        self.held = 0  # of `budget`, by this stream's body
+        self.over_streams = over_streams
+        self.over_budget = False
+        self.size_known = False  # the body's size is known (Content-Length, or its end)
         self.call_id, self.method, self.path = "", "", ""
         self.arrived: float | None = None  # the request headers' arrival, on `clock`
         self.headers: dict[str, str] = {}
@@ -80,17 +107,23 @@ class Stream:
         """The body was not whole `timeout_s` after the headers: 408 in the API's error shape,
         as the box answers a body it waited for as long."""
         self.routed, self.body = True, bytearray()
+        self._release()
         message = f"the request body did not arrive within {timeout_s:g} s"
         self.metrics.decided("body_timeout", 0.0)
-        return [
-            replies.refuse(error(self.path, 408, message, "request_timeout"), "epp_body_timeout")
-        ]
+        refusal = error(self.path, 408, message, "request_timeout")
+        self.metrics.refused(refusal)
+        return [replies.refuse(refusal, "epp_body_timeout")]
 
     def ended(self, clean: bool) -> None:
         """The gRPC stream is over (`clean`: Envoy half-closed it, else it was cancelled). A
         response not seen to its end fails the call, unless Envoy ended the stream cleanly at
         the response headers because it sends the EPP no response body."""
+        self._release()
         self._settle(clean and self.response_started and not self.response_body_seen)
+
+    def _release(self) -> None:
+        self.budget.give(self.held)
+        self.held = 0
 
     # ---- request ---------------------------------------------------------------------------
 
@@ -102,18 +135,30 @@ class Stream:
         declared = self.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body:
             self.body_bytes = int(declared)  # refused before any of it is read
+            self.size_known = True
+            return self._route(body_follows=False)
+        if self.over_streams is not None:  # refused before any of it is read
             return self._route(body_follows=False)
         return self._route(body_follows=False) if msg.end_of_stream else []
 
     def _request_body(self, msg: pb.HttpBody, _req) -> Replies:
-        if self.routed:  # refused already (its Content-Length, its time): nothing of it is kept
+        if self.routed:  # refused already (its size, its time): nothing of it is kept
             return []
         self.body_bytes += len(msg.body)
-        if self.body_bytes <= self.max_body:
-            self.body += msg.body
-        elif self.body:  # over the bound: a 413 is coming, keep nothing
-            self.body = bytearray()
-        return self._route(body_follows=True) if msg.end_of_stream and not self.routed else []
+        if self.body_bytes > self.max_body:  # 413 now: the rest need not be read
+            self._drop_body()
+            return self._route(body_follows=False)
+        if not self.budget.take(len(msg.body)):  # the picker holds enough bodies now: 429
+            self.over_budget = True
+            self._drop_body()
+            return self._route(body_follows=False)
+        self.held += len(msg.body)
+        self.body += msg.body
+        return self._route(body_follows=True) if msg.end_of_stream else []
+
+    def _drop_body(self) -> None:
+        self.body = bytearray()
+        self._release()
 
     def _request_trailers(self, _msg, _req) -> Replies:
         # With trailers the body carries no end of stream: the trailers end the request.
@@ -129,6 +174,7 @@ class Stream:
         body, self.body = bytes(self.body), bytearray()
         outcome, decision = self._decide(body)
         if isinstance(decision, ImmediateAnswer):
+            self.metrics.refused(decision)
             first = replies.refuse(decision, details=f"epp_{outcome}")
         else:
             self.pick = decision
@@ -138,13 +184,31 @@ class Stream:
         lag = None if self.arrived is None else self.clock() - self.arrived
         self.metrics.decided(outcome, time.perf_counter() - started, lag)
         if not body_follows or self.pick is None:
+            self._release()
             return [first]
-        return chain([first], replies.request_body_pieces(body, body_ends))
+        return chain([first], self._handed_back(body, body_ends))
+
+    def _handed_back(self, body: bytes, body_ends: bool) -> Replies:
+        """The body's pieces; it is the picker's (`budget`) until the last has gone to Envoy."""
+        try:
+            yield from replies.request_body_pieces(body, body_ends)
+        finally:
+            self._release()
 
     def _decide(self, body: bytes) -> tuple[str, Pick | ImmediateAnswer]:
         if self.body_bytes > self.max_body:
-            message = f"request body is {self.body_bytes} bytes; the limit is {self.max_body} bytes"
+            size = f"is {self.body_bytes}" if self.size_known else f"passed {self.max_body}"
+            message = f"request body {size} bytes; the limit is {self.max_body} bytes"
             return "too_large", error(self.path, 413, message, "request_too_large")
+        if self.over_streams is not None:
+            message = f"the pool's picker holds {self.over_streams} calls now, its limit"
+            return "overloaded", busy(self.path, message, "epp_stream_limit")
+        if self.over_budget:
+            message = (
+                f"the pool's picker holds {self.budget.held} bytes of request bodies now "
+                f"(its limit: {self.budget.limit})"
+            )
+            return "overloaded", busy(self.path, message, "epp_body_buffer_full")
         request = EPPRequest(
             self.call_id, self.method, self.path, self.headers, body, arrived=self.arrived
         )
@@ -152,7 +216,7 @@ class Stream:
             decision = self.picker.pick(request, self.clock())
             if isinstance(decision, Pick):
                 for endpoint in (decision.endpoint, decision.fallback):
-                    _check_endpoint(endpoint)
+                    check_endpoint(endpoint)
         except Exception:
             log.exception("call %s: the picker failed; answering 503", self.call_id)
             return "error", error(self.path, 503, "no endpoint could be picked", "epp_error")
@@ -214,6 +278,18 @@ def error(path: str, status: int, message: str, code: str) -> ImmediateAnswer:
     return replies.answer(path, APIError(status, message, type=kind, code=code))
 
 
+def busy(path: str, message: str, code: str) -> ImmediateAnswer:
+    """429 with `retry-after` in the API's error shape: the picker cannot take the call now."""
+    err = APIError(
+        429,
+        f"{message}; try again shortly",
+        type="rate_limit_exceeded",
+        code=code,
+        headers={"Retry-After": "1"},
+    )
+    return replies.answer(path, err)
+
+
 MAX_SKEW_S = 10.0
 """Envoy's receipt time is taken as far back as this (a clock further off is not believed)."""
 
@@ -228,7 +304,7 @@ def arrival(now: float, received_at: float | None) -> float:
     return now - ago if 0.0 <= ago <= MAX_SKEW_S else now
 
 
-def _check_endpoint(endpoint: str | None) -> None:
+def check_endpoint(endpoint: str | None) -> None:
     # Each entry of the destination list: Envoy's override_host matches "ip:port" exactly.
     if endpoint is None:
         return

@@ -43,7 +43,9 @@ class Gateway:
             [i.name for i in cfg.instances if model in i.models and ready(i.name)], []
         )
         """Which instances take a model's new calls now (the daemon's view replaces this one)."""
-        self.pool = PoolEndpoint(None, cfg.pool.max_sessions_per_instance)
+        self.pool = PoolEndpoint(
+            None, cfg.pool.max_sessions_per_instance, cfg.limits.max_connections
+        )
         """`GET /pool/snapshot` for the pool's endpoint picker (no token: not served)."""
         self.metrics = GatewayMetrics()
         self.stored = ResponseStore(cfg.responses.store_max)

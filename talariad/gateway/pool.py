@@ -115,8 +115,15 @@ class PoolEndpoint:
     snapshot's version counter, the session view's change log and its bound (`max_sessions`
     per live instance: `pool.max_sessions_per_instance`)."""
 
-    def __init__(self, token: str | None = None, max_sessions: int = 20_000) -> None:
+    def __init__(
+        self,
+        token: str | None = None,
+        max_sessions: int = 20_000,
+        max_connections: int | None = None,
+    ) -> None:
+        """`max_connections`: the box's `limits.max_connections`, published for the picker."""
         self.token, self.max_sessions, self.version = token, max_sessions, 0
+        self.max_connections = max_connections
         self.log = SessionLog()
         self._cut_at: int | None = None  # the last token whose view was cut
         self._live: frozenset[str] = frozenset()  # the live instances of the last snapshot
@@ -160,7 +167,11 @@ class PoolEndpoint:
         if target.sessions_truncated:  # changes to a cut view are no delta to send
             self._cut_at = self.log.seq
         return BoxSnapshot(
-            version=self.version, sessions_epoch=self.log.seq, target=target, models=models
+            version=self.version,
+            sessions_epoch=self.log.seq,
+            target=target,
+            models=models,
+            max_connections=self.max_connections,
         )
 
     def _changes(

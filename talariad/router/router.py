@@ -231,6 +231,10 @@ class Router:
     def leases(self) -> tuple[Lease, ...]:
         return self._leases.all()
 
+    def lease(self, session_id: str, model: str) -> Lease | None:
+        """The lease installed for (session, model), live or not yet expired away."""
+        return self._leases.get((session_id, model))
+
     def explain(self, call_id: str) -> Decision | None:
         """The latest decision for `call_id`, with its kind and per-candidate breakdown."""
         return self._decisions.get(call_id)

@@ -113,3 +113,6 @@ class BoxSnapshot(BaseModel):
     (a target whose `sessions_base` is None was sent whole all the same)."""
     target: BoxTarget = Field(default_factory=BoxTarget)
     models: list[BoxModel] = Field(default_factory=list)
+    max_connections: int | None = None
+    """The box's `limits.max_connections`: connections it takes at once (None: an older box,
+    the picker's `box_max_connections` then). The picker sends it fewer calls at once."""

@@ -163,6 +163,9 @@ class RecordingPicker:
         self.requests: list[EPPRequest] = []
         self.served_calls: list[tuple[str, str | None, int]] = []
         self.finished_calls: list[tuple[str, bool]] = []
+        self.at_headers = False  # lease_return places every call it is asked about
+        self.header_requests: list[EPPRequest] = []
+        self.logged_calls: list[tuple[str, str | None, int, bool]] = []
 
     def pick(self, request: EPPRequest, now: float) -> Pick | ImmediateAnswer:
         self.requests.append(request)
@@ -175,6 +178,13 @@ class RecordingPicker:
 
     def finished(self, call_id: str, ok: bool, now: float) -> None:
         self.finished_calls.append((call_id, ok))
+
+    def lease_return(self, request: EPPRequest, now: float) -> Pick | None:
+        self.header_requests.append(request)
+        return Pick(request.call_id, self.endpoint) if self.at_headers else None
+
+    def logged(self, call_id: str, endpoint: str | None, status: int, ok: bool, now: float) -> None:
+        self.logged_calls.append((call_id, endpoint, status, ok))
 
     async def settled(self, timeout: float = 5.0) -> list[tuple[str, bool]]:
         """The finished calls, once there is one (the server settles a cancel asynchronously)."""

@@ -4,11 +4,12 @@ answered in the API's shapes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from talariad.epp.boxpicker import BoxPicker
+from talariad.epp.boxpicker import HEADER_CALL_MAX_S, BoxPicker
 from talariad.epp.contract import EPPRequest, ImmediateAnswer, Pick
 from talariad.gateway.pool import box_target
 from talariad.router import Router, RouterKnobs
@@ -274,3 +275,167 @@ def test_the_picker_plans_an_unset_output_limit_as_the_boxs_gateway_does():
     p.pick(EPPRequest("c1", "POST", "/v1/chat/completions", {}, json.dumps(body).encode()), 0.3)
     (call,) = planned
     assert call.max_tokens == 200 - call.prompt_tokens  # what fits, not the default 4096
+
+
+# --- lease returns at request headers -----------------------------------------------------------
+
+
+def _headers_of(req: EPPRequest, at: float | None = None) -> EPPRequest:
+    """What the check at request headers hands over of `req`: its headers with the body's length."""
+    heads = {**req.headers, "content-length": str(len(req.body))}
+    return EPPRequest(req.call_id, req.method, req.path, heads, arrived=at)
+
+
+def _in_flight(p: BoxPicker, box: str, now: float) -> int:
+    return next(s.in_flight for s in p.router.instances(now) if s.instance == box)
+
+
+def test_a_return_to_a_live_lease_is_placed_at_headers_and_settled_by_the_access_log():
+    p = _picker()
+    s = Session("h1")
+    box = _turn(p, s, 0.0)
+    req = s.request()
+    pick = p.lease_return(_headers_of(req), 0.2)
+    assert isinstance(pick, Pick) and pick.endpoint == BOXES[box] and pick.kind == "lease_hit"
+    assert pick.fallback is not None and pick.fallback != pick.endpoint  # a dead box is retried
+    assert p.explain(req.call_id).kind.value == "lease_hit"
+    assert _in_flight(p, box, 0.2) == 1
+    p.logged(req.call_id, BOXES[box], 200, True, 0.3)
+    assert _in_flight(p, box, 0.3) == 0
+    lease = p.router.lease(p.explain(req.call_id).session_id, MODEL)
+    assert lease is not None and lease.t_done == 0.3  # renewed at the call's end
+    s.answered()
+    # renewed: a return past the first lease's life (it began at 0.02) is placed at headers too
+    again = s.request()
+    assert isinstance(p.lease_return(_headers_of(again), 0.3 + p.router.knobs.tau_s - 0.1), Pick)
+
+
+def test_what_is_not_clearly_a_return_is_decided_on_the_body():
+    p = _picker()
+    s = Session("h2")
+    _turn(p, s, 0.0)
+    req = s.request()
+    heads = _headers_of(req)
+    assert p.lease_return(dataclasses.replace(heads, headers={}), 0.1) is None  # no session
+    shorter = {**heads.headers, "content-length": "10"}  # a sub-agent, a title call
+    assert p.lease_return(dataclasses.replace(heads, headers=shorter), 0.1) is None
+    chunked = {k: v for k, v in heads.headers.items() if k != "content-length"}
+    assert p.lease_return(dataclasses.replace(heads, headers=chunked), 0.1) is None
+    assert p.lease_return(dataclasses.replace(heads, path="/v1/models"), 0.1) is None
+    late = p.router.knobs.tau_s + 1.0
+    assert p.lease_return(heads, late) is None  # the lease has expired
+    assert p.lease_return(heads, 0.1) is not None
+    # its branch has a call in flight: the next one may be a parallel branch
+    assert p.lease_return(_headers_of(s.request()), 0.1) is None
+    assert all(_in_flight(p, b, 0.1) <= 1 for b in BOXES)
+
+
+def test_a_session_with_two_live_branches_is_decided_on_the_body():
+    p = _picker()
+    s = Session("h3", words=200)
+    _turn(p, s, 0.0)
+    sub = Session("h3", words=200)  # the same session and head, a conversation of its own
+    sub.msgs.append({"role": "user", "content": "sub-agent task: list the files"})
+    sub_call = sub.request()
+    box = _box(p, p.pick(sub_call, 0.05))
+    p.served(sub_call.call_id, p.endpoints[box], 200, 0.06)
+    p.finished(sub_call.call_id, True, 0.07)
+    assert len(p.branches.names("h3", MODEL)) == 2
+    main = _headers_of(s.request())
+    assert int(main.headers["content-length"]) > len(sub_call.body)  # not the length rule
+    assert p.lease_return(main, 0.1) is None
+
+
+def test_a_box_not_serving_every_model_of_the_pool_takes_no_return_at_headers():
+    p = _picker()
+    other = _snap().model_copy(update={"models": [BoxModel(name="other")]})
+    p.box_seen("c", "10.0.0.3:8000", other, 0.0)
+    s = Session("h4")
+    _turn(p, s, 0.0)
+    # the call's model is in its body: a box serving only some models may not serve it
+    assert p.lease_return(_headers_of(s.request()), 0.1) is None
+
+
+def test_a_lost_box_takes_no_return_at_headers():
+    p = _picker()
+    s = Session("h5")
+    box = _turn(p, s, 0.0)
+    p.box_lost(box, 0.05)
+    assert p.lease_return(_headers_of(s.request()), 0.1) is None
+
+
+def test_a_call_placed_at_headers_whose_end_was_never_logged_is_released():
+    p = _picker()
+    s = Session("h6")
+    box = _turn(p, s, 0.0)
+    req = s.request()
+    assert p.lease_return(_headers_of(req), 0.1) is not None
+    assert _in_flight(p, box, 0.2) == 1
+    p.box_seen(box, BOXES[box], _snap(), 0.1 + HEADER_CALL_MAX_S + 1)
+    assert _in_flight(p, box, 0.2) == 0
+    p.logged(req.call_id, BOXES[box], 200, True, 500.0)  # a late entry changes nothing
+
+
+def test_a_lease_the_router_finds_unusable_at_headers_leaves_nothing_behind():
+    p = _picker()
+    s = Session("h7")
+    box = _turn(p, s, 0.0)
+    branch = p.explain("h7-1").session_id
+    # the box's snapshot no longer holds the branch's prefix: the router discards the lease
+    assert p.router.lease(branch, MODEL) is not None
+    p.box_seen(box, BOXES[box], _snap(), 0.05)  # a whole snapshot without the session
+    req = s.request()
+    assert p.lease_return(_headers_of(req), 0.1) is None
+    # the router placed it by cost ("lease prefix missing"), and that placement was undone
+    assert p.explain(req.call_id).kind.value == "cost"
+    assert all(_in_flight(p, b, 0.1) == 0 for b in BOXES) and p.router.held() == ()
+
+
+def _capped_picker(max_connections: int) -> BoxPicker:
+    """Boxes whose snapshots publish `max_connections` (the picker's default would be 512)."""
+    p = BoxPicker(Router(RouterKnobs(overload="spill"), {}))
+    for name, ep in BOXES.items():
+        snap = _snap().model_copy(update={"max_connections": max_connections})
+        p.box_seen(name, ep, snap, 0.0)
+    return p
+
+
+def test_a_box_gets_no_more_calls_than_its_connection_limit_takes_and_then_the_pool_is_429():
+    p = _capped_picker(10)  # 10 connections, 8 kept for polls and checks: 2 calls a box
+    assert p.capacity("a") == p.capacity("b") == 2
+    picks = [p.pick(Session(f"s{i}").request(), 0.1 + i * 0.01) for i in range(4)]
+    boxes = [_box(p, pick) for pick in picks]
+    assert sorted(boxes) == ["a", "a", "b", "b"]
+    assert picks[3].fallback is None  # no box with room left to fall back on
+    full = p.pick(Session("late").request(), 0.2)
+    assert isinstance(full, ImmediateAnswer) and full.status == 429, full
+    assert full.headers["retry-after"] == "1" and full.code == "pool_full"
+    assert "connection limit (4 calls at once)" in json.loads(full.body)["error"]["message"]
+    assert sum(b["in_flight"] for b in p.status(0.2)["boxes"]) == 4  # the refusal holds nothing
+    p.finished("s0-1", True, 0.3)  # one ends: its box takes the next
+    assert _box(p, p.pick(Session("next").request(), 0.4)) == boxes[0]
+
+
+def test_a_placement_on_a_full_box_moves_to_one_with_room():
+    p = _capped_picker(10)  # two calls a box
+    s = Session("s1")
+    home = _turn(p, s, 0.1)  # its lease is on `home`
+    other = next(b for b in BOXES if b != home)
+    opened, now = [], 0.2
+    while not p.full(home):  # other sessions' calls fill `home`
+        req = Session(f"x{len(opened)}").request()
+        opened.append((req.call_id, _box(p, p.pick(req, now))))
+        now += 0.01
+    for call_id, box in opened:
+        if box == other:
+            p.finished(call_id, True, now)
+    returning = s.request()
+    assert _box(p, p.pick(returning, now + 0.01)) == other
+    explained = p.explain(returning.call_id)
+    assert explained.instance == other and f"{home} at its connection limit" in explained.reason
+
+
+def test_a_box_that_publishes_no_limit_takes_the_configured_one():
+    p = BoxPicker(Router(RouterKnobs(), {}), box_max_connections=12)
+    p.box_seen("a", BOXES["a"], _snap(), 0.0)
+    assert p.capacity("a") == 4

@@ -46,10 +46,12 @@ def healthy_pickers(admin: str) -> set[str]:
     }
 
 
-def streams_taken(admin: str) -> float:
+def calls_taken(admin: str) -> float:
+    """The calls a picker took: its ext_proc streams and the lease returns it placed at their
+    headers (which open none)."""
     text = httpx.get(f"http://{admin}/metrics", timeout=5).text
-    line = next(ln for ln in text.splitlines() if ln.startswith("talaria_epp_streams_total "))
-    return float(line.split()[-1])
+    series = ("talaria_epp_streams_total ", 'talaria_epp_at_headers_total{result="placed"} ')
+    return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(series))
 
 
 async def wait_for(condition, what: str, wait_s: float = 30) -> None:
@@ -116,7 +118,7 @@ def test_sigterm_to_one_of_two_pickers_loses_no_call(pool):
 
     async def drain(sent: list[Sent]) -> None:
         # both pickers carry calls before the signal
-        await wait_for(lambda: streams_taken(second_admin) >= 20, "picker b took none")
+        await wait_for(lambda: calls_taken(second_admin) >= 20, "picker b took none")
         os.kill(picker.pid, signal.SIGTERM)
         times.append(time.monotonic())
         await wait_for(lambda: picker.poll() is not None, "picker b never exited")
@@ -175,7 +177,7 @@ def test_sigkill_to_one_of_two_pickers_fails_no_call_sent_after_it(pool, failure
     killed: list[float] = []
 
     async def kill(sent: list[Sent]) -> None:
-        await wait_for(lambda: streams_taken(victim_admin) >= 20, "the victim took none")
+        await wait_for(lambda: calls_taken(victim_admin) >= 20, "the victim took none")
         os.kill(picker.pid, signal.SIGKILL)
         killed.append(time.monotonic())
         await wait_for(lambda: picker.poll() is not None, "the victim outlived SIGKILL")

@@ -179,9 +179,10 @@ def test_a_malformed_body_gets_the_api_400_from_the_epp(pool):
 
 
 def _streams_taken(pool) -> float:
+    """What the EPP was asked: its ext_proc streams and its checks at request headers."""
     text = httpx.get(f"http://{pool.epp_admin}/metrics", timeout=5).text
-    line = next(ln for ln in text.splitlines() if ln.startswith("talaria_epp_streams_total "))
-    return float(line.split()[-1])
+    series = ("talaria_epp_streams_total ", "talaria_epp_at_headers_total{")
+    return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(series))
 
 
 @pytest.mark.parametrize(

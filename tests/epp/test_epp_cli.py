@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from fastapi.testclient import TestClient
@@ -16,7 +17,8 @@ from talaria_ctl.main import app as ctl
 from talariad.cli import app
 from talariad.config import LimitsConfig
 from talariad.epp.admin import admin_app
-from talariad.epp.config import EPPConfig
+from talariad.epp.config import GATEWAY_STATS, EPPConfig
+from talariad.epp.contract import ImmediateAnswer
 from talariad.epp.discovery.file import parse_boxes
 from talariad.epp.metrics import EPPMetrics
 from tests.epp.test_boxpicker import Session, _picker, _turn
@@ -41,6 +43,8 @@ def _epp(tmp_path, data) -> CliRunner:
         ({"max_body_bytes": 10}, "max_body_bytes: Input should be greater than or equal to 1024"),
         ({"body_timeout_s": 0}, "body_timeout_s: Input should be greater than 0"),
         ({"listen": "nowhere"}, "listen: Value error, expected host:port"),
+        ({"max_streams": 0}, "max_streams: Input should be greater than or equal to 1"),
+        ({"body_buffer_bytes": 4096}, "body_buffer_bytes (4096) must be at least max_body_bytes"),
         ({"colour": "blue"}, "colour: unknown key"),
         ({"tls": {"cert_file": "c.pem", "key_file": "k.pem"}}, "tls.cert_file: cannot read"),
         (
@@ -84,7 +88,9 @@ def served(monkeypatch):
     picker = _picker()
     session = Session("s1")
     _turn(picker, session, 0.1)
-    client = TestClient(admin_app(picker, EPPMetrics().registry))
+    metrics = EPPMetrics()
+    metrics.refused(ImmediateAnswer(429, b"{}", {}, "pool_full"))  # the pool was full once
+    client = TestClient(admin_app(picker, metrics.registry))
     monkeypatch.setattr(epp_ctl.httpx, "get", lambda url, timeout: client.get(url))
     monkeypatch.setattr("talariad.epp.admin.time.monotonic", lambda: 0.2)
     return picker
@@ -97,8 +103,12 @@ def test_ctl_status_lists_the_boxes(served):
     assert {b["name"] for b in data["boxes"]} == {"a", "b"}
     assert sum(b["sessions"] for b in data["boxes"]) == 1 and data["decisions_per_s"] > 0
     assert all(b["state"] == "healthy" for b in data["boxes"])
+    assert data["refusals"][0] == {"status": 429, "code": "pool_full", "count": 1}
+    assert {(r["status"], r["code"]) for r in data["refusals"]} >= {(408, "request_timeout")}
+    assert all(b["capacity"] == 504 for b in data["boxes"])  # 512 connections, 8 kept
     table = CliRunner().invoke(ctl, ["--epp", "127.0.0.1:9090", "status"])
     assert table.exit_code == 0 and "10.0.0.1:8000" in table.stdout
+    assert "refused: 1 x 429 pool_full" in table.stdout
 
 
 def test_ctl_call_explain_shows_every_box_weighed(served):
@@ -136,3 +146,29 @@ def test_the_example_pool_config_and_its_boxes_parse():
     assert cfg.discovery.static is not None
     boxes = parse_boxes((examples / cfg.discovery.static.file).read_text())
     assert [b.name for b in boxes.values()] == ["box0", "box1"]
+
+
+def test_ctl_status_shows_what_the_gateway_did_without_the_picker(served, monkeypatch):
+    stats = "cluster.pool_fallback.upstream_rq_total: 3\nhttp.gateway.ext_proc.streams_failed: 0\n"
+    asked = []
+    to_picker = epp_ctl.httpx.get
+
+    def get(url, timeout):
+        if "/stats" in url:
+            asked.append(httpx.URL(url).params["filter"])
+            return httpx.Response(200, text=stats, request=httpx.Request("GET", url))
+        return to_picker(url, timeout=timeout)
+
+    monkeypatch.setattr(epp_ctl.httpx, "get", get)
+    argv = ["--epp", "127.0.0.1:9090", "status", "--gateway", "127.0.0.1:9901"]
+    result = CliRunner().invoke(ctl, [*argv, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["gateway"] == {
+        "cluster.pool_fallback.upstream_rq_total": 3,
+        "http.gateway.ext_proc.streams_failed": 0,
+    }
+    assert asked == [GATEWAY_STATS]
+    table = CliRunner().invoke(ctl, argv)
+    assert "gateway at 127.0.0.1:9901: cluster.pool_fallback.upstream_rq_total 3" in table.stdout
+    alone = CliRunner().invoke(ctl, ["status", "--gateway", "127.0.0.1:9901"])
+    assert alone.exit_code == 2 and "--gateway goes with --epp" in alone.stderr

@@ -10,8 +10,11 @@ import os
 
 import grpc
 
+from talariad.epp import als_pb2, als_pb2_grpc, ext_authz_pb2, ext_authz_pb2_grpc
 from talariad.epp import ext_proc_pb2 as pb
+from talariad.epp import server as server_module
 from talariad.epp.contract import ImmediateAnswer
+from talariad.epp.replies import LEASE
 from tests.epp import fake_envoy as envoy
 from tests.epp.fake_envoy import ENDPOINT, MIB, RecordingPicker
 
@@ -150,9 +153,12 @@ async def test_a_body_over_the_bound_is_a_413_in_the_openai_shape(epp):
     (reply,) = await call.read()
     assert reply.immediate_response.status.code == 413
     error = json.loads(reply.immediate_response.body)["error"]
-    assert error["code"] == "request_too_large" and "3000 bytes" in error["message"]
+    # refused as it passed the bound: the rest of a chunked body is never read
+    assert error["code"] == "request_too_large" and "passed 1000 bytes" in error["message"]
     assert run.picker.requests == []
     assert run.processor.metrics.decisions.labels("too_large")._value.get() == 1
+    assert run.processor.metrics.refusals.labels("413", "request_too_large")._value.get() == 1
+    assert run.processor.budget.held == 0
 
 
 async def test_a_body_over_the_bound_on_messages_is_in_the_anthropic_shape(epp):
@@ -323,3 +329,163 @@ async def test_a_body_whole_in_time_is_not_timed_out(epp):
     await call.send(envoy.response_headers(), envoy.body(b"", end_of_stream=True, response=True))
     await call.read(2)
     assert run.picker.finished_calls == [("req-1", True)]
+
+
+# --- the check at request headers and the access log -------------------------------------------
+
+
+def _check(headers: dict[str, str], rid: str = "req-1") -> ext_authz_pb2.CheckRequest:
+    """What Envoy's ext_authz filter sends: method, path, id and the allowed headers."""
+    req = ext_authz_pb2.CheckRequest()
+    http = req.attributes.request.http
+    http.id, http.method, http.path = rid, "POST", "/v1/chat/completions"
+    http.headers.update({"x-request-id": rid, **headers})
+    return req
+
+
+async def test_a_call_placed_at_headers_is_routed_and_marked_in_one_answer(epp):
+    running = await epp()
+    running.picker.at_headers = True
+    stub = ext_authz_pb2_grpc.AuthorizationStub(running.channel)
+    reply = await stub.Check(_check({"x-session-id": "s", "content-length": "12"}))
+    assert reply.status.code == 0 and reply.WhichOneof("http_response") == "ok_response"
+    assert dict(reply.dynamic_metadata) == {DEST: ENDPOINT, LEASE: ENDPOINT}
+    (option,) = reply.ok_response.headers  # a header set: Envoy clears its route cache
+    assert option.header.key == DEST and option.header.value == ENDPOINT
+    [asked] = running.picker.header_requests
+    assert asked.call_id == "req-1" and asked.body == b"" and asked.headers["x-session-id"] == "s"
+    assert asked.method == "POST" and asked.path == "/v1/chat/completions"
+    assert running.picker.requests == []  # the full-duplex decision was not asked for
+    placed = running.processor.metrics.at_headers.labels("placed")._value.get()
+    assert placed == 1
+
+
+async def test_a_call_not_placed_at_headers_passes_unchanged_to_the_body_filter(epp):
+    running = await epp()
+    stub = ext_authz_pb2_grpc.AuthorizationStub(running.channel)
+    reply = await stub.Check(_check({}))
+    assert reply.status.code == 0  # never a denial
+    assert not reply.ok_response.headers and not reply.HasField("dynamic_metadata")
+
+
+async def test_a_failing_lease_lookup_passes_the_call_on(epp):
+    running = await epp(picker=RecordingPicker(endpoint="not an endpoint"))
+    running.picker.at_headers = True
+    stub = ext_authz_pb2_grpc.AuthorizationStub(running.channel)
+    reply = await stub.Check(_check({}))
+    assert reply.status.code == 0 and not reply.HasField("dynamic_metadata")
+
+
+def _entry(rid: str, status: int, **flags: bool) -> als_pb2.HTTPAccessLogEntry:
+    e = als_pb2.HTTPAccessLogEntry()
+    e.request.request_id = rid
+    if status:
+        e.response.response_code.value = status
+    e.common_properties.upstream_remote_address.socket_address.address = "10.0.0.7"
+    e.common_properties.upstream_remote_address.socket_address.port_value = 8000
+    for name, value in flags.items():
+        setattr(e.common_properties.response_flags, name, value)
+    return e
+
+
+async def test_access_log_entries_settle_the_calls_placed_at_headers(epp):
+    running = await epp()
+    stub = als_pb2_grpc.AccessLogServiceStub(running.channel)
+    entries = [
+        _entry("ok", 200),
+        _entry("refused", 503),
+        _entry("cut", 200, downstream_connection_termination=True),
+        _entry("reset", 200, upstream_remote_reset=True),
+        _entry("none", 0),
+    ]
+    message = als_pb2.StreamAccessLogsMessage()
+    message.http_logs.log_entry.extend(entries)
+    going = als_pb2.StreamAccessLogsMessage()
+    going.http_logs.log_entry.append(_entry("going", 200))
+    going.http_logs.log_entry[0].common_properties.intermediate_log_entry = True
+
+    async def feed():
+        yield message
+        yield going
+
+    await stub.StreamAccessLogs(feed())
+    assert running.picker.logged_calls == [
+        ("ok", ENDPOINT, 200, True),
+        ("refused", ENDPOINT, 503, False),
+        ("cut", ENDPOINT, 200, False),
+        ("reset", ENDPOINT, 200, False),
+        ("none", ENDPOINT, 0, False),
+    ]
+
+
+async def test_a_stream_past_the_pickers_limit_is_a_429_at_its_headers(epp):
+    run = await epp(max_streams=1)
+    first = run.stream()
+    await first.send(envoy.request_headers())  # held open: its body has not come
+    await until_open(run, 1)
+    second = run.stream()
+    await second.send(envoy.request_headers())
+    (reply,) = await second.read()  # at the headers: no body was sent
+    answer = reply.immediate_response
+    assert answer.status.code == 429
+    assert {h.header.key: h.header.raw_value for h in answer.headers.set_headers}[
+        "retry-after"
+    ] == b"1"
+    assert json.loads(answer.body)["error"]["code"] == "epp_stream_limit"
+    await second.send(envoy.body(b"{}", end_of_stream=True))
+    assert await second.end() == grpc.StatusCode.OK
+    await first.send(envoy.body(b"{}", end_of_stream=True))  # the first is still picked
+    (routing, *_) = await first.read(2)
+    assert_routes_to(routing, ENDPOINT)
+    m = run.processor.metrics
+    assert m.refusals.labels("429", "epp_stream_limit")._value.get() == 1
+    assert m.decisions.labels("overloaded")._value.get() == 1
+    assert len(run.picker.requests) == 1
+
+
+async def test_bodies_past_the_shared_buffer_are_a_429_and_release_what_they_held(epp):
+    run = await epp(max_body_bytes=1000, body_buffer_bytes=1500)
+    first, second = run.stream(), run.stream()
+    await first.send(envoy.request_headers(), envoy.body(b"x" * 1000))
+    await until(lambda: run.processor.budget.held == 1000)
+    await second.send(envoy.request_headers(), envoy.body(b"y" * 400))
+    await until(lambda: run.processor.budget.held == 1400)
+    await second.send(envoy.body(b"y" * 400))  # 1,800 held: past the budget
+    (reply,) = await second.read()
+    assert reply.immediate_response.status.code == 429
+    assert json.loads(reply.immediate_response.body)["error"]["code"] == "epp_body_buffer_full"
+    assert run.processor.budget.held == 1000  # the refused body's bytes are given back
+    await first.send(envoy.body(b"", end_of_stream=True))
+    _routing, pieces = await first.request_body_back()
+    assert pieces == [b"x" * 1000]
+    assert run.processor.budget.held == 0  # handed back to Envoy: no longer held
+    assert run.processor.metrics.refusals.labels("429", "epp_body_buffer_full")._value.get() == 1
+
+
+async def until(condition, wait_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
+
+
+async def until_open(run, n: int) -> None:
+    await until(lambda: run.processor.open == n)
+
+
+async def test_grpcs_own_pending_bound_is_above_what_the_gateway_can_open(monkeypatch):
+    # gRPC refuses streams the server has not taken yet past 1,000 (3,000 hard): through Envoy,
+    # a burst of 2,000 trickling bodies had streams refused (500s, or unpicked under fail-open)
+    built = {}
+    real = server_module.grpc.aio.server
+
+    def capture(options):
+        built.update(options)
+        return real(options=options)
+
+    monkeypatch.setattr(server_module.grpc.aio, "server", capture)
+    processor = server_module.ExtProcServicer(RecordingPicker(), max_streams=50)
+    started = await server_module.start(processor, "127.0.0.1:0")
+    await started.server.stop(0)
+    assert built["grpc.server.max_pending_requests"] == 50 * server_module.PENDING_PER_STREAM
+    assert built["grpc.server.max_pending_requests_hard_limit"] == 5000

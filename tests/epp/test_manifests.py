@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from talaria_pool.envoy import DOWNSTREAM_STREAMS
 from talariad.config import TalariaConfig, parse_config
+from talariad.epp.config import EPPConfig, box_call_capacity
 from talariad.epp.discovery.kube import POOL_GROUP
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
@@ -26,6 +28,8 @@ KNOWN = {
     ("gateway.networking.k8s.io/v1", "Gateway"),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("gateway.envoyproxy.io/v1alpha1", "BackendTrafficPolicy"),
+    ("gateway.envoyproxy.io/v1alpha1", "ClientTrafficPolicy"),
 }
 
 
@@ -262,3 +266,28 @@ def test_only_the_gateway_and_the_picker_reach_the_boxes_and_scrapers_their_metr
     ports = {p["name"]: p["containerPort"] for p in _container(daemonset)["ports"]}
     assert box.listen.metrics == f"0.0.0.0:{ports['metrics']}"
     assert ports["metrics"] != ports["http"] == box.listen.http_port
+
+
+def test_the_gateways_limits_come_from_the_pool():
+    """The boxes' circuit breakers: boxes x a box's calls (its connection limit less those kept
+    for polls and checks); the gateway's connections: the pickers' replicas x their streams."""
+    boxes_policy = one("BackendTrafficPolicy", "talaria-boxes")
+    boxes = int(boxes_policy["metadata"]["annotations"]["talaria.io/boxes"])
+    limits = TalariaConfig.model_validate(_talariad_config()).limits
+    expected = boxes * box_call_capacity(limits.max_connections)
+    breaker = boxes_policy["spec"]["circuitBreaker"]
+    assert breaker == {
+        "maxConnections": expected,
+        "maxPendingRequests": expected,
+        "maxParallelRequests": expected,
+        "maxParallelRetries": expected,
+    }
+    assert boxes_policy["spec"]["targetRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "talaria"}
+    ]
+    client = one("ClientTrafficPolicy")["spec"]
+    assert client["targetRefs"][0]["name"] == one("Gateway")["metadata"]["name"]
+    epp = EPPConfig.model_validate(_epp_config())
+    replicas = one("Deployment", "talaria-epp")["spec"]["replicas"]
+    assert client["connection"]["connectionLimit"]["value"] == replicas * epp.max_streams
+    assert client["http2"]["maxConcurrentStreams"] == DOWNSTREAM_STREAMS

@@ -3,6 +3,7 @@ the prototype proved, and the real Envoy accepts each (`envoy --mode validate`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
@@ -10,21 +11,37 @@ import pytest
 import yaml
 
 from talaria_pool import envoy
-from talariad.epp.config import FAILURE_MODE, FAILURE_MODE_KEY, GATEWAY_HEALTH_CHECK, EPPConfig
-from talariad.epp.replies import DESTINATION
+from talariad.calls.session import HEADERS as SESSION_HEADERS
+from talariad.epp.config import (
+    FAILURE_MODE,
+    FAILURE_MODE_KEY,
+    GATEWAY_HEALTH_CHECK,
+    EPPConfig,
+    box_call_capacity,
+)
+from talariad.epp.replies import AT_HEADERS, DESTINATION, LEASE
 from talariad.epp.stream import MAX_BODY_BYTES
 from tests.support import certs
 from tests.support.pool import needs_envoy
 
 BOXES = ("127.0.0.1:8001", "127.0.0.1:8002", "10.0.0.3:8000")
-VARIANTS = list(itertools.product(("fail_open", "fail_closed"), sorted(envoy.BODY_MODES)))
+VARIANTS = list(
+    itertools.product(("fail_open", "fail_closed"), sorted(envoy.BODY_MODES), (True, False))
+)
 
 
 def spec(
-    failure_mode: str = "fail_closed", response_body: str = "full-duplex"
+    failure_mode: str = "fail_closed", response_body: str = "full-duplex", at_headers: bool = True
 ) -> envoy.GatewaySpec:
     return envoy.GatewaySpec(
-        "0.0.0.0:8080", "127.0.0.1:9002", BOXES, 9901, failure_mode, response_body, "/dev/null"
+        "0.0.0.0:8080",
+        "127.0.0.1:9002",
+        BOXES,
+        9901,
+        failure_mode,
+        response_body,
+        "/dev/null",
+        lease_at_headers=at_headers,
     )
 
 
@@ -36,9 +53,9 @@ def parts(text: str) -> tuple[dict, dict, dict]:
     return hcm, filters, {c["name"]: c for c in cfg["clusters"]}
 
 
-@pytest.mark.parametrize("failure_mode,response_body", VARIANTS)
-def test_every_variant_keeps_the_fixes(failure_mode, response_body):
-    hcm, filters, clusters = parts(envoy.render(spec(failure_mode, response_body)))
+@pytest.mark.parametrize("failure_mode,response_body,at_headers", VARIANTS)
+def test_every_variant_keeps_the_fixes(failure_mode, response_body, at_headers):
+    hcm, filters, clusters = parts(envoy.render(spec(failure_mode, response_body, at_headers)))
     ext = filters["envoy.filters.http.ext_proc"]
     assert ext["failure_mode_allow"] is (failure_mode == "fail_open")
     metadata = [{"key": FAILURE_MODE_KEY, "value": failure_mode}]
@@ -48,6 +65,8 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     assert mode["response_body_mode"] == envoy.BODY_MODES[response_body][0]
     # routing keys on the EPP's metadata only; the client's header is stripped before anything
     routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    if at_headers:  # the lease returns' route first (`test_lease_returns_at_headers`)
+        assert routes.pop(0)["match"]["dynamic_metadata"][0]["path"] == [{"key": LEASE}]
     assert routes[0]["match"]["dynamic_metadata"][0]["filter"] == "envoy.lb"
     assert routes[0]["route"]["cluster"] == "pool_picked" and "headers" not in routes[0]["match"]
     assert routes[1]["route"]["cluster"] == "pool_fallback"
@@ -61,7 +80,9 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     # retried on the next one, its body kept for the retry up to the EPP's limit
     lb = clusters["pool_picked"]["load_balancing_policy"]["policies"][0]["typed_extension_config"]
     sources = lb["typed_config"]["override_host_sources"]
-    assert sources == [{"metadata": {"key": "envoy.lb", "path": [{"key": DESTINATION}]}}]
+    assert sources[0] == {"metadata": {"key": "envoy.lb", "path": [{"key": DESTINATION}]}}
+    at = [{"metadata": {"key": AT_HEADERS, "path": [{"key": DESTINATION}]}}] if at_headers else []
+    assert sources[1:] == at
     picked_boxes = clusters["pool_picked"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
     assert len(picked_boxes) == len(BOXES)
     assert "connect-failure" in routes[0]["route"]["retry_policy"]["retry_on"]
@@ -84,6 +105,50 @@ def test_every_variant_keeps_the_fixes(failure_mode, response_body):
     assert len(fallback) == len(BOXES)
     # failing open never panic-routes to a box its health check found dead
     assert clusters["pool_fallback"]["common_lb_config"]["healthy_panic_threshold"]["value"] == 0
+
+
+def test_lease_returns_at_headers():
+    """The check at request headers before the full-duplex filter, always failing open and sent
+    only the headers the picker reads; its route turns the full-duplex filter off and keeps the
+    pick's fallback and retries; every picker hears of the ends of those calls (and only those)
+    on a cluster of its own, over the pickers' TLS."""
+    tls = envoy.EPPTLS("/etc/envoy/epp-ca.crt")
+    two = envoy.GatewaySpec(
+        **{**spec().__dict__, "epp": ("127.0.0.1:9002", "10.0.0.9:9003"), "epp_tls": tls}
+    )
+    hcm, filters, clusters = parts(envoy.render(two))
+    names = list(filters)
+    assert names.index(envoy.LEASE_FILTER) + 1 == names.index("envoy.filters.http.ext_proc")
+    lease = filters[envoy.LEASE_FILTER]
+    assert lease["@type"].endswith("ext_authz.v3.ExtAuthz")
+    assert lease["failure_mode_allow"] is True  # no body is handed over: a failure costs nothing
+    assert lease["clear_route_cache"] is True and "with_request_body" not in lease
+    assert lease["grpc_service"]["envoy_grpc"]["cluster_name"] == "epp"
+    allowed = {p["exact"] for p in lease["allowed_headers"]["patterns"]}
+    assert allowed == {*SESSION_HEADERS, "content-length", "x-request-id"}
+    route, picked, _, not_found = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    assert route["match"]["prefix"] == "/v1/"
+    assert route["match"]["dynamic_metadata"][0]["filter"] == AT_HEADERS
+    assert route["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["disabled"]
+    assert route["route"] == picked["route"]  # the pick's list, its retries on the fallback
+    assert route["request_body_buffer_limit"] == picked["request_body_buffer_limit"]
+    off = not_found["typed_per_filter_config"]
+    assert off["envoy.filters.http.ext_proc"]["disabled"] and off[envoy.LEASE_FILTER]["disabled"]
+    grpc_logs = [a for a in hcm["access_log"] if a["name"] == "envoy.access_loggers.http_grpc"]
+    assert len(grpc_logs) == 2
+    epp_hosts = clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    for i, log in enumerate(grpc_logs):
+        only = log["filter"]["metadata_filter"]
+        assert only["matcher"]["filter"] == AT_HEADERS
+        assert only["matcher"]["path"] == [{"key": LEASE}]
+        assert only["match_if_key_not_found"] is False  # else it logs every call
+        common = log["typed_config"]["common_config"]
+        assert common["buffer_size_bytes"] == 0  # one message a call, at its end
+        cluster = clusters[common["grpc_service"]["envoy_grpc"]["cluster_name"]]
+        assert cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] == epp_hosts[i : i + 1]
+        assert cluster["transport_socket"] == clusters["epp"]["transport_socket"]
+    _, filters, clusters = parts(envoy.render(spec(at_headers=False)))
+    assert envoy.LEASE_FILTER not in filters and not any(n.startswith("epp_log") for n in clusters)
 
 
 def test_the_picker_and_the_rendered_config_have_one_default_failure_mode(capsys):
@@ -173,10 +238,10 @@ def test_envoy_accepts_tls_to_the_pickers(tmp_path):
 
 @needs_envoy
 @pytest.mark.proc
-@pytest.mark.parametrize("failure_mode,response_body", VARIANTS)
-def test_envoy_accepts_every_variant(tmp_path, failure_mode, response_body):
+@pytest.mark.parametrize("failure_mode,response_body,at_headers", VARIANTS)
+def test_envoy_accepts_every_variant(tmp_path, failure_mode, response_body, at_headers):
     path = tmp_path / "gateway.yaml"
-    path.write_text(envoy.render(spec(failure_mode, response_body)))
+    path.write_text(envoy.render(spec(failure_mode, response_body, at_headers)))
     ok, text = envoy.validate(path)
     assert ok, text
     assert f"configuration '{path}' OK" in text
@@ -212,3 +277,73 @@ def test_render_command_wants_the_pickers_ca_for_a_client_certificate(capsys):
     assert capsys.readouterr().err.strip() == (
         "talaria_pool.envoy: --epp-cert and --epp-key need --epp-ca (TLS to the pickers)"
     )
+
+
+def test_capacity_comes_from_the_pool_and_no_envoy_default_applies():
+    two_pickers = dataclasses.replace(
+        spec(), epp=("127.0.0.1:9002", "127.0.0.1:9003"), box_max_connections=100
+    )
+    text = envoy.render(dataclasses.replace(two_pickers, epp_max_streams=300))
+    hcm, _filters, clusters = parts(text)
+    per_box = box_call_capacity(100)
+    for name in ("pool_picked", "pool_fallback"):
+        breakers = clusters[name]["circuit_breakers"]
+        assert breakers["thresholds"] == [
+            {
+                "priority": "DEFAULT",
+                "max_connections": per_box * len(BOXES),
+                "max_pending_requests": per_box * len(BOXES),
+                "max_requests": per_box * len(BOXES),
+                "max_retries": per_box * len(BOXES),
+            }
+        ]
+        assert breakers["per_host_thresholds"] == [
+            {"priority": "DEFAULT", "max_connections": per_box}
+        ]
+    # the gateway admits as many connections as the two pickers take streams, and the pickers'
+    # cluster takes a stream for every call those connections can carry: its breaker is never
+    # the one that refuses a call (fail-open would route it unpicked)
+    runtime = yaml.safe_load(text)["layered_runtime"]["layers"][0]["static_layer"]
+    assert runtime["envoy.resource_limits.listener.gateway.connection_limit"] == 600
+    [monitor] = yaml.safe_load(text)["overload_manager"]["resource_monitors"]
+    everything = monitor["typed_config"]["max_active_downstream_connections"]
+    assert everything == 600 + envoy.ADMIN_CONNECTIONS  # no listener of Envoy unbounded
+    streams = hcm["http2_protocol_options"]["max_concurrent_streams"]
+    [epp_limits] = clusters["epp"]["circuit_breakers"]["thresholds"]
+    assert set(epp_limits) == {
+        "priority",
+        "max_connections",
+        "max_pending_requests",
+        "max_requests",
+        "max_retries",
+    }
+    assert min(v for k, v in epp_limits.items() if k != "priority") == 600 * streams
+    http2 = clusters["epp"]["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]["explicit_http_config"]["http2_protocol_options"]
+    assert http2["max_concurrent_streams"] == 300
+    # every cluster has every limit set: none of Envoy's 1,024 defaults (3 retries) is left
+    for cluster in clusters.values():
+        [limits] = cluster["circuit_breakers"]["thresholds"]
+        assert all(k in limits for k in ("max_connections", "max_pending_requests"))
+        assert all(k in limits for k in ("max_requests", "max_retries"))
+    # an overflow of the boxes' breakers is a 429 in the API's shape, with retry-after
+    mappers = hcm["local_reply_config"]["mappers"]
+    [full] = [m for m in mappers if m["filter"]["response_flag_filter"]["flags"] == ["UO"]]
+    assert (
+        full["status_code"] == 429 and full["headers_to_add"][0]["header"]["key"] == "retry-after"
+    )
+    body = json.loads(full["body_format_override"]["text_format_source"]["inline_string"])
+    assert body["error"]["code"] == "pool_full"
+
+
+def test_the_render_command_takes_the_pools_limits(capsys):
+    argv = ["render", "--epp", "127.0.0.1:9002", "--box", "127.0.0.1:8001"]
+    assert envoy.main([*argv, "--box-max-connections", "40", "--epp-max-streams", "7"]) == 0
+    _hcm, _f, clusters = parts(capsys.readouterr().out)
+    assert clusters["pool_picked"]["circuit_breakers"]["per_host_thresholds"][0] == {
+        "priority": "DEFAULT",
+        "max_connections": 32,
+    }
+    assert envoy.main([*argv, "--epp-max-streams", "0"]) == 2
+    assert "max_streams must be >= 1" in capsys.readouterr().err
