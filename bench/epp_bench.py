@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -31,6 +32,7 @@ import httpx
 
 from talaria_pool import devpool, envoy
 from talariad.epp.boxpicker import BoxPicker
+from talariad.epp.config import PICKER_KNOBS
 from talariad.epp.contract import EPPRequest, Pick
 from talariad.epp.poller import BoxPoller
 from talariad.gateway.pool import box_target
@@ -436,6 +438,20 @@ async def _poll_cost(box: str, token: str, polls: int) -> dict:
             await poller.aclose()
     out = {f"{name}_cpu_ms": round(total / polls * 1e3, 3) for name, total in cpu.items()}
     out["polls"] = polls
+    # the picker's polling at pool scale, from the per-poll CPU above (one box's whole poll:
+    # fetch, parse, merge, install) at the default interval: extrapolated, not run with that
+    # many boxes
+    interval = BoxPoller.__init__.__defaults__[0]  # type: ignore[index]
+    per_poll_s = cpu["poller"] / polls
+    out["poll_interval_s"] = interval
+    out["pool"] = [
+        {
+            "boxes": n,
+            "polls_per_s": round(n / interval),
+            "core_fraction": round(per_poll_s * n / interval, 3),
+        }
+        for n in (256, 1000)
+    ]
     return out
 
 
@@ -472,7 +488,10 @@ class SyntheticBox:
     def poll(self, picker: BoxPicker, now: float) -> None:
         """What the poller does with the box's reply to `?since=<its last token>`."""
         since, self.token = self.token, (self.token or 0) + 1
-        target = self.target.model_copy(update={"sessions": self.changed, "sessions_base": since})
+        # the box's daemon polls its instances every 250 ms: a new basis as often
+        basis = [(f"i{self.index}", 1 + int(now / 0.25))]
+        update = {"sessions": self.changed, "sessions_base": since, "basis": basis}
+        target = self.target.model_copy(update=update)
         self.changed = []
         snap = BoxSnapshot(
             version=self.token,
@@ -497,7 +516,8 @@ class PickerPool:
     and the conversations of the sessions it has placed."""
 
     def __init__(self, boxes: int, rng: random.Random) -> None:
-        self.picker = BoxPicker(Router(RouterKnobs(), {}))
+        # the router as the picker runs it (a session's home, the candidate set)
+        self.picker = BoxPicker(Router(RouterKnobs(**PICKER_KNOBS), {}))
         settle_gc()  # as `talariad epp` does once started: the live sessions come after it
         self.boxes = [SyntheticBox(b, rng.uniform(0.1, 1.0)) for b in range(boxes)]
         self.by_address = {box.address: box for box in self.boxes}
@@ -505,13 +525,16 @@ class PickerPool:
         self.history: dict[str, list[dict]] = {}
         self.tau_s = self.picker.router.knobs.tau_s
         self.refused = 0  # picks that were not placements (a bench measuring 503s is wrong)
+        self.poll_times: list[float] = []  # seconds each box's install took (`box_seen`)
 
     def turn(self, call_id: str, sid: str, messages: list[dict], now: float) -> float:
         """One call at `now` after the poller's work due by then; the seconds `pick` took."""
         if now - self.polled >= 0.1:
             self.polled = now
             for box in self.boxes:
+                started = time.perf_counter()
                 box.poll(self.picker, now)
+                self.poll_times.append(time.perf_counter() - started)
         req = _request(call_id, sid, messages)
         started = time.perf_counter()
         pick = self.picker.pick(req, now)
@@ -519,29 +542,55 @@ class PickerPool:
         if not isinstance(pick, Pick):
             self.refused += 1
             return took
-        # answered at once: the box it went to holds its prompt from then on
+        # answered a millisecond later (after the snapshot the pick read: a completion at the
+        # snapshot's own instant does not outrank it): the box it went to holds its prompt, by
+        # the branch name the picker and the box both give it
         self.picker.served(call_id, pick.endpoint, 200, now)
-        self.picker.finished(call_id, True, now)
-        self.by_address[pick.endpoint].served(sid, len(req.body) // 4)
+        self.picker.finished(call_id, True, now + 1e-3)
+        branch = self.picker.explain(call_id).session_id or sid  # type: ignore[union-attr]
+        self.by_address[pick.endpoint].served(branch, len(req.body) // 4)
         return took
 
-    def warm(self, sessions: int, now: float) -> float:
-        """Every session's first call (the picker's live state); the clock after them, once the
-        router's windows have let go of those placements."""
+    def warm(self, sessions: int, now: float) -> tuple[float, dict]:
+        """Every session's first call within one second of the picker's clock (a burst: the
+        picker's live state), then one new session's call every 0.25 s while the burst's
+        leases and the router's windows expire, and again past `session_idle_s`, when its
+        session rows go; the clock after them, and the burst's slowest pick and box install
+        (`box_seen`) over its expiry, the poll's work being the picker's too."""
         for i in range(sessions):
             sid = f"s{i}"
             self.history[sid] = _opening(f"{i}")
             self.turn(f"w{i}", sid, self.history[sid], now)
             self.history[sid].append({"role": "assistant", "content": f"Looking at issue {i}."})
-            now += 1e-4
-        # NOTE: the warm-up places its calls 10,000 a second, which no pool sustains; without
-        # this, the first measured picks past the router's windows each trimmed tens of
-        # thousands of warm-up events (one pick took 74 ms) and set the p99. One untimed call
-        # after the windows lets them go, as a pool's steady trickle of expiries would.
+            now += 1.0 / sessions
         knobs = self.picker.router.knobs
-        now += max(knobs.control_window_s, knobs.retire_window_s, 2 * self.tau_s) + 1.0
-        self.turn("w-flush", "s-flush", _opening("flush"), now)
-        return now + 2 * self.tau_s  # every lease has expired
+        self.poll_times.clear()
+        picks: list[float] = []
+        passes: dict[int, float] = {}  # the collector's longest pass per generation meanwhile
+        started: list[float] = [0.0]
+
+        def collected(phase: str, info: dict) -> None:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                took, gen = time.perf_counter() - started[0], info["generation"]
+                passes[gen] = max(passes.get(gen, 0.0), took)
+
+        gc.callbacks.append(collected)
+        horizon = max(knobs.control_window_s, knobs.retire_window_s, 2 * self.tau_s) + 2.0
+        for at in (now, now + knobs.session_idle_s):
+            for j in range(int(horizon / 0.25)):
+                picks.append(self.turn(f"x{at}-{j}", f"x{at}-{j}", _opening(f"x{j}"), at))
+                at += 0.25
+        gc.callbacks.remove(collected)
+        burst = {
+            "sessions": sessions,
+            "picks": len(picks),
+            "max_pick_us": round(max(picks) * 1e6, 1),
+            "max_box_install_us": round(max(self.poll_times) * 1e6, 1),
+            "max_gc_pass_us": {str(g): round(t * 1e6, 1) for g, t in sorted(passes.items())},
+        }
+        return at + 2 * self.tau_s, burst
 
     def measure(self, kind: str, i: int, now: float, rng: random.Random) -> float:
         """One measured call of `kind` at `now` (no lease is live then)."""
@@ -564,27 +613,48 @@ def _opening(issue: str) -> list[dict]:
     ]
 
 
+AGENT_TURNS = {"agent_body": 100, "agent_body_400k": 570}  # ~70 KB and ~400 KB as JSON
+
+
 def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0) -> dict:
-    """p50/p99 of `BoxPicker.pick` with `live_sessions` sessions the picker placed itself on
-    `boxes` boxes of varied round load (uniform 0.1-1 s, seeded), by kind of call: a return
-    within τ of its previous answer (the lease), a return after it (cost placement, the prefix
-    where the previous call left it) and a new session's first call; their bodies are 1-2 KB.
-    Beside them `agent_body`: new sessions whose first call carries an agent-sized conversation
-    (~70 KB, 202 messages), what a coding agent sends a hundred tool rounds in."""
+    """p50/p99 of `BoxPicker.pick` with `live_sessions` sessions the picker placed itself (in a
+    burst, `PickerPool.warm`) on `boxes` boxes of varied round load (uniform 0.1-1 s, seeded), by
+    kind of call: a return within τ of its previous answer (the lease), a return after it (cost
+    placement, the prefix where the previous call left it) and a new session's first call; their
+    bodies are 1-2 KB. Beside them agents' calls: `agent_body` a new session whose first call
+    carries a conversation a hundred tool rounds in (~70 KB, 202 messages; each its own, sharing
+    only the system prompt), `agent_body_400k` the same at ~400 KB (1,142 messages), and each
+    as a return of a session whose conversation grows by a tool round a call
+    (`..._lease`, `..._cost`, as above)."""
     rng = random.Random(seed)
     pool = PickerPool(boxes, rng)
-    now = pool.warm(live_sessions, 1.0)
+    now, burst = pool.warm(live_sessions, 1.0)
     times: dict[str, list[float]] = {"lease": [], "cost": [], "new": []}
     for i in range(decisions):
         kind = ("lease", "cost", "new")[i % 3]
         times[kind].append(pool.measure(kind, i, now, rng))
         now += 2 * pool.tau_s  # the next measured call sees no live lease
-    # an agent's real call: a long conversation resent whole (parsing it is most of the pick)
-    agent = _agent_conversation()
-    times["agent_body"] = []
-    for i in range(max(decisions // 15, 1)):
-        times["agent_body"].append(pool.turn(f"a{i}", f"agent{i}", agent, now))
-        now += 2 * pool.tau_s
+    sizes: dict[str, int] = {}
+    for name, turns in AGENT_TURNS.items():
+        for kind in ("", "_lease", "_cost"):
+            times[name + kind] = []
+        agents = [_agent_conversation(turns, f"{name}-{a}") for a in range(8)]
+        for a, conv in enumerate(agents):  # each agent's first call and first return
+            pool.turn(f"{name}-w{a}", f"{name}-{a}", conv, now)
+            _tool_round(conv, 0)
+            pool.turn(f"{name}-r{a}", f"{name}-{a}", conv, now + 0.3)
+            now += 2 * pool.tau_s
+        for i in range(max(decisions // 15, 3)):
+            conv = _agent_conversation(turns, f"{name}-new{i}")
+            times[name].append(pool.turn(f"{name}-n{i}", f"{name}-n{i}", conv, now))
+            a = i % len(agents)
+            _tool_round(agents[a], i + 1)
+            times[name + "_cost"].append(pool.turn(f"{name}-c{i}", f"{name}-{a}", agents[a], now))
+            _tool_round(agents[a], i + 1)
+            lease = pool.turn(f"{name}-l{i}", f"{name}-{a}", agents[a], now + 0.3)
+            times[name + "_lease"].append(lease)
+            now += 2 * pool.tau_s
+        sizes[name] = len(_request("", "", _agent_conversation(turns, "size")).body)
     out: dict = {"boxes": boxes, "live_sessions": live_sessions, "refused": pool.refused}
     for kind, seconds in times.items():
         us = [t * 1e6 for t in seconds]
@@ -593,18 +663,28 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
             "p50_us": round(statistics.median(us), 1),
             "p99_us": round(pct(us, 0.99), 1),
         }
-    out["agent_body"]["body_bytes"] = len(_request("", "", agent).body)
-    out["agent_body"]["messages"] = len(agent)
+    for name, turns in AGENT_TURNS.items():
+        for kind in ("", "_lease", "_cost"):
+            out[name + kind]["body_bytes"] = sizes[name]
+        out[name]["messages"] = 2 * turns + 2
+    out["burst"] = burst
+    out["continued_reads"] = pool.picker.reader.continued
     return out
 
 
-def _agent_conversation(turns: int = 100) -> list[dict]:
-    """A coding agent's conversation `turns` tool rounds in (~70 KB as JSON, 202 messages)."""
-    out = _opening("agent")
+def _agent_conversation(turns: int = 100, issue: str = "agent") -> list[dict]:
+    """A coding agent's conversation `turns` tool rounds in (~70 KB as JSON at 100, 202
+    messages)."""
+    out = _opening(issue)
     for i in range(turns):
-        out.append({"role": "assistant", "content": "I will run the tests now. " * 8})
-        out.append({"role": "user", "content": f"tool output line {i}\n" * 20})
+        _tool_round(out, i)
     return out
+
+
+def _tool_round(conv: list[dict], i: int) -> None:
+    """One more tool round: the agent's step and the tool's output (~700 bytes)."""
+    conv.append({"role": "assistant", "content": "I will run the tests now. " * 8})
+    conv.append({"role": "user", "content": f"tool output line {i}\n" * 20})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -631,12 +711,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.part in ("poll", "all"):
             out["poll"] = poll_cost(args.polls)
         if args.part in ("decision", "all"):
-            out["decision"] = [
-                decision_time(n, args.sessions, args.decisions) for n in (16, 64, 256)
-            ]
+            out["decision"] = []
+            for n in (16, 256, 1000):
+                out["decision"].append(decision_time(n, args.sessions, args.decisions))
+                print(json.dumps(out["decision"][-1]), file=sys.stderr, flush=True)  # progress
     except (devpool.PoolError, envoy.EnvoyError, RuntimeError) as err:
         print(f"epp_bench: {err}", file=sys.stderr)
         return 1
+    out["load_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))
     return 0
 

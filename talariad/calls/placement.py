@@ -36,6 +36,10 @@ class Placement:
     before it and is still being read (a lease is judged at the call's arrival)."""
 
     EXPIRE_EVERY_S = 1.0
+    EXPIRE_STEP = 256
+    """Leases and idle session rows one `expire` drops, at most: 100k sessions opened together
+    expire together, and the shell's loop must not stall on them (the rest go at its next
+    calls, `observe` and `expire` each a step)."""
 
     def __init__(
         self,
@@ -48,6 +52,7 @@ class Placement:
         self.placer: Placer = router if placer is None else placer
         branches.on_evict = self._evict
         self._expired_at = -math.inf
+        self._expiring = False  # a step left more due
 
     evicted: Callable[[str], None] = staticmethod(lambda branch: None)
     """Forget an evicted branch beyond the router too (the gateway's: on its instances)."""
@@ -96,10 +101,12 @@ class Placement:
         return changed
 
     def expire(self, now: float) -> None:
-        """Leases, held calls and idle sessions, about once a second."""
-        if now - self._expired_at >= self.EXPIRE_EVERY_S:
-            self._expired_at = now
-            self.router.expire(now - self.grace_s)
+        """Leases, held calls and idle sessions, about once a second, in bounded steps."""
+        if self._expiring or now - self._expired_at >= self.EXPIRE_EVERY_S:
+            if not self._expiring:
+                self._expired_at = now
+            report = self.router.expire(self._expired_at - self.grace_s, self.EXPIRE_STEP)
+            self._expiring = report.pending
 
     def completed(
         self, call_id: str, target: str, kv_state: KVState, kv_len: int, now: float

@@ -49,8 +49,13 @@ def parse(path: str, raw: bytes) -> CallSpec | None:
     route = ROUTES.get(path.split("?", 1)[0])
     if route is None:
         return None
+    return route.spec(body(path.split("?", 1)[0], raw))
+
+
+def body(path: str, raw: bytes) -> BaseModel:
+    """The body of call path `path` (no query string) as its model. Raises APIError 400 when the
+    model refuses it."""
     try:
-        body = route.body.model_validate_json(raw or b"")
+        return ROUTES[path].body.model_validate_json(raw or b"")
     except ValidationError as err:
         raise validation_error(err.errors(include_url=False)) from None
-    return route.spec(body)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from talariad.calls.schemas import parse_json
 
@@ -63,6 +63,25 @@ def session_id(headers: Mapping[str, str], body: Mapping, messages: list[tuple[s
     return _prefix_hash(messages)
 
 
+def session_turns(messages: Sequence) -> list[tuple[str, str]]:
+    """The turns `session_id` reads of a call's messages (role, content): its first system turn
+    and its first user turn, in their order; O(turns before them), not O(messages)."""
+    turns, system, user = [], False, False
+    for m in messages:
+        if not system and m.role in _SYSTEM_ROLES:
+            turns.append((m.role, m.content))
+            system = True
+        elif not user and m.role == "user":
+            turns.append((m.role, m.content))
+            user = True
+        if system and user:
+            break
+    return turns
+
+
+_SYSTEM_ROLES = ("system", "developer")
+
+
 def _user_id_session(user_id: str) -> str | None:
     if user_id.startswith("{"):
         try:  # strictly: a lone surrogate or runaway nesting is no session, as any non-JSON is
@@ -75,7 +94,7 @@ def _user_id_session(user_id: str) -> str | None:
 
 
 def _prefix_hash(messages: list[tuple[str, str]]) -> str:
-    system = next((c for r, c in messages if r in ("system", "developer")), "")
+    system = next((c for r, c in messages if r in _SYSTEM_ROLES), "")
     first_user = next((c for r, c in messages if r == "user"), "")
     if not system and not first_user:  # nothing stable to key on: a session of its own
         return f"anon-{uuid.uuid4().hex[:16]}"

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from talariad.calls import template
 from talariad.calls.branches import PrefixBranches, Prompt, thread_key
 from talariad.calls.schemas import body_field, sent
-from talariad.calls.session import SESSION_FIELDS, session_headers, session_id
+from talariad.calls.session import SESSION_FIELDS, session_headers, session_id, session_turns
 from talariad.router import CallRequest
 from talariad.tools import arguments_json
 from talariad.wire.messages import ChatMessage, ToolCall
@@ -124,14 +124,25 @@ def canonical_prompt(messages: list[ChatMessage], prompt: str | None, tools: lis
     branch of an agent shares) and its first conversation turn end, and a key of that turn."""
     if prompt is not None:
         return Prompt.raw(prompt)
+    lines = canonical_lines(messages, tools)
+    return prompt_of(
+        "".join(lines), messages, lines[len(tools) :], sum(map(len, lines[: len(tools)]))
+    )
+
+
+def canonical_lines(messages: list[ChatMessage], tools: list[dict]) -> list[str]:
+    """The canonical text's lines: one per tool, then one per message."""
+    return template.lines(messages, tools, _tool_text, _call_text)
+
+
+def prompt_of(text: str, messages: list[ChatMessage], lines: list[str], tools_len: int) -> Prompt:
+    """The `Prompt` of canonical `text` whose tools take its first `tools_len` characters and
+    whose messages' lines follow (`lines`: at least those up to the first conversation turn)."""
     at = next((i for i, m in enumerate(messages) if m.role not in _HEAD_ROLES), len(messages))
-    lines = template.lines(messages, tools, _tool_text, _call_text)
-    head = sum(map(len, lines[: len(tools) + at]))
-    text = "".join(lines)
+    head = tools_len + sum(map(len, lines[:at]))
     if at == len(messages):
         return Prompt(text, head, len(text))
-    first = head + len(lines[len(tools) + at])
-    return Prompt(text, head, first, _thread(messages[at]))
+    return Prompt(text, head, head + len(lines[at]), _thread(messages[at]))
 
 
 _HEAD_ROLES = frozenset({"system", "developer"})
@@ -168,7 +179,7 @@ def plan_call(
     to fit it rather than refused (the router then plans with what can fit). `arrived`: when the
     call reached the shell, on its clock (a lease is judged then)."""
     session = session_id(
-        session_headers(headers), spec.session_fields, [(m.role, m.content) for m in spec.messages]
+        session_headers(headers), spec.session_fields, session_turns(spec.messages)
     )
     branch, covered, source = branches.branched(session, model, prompt)
     estimate = estimate_tokens(len(prompt.text))

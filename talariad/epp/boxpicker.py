@@ -1,7 +1,8 @@
 """The pool's placement: one `Router` whose placement targets are boxes (`router.boxes`), fed by
 the boxes' snapshots (`epp.poller`), asked once per call that Envoy hands over (`epp.contract`).
 
-A call's body is read with the dialect parsers the box's gateway reads it with (`calls.routes`),
+A call's body is read with the dialect parsers the box's gateway reads it with (`calls.routes`;
+a conversation's resent messages once, `calls.reading`),
 its session with the same rules and its branch with the same `PrefixBranches`, so the picker and
 the box agree on what a call is; the box's router then places it on an instance. Design:
 docs/pool.md.
@@ -15,15 +16,17 @@ from dataclasses import dataclass
 from itertools import count
 
 from talariad.calls import routes
-from talariad.calls.branches import PrefixBranches
+from talariad.calls.branches import PrefixBranches, Prompt
 from talariad.calls.errors import APIError
 from talariad.calls.placement import Placement, refusal
+from talariad.calls.reading import BodyReader
 from talariad.calls.session import header_session
-from talariad.calls.spec import CallSpec, bare_call_id, canonical_prompt
+from talariad.calls.spec import CallSpec, bare_call_id
 from talariad.config import resolve_model
 from talariad.router import CallRequest, Decision, DecisionKind, Router
 from talariad.router.box_policies import BOX_POLICIES, BoxStats
 from talariad.router.router import DECISION_LOG
+from talariad.router.search.lazy import weighed
 from talariad.types import KVLocation, KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
 
@@ -44,11 +47,13 @@ _RESOLVED_MAX = 1024
 @dataclass(slots=True)
 class _Held:
     """What the picker installed of a box: its session view (the mapping the router holds), the
-    `sessions_epoch` that names it (None: the box sends no changes) and the target's basis."""
+    `sessions_epoch` that names it (None: the box sends no changes), the target's basis and
+    when the installed target was taken (the picker's clock)."""
 
     epoch: int | None
     sessions: dict[tuple[str, str], KVLocation]
     basis: list[tuple[str, int]]
+    taken: float
 
 
 @dataclass(slots=True)
@@ -98,6 +103,7 @@ class BoxPicker:
         self._load: Counter[str] = Counter()  # box -> calls picked for it and not ended
         self.policy = BOX_POLICIES.get(policy)(router, random.Random(router.knobs.seed))
         self.branches = PrefixBranches(max_branches, router.knobs.max_sessions)
+        self.reader = BodyReader()  # a conversation's resent messages are read once
         self.placement = Placement(router, self.branches, self.policy, self.ARRIVAL_GRACE_S)
         self.endpoints: dict[str, str] = {}  # box -> "ip:port"
         self._boxes_at: dict[str, str] = {}  # "ip:port" -> box
@@ -133,21 +139,26 @@ class BoxPicker:
         if snap.max_connections is not None:
             self._capacity[name] = box_call_capacity(snap.max_connections)
         self._seen_at[name] = now
+        taken = now - target.age_s
         if held is not None and base is not None:
             sessions, changed = held.sessions, frozenset(target.merge_into(held.sessions))
-            install = bool(changed) or held.basis != target.basis
+            # an idle box re-sends the target installed; installed again before it goes stale
+            # (the router's freshness is its taking), else it would take no new call
+            renew = taken - held.taken >= self.router.knobs.staleness_s / 2
+            install = bool(changed) or held.basis != target.basis or renew
         else:  # whole: a new mapping, the router diffs it
             sessions, changed, install = {}, None, True
             target.merge_into(sessions)
         if install:
             self._versions[name] = version = self._versions.get(name, 0) + 1
-            box = target.placement_target(name, version, now - target.age_s, sessions, changed)
+            box = target.placement_target(name, version, taken, sessions, changed)
             self.placement.observe(box, now)
             stats = BoxStats(name, target.healthy, target.queue, target.kv_util, target.instances)
             self.policy.observe(stats, now)
-        # else the box re-sent the target installed (the daemon polls its instances less often
-        # than we poll it) and no session changed: the installed target stands
-        self._held[name] = _Held(snap.sessions_epoch, sessions, target.basis)
+        else:  # the box re-sent the target installed (the daemon polls its instances less often
+            # than we poll it) and no session changed: the installed target stands
+            taken = held.taken  # type: ignore[union-attr]
+        self._held[name] = _Held(snap.sessions_epoch, sessions, target.basis, taken)
         self.router.heartbeat(name, now, healthy=target.healthy)
         self.placement.expire(now)
         self._expire_at_headers(now)
@@ -327,11 +338,12 @@ class BoxPicker:
         """A call's body as the router's request, and the model id the client sent; None for
         any other request (a probe, a model list, a model no box serves). Raises the API's 400
         for a body its dialect refuses."""
-        spec = routes.parse(request.path, request.body) if request.method == "POST" else None
-        model = self._resolve(spec.requested) if spec is not None else None
-        if spec is None or model is None:
+        read = self.reader.read(request.path, request.body) if request.method == "POST" else None
+        model = self._resolve(read[0].requested) if read is not None else None
+        if read is None or model is None:
             return None
-        return self._call(request, spec, model), spec.requested
+        spec, prompt = read
+        return self._call(request, spec, prompt, model), spec.requested
 
     def place(
         self, call: CallRequest, path: str, requested: str, now: float
@@ -391,11 +403,12 @@ class BoxPicker:
 
     def _fallback(self, d: Decision, model: str, now: float) -> str | None:
         """The endpoint of the next-best box for a placed call, where Envoy retries it if it
-        never reached its pick: the cheapest other feasible candidate the router weighed, else
+        never reached its pick: the cheapest other feasible candidate the router weighed (scored:
+        reading the ones its ranking skipped would score them all), else
         the next other box open to the model (a lease or a session's home weighs only itself).
         One more candidate, not a second placement: its lease and load follow where it is served
         (`served`)."""
-        others = (c for c in d.candidates if c.feasible and c.instance != d.instance)
+        others = (c for c in weighed(d.candidates) if c.feasible and c.instance != d.instance)
         for c in sorted(others, key=lambda c: c.rank_s):
             if self._open_to(c.instance, model, now):
                 return self.endpoints[c.instance]
@@ -422,13 +435,14 @@ class BoxPicker:
         if rec is not None and rec.status < 400:
             self.finished(prev, True, now)  # type: ignore[arg-type]
 
-    def _call(self, request: EPPRequest, spec: CallSpec, model: BoxModel) -> CallRequest:
+    def _call(
+        self, request: EPPRequest, spec: CallSpec, prompt: Prompt, model: BoxModel
+    ) -> CallRequest:
         """The router's request, planned as the box's gateway plans it (`spec.plan_call`); the
         box's config may also clamp an Anthropic client's output limit, which the picker does not
         see, so it clamps only where the client set none."""
         clamp_to = model.max_context if not spec.max_tokens else None
         max_tokens = spec.max_tokens or model.default_max_tokens
-        prompt = canonical_prompt(spec.messages, spec.prompt, spec.tools)
         _, _, call = self.placement.plan(
             request.call_id,
             spec,

@@ -97,6 +97,14 @@ class RouterKnobs:
     max_sessions: int = 100_000
     """Most session-table rows kept; past it the least recently used row is forgotten."""
 
+    cost_candidates: int | None = None
+    """Cost placement scores at most this many targets besides those the call singles out (its
+    session's prefix or lease there, the router's own forwards since their snapshot): the
+    lowest by the call-independent bound of Eq. (1) (the least loaded), so a pick weighs
+    O(this) targets, not O(pool). None: every one the bound cannot rule out (the exact
+    ranking). The picker sets it (1,000 boxes); with no more eligible targets than it, the
+    ranking is exact."""
+
     seed: int = 0
     """Seed of the per-router RNG that seeded baseline policies (random, power-of-two) draw from."""
 
@@ -111,6 +119,12 @@ class RouterKnobs:
             "heartbeat_s",
         )
         _check_positive(self, "queue_timeout_s", "session_idle_s", "max_sessions")
+        if self.cost_candidates is not None and not (
+            isinstance(self.cost_candidates, int) and self.cost_candidates >= 1
+        ):
+            raise ValueError(
+                f"cost_candidates must be an integer >= 1, got {self.cost_candidates!r}"
+            )
         if not 0.0 < self.gamma < 1.0:
             raise ValueError(f"gamma must satisfy 0 < gamma < 1 (Eq. 5), got {self.gamma!r}")
         if not 0.0 < self.ewma_alpha <= 1.0:

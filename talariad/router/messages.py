@@ -230,7 +230,9 @@ class InstanceStatus:
 
 @dataclass(frozen=True, slots=True)
 class ExpiryReport:
-    """What `Router.expire(now)` dropped: expired leases and held calls past their timeout."""
+    """What `Router.expire(now)` dropped: expired leases and held calls past their timeout;
+    `pending`: a bounded step left more due (call again)."""
 
     leases: tuple[Lease, ...] = ()
     timed_out_calls: tuple[str, ...] = ()
+    pending: bool = False

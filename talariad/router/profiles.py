@@ -107,6 +107,23 @@ class DemandTracker:
         total = self._sums.get(model, 0.0)
         return 0.0 if 0.0 > total else total  # max(total, 0.0), signed zero and NaN included
 
+    def trim_due(self, now: float, limit: int) -> bool:
+        """Drop at most `limit` events that left their windows by `now`, as reads would (a
+        burst of calls recorded together leaves together: the call that reads the window
+        next must not drop them all); True when more are due."""
+        cutoff = now - self._window
+        for model, events in self._events.items():
+            if limit <= 0:
+                return any(e and e[0][0] <= cutoff for e in self._events.values())
+            if not events or events[0][0] > cutoff:
+                continue
+            total = self._sums[model]
+            while events and events[0][0] <= cutoff and limit > 0:
+                total -= heapq.heappop(events)[1]
+                limit -= 1
+            self._sums[model] = total if events else 0.0
+        return any(e and e[0][0] <= cutoff for e in self._events.values())
+
     def _trim(self, model: str, now: float) -> None:
         events = self._events.get(model)
         if events:

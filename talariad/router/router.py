@@ -30,6 +30,10 @@ from talariad.router.telemetry import InstanceBook
 from talariad.types import KVState, LatencyProfile, RoundMeasurement
 
 DECISION_LOG = 4096  # decisions kept for `explain()`
+PLACE_EXPIRY_STEP = 32
+"""Expired leases a placement drops before deciding, at most: a burst of sessions opened together
+expires together, and one call must not pay for all of them (`expire` drops the rest in steps;
+a lease is judged live at its consumption whatever the book holds)."""
 MIN_RETRY_S = 0.05
 
 
@@ -136,7 +140,7 @@ class Router:
     # --- calls -------------------------------------------------------------------------------
     def place(self, call: CallRequest, now: float) -> Decision:
         """Algorithm 1 (or the configured baseline) for one arriving or held call."""
-        self._leases.expire(call.judged_at(now))
+        self._leases.expire(call.judged_at(now), PLACE_EXPIRY_STEP)
         if call.call_id not in self._queued:
             suffix = call.prompt_tokens - call.prefix_tokens
             self._demand.record(call.model, now, self._profiles.get(call.model).prefill_s(suffix))
@@ -210,10 +214,11 @@ class Router:
         held = self._queued.pop(call_id, None) is not None
         return self._instances.pop_inflight(call_id) is not None or held
 
-    def expire(self, now: float) -> ExpiryReport:
-        """Drop expired leases, held calls past `queue_timeout_s`, and long-idle session rows."""
+    def expire(self, now: float, limit: int | None = None) -> ExpiryReport:
+        """Drop expired leases, held calls past `queue_timeout_s`, and long-idle session rows:
+        at most `limit` leases and `limit` rows (the report says whether more are due)."""
         self._dropped.clear()
-        leases = self._leases.expire(now)
+        leases = self._leases.expire(now, limit)
         timed_out = []
         while self._queued:
             call_id, since = next(iter(self._queued.items()))
@@ -221,8 +226,15 @@ class Router:
                 break
             self._queued.popitem(last=False)
             timed_out.append(call_id)
-        self._sessions.forget_idle(now - self.knobs.session_idle_s)
-        return ExpiryReport(tuple(leases), tuple(timed_out))
+        idle_before = now - self.knobs.session_idle_s
+        self._sessions.forget_idle(idle_before, limit)
+        pending = limit is not None and (
+            # the demand window's departed work too, ahead of the placement that reads it
+            self._demand.trim_due(now, limit)
+            or self._leases.due(now)
+            or self._sessions.idle(idle_before)
+        )
+        return ExpiryReport(tuple(leases), tuple(timed_out), pending)
 
     # --- read-only views ---------------------------------------------------------------------
     def sessions(self) -> tuple[SessionEntry, ...]:

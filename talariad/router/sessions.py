@@ -58,16 +58,23 @@ class LeaseBook:
             self._release(lease)
         return lease
 
-    def expire(self, now: float) -> list[Lease]:
-        """Drop every lease with t_exp <= now; heap entries of replaced leases are skipped."""
+    def expire(self, now: float, limit: int | None = None) -> list[Lease]:
+        """Drop every lease with t_exp <= now (at most `limit` heap entries: the rest stays due,
+        `due`); heap entries of replaced leases are skipped."""
         gone = []
-        while self._heap and self._heap[0][0] <= now:
+        steps = -1 if limit is None else limit
+        while self._heap and self._heap[0][0] <= now and steps != 0:
+            steps -= 1
             lease = heapq.heappop(self._heap)[2]
             if self._by_key.get((lease.session_id, lease.model)) is lease:
                 del self._by_key[(lease.session_id, lease.model)]
                 self._release(lease)
                 gone.append(lease)
         return gone
+
+    def due(self, now: float) -> bool:
+        """Some lease has expired by `now` and is still in the book."""
+        return bool(self._heap) and self._heap[0][0] <= now
 
     def drop_instance(self, instance: str) -> list[Lease]:
         doomed = [k for k, lease in self._by_key.items() if lease.instance == instance]
@@ -205,10 +212,11 @@ class SessionTable:
         row.instance, row.model, row.kv_len, row.last_used = instance, model, kv_len, now
         self._rows.move_to_end(session_id)
 
-    def forget_idle(self, before: float) -> list[str]:
-        """Drop rows last used before `before` (rows are kept in last-use order)."""
-        gone = []
-        while self._rows:
+    def forget_idle(self, before: float, limit: int | None = None) -> list[str]:
+        """Drop rows last used before `before` (rows are kept in last-use order), at most
+        `limit` of them (the rest stays `idle`)."""
+        gone: list[str] = []
+        while self._rows and len(gone) != limit:
             sid, row = next(iter(self._rows.items()))
             if row.last_used >= before:
                 break
@@ -217,6 +225,10 @@ class SessionTable:
         for sid in gone:
             self._kv.pop(sid, None)
         return gone
+
+    def idle(self, before: float) -> bool:
+        """Some row was last used before `before`."""
+        return bool(self._rows) and next(iter(self._rows.values())).last_used < before
 
     def forget(self, session_id: str) -> bool:
         """Drop one session's row and KV records; False if it had neither."""

@@ -277,6 +277,19 @@ def test_the_picker_plans_an_unset_output_limit_as_the_boxs_gateway_does():
     assert call.max_tokens == 200 - call.prompt_tokens  # what fits, not the default 4096
 
 
+def test_an_idle_box_polled_by_changes_stays_placeable():
+    """A box whose instances do not change re-sends the target installed (same basis, no session
+    change): it is not installed again at every poll, but often enough not to go stale."""
+    p = BoxPicker(Router(RouterKnobs(), {}))
+    snap = _snap()
+    for i in range(60):  # six seconds of polls, three times the staleness bound
+        target = snap.target.model_copy(update={"sessions_base": i or None})
+        again = snap.model_copy(update={"sessions_epoch": i + 1, "target": target})
+        assert p.box_seen("a", BOXES["a"], again, 0.1 * i)
+    assert p.healthy_boxes(5.95) == ["a"] and p.router.placeable("a", MODEL, 5.95)
+    assert p.router.instances(5.95)[0].version < 60 / 2  # not every poll installed
+
+
 # --- lease returns at request headers -----------------------------------------------------------
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from talariad.calls.branches import PrefixBranches
+from talariad.calls.placement import Placement
 from talariad.router import DecisionKind
+from talariad.router.router import PLACE_EXPIRY_STEP
 from talariad.types import KVState
 from tests.router.router_factories import MODEL, Snaps, call, cand, cluster, router, serve
 
@@ -190,3 +193,57 @@ def test_session_table_records_last_instance(setup):
     assert (entry.session_id, entry.instance, entry.model) == ("s1", d.instance, MODEL)
     assert entry.kv_len == 1234
     assert entry.last_used == 0.5 and entry.lease is not None
+
+
+def test_leases_that_expire_together_go_in_bounded_steps(setup):
+    """A burst of sessions opened together expires together: no one call drops them all, and
+    none of them is hit once expired."""
+    r, _ = setup
+    n = 3 * PLACE_EXPIRY_STEP
+    for i in range(n):
+        serve(r, call(f"c{i}", session=f"s{i}"), 0.1, 0.5)
+    assert len(r.leases()) == n
+    late = r.place(call("late", session="s0", prompt=1200, prefix=1010), 1.6)
+    assert late.kind is DecisionKind.COST  # expired, whatever the book still holds
+    assert len(r.leases()) == n - PLACE_EXPIRY_STEP
+    report = r.expire(1.6, limit=PLACE_EXPIRY_STEP)
+    assert len(report.leases) == PLACE_EXPIRY_STEP and report.pending
+    report = r.expire(1.6, limit=10 * n)
+    assert not report.pending and r.leases() == ()
+
+
+def test_a_placement_shell_expires_in_steps_until_none_is_due(setup):
+    r, _ = setup
+    placement = Placement(r, PrefixBranches(4), grace_s=0.0)
+    n = 2 * Placement.EXPIRE_STEP + 1
+    for i in range(n):
+        serve(r, call(f"c{i}", session=f"s{i}"), 0.1, 0.5)
+    placement.expire(2.0)  # due: the first step
+    assert len(r.leases()) == n - Placement.EXPIRE_STEP
+    placement.expire(2.01)  # not a second later: the steps go on while some are due
+    placement.expire(2.02)
+    assert r.leases() == ()
+
+
+def test_idle_session_rows_go_in_bounded_steps(setup):
+    r, _ = setup
+    for i in range(30):
+        serve(r, call(f"c{i}", session=f"s{i}"), 0.1, 0.5)
+    idle = 0.5 + r.knobs.session_idle_s + 1.0
+    report = r.expire(idle, limit=20)
+    assert len(r.sessions()) == 10 and report.pending
+    assert not r.expire(idle, limit=20).pending and r.sessions() == ()
+
+
+def test_the_demand_window_lets_a_burst_go_in_bounded_steps(setup):
+    """Calls placed together leave the arrivals' window together: expiry steps drop them
+    ahead of the placement that reads the window, and the window's sum is what reading it
+    whole gives."""
+    r, _ = setup
+    for i in range(50):
+        r.place(call(f"c{i}", session=f"s{i}"), 0.1)
+    later = 0.1 + r.knobs.control_window_s + 1.0
+    assert r.expire(later, limit=20).pending
+    while r.expire(later, limit=20).pending:
+        pass
+    assert r._demand.work_s(MODEL, later) == 0.0

@@ -19,7 +19,7 @@ from talariad.router import (
     RouterKnobs,
 )
 from talariad.router.cost import rank_all  # the reference
-from talariad.router.search.lazy import LazyCandidates
+from talariad.router.search.lazy import LazyCandidates, weighed
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath
 from tests.router.router_factories import MODEL
 from tests.support.props import examples
@@ -115,6 +115,8 @@ knobs = st.fixed_dictionaries(
         # for the instances it skips must match the reference's reads
         "retire_window_s": st.sampled_from([1.0, 4.0, 30.0]),
         "control_window_s": st.sampled_from([2.0, 30.0]),
+        # a candidate set no smaller than the pool holds the optimum: the same decisions
+        "cost_candidates": st.sampled_from([None, len(NAMES), len(NAMES) + 2]),
     }
 )
 
@@ -530,3 +532,29 @@ def test_an_explanation_read_later_shows_its_placement_after_many_changes():
         both.done(f"c{n}", d.instance, KVState.DEVICE, 1_000, now + 0.01)
     assert both.fast._leases._charges._base is not base  # a new base since
     assert tuple(both.fast.explain("c1").candidates) == tuple(want.candidates)
+
+
+def test_a_candidate_set_smaller_than_the_pool_scores_the_least_loaded_only():
+    """Past `cost_candidates` plain instances (no session KV, no overlay) the ranking stops,
+    lowest bound first, and still places on the cheapest it scored."""
+    kn = {"cost_candidates": 2, "staleness_s": 1.5}
+    fast, ref = _pair(kn)
+    for i, name in enumerate(NAMES):
+        for r in (fast, ref):
+            snap = InstanceSnapshot(
+                name,
+                1,
+                0.0,
+                Pool.HOT,
+                True,
+                frozenset(MODELS),
+                {m: ModelResidency(ModelState.ACTIVE) for m in MODELS},
+                {},
+                round_load_s=0.1 * (i + 1),
+                hbm_free_bytes=1 << 40,
+            )
+            r.observe(snap, 0.0)
+    call = CallRequest("c1", "s1", MODELS[0], 1000, 0, 10)
+    got, want = fast.place(call, 0.1), ref.place(call, 0.1)
+    assert got.instance == want.instance == NAMES[0]  # the least loaded is the optimum here
+    assert len(weighed(got.candidates)) == 2 < len(NAMES)

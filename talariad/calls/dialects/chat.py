@@ -10,6 +10,7 @@ from pydantic import Field
 from talariad.calls.schemas import ChatTool, Message, SamplingBody
 from talariad.calls.spec import CallSpec, body_spec
 from talariad.tools import function_tool
+from talariad.wire.messages import ChatMessage
 
 
 class ChatCompletionRequest(SamplingBody):
@@ -32,4 +33,10 @@ class ChatCompletionRequest(SamplingBody):
 
 
 def spec(body: ChatCompletionRequest) -> CallSpec:
-    return body_spec("openai", body, [m.chat() for m in body.messages], tools=body.tool_defs())
+    return spec_of(body, [m.chat() for m in body.messages])
+
+
+def spec_of(body: ChatCompletionRequest, messages: list[ChatMessage]) -> CallSpec:
+    """The spec of `body` with its messages converted (`calls.reading` converts a conversation's
+    new messages only)."""
+    return body_spec("openai", body, messages, tools=body.tool_defs())

@@ -101,16 +101,20 @@ class MessagesRequest(OpenBody):
     tool_choice: dict[str, Any] | None = None
 
     def chat(self) -> list[ChatMessage]:
+        out = self.system_messages()
+        names: dict[str, str] = {}
+        for m in self.messages:
+            out += m.chat(names)
+        return out
+
+    def system_messages(self) -> list[ChatMessage]:
+        """The `system` field as the conversation's leading system turn (none when empty)."""
         system = (
             self.system
             if isinstance(self.system, str)
             else "".join(b.flat() for b in self.system or [])
         )
-        out = [ChatMessage(role="system", content=system)] if system else []
-        names: dict[str, str] = {}
-        for m in self.messages:
-            out += m.chat(names)
-        return out
+        return [ChatMessage(role="system", content=system)] if system else []
 
     def tool_defs(self) -> list[dict]:
         """Client tools in the template form; server tools (no input schema) cannot run here."""
@@ -152,5 +156,11 @@ def context_message(prompt: int, max_tokens: int, limit: int) -> str:
 
 
 def spec(body: MessagesRequest) -> CallSpec:
-    messages, tools = body.chat(), body.tool_defs()
+    return spec_of(body, body.chat())
+
+
+def spec_of(body: MessagesRequest, messages: list[ChatMessage]) -> CallSpec:
+    """The spec of `body` with its messages converted (`calls.reading` converts a conversation's
+    new messages only)."""
+    tools = body.tool_defs()
     return body_spec("anthropic", body, messages, tools=tools, context_error=context_message)

@@ -135,6 +135,12 @@ class LazyCandidates(Sequence):
     def __getitem__(self, i):
         return self._all()[i]
 
+    def scored(self) -> list[CandidateCost]:
+        """The candidates the ranking scored, in instance order (reading them renders none)."""
+        if self._rendered is not None:
+            return list(self._rendered)
+        return [e for e in self._entries if type(e) is not tuple]
+
     def __len__(self) -> int:
         return len(self._entries) if self._rendered is None else len(self._rendered)
 
@@ -149,3 +155,9 @@ class LazyCandidates(Sequence):
 
     def __repr__(self) -> str:
         return repr(self._all())
+
+
+def weighed(candidates: Sequence[CandidateCost]) -> Sequence[CandidateCost]:
+    """The candidates a ranking weighed: those it scored where it skipped some (`LazyCandidates`,
+    whose others are rendered only when read), else all."""
+    return candidates.scored() if isinstance(candidates, LazyCandidates) else candidates

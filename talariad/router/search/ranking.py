@@ -56,13 +56,15 @@ def rank(
         common += recompute_s(plan, plan.call.prefix_tokens)
     scored, members, named = search.scored, search.members, order.named
     skipped, infeasible = False, None
+    # the candidate set: those singled out above plus the `cap` lowest bounded (least loaded)
+    cap = math.inf if k.cost_candidates is None else len(scored) + k.cost_candidates
     for bound, name in order.entries:  # ties in name order
         inst = named[name][0]
         if inst not in members or inst in scored:
             continue
         bound += common
         if search.best is not None:
-            if _above(bound, search.best):  # every later one is bounded as high
+            if _above(bound, search.best) or len(scored) >= cap:  # later ones bound as high
                 skipped = True
                 break
         elif _above(bound, search.cheapest):

@@ -1,0 +1,388 @@
+"""A call's body read as cheaply as it allows, for the pool's picker: its `CallSpec` and canonical
+`Prompt` (the model, the fields and turns that name its session, the text its branch is chosen
+on), equal to what `routes.parse` and `spec.canonical_prompt` give (property-tested,
+tests/calls/test_reading.py).
+
+An agent resends its whole conversation on every call (20-400 KB), and the picker sees every
+call. A chat or messages body whose bytes start as a body read before does, up to the end of one
+of its messages, is read from there: only the new messages are parsed, validated with the
+dialect's own models and converted, and what precedes them (validated, converted, its canonical
+text) is the earlier read's. Any other body is read whole, as the box reads it, and a body its
+dialect refuses gets its 400 from that whole read. The box still validates every body fully.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from talariad.calls import routes
+from talariad.calls.branches import Prompt
+from talariad.calls.dialects import chat, messages
+from talariad.calls.schemas import Message
+from talariad.calls.spec import CallSpec, canonical_lines, canonical_prompt, prompt_of
+from talariad.wire.messages import ChatMessage
+
+_WS = re.compile(r"[ \t\n\r]*")
+_SCAN = json.JSONDecoder().scan_once  # the stdlib's C scanner: a JSON value and where it ends
+_HEAD_ROLES = ("system", "developer")
+
+
+@dataclass(frozen=True, slots=True)
+class _Dialect:
+    """How a dialect's conversation is read one message at a time."""
+
+    key: str  # the body's array of messages
+    items: TypeAdapter  # its messages' model
+    head: Callable[[Any], list[ChatMessage]]  # turns the body puts before them (a system field)
+    convert: Callable[[Any, dict[str, str]], list[ChatMessage]]  # one message (and its state)
+    spec_of: Callable[[Any, list[ChatMessage]], CallSpec]
+
+
+_DIALECTS = {
+    "/v1/chat/completions": _Dialect(
+        "messages", TypeAdapter(list[Message]), lambda b: [], lambda m, _: [m.chat()], chat.spec_of
+    ),
+    "/v1/messages": _Dialect(
+        "messages",
+        TypeAdapter(list[messages.AnthropicMessage]),
+        messages.MessagesRequest.system_messages,
+        lambda m, names: m.chat(names),
+        messages.spec_of,
+    ),
+}
+
+
+@dataclass(slots=True)
+class _Read:
+    """A body read, with what a later body continuing its conversation reuses."""
+
+    raw: bytes
+    spec: CallSpec
+    prompt: Prompt
+    lead: int  # the head turns at the front of `spec.messages` (Anthropic's `system`)
+    tools_len: int  # characters of `prompt.text` its tools' lines take
+    base: int  # where its messages' lines start in `prompt.text` (after the tools and head turns)
+    counts: list[int]  # per message of the body: turns of `spec.messages` (after lead) up to it
+    text_end: list[int]  # per message of the body: where its lines end in `prompt.text`
+    names: dict[str, str]  # the conversion's state (Anthropic: tool-use id -> tool name)
+    at: int  # index of the first conversation turn in `spec.messages`
+    ends: list[int] | None = None  # per message: where it ends in `raw` (None: not scanned yet)
+    pre: bytes = b""  # `raw` up to the array's key: `{` and the fields before it
+    rest: bytes = b""  # `raw` after the array's closing bracket
+
+
+class BodyReader:
+    """Reads call bodies (`read`), keeping recent reads of large chat and messages bodies
+    (at least `min_bytes`) to continue from, at most `max_bytes` of bodies in all, least
+    recently used out. Reads are found by the body's first `LEAD` bytes and path."""
+
+    LEAD = 256
+    PER_LEAD = 64  # kept reads of one lead (agents of one system prompt): a failed match stops
+
+    # at the first differing byte, a few hundred in
+    def __init__(self, min_bytes: int = 8 << 10, max_bytes: int = 256 << 20) -> None:
+        self.min_bytes, self.max_bytes = max(min_bytes, self.LEAD), max_bytes
+        self.bytes = 0
+        self.continued = 0  # reads that continued an earlier one (for benchmarks and tests)
+        self._reads: OrderedDict[tuple[str, bytes], list[_Read]] = OrderedDict()
+
+    def read(self, path: str, raw: bytes) -> tuple[CallSpec, Prompt] | None:
+        """The call's spec and canonical prompt; None for a path that is no call. Raises the
+        dialect's APIError 400 for a body it refuses."""
+        route = path.split("?", 1)[0]
+        dialect = _DIALECTS.get(route)
+        if dialect is None or len(raw) < self.min_bytes:
+            spec = routes.parse(path, raw)
+            return (
+                None
+                if spec is None
+                else (spec, canonical_prompt(spec.messages, spec.prompt, spec.tools))
+            )
+        key = (route, raw[: self.LEAD])
+        kept = self._reads.get(key, [])
+        found = self._continuing(dialect, kept, raw)
+        if found is not None:
+            read = self._continue(dialect, route, raw, *found)
+            if read is not None:
+                self.continued += 1
+                self._keep(key, read, found[0])
+                return read.spec, read.prompt
+        read = _whole(dialect, route, raw)
+        self._keep(key, read, None)
+        return read.spec, read.prompt
+
+    # --- what was read before -------------------------------------------------------------
+    def _continuing(
+        self, dialect: _Dialect, kept: list[_Read], raw: bytes
+    ) -> tuple[_Read, int] | None:
+        """The kept read `raw` shares the most whole messages with, and its last one shared."""
+        found: tuple[_Read, int] | None = None
+        for r in kept:
+            # what they share, by halving memcmps (a read of another conversation differs a few
+            # hundred bytes in): reading more than half the body from its tail costs more than
+            # reading it whole, and a read is scanned (`_index`) only when it may be continued
+            if r.ends and raw.startswith(memoryview(r.raw)[: r.ends[-1]]):
+                k = len(r.ends) - 1  # the usual return: every message of `r` resent
+            else:
+                shared = _shared(raw, r.raw, len(r.raw))
+                if 2 * shared < len(raw) or not _indexed(r, dialect.key):
+                    continue
+                k = bisect.bisect_right(r.ends, shared) - 1  # type: ignore[arg-type]
+            if k >= 0 and (found is None or r.ends[k] > found[0].ends[found[1]]):  # type: ignore[index]
+                found = (r, k)
+        if found is None or 2 * found[0].ends[found[1]] < len(raw):  # type: ignore[index]
+            return None
+        return found
+
+    def _continue(
+        self, dialect: _Dialect, route: str, raw: bytes, was: _Read, k: int
+    ) -> _Read | None:
+        """`raw` read from the end of `was`'s message `k` (the bytes before it are `was`'s);
+        None when what follows is not plainly more messages and the body's other fields (then
+        the body is read whole)."""
+        cut = was.ends[k]  # type: ignore[index]
+        try:
+            tail = raw[cut:].decode()
+            starts, stops, close = _more(tail)
+        except (UnicodeDecodeError, StopIteration, ValueError, IndexError):
+            return None
+        rest_at = cut + _byte_len(tail, close + 1)
+        rest = raw[rest_at:]
+        new = tail[starts[0] : stops[-1]] if starts else ""
+        try:
+            if rest == was.rest:  # the body's other fields are `was`'s
+                items, body = (dialect.items.validate_json(f"[{new}]") if new else []), None
+            elif new and _keys(rest.decode(), dialect.key):
+                doc = b"".join((was.pre, b'"', dialect.key.encode(), b'":[', new.encode(), b"]"))
+                body = routes.ROUTES[route].body.model_validate_json(doc + rest)
+                items = getattr(body, dialect.key)
+            else:
+                return None
+        except (ValidationError, UnicodeDecodeError, StopIteration, ValueError, IndexError):
+            return None
+        names = dict(was.names)
+        counts = was.counts[: k + 1]
+        added: list[ChatMessage] = []
+        for m in items:
+            added += dialect.convert(m, names)
+            counts.append(counts[k] + len(added))
+        prev = was.spec.messages[was.lead : was.lead + was.counts[k]]
+        if body is None:
+            head = was.spec.messages[: was.lead]
+            spec = dataclasses.replace(was.spec, messages=head + prev + added)
+            base_text, tools_len = was.prompt.text[: was.base], was.tools_len
+        else:
+            head = dialect.head(body)
+            spec = dialect.spec_of(body, head + prev + added)
+            tools = canonical_lines([], spec.tools)
+            tools_len = sum(map(len, tools))
+            base_text = "".join(tools + canonical_lines(head, []))
+        new_lines = canonical_lines(added, [])
+        text = "".join((base_text, was.prompt.text[was.base : was.text_end[k]], *new_lines))
+        shift = len(base_text) - was.base
+        text_end = [e + shift for e in was.text_end[: k + 1]] if shift else was.text_end[: k + 1]
+        line_end = list(accumulate(map(len, new_lines), initial=text_end[k]))
+        text_end += [line_end[c - counts[k]] for c in counts[k + 1 :]]
+        msgs = spec.messages
+        if body is None and was.at < was.lead + was.counts[k]:
+            p = was.prompt
+            prompt, at = Prompt(text, p.head, p.first, p.thread), was.at
+        else:
+            at = _first_turn(msgs)
+            prompt = prompt_of(text, msgs, canonical_lines(msgs[: at + 1], []), tools_len)
+        ends = was.ends[: k + 1] + [cut + _byte_len(tail, s) for s in stops]  # type: ignore[index]
+        return _Read(
+            raw,
+            spec,
+            prompt,
+            len(head),
+            tools_len,
+            len(base_text),
+            counts,
+            text_end,
+            names,
+            at,
+            ends,
+            was.pre,
+            rest,
+        )
+
+    def _keep(self, key: tuple[str, bytes], read: _Read, replaces: _Read | None) -> None:
+        kept = self._reads.pop(key, [])
+        if replaces is not None and replaces in kept:  # its conversation moved on
+            kept.remove(replaces)
+            self.bytes -= len(replaces.raw)
+        kept.insert(0, read)
+        self.bytes += len(read.raw)
+        while len(kept) > self.PER_LEAD:
+            self.bytes -= len(kept.pop().raw)
+        self._reads[key] = kept
+        while self.bytes > self.max_bytes and self._reads:
+            _, gone = self._reads.popitem(last=False)
+            self.bytes -= sum(len(r.raw) for r in gone)
+
+
+def _whole(dialect: _Dialect, route: str, raw: bytes) -> _Read:
+    """The body read whole, as `routes.parse` reads it (its 400 too), one message at a time."""
+    body = routes.body(route, raw)
+    head = dialect.head(body)
+    names: dict[str, str] = {}
+    conv, counts = list(head), []
+    for m in getattr(body, dialect.key):
+        conv += dialect.convert(m, names)
+        counts.append(len(conv) - len(head))
+    spec = dialect.spec_of(body, conv)
+    ntools = len(spec.tools)
+    lines = canonical_lines(conv, spec.tools)
+    tools_len = sum(map(len, lines[:ntools]))
+    prompt = prompt_of("".join(lines), conv, lines[ntools:], tools_len)
+    base = tools_len + sum(map(len, lines[ntools : ntools + len(head)]))
+    line_end = list(accumulate(map(len, lines[ntools + len(head) :]), initial=base))
+    text_end = [line_end[c] for c in counts]
+    return _Read(
+        raw, spec, prompt, len(head), tools_len, base, counts, text_end, names, _first_turn(conv)
+    )
+
+
+def _indexed(read: _Read, key: str) -> bool:
+    """`read` can be continued from (its structure found, `_index`, at its first use)."""
+    if read.ends is None:
+        _index(read, key)
+    return bool(read.ends)
+
+
+def _first_turn(msgs: list[ChatMessage]) -> int:
+    return next((i for i, m in enumerate(msgs) if m.role not in _HEAD_ROLES), len(msgs))
+
+
+def _index(read: _Read, key: str) -> None:
+    """Where `read`'s messages end in its body, the body's bytes before the array's key and after
+    its closing bracket; `ends` empty when the body is not plainly one object with one such
+    array (it is then never continued from)."""
+    read.ends = []
+    try:
+        text = read.raw.decode()
+        found = _structure(text, key)
+    except (UnicodeDecodeError, StopIteration, ValueError, IndexError):
+        return
+    if found is None or len(found[1]) != len(read.counts):
+        return
+    pre, ends, close = found
+    offsets = _byte_offsets(text, [pre, *ends, close + 1])
+    read.pre, read.rest = read.raw[: offsets[0]], read.raw[offsets[-1] :]
+    read.ends = offsets[1:-1]
+
+
+def _structure(s: str, key: str) -> tuple[int, list[int], int] | None:
+    """Of a JSON object's text: where its `key` field starts, where each element of that field's
+    array ends and where the array closes (character offsets); None: no such array, or two."""
+    ws = _WS.match
+    i = ws(s, 0).end()
+    if s[i] != "{":
+        return None
+    i = ws(s, i + 1).end()
+    found = None
+    while s[i] != "}":
+        start = i
+        name, i = _SCAN(s, i)
+        i = ws(s, i).end()
+        if type(name) is not str or s[i] != ":":
+            return None
+        i = ws(s, i + 1).end()
+        if name == key:
+            if found is not None or s[i] != "[":
+                return None
+            ends, i = [], ws(s, i + 1).end()
+            while s[i] != "]":
+                _, i = _SCAN(s, i)
+                ends.append(i)
+                i = ws(s, i).end()
+                if s[i] == ",":
+                    i = ws(s, i + 1).end()
+                elif s[i] != "]":
+                    return None
+            found = (start, ends, i)
+            i += 1
+        else:
+            _, i = _SCAN(s, i)
+        i = ws(s, i).end()
+        if s[i] == ",":
+            i = ws(s, i + 1).end()
+        elif s[i] != "}":
+            return None
+    return found
+
+
+def _more(tail: str) -> tuple[list[int], list[int], int]:
+    """Of the text after a message of the array: where each further message starts and ends,
+    and where the array closes. Raises ValueError (or the scanner's StopIteration) otherwise."""
+    ws = _WS.match
+    starts, stops = [], []
+    i = ws(tail, 0).end()
+    while tail[i] == ",":
+        i = ws(tail, i + 1).end()
+        starts.append(i)
+        _, i = _SCAN(tail, i)
+        stops.append(i)
+        i = ws(tail, i).end()
+    if tail[i] != "]":
+        raise ValueError("not more messages")
+    return starts, stops, i
+
+
+def _keys(rest: str, key: str) -> bool:
+    """`rest` (after the array's closing bracket) closes the object with fields other than
+    `key`: a second array of that name would be the one the dialect reads."""
+    ws = _WS.match
+    i = ws(rest, 0).end()
+    while rest[i] == ",":
+        name, i = _SCAN(rest, ws(rest, i + 1).end())
+        i = ws(rest, i).end()
+        if name == key or rest[i] != ":":
+            return False
+        _, i = _SCAN(rest, ws(rest, i + 1).end())
+        i = ws(rest, i).end()
+    return rest[i] == "}"
+
+
+def _byte_len(text: str, n: int) -> int:
+    """Bytes of UTF-8 the first `n` characters of `text` take."""
+    return n if text.isascii() else len(text[:n].encode())
+
+
+def _byte_offsets(text: str, offsets: list[int]) -> list[int]:
+    """Character offsets (ascending) of `text` as offsets into its UTF-8 bytes."""
+    if text.isascii():
+        return offsets
+    out, at, n = [], 0, 0
+    for o in offsets:
+        n += len(text[at:o].encode())
+        at = o
+        out.append(n)
+    return out
+
+
+def _shared(a: bytes, b: bytes, hi: int) -> int:
+    """The length of the common prefix of `a` and `b[:hi]`: halving pieces compared in place
+    (as `branches._shared`, on bytes)."""
+    lo, hi = 0, min(len(a), hi)
+    view = memoryview(b)
+    if a.startswith(view[:hi]):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a.startswith(view[lo:mid], lo):
+            lo = mid
+        else:
+            hi = mid
+    return lo
