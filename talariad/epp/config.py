@@ -202,11 +202,13 @@ class EPPConfig(_Strict):
         return picker_knobs(_router_knobs(self.router, self.stale_after_s), self.lease_slack_s)
 
 
-PICKER_KNOBS = {"session_home": True, "cost_candidates": 64}
+PICKER_KNOBS = {"session_home": True, "cost_candidates": 64, "replica_gain_decode": True}
 """What the picker's router does unlike a box's (unless `router` says otherwise): a session's
 calls stay on the box holding their prefix, a new branch's on the box holding its head, while
 that box can take them (`RouterKnobs.session_home`); a cost placement weighs the boxes the call
-singles out and the 64 least loaded, not every box (`RouterKnobs.cost_candidates`)."""
+singles out and the 64 least loaded, not every box (`RouterKnobs.cost_candidates`); a model
+opens on another box when the decode contention of its running calls is worth it, not only its
+queued prefill (`RouterKnobs.replica_gain_decode`)."""
 
 
 def picker_knobs(knobs: RouterKnobs, lease_slack_s: float) -> RouterKnobs:
