@@ -493,11 +493,16 @@ class BoxPicker:
 
     def _refuse(self, path: str, requested: str, d: Decision, now: float) -> ImmediateAnswer:
         """429 with `retry-after` when boxes are busy (the picker cannot hold a call: a held
-        one leaves the router's queue at once), 503 when no box is healthy."""
+        one leaves the router's queue at once) or their snapshots are late (a picker starved by
+        a burst polls late: the boxes are not down, and the call is worth sending again), 503
+        when no box is healthy."""
         if d.kind is DecisionKind.OVERLOAD_QUEUE:
             self.placement.failed(d.call_id, now)
         if not self.healthy_boxes(now):
-            return answer(path, _no_box())
+            late = any(
+                s.healthy and s.instance in self.endpoints for s in self.router.instances(now)
+            )
+            return answer(path, _boxes_late() if late else _no_box())
         return answer(path, refusal(d, requested, "box"))
 
     def _any_box(self, request: EPPRequest, now: float) -> Pick | ImmediateAnswer:
@@ -642,6 +647,16 @@ class BoxPicker:
 def _names(models: list[BoxModel]) -> list[tuple]:
     """What resolving a requested name reads of a box's models."""
     return [(m.name, tuple(m.aliases)) for m in models]
+
+
+def _boxes_late() -> APIError:
+    return APIError(
+        429,
+        "the pool's boxes are up but their snapshots are late; try again shortly",
+        type="rate_limit_exceeded",
+        code="boxes_late",
+        headers={"Retry-After": "1"},
+    )
 
 
 def _no_box() -> APIError:
