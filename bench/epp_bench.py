@@ -4,7 +4,8 @@ path (`envoy_epp_*`), a lease return placed at its request headers (`envoy_epp_l
 session through the same config (`envoy_epp_new_*`), beside their floors, Envoy + a server that
 picks nothing (`null_ext_proc.py`: `envoy_null_none`, `envoy_null_lease_none`); the picker's CPU
 per call through Envoy with 70 KB agent bodies (`picker_cpu_ms_per_call`) and the calls/s it
-sustains with them; the EPP's CPU per box poll (its poller beside a bare httpx GET); and the EPP's
+sustains with them; the EPP's CPU per box poll (answered 304, in full, as before conditional
+polls, beside a bare httpx GET) and its poll loop's over 256 boxes, idle and busy; and the EPP's
 decision time at 16, 64 and 256 boxes with 100k live sessions (the picker in-process, fed
 synthetic box snapshots).
 
@@ -398,60 +399,252 @@ def throughput(pool: devpool.LocalPool, gateway: str, seconds: float, concurrenc
 
 # --- polling: the EPP's CPU per box poll ----------------------------------------------------------
 
+BUSY_CHANGES_PER_S = 4.0
+"""How often a busy box's snapshot changes: its daemon reads its instances' telemetry every
+250 ms (`policy.telemetry_interval_s`); an idle box's says the same for as long as it idles."""
+BUSY_SHARE = 0.5
+"""The share of the pool's boxes taken as busy for `core_fraction` (the rest idle)."""
+LOOP_S = 10.0
+"""Seconds the picker's poll loop runs against the idle box, and against the busy one."""
+LOOP_BOXES = 256
+"""Boxes the poll loop polls: the one box under this many names."""
+
+_BUSY_DRIVER = """
+import sys, time, httpx
+url, model, end = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}
+with httpx.Client(timeout=30) as c:
+    i = 0
+    while time.monotonic() < end:  # a new session every 100 ms: its view changes every read
+        c.post(url, json=body, headers={"x-session-id": f"busy-{i}"})
+        i += 1
+        time.sleep(0.1)
+"""
+"""Calls a busy box takes (a process of its own: its CPU is not the picker's)."""
+
 
 def poll_cost(polls: int) -> dict:
-    """CPU (this process) per poll of one sim box: the EPP's poller (`BoxPoller.poll`: fetch,
-    parse, merge, install), beside the bare GET through httpx, the client the poller had before,
-    in one run. At 256 boxes polled ten times a second this is what the picker's loop pays."""
+    """The picker's polling CPU, with real HTTP against one sim box. Per poll, arms interleaved
+    (`hold_s` 0: answered at once): the poller polling the idle box (conditional: answered
+    `304`, the target held kept), a poll answered in full and installed (a changed box: its held
+    etag and basis dropped first), the poll as it was before polls were conditional (answered
+    in full, the same basis, not installed), and a bare httpx GET; the box daemon's CPU per poll
+    answered `304` and in full. Then the poll loop as it runs (`poll_interval_s`,
+    `poll_hold_s`) for `LOOP_S` against the idle box and against the box kept busy: its CPU
+    and answers per second per box. The core fraction at 256 and 1,000 boxes is extrapolated
+    from those (not run with that many boxes)."""
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-"))
     pool = devpool.LocalPool(workdir)
     (workdir / devpool.TOKEN_FILE).write_text(secrets.token_urlsafe(32) + "\n")
     try:
         box = devpool.start_box(pool, 0)
         token = (workdir / devpool.TOKEN_FILE).read_text().strip()
-        return asyncio.run(_poll_cost(box, token, polls))
+        out = asyncio.run(_poll_cost(box, pool.procs["box0"].proc.pid, token, polls))
+        out["idle_loop"] = asyncio.run(_loop_cpu(box, token))
+        argv = [sys.executable, "-c", _BUSY_DRIVER, f"http://{box}/v1/chat/completions"]
+        driver = pool.spawn("busy", [*argv, MODEL, str(LOOP_S + 4)], workdir)
+        try:
+            out["busy_loop"] = asyncio.run(_loop_cpu(box, token))
+        finally:
+            driver.proc.kill()
+            driver.proc.wait()
+        return _at_scale(out, polls)
     finally:
         pool.stop()
 
 
-async def _poll_cost(box: str, token: str, polls: int) -> dict:
-    poller = BoxPoller(BoxPicker(Router(RouterKnobs(), {})), token)
+def _at_scale(out: dict, polls: int) -> dict:
+    """The pool-scale figures: `core_fraction` for `BUSY_SHARE` of the boxes busy (their loop's
+    CPU per second as measured), beside all idle, all busy, polled every `poll_interval_s`
+    unheld (a busy box's polls changed at `BUSY_CHANGES_PER_S`), and as before conditional
+    polls (every poll answered in full)."""
+    interval = BoxPoller.__init__.__defaults__[0]  # type: ignore[index]
+    out["poll_interval_s"] = interval
+    out["poll_hold_s"] = BoxPoller.__init__.__defaults__[2]  # type: ignore[index]
+    idle, busy = (
+        {k: v / LOOP_BOXES for k, v in out[loop].items() if not k.startswith(("boxes", "lag"))}
+        for loop in ("idle_loop", "busy_loop")
+    )
+    unheld_busy = min(BUSY_CHANGES_PER_S * interval, 1.0)  # share of a busy box's polls changed
+    same_s, changed_s = out["poller_cpu_ms"] / 1e3, out["changed_cpu_ms"] / 1e3
+    per_box = {
+        "idle": idle["cpu_fraction"],
+        "busy": busy["cpu_fraction"],
+        "unheld": (1 - BUSY_SHARE) * same_s / interval
+        + BUSY_SHARE * ((1 - unheld_busy) * same_s + unheld_busy * changed_s) / interval,
+        "unconditional": out["unconditional_cpu_ms"] / 1e3 / interval,
+    }
+    mix = (1 - BUSY_SHARE) * per_box["idle"] + BUSY_SHARE * per_box["busy"]
+    polls_per_box = (1 - BUSY_SHARE) * idle["answers_per_s"] + BUSY_SHARE * busy["answers_per_s"]
+    out["busy_share"] = BUSY_SHARE
+    out["changed_share"] = round(
+        BUSY_SHARE * busy["changed_per_s"] / max(polls_per_box, 1e-9)
+        + (1 - BUSY_SHARE) * idle["changed_per_s"] / max(polls_per_box, 1e-9),
+        3,
+    )
+    out["pool"] = [
+        {
+            "boxes": n,
+            "polls_per_s": round(n * polls_per_box),
+            "core_fraction": round(mix * n, 3),
+            **{f"core_fraction_{k}": round(v * n, 3) for k, v in per_box.items()},
+        }
+        for n in (256, 1000)
+    ]
+    return out
+
+
+class _CountingPicker(BoxPicker):
+    """The picker, counting the polls answered `304` (`box_same`) and in full (`box_seen`)."""
+
+    def __init__(self) -> None:
+        super().__init__(Router(RouterKnobs(), {}))
+        self.same = self.seen = 0
+
+    def box_same(self, name: str, age_s: float, now: float) -> bool:
+        self.same += 1
+        return super().box_same(name, age_s, now)
+
+    def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> bool:
+        self.seen += 1
+        return super().box_seen(name, endpoint, snap, now)
+
+    def changed(self, name: str) -> None:
+        """Its next poll of `name` is answered in full and installed, as a changed box's is."""
+        held = self._held[name]
+        held.etag, held.basis = None, []
+
+    def unconditional(self, name: str) -> None:
+        """Its next poll of `name` is answered in full, as before polls were conditional."""
+        self._held[name].etag = None
+
+
+async def _loop_cpu(box: str, token: str) -> dict:
+    """The poll loop as it runs, on `LOOP_BOXES` boxes (the one box under as many names) for
+    `LOOP_S`: this process's CPU per second (nothing else runs in it), its answers per second and
+    those answered in full; then, as a pick on that loop would see it, how late a 10 ms timer
+    fires with the loop polling (`lag_*`) and with it not yet polling (`lag_unpolled_*`)."""
+    picker = _CountingPicker()
+    poller = BoxPoller(picker, token)  # a connection per box name
+    try:
+        unpolled = await _loop_lag(2.0)
+        poller.set_boxes({f"box{i}": box for i in range(LOOP_BOXES)})
+        await asyncio.sleep(3.0)  # the first, whole snapshots
+        answers, changed = picker.same + picker.seen, picker.seen
+        cpu, wall = time.process_time(), time.monotonic()
+        await asyncio.sleep(LOOP_S)
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        answers, changed = picker.same + picker.seen - answers, picker.seen - changed
+        polled = await _loop_lag(3.0)
+    finally:
+        await poller.aclose()
+    return {
+        "boxes": LOOP_BOXES,
+        "cpu_fraction": round(cpu / wall, 4),
+        "answers_per_s": round(answers / wall, 1),
+        "changed_per_s": round(changed / wall, 1),
+        "lag_p50_ms": round(pct(polled, 0.5) * 1e3, 3),
+        "lag_p99_ms": round(pct(polled, 0.99) * 1e3, 3),
+        "lag_unpolled_p50_ms": round(pct(unpolled, 0.5) * 1e3, 3),
+        "lag_unpolled_p99_ms": round(pct(unpolled, 0.99) * 1e3, 3),
+    }
+
+
+async def _loop_lag(seconds: float) -> list[float]:
+    """How late each of a run of 10 ms timers fired on this loop, for `seconds`."""
+    lags, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.perf_counter()
+        await asyncio.sleep(0.01)
+        lags.append(time.perf_counter() - started - 0.01)
+    return lags
+
+
+async def _poll_cost(box: str, box_pid: int, token: str, polls: int) -> dict:
+    picker = _CountingPicker()
+    poller = BoxPoller(picker, token, hold_s=0.0)
     url, headers = f"http://{box}{SNAPSHOT_PATH}", {"authorization": f"Bearer {token}"}
     async with httpx.AsyncClient() as client:
 
         async def with_httpx() -> None:
             (await client.get(url, headers=headers)).raise_for_status()
 
-        async def with_poller() -> None:
+        async def polled(before=None) -> None:
+            if before is not None:
+                before("box0")
             assert await poller.poll("box0", box)
 
         try:
-            arms = {"poller": with_poller, "httpx_get": with_httpx}
+            await _until_quiet(poller, picker, box)
+            arms = {
+                "poller": polled,
+                "changed": lambda: polled(picker.changed),
+                "unconditional": lambda: polled(picker.unconditional),
+                "httpx_get": with_httpx,
+            }
             cpu = {name: 0.0 for name in arms}
+            same_before = picker.same
             for i in range(polls + 20):  # the first 20 warm up
                 for name, one in arms.items():
                     started = time.process_time()
                     await one()
                     if i >= 20:
                         cpu[name] += time.process_time() - started
+            # of the "poller" arm's polls, those answered 304 (the box stayed idle)
+            answered_304 = picker.same - same_before
+            box_cpu = await _box_cpu(poller, picker, box, box_pid, polls)
         finally:
             await poller.aclose()
     out = {f"{name}_cpu_ms": round(total / polls * 1e3, 3) for name, total in cpu.items()}
     out["polls"] = polls
-    # the picker's polling at pool scale, from the per-poll CPU above (one box's whole poll:
-    # fetch, parse, merge, install) at the default interval: extrapolated, not run with that
-    # many boxes
-    interval = BoxPoller.__init__.__defaults__[0]  # type: ignore[index]
-    per_poll_s = cpu["poller"] / polls
-    out["poll_interval_s"] = interval
-    out["pool"] = [
-        {
-            "boxes": n,
-            "polls_per_s": round(n / interval),
-            "core_fraction": round(per_poll_s * n / interval, 3),
-        }
-        for n in (256, 1000)
-    ]
+    out["poller_answered_304"] = answered_304
+    out.update(box_cpu)
+    return out
+
+
+async def _until_quiet(poller: BoxPoller, picker: _CountingPicker, box: str) -> None:
+    """Poll until the idle box answers `304` (its instances settled after the start)."""
+    deadline = time.monotonic() + 60
+    while picker.same == 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the idle box never answered a conditional poll with 304")
+        assert await poller.poll("box0", box)
+        await asyncio.sleep(0.1)
+
+
+async def _box_cpu(
+    poller: BoxPoller, picker: _CountingPicker, box: str, pid: int, polls: int
+) -> dict:
+    """The box daemon's CPU per poll answered `304` and in full: blocks of polls, each less the
+    daemon's idle CPU over as long (its own telemetry reads), measured before and after."""
+
+    async def idle(seconds: float) -> float:
+        cpu = _cpu_s(pid)
+        await asyncio.sleep(seconds)
+        return (_cpu_s(pid) - cpu) / seconds
+
+    async def block(before) -> tuple[float, float]:
+        cpu, wall = _cpu_s(pid), time.monotonic()
+        for _ in range(20):
+            if before is not None:
+                before("box0")
+            assert await poller.poll("box0", box)
+        return _cpu_s(pid) - cpu, time.monotonic() - wall
+
+    idle_rate = await idle(2.0)
+    totals = {"box_304": [0.0, 0.0], "box_full": [0.0, 0.0]}
+    for _ in range(max(polls // 20, 1)):
+        for name, before in (("box_304", None), ("box_full", picker.changed)):
+            cpu, wall = await block(before)
+            totals[name][0] += cpu
+            totals[name][1] += wall
+    idle_rate = (idle_rate + await idle(2.0)) / 2
+    n = max(polls // 20, 1) * 20
+    out = {
+        f"{name}_cpu_ms": round(max(cpu - idle_rate * wall, 0.0) / n * 1e3, 3)
+        for name, (cpu, wall) in totals.items()
+    }
+    out["box_idle_cpu_fraction"] = round(idle_rate, 4)
     return out
 
 

@@ -47,11 +47,12 @@ def call_from_json(obj: Any) -> ToolCall | None:
 
 def arguments_json(call: ToolCall) -> str:
     """The arguments as the JSON text OpenAI and Anthropic stream (a free-form input stays as is)."""
-    return (
-        call.arguments
-        if isinstance(call.arguments, str)
-        else json.dumps(call.arguments, ensure_ascii=False)
-    )
+    return call.arguments if isinstance(call.arguments, str) else _encode(call.arguments)
+
+
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+"""`json.dumps(..., ensure_ascii=False)` without a new encoder a call (the canonical text writes
+every tool call of a conversation: a tenth of a new agent body's read)."""
 
 
 class ToolParser(Protocol):

@@ -23,14 +23,15 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic_core import from_json
 
 from talariad.calls import routes
 from talariad.calls.branches import Prompt
 from talariad.calls.dialects import chat, messages
-from talariad.calls.schemas import Message
+from talariad.calls.schemas import Message, parse_arguments
 from talariad.calls.spec import CallSpec, canonical_lines, canonical_prompt, prompt_of
-from talariad.wire.messages import ChatMessage
+from talariad.wire.messages import ChatMessage, ToolCall
 
 _WS = re.compile(r"[ \t\n\r]*")
 _SCAN = json.JSONDecoder().scan_once  # the stdlib's C scanner: a JSON value and where it ends
@@ -46,11 +47,156 @@ class _Dialect:
     head: Callable[[Any], list[ChatMessage]]  # turns the body puts before them (a system field)
     convert: Callable[[Any, dict[str, str]], list[ChatMessage]]  # one message (and its state)
     spec_of: Callable[[Any, list[ChatMessage]], CallSpec]
+    rest: type[BaseModel]  # the body with its messages left as parsed (`_light`)
+    plain: Callable[[Any, dict[str, str], list[dict]], bool]  # one parsed message's turns
+
+
+class _ChatRest(chat.ChatCompletionRequest):
+    messages: list[Any] = Field(min_length=1)  # type: ignore[assignment]
+
+
+class _MessagesRest(messages.MessagesRequest):
+    messages: list[Any] = Field(min_length=1)  # type: ignore[assignment]
+
+
+def _plain_chat(m: Any, names: dict[str, str], out: list[dict]) -> bool:
+    """`Message.chat` of a parsed chat message the model takes as it is, as the `ChatMessage`'s
+    fields, added to `out`; False when the model might refuse it or read it otherwise (then the
+    body is read whole)."""
+    if type(m) is not dict or type(m.get("role")) is not str or m["role"] not in _CHAT_ROLES:
+        return False
+    content, calls = m.get("content"), m.get("tool_calls")
+    if len(m) == 2 and type(content) is str and m["role"] in _SAME_ROLES:
+        out.append(m)  # the usual turn: already the ChatMessage's fields
+        return True
+    if type(content) is list:
+        parts = []
+        for p in content:
+            if type(p) is not dict or type(p.get("type")) is not str:
+                return False
+            text = p.get("text")
+            if text is not None and type(text) is not str:
+                return False
+            if text and p["type"] in ("text", "input_text"):
+                parts.append(text)
+        content = "".join(parts)
+    elif content is None:
+        content = ""
+    elif type(content) is not str:
+        return False
+    role = _CHAT_ROLES[m["role"]]
+    call_id, name = m.get("tool_call_id"), m.get("name")
+    if (call_id is not None and type(call_id) is not str) or (
+        name is not None and type(name) is not str
+    ):
+        return False
+    turn = {"role": role, "content": content, "tool_call_id": call_id}
+    turn["name"] = name if role == "tool" else None
+    if calls is not None:
+        if type(calls) is not list or (tools := [_plain_call(c) for c in calls]).count(None):
+            return False
+        turn["tool_calls"] = tools
+    out.append(turn)
+    return True
+
+
+_SAME_ROLES = frozenset({"system", "user", "assistant"})  # a tool turn's name is read apart
+_CHAT_ROLES = {r: r for r in ("system", "user", "assistant", "tool")} | {
+    "developer": "system",
+    "function": "tool",
+}
+
+
+def _plain_call(c: Any) -> ToolCall | None:
+    """A chat tool call as `Message.chat` converts it; None when its model might refuse it."""
+    f = c.get("function") if type(c) is dict else None
+    if type(f) is not dict or type(name := f.get("name")) is not str or not name:
+        return None
+    call_id, kind, args = c.get("id", ""), c.get("type", "function"), f.get("arguments", "")
+    if type(call_id) is not str or type(kind) is not str or type(args) not in (str, dict):
+        return None
+    return ToolCall(id=call_id, name=name, arguments=parse_arguments(args))
+
+
+def _optional_str(v: Any) -> bool:
+    return v is None or type(v) is str
+
+
+def _plain_anthropic(m: Any, names: dict[str, str], out: list[dict]) -> bool:
+    """`AnthropicMessage.chat` of a parsed message the model takes as it is (each block's fields
+    of the types `ContentBlock` declares), as its `ChatMessage`s' fields added to `out`; False
+    otherwise (then the body is read whole)."""
+    if type(m) is not dict or type(m.get("role")) is not str:
+        return False
+    if m["role"] not in _ANTHROPIC_ROLES:
+        return False
+    role, content = m["role"], m.get("content")
+    if type(content) is str:
+        out.append(m if len(m) == 2 else {"role": role, "content": content})
+        return True
+    if type(content) is not list:
+        return False
+    n, text, calls = len(out), [], []
+    for b in content:
+        if type(b) is not dict or type(kind := b.get("type")) is not str:
+            return False
+        said, use, inner = b.get("text"), b.get("tool_use_id"), b.get("content")
+        call_id, name = b.get("id"), b.get("name")
+        if (
+            (said is not None and type(said) is not str)
+            or (use is not None and type(use) is not str)
+            or (call_id is not None and type(call_id) is not str)
+            or (name is not None and type(name) is not str)
+            or not (_optional_str(inner) or (type(inner) is list and _all_dicts(inner)))
+        ):
+            return False
+        if kind == "tool_result":
+            flat = _flat_result(inner)
+            out.append(
+                {"role": "tool", "content": flat, "tool_call_id": use, "name": names.get(use or "")}
+            )
+        elif kind == "text":
+            text.append(said or "")
+        elif kind == "tool_use":
+            args = b.get("input")
+            calls.append(
+                ToolCall(
+                    id=call_id or "",
+                    name=name or "",
+                    arguments=args if isinstance(args, (dict, str)) else {},
+                )
+            )
+    for c in calls:
+        names[c.id] = c.name
+    joined = "".join(text)
+    if joined or calls or len(out) == n:
+        out.append({"role": role, "content": joined, "tool_calls": calls})
+    return True
+
+
+_ANTHROPIC_ROLES = frozenset({"user", "assistant", "system"})
+
+
+def _all_dicts(items: list) -> bool:
+    return all(type(i) is dict for i in items)
+
+
+def _flat_result(content: Any) -> str:
+    """`ContentBlock.flat` of a tool_result's content."""
+    if type(content) is list:
+        return "".join(c["text"] for c in content if isinstance(c.get("text"), str))
+    return content or ""
 
 
 _DIALECTS = {
     "/v1/chat/completions": _Dialect(
-        "messages", TypeAdapter(list[Message]), lambda b: [], lambda m, _: [m.chat()], chat.spec_of
+        "messages",
+        TypeAdapter(list[Message]),
+        lambda b: [],
+        lambda m, _: [m.chat()],
+        chat.spec_of,
+        _ChatRest,
+        _plain_chat,
     ),
     "/v1/messages": _Dialect(
         "messages",
@@ -58,6 +204,8 @@ _DIALECTS = {
         messages.MessagesRequest.system_messages,
         lambda m, names: m.chat(names),
         messages.spec_of,
+        _MessagesRest,
+        _plain_anthropic,
     ),
 }
 
@@ -170,13 +318,16 @@ class BodyReader:
                 return None
         except (ValidationError, UnicodeDecodeError, StopIteration, ValueError, IndexError):
             return None
-        names = dict(was.names)
+        prev = was.spec.messages[was.lead : was.lead + was.counts[k]]
+        if k == len(was.counts) - 1:
+            names = dict(was.names)
+        else:  # a fork: the tool calls named up to its message `k`, not after
+            names = {c.id: c.name for m in prev for c in m.tool_calls}
         counts = was.counts[: k + 1]
         added: list[ChatMessage] = []
         for m in items:
             added += dialect.convert(m, names)
             counts.append(counts[k] + len(added))
-        prev = was.spec.messages[was.lead : was.lead + was.counts[k]]
         if body is None:
             head = was.spec.messages[: was.lead]
             spec = dataclasses.replace(was.spec, messages=head + prev + added)
@@ -233,14 +384,19 @@ class BodyReader:
 
 
 def _whole(dialect: _Dialect, route: str, raw: bytes) -> _Read:
-    """The body read whole, as `routes.parse` reads it (its 400 too), one message at a time."""
-    body = routes.body(route, raw)
-    head = dialect.head(body)
-    names: dict[str, str] = {}
-    conv, counts = list(head), []
-    for m in getattr(body, dialect.key):
-        conv += dialect.convert(m, names)
-        counts.append(len(conv) - len(head))
+    """The body read whole, as `routes.parse` reads it (its 400 too), one message at a time:
+    parsed once (`_light`) where the dialect's models would take it as it is, else by them."""
+    read = _light(dialect, raw)
+    if read is None:
+        body = routes.body(route, raw)
+        names: dict[str, str] = {}
+        head = dialect.head(body)
+        conv, counts = list(head), []
+        for m in getattr(body, dialect.key):
+            conv += dialect.convert(m, names)
+            counts.append(len(conv) - len(head))
+    else:
+        body, head, conv, counts, names = read
     spec = dialect.spec_of(body, conv)
     ntools = len(spec.tools)
     lines = canonical_lines(conv, spec.tools)
@@ -252,6 +408,35 @@ def _whole(dialect: _Dialect, route: str, raw: bytes) -> _Read:
     return _Read(
         raw, spec, prompt, len(head), tools_len, base, counts, text_end, names, _first_turn(conv)
     )
+
+
+def _light(
+    dialect: _Dialect, raw: bytes
+) -> tuple[Any, list[ChatMessage], list[ChatMessage], list[int], dict[str, str]] | None:
+    """The body parsed once by the parser its model uses (pydantic's), its fields but the
+    messages validated (strictly) by its model and each message converted from what was parsed,
+    without building the dialect's model of it: the body, its head turns, each message's turns
+    and the conversion's state. None when the model might refuse the body or read it otherwise
+    (not JSON, a field or block of a type it would coerce, an unknown role): `routes.body`
+    then reads it and answers its 400. A message model's dozen pydantic objects a message are
+    most of a whole read's time (parsing is a tenth of it)."""
+    try:
+        doc = from_json(raw)
+        body = dialect.rest.model_validate(doc, strict=True)
+    except (ValueError, TypeError):  # pydantic's ValidationError is a ValueError
+        return None
+    names: dict[str, str] = {}
+    fields: list[dict] = []
+    counts = []
+    for m in getattr(body, dialect.key):
+        if not dialect.plain(m, names, fields):
+            return None
+        counts.append(len(fields))
+    head = dialect.head(body)
+    return body, head, head + _TURNS.validate_python(fields), counts, names
+
+
+_TURNS = TypeAdapter(list[ChatMessage])  # one validation of every turn (not one call a turn)
 
 
 def _indexed(read: _Read, key: str) -> bool:

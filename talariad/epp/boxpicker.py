@@ -10,6 +10,7 @@ docs/pool.md.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from talariad.calls.reading import BodyReader
 from talariad.calls.session import header_session
 from talariad.calls.spec import CallSpec, bare_call_id
 from talariad.config import resolve_model
-from talariad.router import CallRequest, Decision, DecisionKind, Router
+from talariad.router import CallRequest, Decision, DecisionKind, InstanceSnapshot, Router
 from talariad.router.box_policies import BOX_POLICIES, BoxStats
 from talariad.router.router import DECISION_LOG
 from talariad.router.search.lazy import weighed
@@ -47,13 +48,16 @@ _RESOLVED_MAX = 1024
 @dataclass(slots=True)
 class _Held:
     """What the picker installed of a box: its session view (the mapping the router holds), the
-    `sessions_epoch` that names it (None: the box sends no changes), the target's basis and
-    when the installed target was taken (the picker's clock)."""
+    `sessions_epoch` that names it (None: the box sends no changes), the target's basis, when
+    the installed target was taken (the picker's clock), the target itself and the `etag` of
+    the snapshot it came in (None: the box sends none)."""
 
     epoch: int | None
     sessions: dict[tuple[str, str], KVLocation]
     basis: list[tuple[str, int]]
     taken: float
+    target: InstanceSnapshot
+    etag: str | None
 
 
 @dataclass(slots=True)
@@ -157,18 +161,50 @@ class BoxPicker:
             self.policy.observe(stats, now)
         else:  # the box re-sent the target installed (the daemon polls its instances less often
             # than we poll it) and no session changed: the installed target stands
-            taken = held.taken  # type: ignore[union-attr]
-        self._held[name] = _Held(snap.sessions_epoch, sessions, target.basis, taken)
-        self.router.heartbeat(name, now, healthy=target.healthy)
+            taken, box = held.taken, held.target  # type: ignore[union-attr]
+        self._held[name] = _Held(snap.sessions_epoch, sessions, target.basis, taken, box, snap.etag)
+        self._answered(name, box.healthy, now)
+        return True
+
+    def box_same(self, name: str, age_s: float, now: float) -> bool:
+        """A box answered that its snapshot still says what the one held does (`304`: the
+        `etag` matched) but its age: it is fresh; the target installed stands, installed again,
+        taken `age_s` before `now`, before it goes stale (as `box_seen` renews an idle box's;
+        sooner: an unchanged box answers only every `poll_hold_s` and `poll_interval_s`, at most
+        half the staleness bound, and its instances' age varies by their telemetry period).
+        False, and nothing done, when no target is held (ask for the snapshot whole)."""
+        held = self._held.get(name)
+        if held is None:
+            return False
+        self._seen_at[name] = now
+        taken = now - age_s
+        if taken - held.taken >= self.router.knobs.staleness_s / 4:
+            self._versions[name] = version = self._versions.get(name, 0) + 1
+            # the same target and view, taken later: no session changed
+            box = dataclasses.replace(
+                held.target, version=version, taken_at=taken, sessions_changed=frozenset()
+            )
+            self.placement.observe(box, now)
+            held.taken, held.target = taken, box
+        self._answered(name, held.target.healthy, now)
+        return True
+
+    def _answered(self, name: str, healthy: bool, now: float) -> None:
+        """What any answer of a box does: its health heard, what expired by now let go."""
+        self.router.heartbeat(name, now, healthy=healthy)
         self.placement.expire(now)
         self._expire_at_headers(now)
-        return True
 
     def since(self, name: str) -> int | None:
         """The token to poll `name` with (`?since=`): the epoch of its session view held; None:
         ask for the view whole."""
         held = self._held.get(name)
         return None if held is None else held.epoch
+
+    def etag(self, name: str) -> str | None:
+        """The `etag` to poll `name` with (`If-None-Match`): its snapshot's held, None: none."""
+        held = self._held.get(name)
+        return None if held is None else held.etag
 
     def _set_models(self, name: str, models: list[BoxModel]) -> None:
         """The box's models, and a profile only when this box refined it anew: boxes refine
@@ -457,11 +493,16 @@ class BoxPicker:
 
     def _refuse(self, path: str, requested: str, d: Decision, now: float) -> ImmediateAnswer:
         """429 with `retry-after` when boxes are busy (the picker cannot hold a call: a held
-        one leaves the router's queue at once), 503 when no box is healthy."""
+        one leaves the router's queue at once) or their snapshots are late (a picker starved by
+        a burst polls late: the boxes are not down, and the call is worth sending again), 503
+        when no box is healthy."""
         if d.kind is DecisionKind.OVERLOAD_QUEUE:
             self.placement.failed(d.call_id, now)
         if not self.healthy_boxes(now):
-            return answer(path, _no_box())
+            late = any(
+                s.healthy and s.instance in self.endpoints for s in self.router.instances(now)
+            )
+            return answer(path, _boxes_late() if late else _no_box())
         return answer(path, refusal(d, requested, "box"))
 
     def _any_box(self, request: EPPRequest, now: float) -> Pick | ImmediateAnswer:
@@ -606,6 +647,16 @@ class BoxPicker:
 def _names(models: list[BoxModel]) -> list[tuple]:
     """What resolving a requested name reads of a box's models."""
     return [(m.name, tuple(m.aliases)) for m in models]
+
+
+def _boxes_late() -> APIError:
+    return APIError(
+        429,
+        "the pool's boxes are up but their snapshots are late; try again shortly",
+        type="rate_limit_exceeded",
+        code="boxes_late",
+        headers={"Retry-After": "1"},
+    )
 
 
 def _no_box() -> APIError:

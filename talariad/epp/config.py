@@ -127,6 +127,11 @@ class EPPConfig(_Strict):
     poll_interval_s: float = Field(default=0.1, gt=0)
     stale_after_s: float = Field(default=2.0, gt=0)
     """A box not answering for this long takes no new calls (nor lease returns)."""
+    poll_hold_s: float = Field(default=0.5, ge=0)
+    """How long a box holds a poll while its snapshot says the same as the one the picker holds
+    (answered at once when it changes): an idle box is asked about twice a second, a busy one
+    as often as it changes. 0: every `poll_interval_s`. Cut to what keeps an unchanged box heard
+    from every half `stale_after_s` (with `poll_interval_s`)."""
     failure_mode: FailureMode = FAILURE_MODE
     """What Envoy does when no picker answers; the gateway's config enforces it (its ext_proc
     filter, and its EPP cluster's health check). The picker warns, once, when the Envoy config
@@ -197,11 +202,13 @@ class EPPConfig(_Strict):
         return picker_knobs(_router_knobs(self.router, self.stale_after_s), self.lease_slack_s)
 
 
-PICKER_KNOBS = {"session_home": True, "cost_candidates": 64}
+PICKER_KNOBS = {"session_home": True, "cost_candidates": 64, "replica_gain_decode": True}
 """What the picker's router does unlike a box's (unless `router` says otherwise): a session's
 calls stay on the box holding their prefix, a new branch's on the box holding its head, while
 that box can take them (`RouterKnobs.session_home`); a cost placement weighs the boxes the call
-singles out and the 64 least loaded, not every box (`RouterKnobs.cost_candidates`)."""
+singles out and the 64 least loaded, not every box (`RouterKnobs.cost_candidates`); a model
+opens on another box when the decode contention of its running calls is worth it, not only its
+queued prefill (`RouterKnobs.replica_gain_decode`)."""
 
 
 def picker_knobs(knobs: RouterKnobs, lease_slack_s: float) -> RouterKnobs:

@@ -20,6 +20,7 @@ REFUSALS = (
     ("429", "pool_full"),
     ("429", "epp_stream_limit"),
     ("429", "epp_body_buffer_full"),
+    ("429", "boxes_late"),
     ("503", "no_healthy_box"),
     ("503", "epp_error"),
 )

@@ -79,6 +79,7 @@ async def run_epp(cfg: EPPConfig, config_path: str) -> None:
         load_token(base / cfg.token_file, "token_file"),
         cfg.poll_interval_s,
         cfg.stale_after_s,
+        cfg.poll_hold_s,
     )
     metrics = EPPMetrics()
     host, port = split_host_port(cfg.metrics)

@@ -22,7 +22,7 @@ from talariad.gateway.dialects import responses as responses_answer
 from talariad.gateway.gateway import Gateway
 from talariad.gateway.metrics import Children
 from talariad.httpserver import fastapi_app, post_json
-from talariad.wire.box import SNAPSHOT_PATH
+from talariad.wire.box import AGE_HEADER, SNAPSHOT_PATH
 
 __all__ = ["Gateway", "build_app", "metrics_app"]
 
@@ -191,8 +191,26 @@ def _pool_routes(app: FastAPI, gw: Gateway) -> None:
         gw.pool.authorize(request.headers.get("authorization"))
         since = request.query_params.get("since", "")
         token = int(since) if since.isdigit() else None  # anything else: the whole view
-        snap = gw.pool.snapshot(gw, gw.clock(), token)
-        return Response(snap.model_dump_json(), media_type="application/json")
+        etag = request.headers.get("if-none-match")
+        got = await gw.pool.answer_held(gw, token, etag, _hold_s(request.query_params.get("wait")))
+        if isinstance(got, float):  # the caller holds what the box would send but its age
+            return Response(status_code=304, headers={"etag": etag or "", AGE_HEADER: f"{got:.6f}"})
+        return Response(
+            got.model_dump_json(), media_type="application/json", headers={"etag": got.etag or ""}
+        )
+
+
+MAX_HOLD_S = 5.0
+"""The longest a box holds a conditional snapshot poll (`?wait=`)."""
+
+
+def _hold_s(wait: str | None) -> float:
+    """`?wait=SECONDS`, within [0, MAX_HOLD_S]; anything else: 0, answered at once."""
+    try:
+        held = float(wait or 0)
+    except ValueError:
+        return 0.0
+    return min(held, MAX_HOLD_S) if held > 0 else 0.0  # NaN: not > 0
 
 
 def _model_entry(gw: Gateway, m: ModelConfig) -> dict:

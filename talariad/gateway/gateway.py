@@ -52,7 +52,7 @@ class Gateway:
         self._dropped_logged: set[str] = set()
         self._forgetting: set[asyncio.Task] = set()
         routing.evicted = self.forget_soon
-        routing.merged = self.pool.log.record
+        routing.merged = self.pool.merged
 
     def forget_soon(self, branch: str) -> None:
         """Drop an evicted branch's context on every instance, in a task of its own (the call

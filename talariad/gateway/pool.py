@@ -6,6 +6,8 @@ Design: docs/pool.md."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import hmac
 import random
 from collections.abc import Collection
@@ -16,7 +18,7 @@ from talariad.router import InstanceSnapshot, Router
 from talariad.router.box_policies import box_stats
 from talariad.router.boxes import best_prefixes, box_snapshot, prefix_rank
 from talariad.types import LatencyProfile
-from talariad.wire.box import PROJECTED, BoxModel, BoxSnapshot, BoxTarget
+from talariad.wire.box import CONTENT, PROJECTED, BoxModel, BoxSnapshot, BoxTarget
 
 if TYPE_CHECKING:
     from talariad.gateway.gateway import Gateway
@@ -54,7 +56,7 @@ def box_target(
         **{name: getattr(box, name) for name in PROJECTED},
         allowed_models=sorted(box.allowed_models),
         models=dict(box.models),
-        age_s=max((max(now - at, 0.0) for _, at in installed), default=0.0),
+        age_s=_age(installed, now),
         basis=[(s.instance, s.version) for s in snaps],
         sessions=listed,
         sessions_base=None if changes is None else changes[0],
@@ -69,6 +71,22 @@ def box_target(
 def _installed(router: Router, live: Collection[str]) -> list[tuple[InstanceSnapshot, float]]:
     """The installed snapshots of the `live` instances, with when each last held."""
     return [(s, at) for s, at in router.installed() if s.healthy and s.instance in live]
+
+
+def _age(installed: list[tuple[InstanceSnapshot, float]], now: float) -> float:
+    """The age of the oldest of the `installed` snapshots at `now` (`BoxTarget.age_s`)."""
+    return max((max(now - at, 0.0) for _, at in installed), default=0.0)
+
+
+_ETAGGED = {"models": True, "max_connections": True, "target": dict.fromkeys(CONTENT, True)}
+"""What of a `BoxSnapshot` its `etag` hashes (besides the session epoch)."""
+
+
+def snapshot_etag(snap: BoxSnapshot) -> str:
+    """The snapshot's `etag`: a digest of what it says but its age, basis and session view,
+    and the epoch that names the view."""
+    digest = hashlib.blake2b(snap.model_dump_json(include=_ETAGGED).encode(), digest_size=8)
+    return f'"{digest.hexdigest()}-{snap.sessions_epoch}"'
 
 
 class SessionLog:
@@ -127,6 +145,35 @@ class PoolEndpoint:
         self.log = SessionLog()
         self._cut_at: int | None = None  # the last token whose view was cut
         self._live: frozenset[str] = frozenset()  # the live instances of the last snapshot
+        self._etag: tuple[tuple, str] | None = None  # (the state it was computed at, the etag)
+        self._news: asyncio.Event | None = None  # set at the next telemetry merged (held polls)
+
+    def merged(self, keys: list[Key] | None) -> None:
+        """An instance's telemetry was merged (`RouterShell.merged`; `keys`: the pairs it
+        changed, None: any): logged, and the polls held wake to look."""
+        self.log.record(keys)
+        if self._news is not None:
+            self._news.set()
+            self._news = None
+
+    async def answer_held(
+        self, gw: Gateway, since: int | None, etag: str | None, wait_s: float
+    ) -> BoxSnapshot | float:
+        """`answer`, held up to `wait_s` while it is only the age: answered as soon as an
+        instance's telemetry changes what it says, else the age at the end. (Instances going out
+        of service with no telemetry merged are seen at the hold's end.)"""
+        got = self.answer(gw, gw.clock(), since, etag)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + wait_s
+        while isinstance(got, float) and (left := end - loop.time()) > 0:
+            if self._news is None:
+                self._news = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._news.wait(), left)
+            except TimeoutError:
+                pass
+            got = self.answer(gw, gw.clock(), since, etag)
+        return got
 
     def authorize(self, header: str | None) -> None:
         """Raise the API's 404 when no token is configured, 401 when `header` lacks it."""
@@ -141,6 +188,36 @@ class PoolEndpoint:
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+
+    def answer(
+        self, gw: Gateway, now: float, since: int | None = None, etag: str | None = None
+    ) -> BoxSnapshot | float:
+        """The snapshot for a caller holding the view `since` names and the snapshot `etag`
+        names (`If-None-Match`); only the target's age (`304`) when that `etag` still says what
+        the box would send. Computed once per state of the box (the instances' telemetry
+        versions, the session view's epoch, the profiles): the polls of an unchanged box
+        compare a tuple and serialize nothing."""
+        router = gw.routing.router
+        installed = _installed(router, self._live_now(gw))
+        state = (tuple((s.instance, s.version) for s, _ in installed), self.log.seq)
+        state += (router.profiles_epoch,)
+        current = self._etag[1] if self._etag is not None and self._etag[0] == state else None
+        if etag is not None and etag == current and since == self.log.seq:
+            return _age(installed, now)
+        snap = self.snapshot(gw, now, since)  # a new state, or the caller holds another
+        self._etag = (state, snap.etag or "")
+        if etag is not None and etag == snap.etag and since == self.log.seq:
+            # new telemetry that says the same: what the box's daemon reads of an idle instance
+            return snap.target.age_s
+        return snap
+
+    def _live_now(self, gw: Gateway) -> frozenset[str]:
+        """The instances the box takes calls for now (a change is a change of every pair)."""
+        live = frozenset(c.name for c in gw.cfg.instances if gw.ready(c.name))
+        if live != self._live:  # any pair's best place may have moved
+            self.log.record(None)
+            self._live = live
+        return live
 
     def snapshot(self, gw: Gateway, now: float, since: int | None = None) -> BoxSnapshot:
         """The box as one placement target, and every model with its profile now; `since`: the
@@ -157,22 +234,21 @@ class PoolEndpoint:
             )
             for m in gw.cfg.models
         ]
-        live = frozenset(c.name for c in gw.cfg.instances if gw.ready(c.name))
-        if live != self._live:  # any pair's best place may have moved
-            self.log.record(None)
-            self._live = live
+        live = self._live_now(gw)
         router = gw.routing.router
         changes = self._changes(router, live, since)
         target = box_target(router, now, live, changes, self.max_sessions)
         if target.sessions_truncated:  # changes to a cut view are no delta to send
             self._cut_at = self.log.seq
-        return BoxSnapshot(
+        snap = BoxSnapshot(
             version=self.version,
             sessions_epoch=self.log.seq,
             target=target,
             models=models,
             max_connections=self.max_connections,
         )
+        snap.etag = snapshot_etag(snap)
+        return snap
 
     def _changes(
         self, router: Router, live: frozenset[str], since: int | None

@@ -121,6 +121,7 @@ class GainFacts(NamedTuple):
     queued: int  # their queued tokens
     rotation: tuple[str, ...] | None  # the instances in rotation (None: no placement time)
     arriving: float  # the arrivals' work over the last window plus the model's lease charges
+    running: int = 0  # their running calls, where decode contention counts (else 0)
 
 
 def score(plan: CallPlan, x: Inputs, k: RouterKnobs) -> CandidateCost:
@@ -279,7 +280,8 @@ def gain_of(plan: CallPlan, facts: GainFacts, busy: dict[str, float] | None, win
     over the next control window, D / (k (k + 1)), with D = the queued prefill work of m on its
     k open replicas (those in rotation, when the placement time is known) + the part of the
     arrivals' work and m's lease charges that those replicas cannot absorb (`spare_total` of
-    `busy`, each instance's work over the last window). No open replica: infinite gain."""
+    `busy`, each instance's work over the last window) + where `facts.running` counts, their
+    running calls' decode contention (`decode_contention_s`). No open replica: infinite gain."""
     open_replicas = facts.open_replicas
     if open_replicas == 0:
         return math.inf
@@ -291,7 +293,17 @@ def gain_of(plan: CallPlan, facts: GainFacts, busy: dict[str, float] | None, win
     # window never queue: only the rest spills; what is queued now is backlog already
     backlog = plan.profile.prefill_s_per_token * facts.queued
     backlog += max(facts.arriving - spare, 0.0)
+    backlog += decode_contention_s(plan, facts.running)
     return backlog / (open_replicas * (open_replicas + 1))
+
+
+def decode_contention_s(plan: CallPlan, running: int) -> float:
+    """The decode work that `running` calls of the model cost each other on its open replicas,
+    as Eq. (1) counts a call's decode: each of a replica's b calls decodes `max_tokens` steps
+    `decode_s_per_seq` slower for each of the others. Over k replicas with b = running / k that
+    sums to D / k with D = decode_s_per_seq x running^2 x max_tokens, so one more replica saves
+    D / (k (k + 1)), the form of the queued backlog's gain (`RouterKnobs.replica_gain_decode`)."""
+    return plan.profile.decode_s_per_seq * running * running * plan.call.max_tokens
 
 
 def spare_of(busy_s: float, window_s: float) -> float:

@@ -29,6 +29,14 @@ class RouterKnobs:
     shows is a poll old, so near-equal costs are no reason to move. A box leaves it off: its
     instances share one clock and the cost model weighs their load exactly."""
 
+    replica_gain_decode: bool = False
+    """Eq. (2)'s gain also counts the decode contention of the model's running calls on its open
+    replicas (`cost.decode_contention_s`), not only its queued prefill. The pool's picker sets it:
+    a session placed on a box stays there for its dozens of calls, so a box where the model is
+    open already and its decode batch grows with every session sent there is no reason to leave
+    an idle box closed; at a box the paper's gain stands (its instances share a round, and a
+    replica opened within the box costs its other models' slots)."""
+
     gamma: float = 0.8
     """Round-admission margin of Eq. (5): a round must stay within γ·TTFT. The paper only requires
     γ < 1; 0.8 leaves a 20 % margin for restore/switch estimation error and stale telemetry."""

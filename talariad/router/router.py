@@ -290,6 +290,11 @@ class Router:
     def profiles(self) -> dict[str, LatencyProfile]:
         return self._profiles.all()
 
+    @property
+    def profiles_epoch(self) -> int:
+        """Grows whenever a profile changes (a reader can tell its copy is current)."""
+        return self._profiles.epoch
+
     def in_flight(self) -> dict[str, str]:
         """Call id -> instance for every call forwarded and not yet completed or failed."""
         return {cid: i.name for i in self._instances.all() for cid in i.inflight}

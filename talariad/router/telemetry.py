@@ -67,7 +67,8 @@ class InstanceState:
         self.health_ok = False
         self.health_at = float("-inf")
         self.inflight: dict[str, InFlight] = {}
-        self.open_share: dict[str, int] = {}  # model -> queued tokens, where it is open (Eq. 2)
+        # model -> (queued tokens, running calls), where it is open (Eq. 2)
+        self.open_share: dict[str, tuple[int, int]] = {}
         self.closed = False
         """Cordoned or drained by the operator: no new placement (`allowed` stays empty)."""
         self.facts: tuple = ()
@@ -78,16 +79,18 @@ class InstanceState:
         changed (`set_row`)."""
         self._reset_overlay()
 
-    def open_tokens(self, model: str) -> int | None:
-        """Queued tokens of `model` (snapshot + overlay) if it is open here on a healthy
-        instance (active, resident, or being opened by an in-flight forward), else None."""
+    def open_load(self, model: str) -> tuple[int, int] | None:
+        """(queued tokens, running calls) of `model` (snapshot + overlay) if it is open here on
+        a healthy instance (active, resident, or being opened by an in-flight forward), else
+        None."""
         if self.snapshot is None or not self.health_ok:
             return None
         res = self.snapshot.models.get(model)
         ov = self.ov_model.get(model)
         if not (ov is not None and ov[2] > 0) and (res is None or res.state not in _OPEN):
             return None
-        return (res.queued_tokens if res is not None else 0) + (ov[0] if ov is not None else 0)
+        queued, running = (res.queued_tokens, res.running_calls) if res is not None else (0, 0)
+        return (queued + ov[0], running + ov[1]) if ov is not None else (queued, running)
 
     def healthy(self) -> bool:
         """Passes the health check: has telemetry and its latest health report is good."""
@@ -208,7 +211,7 @@ class InstanceBook:
         self._calls: dict[str, InstanceState] = {}
         # model -> [open replicas, their queued tokens] over healthy instances: Eq. (2)'s k and
         # backlog, kept up to date by every event that can change them
-        self._open: dict[str, list[int]] = {}
+        self._open: dict[str, list[int]] = {}  # model -> [k, queued tokens, running calls]
         self.closed: set[str] = set()
         """Instances closed to new placement; kept by name so a restarted instance stays closed."""
         # model -> instances whose snapshot has it resident on a cold instance / absent (not
@@ -241,6 +244,11 @@ class InstanceBook:
         """(k, queued tokens) of `model` over its open replicas on healthy instances."""
         agg = self._open.get(model)
         return (agg[0], agg[1]) if agg is not None else (0, 0)
+
+    def open_running(self, model: str) -> int:
+        """The calls of `model` running (decoding) over its open replicas on healthy instances."""
+        agg = self._open.get(model)
+        return agg[2] if agg is not None else 0
 
     def resident_cold(self, model: str) -> set[str]:
         """Instances whose snapshot has `model` resident (not active) on a cold instance."""
@@ -477,15 +485,17 @@ class InstanceBook:
         """Move `inst`'s share of the open-replica aggregates of `models` to its current state."""
         for model in list(models):
             old = inst.open_share.pop(model, None)
-            agg = self._open.setdefault(model, [0, 0])
+            agg = self._open.setdefault(model, [0, 0, 0])
             if old is not None:
                 agg[0] -= 1
-                agg[1] -= old
-            new = inst.open_tokens(model)
+                agg[1] -= old[0]
+                agg[2] -= old[1]
+            new = inst.open_load(model)
             if new is not None:
                 inst.open_share[model] = new
                 agg[0] += 1
-                agg[1] += new
+                agg[1] += new[0]
+                agg[2] += new[1]
 
     def check_integrity(self) -> None:
         for inst in self._ordered:
@@ -499,14 +509,15 @@ class InstanceBook:
         for inst in self._ordered:
             models = inst.snapshot.models.keys() if inst.snapshot else set()
             for model in inst.open_share.keys() | inst.ov_model.keys() | models:
-                tokens = inst.open_tokens(model)
-                if tokens != inst.open_share.get(model):
+                load = inst.open_load(model)
+                if load != inst.open_share.get(model):
                     raise AssertionError(f"open-replica share of {inst.name}/{model} out of step")
-                if tokens is not None:
-                    agg = fresh.setdefault(model, [0, 0])
+                if load is not None:
+                    agg = fresh.setdefault(model, [0, 0, 0])
                     agg[0] += 1
-                    agg[1] += tokens
-        if {m: a for m, a in self._open.items() if a != [0, 0]} != fresh:
+                    agg[1] += load[0]
+                    agg[2] += load[1]
+        if {m: a for m, a in self._open.items() if a != [0, 0, 0]} != fresh:
             raise AssertionError("open-replica aggregates out of step with the instances")
         resident: defaultdict[str, set[str]] = defaultdict(set)
         absent: defaultdict[str, set[str]] = defaultdict(set)

@@ -116,3 +116,24 @@ class BoxSnapshot(BaseModel):
     max_connections: int | None = None
     """The box's `limits.max_connections`: connections it takes at once (None: an older box,
     the picker's `box_max_connections` then). The picker sends it fewer calls at once."""
+    etag: str | None = None
+    """Names what this snapshot says (the target but its age and basis, the models, the
+    connection limit, the session view by its epoch); sent back as `If-None-Match`, a box whose
+    state says the same answers `304 Not Modified` with only its age (`AGE_HEADER`)."""
+
+
+AGE_HEADER = "x-talaria-age-s"
+"""On a `304` to a conditional snapshot poll: the box's `BoxTarget.age_s` now (the target the
+caller holds, taken that long ago)."""
+
+CONTENT = frozenset(BoxTarget.model_fields) - {
+    "age_s",
+    "basis",
+    "sessions",
+    "sessions_base",
+    "sessions_removed",
+    "sessions_truncated",
+}
+"""The fields of a `BoxTarget` its snapshot's `etag` covers as they are (its age moves on, the
+basis changes on every telemetry read of an instance, and the session view is named by its
+epoch)."""

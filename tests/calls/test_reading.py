@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from talariad.calls import routes
 from talariad.calls.branches import PrefixBranches
 from talariad.calls.errors import APIError
-from talariad.calls.reading import BodyReader
+from talariad.calls.reading import _DIALECTS, BodyReader, _light
 from talariad.calls.session import session_id
 from talariad.calls.spec import canonical_prompt
 
@@ -114,10 +114,12 @@ def _same(path: str, raw: bytes, reader: BodyReader, branches: tuple[PrefixBranc
         full.max_tokens,
         full.stream,
     )
-    assert spec.session_fields == full.session_fields and spec.tools == full.tools
-    assert [(m.role, m.content) for m in spec.messages] == [
-        (m.role, m.content) for m in full.messages
-    ]
+    # as text: a NaN a body may carry is no NaN's equal
+    assert repr((spec.session_fields, spec.tools)) == repr((full.session_fields, full.tools))
+    assert spec.messages == full.messages
+    fields = ("api", "prompt", "temperature", "top_p", "seed", "stop", "ignore_eos")
+    assert [getattr(spec, f) for f in fields] == [getattr(full, f) for f in fields]
+    assert spec.include_usage == full.include_usage
     assert (prompt.text, prompt.head, prompt.first, prompt.thread) == (
         full_prompt.text,
         full_prompt.head,
@@ -226,3 +228,168 @@ def test_a_continued_body_the_dialect_refuses_gets_the_whole_reads_400(bad, path
             whole.value.status,
             whole.value.message,
         )
+
+
+# --- a new body, read once without the dialect's message models (`reading._light`) ---------
+
+JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 3),
+    st.floats(-1, 3, allow_nan=False),
+    TEXT,
+    st.just("0.5"),
+    st.just([]),
+    st.just({}),
+    st.just([1]),
+    st.just(["x"]),
+)
+"""Values of a kind a field may or may not take (the dialect coerces some, refuses others)."""
+
+
+def _maybe(draw, good, junk=JUNK):
+    """Mostly a well-formed value, now and then any value (or none)."""
+    return draw(good) if draw(st.integers(0, 4)) else draw(junk)
+
+
+@st.composite
+def odd_chat_turn(draw, i: int) -> dict:
+    turn = dict(draw(chat_turn(i)))
+    for key, good in (
+        ("role", st.sampled_from(["user", "developer", "function", "tool", "robot"])),
+        ("name", st.sampled_from(["run", None])),
+        ("tool_call_id", st.sampled_from([f"c{i}", None])),
+    ):
+        if draw(st.integers(0, 5)) == 0:
+            turn[key] = _maybe(draw, good)
+    if draw(st.integers(0, 3)) == 0:
+        kinds = st.sampled_from(["text", "input_text", "image"])
+        part = {"type": _maybe(draw, kinds), "text": draw(st.one_of(TEXT, JUNK))}
+        part = {k: v for k, v in part.items() if draw(st.integers(0, 3))}
+        turn["content"] = [part, {"type": "text", "text": "and"}]
+    if draw(st.integers(0, 7)) == 0:
+        function = {"name": _maybe(draw, st.just("run")), "arguments": _maybe(draw, TEXT)}
+        call = {"id": _maybe(draw, st.just("c")), "function": function}
+        turn["tool_calls"] = [call] if draw(st.booleans()) else _maybe(draw, st.just([call]))
+    return turn
+
+
+@st.composite
+def odd_anthropic_turn(draw, i: int) -> dict:
+    turn = dict(draw(anthropic_turn(i)))
+    if draw(st.integers(0, 5)) == 0:
+        turn["role"] = _maybe(draw, st.sampled_from(["user", "assistant", "system", "tool"]))
+    if draw(st.booleans()):
+        block = {
+            "type": _maybe(draw, st.sampled_from(["text", "tool_use", "tool_result", "image"])),
+            "text": _maybe(draw, TEXT),
+            "id": _maybe(draw, st.just(f"t{i}")),
+            "name": _maybe(draw, st.just("Bash")),
+            "input": draw(JUNK),
+            "tool_use_id": _maybe(draw, st.just(f"t{i - 1}")),
+            "content": _maybe(
+                draw, st.sampled_from(["out", [{"text": "out"}], [{"text": 3}], ["out"]])
+            ),
+        }
+        block = {k: v for k, v in block.items() if draw(st.integers(0, 3))}
+        turn["content"] = [block] if draw(st.integers(0, 5)) else _maybe(draw, TEXT)
+    return turn
+
+
+ODD_FIELDS = {
+    "temperature": JUNK,
+    "max_tokens": JUNK,
+    "stream": JUNK,
+    "stop": JUNK,
+    "user": JUNK,
+    "metadata": st.one_of(JUNK, st.just({"user_id": "u_session_s1"})),
+    "seed": JUNK,
+    "n": JUNK,
+    "system": JUNK,
+    "tools": st.one_of(
+        JUNK,
+        st.just([{"type": "function", "function": {"name": "run"}}]),
+        st.just([{"name": "Bash", "input_schema": {"type": "object"}}]),
+    ),
+    "model": JUNK,
+}
+
+
+def _fields(draw, extras) -> dict:
+    """A body's fields but its messages: mostly well-formed, now and then one of any value."""
+    fields = draw(extras)
+    if draw(st.integers(0, 3)) == 0:
+        key = draw(st.sampled_from(sorted(ODD_FIELDS)))
+        fields[key] = draw(ODD_FIELDS[key])
+    return fields
+
+
+def _agree_or_refuse(path: str, raw: bytes) -> None:
+    """A new body's cheap read is the whole read, or both refuse it with the same 400."""
+    try:
+        routes.parse(path, raw)
+    except APIError as whole:
+        with pytest.raises(APIError) as cheap:
+            BodyReader(min_bytes=SMALL).read(path, raw)
+        assert (cheap.value.status, cheap.value.message) == (whole.status, whole.message)
+        return
+    _same(path, raw, BodyReader(min_bytes=SMALL), (PrefixBranches(4), PrefixBranches(4)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_new_chat_body_of_odd_fields_is_read_as_the_whole_read_reads_it(data):
+    draw = data.draw
+    turns = draw(st.lists(odd_chat_turn(0), min_size=0, max_size=4))
+    body = _chat_body(turns, _fields(draw, EXTRAS), draw(st.booleans()))
+    _agree_or_refuse("/v1/chat/completions", json.dumps(body).encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_new_messages_body_of_odd_fields_is_read_as_the_whole_read_reads_it(data):
+    draw = data.draw
+    turns = draw(st.lists(odd_anthropic_turn(1), min_size=0, max_size=4))
+    body = _anthropic_body(turns, _fields(draw, ANTHROPIC_EXTRAS), draw(st.booleans()))
+    _agree_or_refuse("/v1/messages", json.dumps(body).encode())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_a_well_formed_new_body_is_read_without_the_message_models(data):
+    """The bodies agents send take the cheap path (the tests above would pass without it)."""
+    path, turn, body_of, extras = data.draw(
+        st.sampled_from(
+            [
+                ("/v1/chat/completions", chat_turn, _chat_body, EXTRAS),
+                ("/v1/messages", anthropic_turn, _anthropic_body, ANTHROPIC_EXTRAS),
+            ]
+        )
+    )
+    turns = data.draw(st.lists(turn(1), max_size=6))
+    raw = json.dumps(body_of(turns, data.draw(extras), data.draw(st.booleans()))).encode()
+    assert _light(_DIALECTS[path], raw) is not None
+    _same(path, raw, BodyReader(min_bytes=SMALL), (PrefixBranches(4), PrefixBranches(4)))
+
+
+UNUSUAL = [
+    b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800 lone"}]}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "a"}], "messages": []}',
+    b'{"model": "m", "messages": [], "messages": [{"role": "user", "content": "a"}]}',
+    b'{"model": "m", "metadata": {"a": ' + b"[" * 250 + b"]" * 250 + b'}, "messages": []}',
+    b'{"model": "m", "temperature": "0.5", "messages": [{"role": "user", "content": "a"}]}',
+    b'{"model": "m", "max_tokens": 5.0, "messages": [{"role": "user", "content": "a"}]}',
+    b'{"model": "m", "stream": "true", "messages": [{"role": "user", "content": "a"}]}',
+    b'{"model": "m", "metadata": {"a": NaN}, "messages": [{"role": "user", "content": "a"}]}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "a"}]} trailing',
+    b'\xef\xbb\xbf{"model": "m", "messages": [{"role": "user", "content": "a"}]}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "\xff"}]}',
+]
+
+
+@pytest.mark.parametrize("raw", UNUSUAL)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_an_unusual_new_body_is_read_as_the_whole_read_reads_it(raw, path):
+    if path == "/v1/messages":
+        raw = raw.replace(b'"model": "m"', b'"model": "m", "max_tokens": 9', 1)
+    _agree_or_refuse(path, raw + b" " * SMALL)

@@ -8,6 +8,7 @@ installs with O(changes) work."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from types import SimpleNamespace
 
@@ -35,18 +36,20 @@ class FakeDaemon:
         self.shell = RouterShell(Router(RouterKnobs(), {}))
         self.pool = PoolEndpoint("t", max_sessions)
         self.pool.log = SessionLog(max_changes)
-        self.shell.merged = self.pool.log.record
+        self.shell.merged = self.pool.merged
         self.rows = {n: {} for n in INSTANCES}
         self.deltas = {n: SessionDeltas() for n in INSTANCES}
         self.since: dict[str, int | None] = dict.fromkeys(INSTANCES)
         self.latest: dict[str, Telemetry] = {}
         self.version = 0
         self.down: set[str] = set()  # instances the box takes no calls for
+        self.kv: dict[str, float] = dict.fromkeys(INSTANCES, 0.0)  # each one's KV occupancy
         self.gw = SimpleNamespace(
             routing=self.shell,
             directory=SimpleNamespace(snapshot=self.latest.get, age_s=lambda name, now: 0.0),
             cfg=SimpleNamespace(models=[], instances=[SimpleNamespace(name=n) for n in INSTANCES]),
             ready=lambda name: name not in self.down,
+            clock=lambda: 0.0,
         )
 
     def telemetry(self, name: str, lost: bool) -> None:
@@ -54,7 +57,7 @@ class FakeDaemon:
         self.version += 1
         t = Telemetry(
             instance=name, version=self.version, pool="hot", models=[], active_model=None,
-            loaded_models=[],
+            loaded_models=[], kv_occupancy=self.kv[name],
         )  # fmt: skip
         rows = [(k, state, n) for k, (state, n) in self.rows[name].items()]
         t = self.deltas[name].apply(t, self.since[name], rows)
@@ -72,6 +75,15 @@ class FakeDaemon:
         snap = self.pool.snapshot(self.gw, 0.0, since)
         return BoxSnapshot.model_validate_json(snap.model_dump_json())  # as on the wire
 
+    def answer(self, since: int | None, etag: str | None, now: float = 0.0) -> BoxSnapshot | float:
+        """A conditional poll: the snapshot, or the target's age (a `304`)."""
+        got = self.pool.answer(self.gw, now, since, etag)
+        return (
+            got
+            if isinstance(got, float)
+            else BoxSnapshot.model_validate_json(got.model_dump_json())
+        )
+
 
 KEYS = st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.sampled_from(["m1", "m2"]))
 LOST = st.sampled_from([False, False, False, True])  # a reply lost now and then
@@ -86,11 +98,12 @@ ARGS = {
     "telemetry": st.tuples(st.sampled_from(INSTANCES), LOST),
     "restart": st.tuples(st.sampled_from(INSTANCES)),
     "health": st.tuples(st.sampled_from(INSTANCES)),
+    "load": st.tuples(st.sampled_from(INSTANCES), st.sampled_from([0.0, 0.5])),
     "poll": st.tuples(LOST),
     "box restart": st.just(()),
 }
 KINDS = ["set"] * 4 + ["telemetry"] * 4 + ["poll"] * 3 + ["drop"] * 2
-KINDS += ["restart", "box restart", "health"]
+KINDS += ["restart", "box restart", "health", "load"]
 STEPS = st.sampled_from(KINDS).flatmap(lambda k: ARGS[k].map(lambda args: (k, *args)))
 
 
@@ -111,6 +124,12 @@ DEVICE, HOST = KVState.DEVICE, KVState.HOST
     2,
     8,
 )
+@example(  # the target changes, no session does: not the same snapshot
+    [("set", "i0", A, DEVICE, 1), ("telemetry", "i0", False), ("poll", False)]
+    + [("load", "i0", 0.5), ("telemetry", "i0", False), ("poll", False)],
+    100,
+    8,
+)
 @given(
     st.lists(STEPS, min_size=10, max_size=80), st.sampled_from([2, 5, 100, 100]), st.integers(1, 8)
 )
@@ -129,6 +148,8 @@ def test_merged_changes_equal_a_fresh_whole_view(steps, max_sessions, max_change
             box.restart(args[0])
         elif kind == "health":  # the instance goes out of the box's service, or comes back
             box.down ^= {args[0]}
+        elif kind == "load":  # the target changes, no session does
+            box.kv[args[0]] = args[1]
         elif kind == "box restart":  # a new daemon: its log knows no old token
             box = FakeDaemon(max_sessions, max_changes)
         else:
@@ -145,10 +166,16 @@ def test_merged_changes_equal_a_fresh_whole_view(steps, max_sessions, max_change
 
 
 def _poll(picker: BoxPicker, box: FakeDaemon, lost: bool) -> None:
-    snap = box.snapshot(picker.since("box"))
+    """A conditional poll, as the poller sends it: a box that answers `304` while anything it
+    would send changed fails the comparison with a fresh whole view."""
+    since = picker.since("box")
+    got = box.answer(since, None if since is None else picker.etag("box"))
     if lost:  # the reply is lost: the picker keeps its view and token
         return
-    assert picker.box_seen("box", "10.0.0.1:80", snap, 0.0)
+    if isinstance(got, float):
+        assert picker.box_same("box", got, 0.0)
+    else:
+        assert picker.box_seen("box", "10.0.0.1:80", got, 0.0)
     picker.router.check_integrity()  # its index of who holds which session, among others
 
 
@@ -209,3 +236,116 @@ def test_a_box_resending_the_target_installed_does_not_install_it_again():
     poll(0.3)
     assert picker._versions["box"] == 3
     assert picker.healthy_boxes(0.3) == ["box"]
+
+
+def _seen(picker: BoxPicker, box: FakeDaemon, now: float, box_now: float = 0.0) -> str:
+    """One conditional poll at `now` handed to the picker: "same" (a `304`) or "seen"."""
+    since = picker.since("box")
+    got = box.answer(since, None if since is None else picker.etag("box"), box_now)
+    if isinstance(got, float):
+        assert picker.box_same("box", got, now)
+        return "same"
+    assert picker.box_seen("box", "10.0.0.1:80", got, now)
+    return "seen"
+
+
+def test_an_unchanged_box_answers_with_its_age_only_and_stays_fresh():
+    box, picker = FakeDaemon(100, 100), BoxPicker(Router(RouterKnobs(), {}))
+    box.rows["i0"][A] = (DEVICE, 3)
+    box.telemetry("i0", lost=False)  # i0's reply at the box's 1.0
+    assert _seen(picker, box, 0.0, box_now=1.0) == "seen"
+    assert picker.etag("box") is not None
+    # ten seconds of polls: new telemetry replies that say the same, no session changed; the
+    # box's instances heard from just now, so the target stands, installed again by its age
+    answers = []
+    for step in range(1, 101):
+        now = step * 0.1
+        if step % 3 == 0:
+            box.telemetry("i0", lost=False)  # a new basis, the same content
+        answers.append(_seen(picker, box, now, box_now=box.version))
+        assert picker.healthy_boxes(now) == ["box"], now
+    assert set(answers) == {"same"}
+    assert 10 <= picker._versions["box"] <= 21  # renewed every quarter staleness bound, no more
+    installed = picker.router._instances.get("box").snapshot
+    assert installed.sessions == {A: installed.sessions[A]} and installed.taken_at > 9.0
+    picker.router.check_integrity()
+
+
+def test_an_answering_box_whose_instances_went_quiet_goes_stale():
+    """Freshness is the target's age, not the poll's: a box answers, but its instances' last
+    telemetry is older than the staleness bound."""
+    box, picker = FakeDaemon(100, 100), BoxPicker(Router(RouterKnobs(), {}))
+    box.telemetry("i0", lost=False)  # at the box's 1.0
+    assert _seen(picker, box, 10.0, box_now=1.0) == "seen"
+    for now in (10.5, 11.0, 11.5, 12.0, 12.5):
+        assert _seen(picker, box, now, box_now=now - 9.0) == "same"  # its age grows
+    assert picker.healthy_boxes(12.5) == []
+    assert picker.status(12.5)["boxes"][0]["state"] == "stale"
+
+
+def test_a_changed_box_is_installed_and_a_lost_view_asked_for_whole():
+    box, picker = FakeDaemon(100, 100), BoxPicker(Router(RouterKnobs(), {}))
+    box.rows["i0"][A] = (DEVICE, 3)
+    box.telemetry("i0", lost=False)
+    assert _seen(picker, box, 0.0) == "seen"
+    assert _seen(picker, box, 0.1) == "same"
+    box.rows["i0"][B] = (HOST, 2)
+    box.telemetry("i0", lost=False)
+    assert _seen(picker, box, 0.2) == "seen"
+    assert set(picker.router._instances.get("box").snapshot.sessions) == {A, B}
+    assert picker._versions["box"] == 2
+    box.down.add("i0")  # the box takes no call for its only instance: unhealthy
+    assert _seen(picker, box, 0.3) == "seen" and picker.healthy_boxes(0.3) == []
+    # a picker that let the view go (a box gone and back) asks for it whole, unconditionally
+    picker.box_gone("box", 0.4)
+    assert not picker.box_same("box", 0.0, 0.4)
+    assert picker.since("box") is None and picker.etag("box") is None
+
+
+def test_an_etag_names_the_whole_state_a_picker_holds():
+    """Two pickers on one box: each gets `304` only for what it holds."""
+    box = FakeDaemon(100, 100)
+    box.telemetry("i0", lost=False)
+    first = box.answer(None, None)
+    assert isinstance(first, BoxSnapshot) and first.etag
+    assert isinstance(box.answer(first.sessions_epoch, first.etag), float)
+    assert isinstance(box.answer(first.sessions_epoch, '"0-0"'), BoxSnapshot)
+    assert isinstance(box.answer(None, first.etag), BoxSnapshot)  # a whole view asked for
+    box.rows["i0"][A] = (DEVICE, 1)
+    box.telemetry("i0", lost=False)
+    later = box.answer(first.sessions_epoch, first.etag)
+    assert isinstance(later, BoxSnapshot) and later.etag != first.etag
+    assert [s.session_id for s in later.target.sessions] == ["a"]
+    box.kv["i0"] = 0.5  # the target changes, no session does
+    box.telemetry("i0", lost=False)
+    loaded = box.answer(later.sessions_epoch, later.etag)
+    assert isinstance(loaded, BoxSnapshot) and loaded.target.kv_occupancy == 0.5
+    assert loaded.target.sessions == [] and loaded.sessions_epoch == later.sessions_epoch
+
+
+def test_a_held_poll_is_answered_when_the_box_changes_and_not_before():
+    box = FakeDaemon(100, 100)
+    box.telemetry("i0", lost=False)
+    first = box.answer(None, None)
+    assert isinstance(first, BoxSnapshot)
+
+    async def run() -> BoxSnapshot | float:
+        held = asyncio.create_task(
+            box.pool.answer_held(box.gw, first.sessions_epoch, first.etag, 60.0)
+        )
+        for _ in range(5):
+            await asyncio.sleep(0)
+        box.telemetry("i0", lost=False)  # a new reply that says the same: held on
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not held.done()
+        box.rows["i0"][A] = (DEVICE, 2)
+        box.telemetry("i0", lost=False)
+        return await asyncio.wait_for(held, 10)
+
+    got = asyncio.run(run())
+    assert isinstance(got, BoxSnapshot) and got.etag != first.etag
+    assert [s.session_id for s in got.target.sessions] == ["a"]
+    # nothing changes: the hold ends with the age
+    again = asyncio.run(box.pool.answer_held(box.gw, got.sessions_epoch, got.etag, 0.01))
+    assert isinstance(again, float)

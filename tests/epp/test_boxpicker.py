@@ -231,6 +231,10 @@ def test_stale_boxes_take_no_new_calls():
     p = _picker()
     r = p.pick(EPPRequest("g", "GET", "/v1/models", {}), 5.0)  # 5 s without a snapshot
     assert isinstance(r, ImmediateAnswer) and r.status == 503
+    # a call when every box is up but late (a starved picker polled late): busy, not down
+    late = p.pick(Session("late").request(), 5.0)
+    assert isinstance(late, ImmediateAnswer) and late.status == 429, late
+    assert late.code == "boxes_late" and late.headers["retry-after"] == "1"
 
 
 def test_aliases_and_other_apis_place_like_chat():

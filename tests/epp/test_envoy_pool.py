@@ -13,6 +13,7 @@ import json
 import httpx
 import pytest
 
+from tests.support import fuzz
 from tests.support.pool import Answer, chat, needs_envoy, running_pool, served_by_id
 
 pytestmark = [pytest.mark.e2e, needs_envoy]
@@ -203,3 +204,26 @@ def test_the_boxes_operator_paths_are_not_public(pool, path):
 def test_the_api_paths_stay_public(pool):
     r = httpx.get(f"http://{pool.gateway}/v1/models", timeout=10)
     assert r.status_code == 200 and r.json()["data"]
+
+
+FUZZED = 150  # `bench/pool_faults.py --cases fuzz` sends 3,000; the suite keeps it bounded
+
+
+def test_fuzzed_bodies_through_the_gateway_get_no_5xx_and_nothing_retryable(pool):
+    """Malformed bodies of every API (the suite's shared fuzz cases) through Envoy and the EPP:
+    each one is answered in its API's shape, none as a server error or as something a client
+    would retry (429, 503), and the pool still answers a good call after them."""
+    statuses = []
+    with httpx.Client(base_url=f"http://{pool.gateway}", timeout=60) as c:
+        for path, kind, content in fuzz.cases(FUZZED, 0):
+            r = c.post(path, content=content, headers={"content-type": kind or ""})
+            statuses.append(r.status_code)
+            assert fuzz.acceptable(r.status_code, r.headers), (path, r.status_code, r.text[:200])
+    assert not [s for s in statuses if s >= 500 or s in fuzz.RETRYABLE]
+    ok = asyncio.run(_one_call(pool))
+    assert ok.status == 200
+
+
+async def _one_call(pool) -> Answer:
+    async with client(pool.gateway) as c:
+        return await chat(c, "after-fuzz", [{"role": "user", "content": "hello"}], stream=False)

@@ -72,9 +72,15 @@ class _Seen(BoxPicker):
         super().__init__(Router(RouterKnobs(), {}))
         self.snaps: list = []
 
+        self.same = 0  # polls answered `304`
+
     def box_seen(self, name, endpoint, snap, now) -> bool:
         self.snaps.append(snap)
         return super().box_seen(name, endpoint, snap, now)
+
+    def box_same(self, name, age_s, now) -> bool:
+        self.same += 1
+        return super().box_same(name, age_s, now)
 
 
 def test_the_poller_asks_for_changes_and_falls_back_to_whole_views(box):
@@ -109,3 +115,44 @@ def test_the_poller_asks_for_changes_and_falls_back_to_whole_views(box):
     assert any(
         k[0].split("~")[0] == "p1" for k in picker.router._instances.get("live").snapshot.sessions
     )
+
+
+def test_a_quiet_box_is_polled_the_cheap_way_and_stays_fresh(box):
+    """Past the staleness bound of polls answered `304` only, the box is fresh and takes calls;
+    a call's session then comes as a snapshot."""
+    picker, live = _Seen(), box.endpoint.removeprefix("http://")
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+    async def run() -> None:
+        poller = BoxPoller(picker, TOKEN)
+        try:
+            for _ in range(200):  # until the box is quiet
+                assert await poller.poll("live", live)
+                if picker.same:
+                    break
+                await asyncio.sleep(0.1)
+            seen = len(picker.snaps)
+            started = poller.clock()
+            while poller.clock() - started < 2.5 * picker.router.knobs.staleness_s:
+                assert await poller.poll("live", live)
+                assert picker.healthy_boxes(poller.clock()) == ["live"]
+                await asyncio.sleep(0.1)
+            # an idle sim box says the same for seconds on end (its instances idle)
+            assert picker.same > 2 * (len(picker.snaps) - seen)
+            async with httpx.AsyncClient() as client:
+                r = await client.post(
+                    box.endpoint + "/v1/chat/completions", json=body, headers={"x-session-id": "q1"}
+                )
+                assert r.status_code == 200
+            for _ in range(100):  # until the session reaches the picker, as a change
+                assert await poller.poll("live", live)
+                if any(k[0].split("~")[0] == "q1" for k in picker._held["live"].sessions):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the call's session never reached the picker")
+            assert picker.snaps[-1].target.sessions_base is not None
+        finally:
+            await poller.aclose()
+
+    asyncio.run(run())

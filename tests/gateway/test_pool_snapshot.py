@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
 import pytest
 
 from talariad.admin.client import AdminClient
-from talariad.wire.box import SNAPSHOT_PATH, BoxSnapshot
+from talariad.wire.box import AGE_HEADER, SNAPSHOT_PATH, BoxSnapshot
 from tests.support.daemon import start_daemon, stop_daemon
 
 TOKEN = "pool-secret-1"
@@ -196,3 +197,77 @@ def test_merged_changes_equal_a_fresh_whole_view(box):
         assert time.monotonic() < deadline, (held, fresh)
         time.sleep(0.2)
     assert {"delta-m0", "delta-m1", "delta-m2"} <= {k[0].split("~")[0] for k in held}
+
+
+# --- conditional polls (`If-None-Match`) ----------------------------------------------------
+def _conditional(held: BoxSnapshot, wait: float = 0.0) -> dict:
+    """A poll that names the snapshot `held` (its etag and session view), held `wait` s."""
+    return {
+        "headers": {**AUTH, "if-none-match": held.etag or ""},
+        "params": {"since": held.sessions_epoch, "wait": wait},
+    }
+
+
+def _if_changed(box, held: BoxSnapshot) -> httpx.Response:
+    return httpx.get(box.endpoint + SNAPSHOT_PATH, timeout=5, **_conditional(held))
+
+
+def _quiet(box) -> BoxSnapshot:
+    """A snapshot a conditional poll is answered `304` for (the box idle)."""
+    held = _whole_until(box, lambda s: _all_live(box, s))
+    deadline = time.monotonic() + 20
+    while (r := _if_changed(box, held)).status_code != 304:
+        assert r.status_code == 200 and time.monotonic() < deadline, r.text
+        held = BoxSnapshot.model_validate_json(r.content)
+        time.sleep(0.1)
+    return held
+
+
+def test_a_quiet_box_answers_a_conditional_poll_with_its_age_only(box):
+    held = _whole_until(box, lambda s: _all_live(box, s))
+    assert held.etag
+    deadline = time.monotonic() + 20
+    while (r := _if_changed(box, held)).status_code != 304:  # until the box is quiet
+        assert r.status_code == 200 and time.monotonic() < deadline, r.text
+        held = BoxSnapshot.model_validate_json(r.content)
+        assert r.headers["etag"] == held.etag
+        time.sleep(0.1)
+    assert r.content == b"" and r.headers["etag"] == held.etag
+    assert 0 <= float(r.headers[AGE_HEADER]) < 2.0  # its instances heard from lately
+    _call(box, "cond-a")
+    deadline = time.monotonic() + 20
+    while (r := _if_changed(box, held)).status_code == 304:  # until the call reaches the view
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    changed = BoxSnapshot.model_validate_json(r.content)
+    assert r.status_code == 200 and changed.etag != held.etag
+    assert changed.target.sessions_base == held.sessions_epoch and "cond-a" in _ids(changed)
+
+
+def test_a_held_poll_is_answered_as_soon_as_the_box_changes(box):
+    """Held up to the box's most (5 s) and given 4 s: answered by the change, not the hold's end."""
+    held = _quiet(box)
+
+    async def run() -> BoxSnapshot:
+        nonlocal held
+        async with httpx.AsyncClient(base_url=box.endpoint, timeout=4) as client:
+            waiting = asyncio.create_task(client.get(SNAPSHOT_PATH, **_conditional(held, 30)))
+            r = await client.post(
+                "/v1/chat/completions",
+                json={"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"x-session-id": "held-a"},
+            )
+            assert r.status_code == 200
+            deadline = time.monotonic() + 20
+            while True:  # any other change first is answered at once too; held again
+                r = await waiting
+                assert r.status_code == 200, r.status_code
+                changed = BoxSnapshot.model_validate_json(r.content)
+                if "held-a" in _ids(changed):
+                    return changed
+                assert time.monotonic() < deadline
+                held = changed
+                waiting = asyncio.create_task(client.get(SNAPSHOT_PATH, **_conditional(held, 30)))
+
+    changed = asyncio.run(run())
+    assert changed.target.sessions_base is not None and changed.etag != held.etag

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from talariad.router import (
@@ -12,7 +14,7 @@ from talariad.router import (
     RoundMeasurement,
 )
 from talariad.types import KVState, Pool, SwitchPath
-from tests.router.router_factories import MODEL, Snaps, call, cand, cluster, router
+from tests.router.router_factories import MODEL, PROFILE, Snaps, call, cand, cluster, router
 
 A, R, X = ModelState.ACTIVE, ModelState.RESIDENT, ModelState.ABSENT
 
@@ -275,3 +277,22 @@ def test_the_reference_imports_none_of_the_search_machinery():
     assert imported
     assert not {m for m in imported if m.startswith("talariad.router.search")}
     assert not imported & {"talariad.router.sessions", "talariad.router.telemetry"}
+
+
+def _busy_decoder(**knobs):
+    """`a` runs 40 calls of the model (nothing queued); `b` is idle, the model closed there."""
+    contended = dataclasses.replace(PROFILE, decode_s_per_seq=1e-3)
+    r, snaps = router(profiles={MODEL: contended}, overload="reject", **knobs), Snaps()
+    r.observe(snaps("a", 0.0, models={MODEL: ModelResidency(A, running_calls=40)}), 0.0)
+    r.observe(snaps("b", 0.0, state=X), 0.0)
+    return r
+
+
+def test_eq2_counts_decode_contention_only_where_the_knob_says():
+    """40 running calls slow each other's 200 decode steps: D = 1e-3 x 40^2 x 200 = 320 s, a gain
+    of 160 s for a second replica, far above its price; the paper's gain (queued prefill only)
+    sees nothing queued and keeps the idle target closed."""
+    paper = _busy_decoder().place(call("c1", max_tokens=200), 0.1)
+    assert cand(paper, "b").reason == "eq2" and paper.instance == "a"
+    pool = _busy_decoder(replica_gain_decode=True).place(call("c1", max_tokens=200), 0.1)
+    assert pool.kind is DecisionKind.REPLICA_OPEN and pool.instance == "b"

@@ -117,6 +117,7 @@ knobs = st.fixed_dictionaries(
         "control_window_s": st.sampled_from([2.0, 30.0]),
         # a candidate set no smaller than the pool holds the optimum: the same decisions
         "cost_candidates": st.sampled_from([None, len(NAMES), len(NAMES) + 2]),
+        "replica_gain_decode": st.booleans(),
     }
 )
 

@@ -181,6 +181,21 @@ def test_several_pickers_share_the_epp_cluster(capsys):
         {"address": "127.0.0.1", "port_value": 9002},
         {"address": "10.0.0.9", "port_value": 9003},
     ]
+    # a replica that died: ejected at its first refused connection, one of two at most, and a
+    # stream it never answered opened again on another replica (not the same one)
+    outlier = clusters["epp"]["outlier_detection"]
+    assert outlier["split_external_local_origin_errors"] is True
+    assert outlier["consecutive_local_origin_failure"] == 1
+    assert outlier["enforcing_consecutive_local_origin_failure"] == 100
+    assert outlier["max_ejection_percent"] == 50
+    _, filters, _ = parts(envoy.render(two))
+    retry = filters["envoy.filters.http.ext_proc"]["grpc_service"]["retry_policy"]
+    assert set(retry["retry_on"].split(",")) == {"connect-failure", "refused-stream", "reset"}
+    assert retry["num_retries"] == 1
+    assert retry["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
+    # Envoy's default (3 retries at once on the cluster) overflowed at a kill
+    [limits] = clusters["epp"]["circuit_breakers"]["thresholds"]
+    assert limits["max_retries"] >= 1024
     argv = ["render", "--epp", "127.0.0.1:9002", "--epp", "10.0.0.9:9003", "--box", "127.0.0.1:1"]
     assert envoy.main(argv) == 0
     _, _, clusters = parts(capsys.readouterr().out)

@@ -311,7 +311,8 @@ class CostModel:
         if plan.now is not None:  # retired replicas serve nothing: k counts those in rotation
             rotation = self._in_rotation(model, instances, plan.now)
         arriving = demand.work_s(model, now) + self.leases.by_model.get(model, 0.0)
-        return GainFacts(open_replicas, queued, rotation, arriving)
+        running = instances.open_running(model) if self.knobs.replica_gain_decode else 0
+        return GainFacts(open_replicas, queued, rotation, arriving, running)
 
     def _in_rotation(self, model: str, instances: InstanceBook, now: float) -> tuple[str, ...]:
         """The instances `model`'s forwards kept busy over the retirement window. While no
