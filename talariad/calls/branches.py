@@ -72,18 +72,20 @@ class _Branch:
         if text.startswith(prompt):  # the usual turn: memcmp, stops at the first difference
             n = len(prompt)
             return n + len(self.answer) if text.startswith(self.answer, n) else n
-        return _shared(text, prompt)
+        return common_prefix(text, prompt)
 
 
-def _shared(a: str, b: str) -> int:
-    """The length of the common prefix of `a` and `b` (b not a prefix of a): halving pieces of
-    `b` compared in place on `a`, so O(len) characters copied and O(log len) comparisons."""
-    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; a[:hi] != b[:hi] unless hi is the end
-    if a.startswith(b[:hi]):
+def common_prefix(a: str | bytes, b: str | bytes, hi: int | None = None) -> int:
+    """The length of the common prefix of `a` and `b[:hi]` (both str or both bytes): halving
+    pieces of `b` compared in place on `a`, so O(len) characters copied (none for bytes) and
+    O(log len) comparisons."""
+    lo, hi = 0, min(len(a), len(b) if hi is None else hi)  # a[:lo] == b[:lo]
+    piece = memoryview(b) if isinstance(b, bytes) else b
+    if a.startswith(piece[:hi]):  # type: ignore[arg-type]
         return hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if a.startswith(b[lo:mid], lo):
+        if a.startswith(piece[lo:mid], lo):  # type: ignore[arg-type]
             lo = mid
         else:
             hi = mid

@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from pydantic_core import from_json
 
 from talariad.calls import routes
-from talariad.calls.branches import Prompt
+from talariad.calls.branches import Prompt, common_prefix
 from talariad.calls.dialects import chat, messages
 from talariad.calls.schemas import Message, parse_arguments
 from talariad.calls.spec import CallSpec, canonical_lines, canonical_prompt, prompt_of
@@ -282,7 +282,7 @@ class BodyReader:
             if r.ends and raw.startswith(memoryview(r.raw)[: r.ends[-1]]):
                 k = len(r.ends) - 1  # the usual return: every message of `r` resent
             else:
-                shared = _shared(raw, r.raw, len(r.raw))
+                shared = common_prefix(raw, r.raw)
                 if 2 * shared < len(raw) or not _indexed(r, dialect.key):
                     continue
                 k = bisect.bisect_right(r.ends, shared) - 1  # type: ignore[arg-type]
@@ -555,19 +555,3 @@ def _byte_offsets(text: str, offsets: list[int]) -> list[int]:
         at = o
         out.append(n)
     return out
-
-
-def _shared(a: bytes, b: bytes, hi: int) -> int:
-    """The length of the common prefix of `a` and `b[:hi]`: halving pieces compared in place
-    (as `branches._shared`, on bytes)."""
-    lo, hi = 0, min(len(a), hi)
-    view = memoryview(b)
-    if a.startswith(view[:hi]):
-        return hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a.startswith(view[lo:mid], lo):
-            lo = mid
-        else:
-            hi = mid
-    return lo

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talariad.calls.branches import PrefixBranches, Prompt, _shared
+from talariad.calls.branches import PrefixBranches, Prompt, common_prefix
 from talariad.calls.spec import canonical_prompt
 from talariad.gateway.routing import RouterShell
 from talariad.router import Router, RouterKnobs
@@ -56,7 +56,7 @@ def test_a_sub_agent_sharing_the_first_tool_does_not_take_the_main_branch():
     sub, covered, source = b.branched("s", "m", sub1)
     b.remember("s", "m", sub, sub1, "ok")
     # a branch of its own; what it shares (the Agent tool) is main's context, where main lives
-    assert sub != main and source == main and covered == _shared(sub1.text, main1.text) > 0
+    assert sub != main and source == main and covered == common_prefix(sub1.text, main1.text) > 0
     for _ in range(2):  # the sub-agent's loop continues its own branch
         sub_turns += ["ok", "next"]
         again, covered = _call(b, _prompt("sub rules", sub_turns, SUB_TOOLS))
@@ -181,8 +181,8 @@ def test_shell_eviction_forgets_the_branch_in_the_router_and_on_the_instances():
 
 
 def test_shared_is_the_longest_common_prefix():
-    assert _shared("abcdef", "abcxyz") == 3 and _shared("abc", "abcdef") == 3
-    assert _shared("", "a") == 0 and _shared("x", "y") == 0
+    assert common_prefix("abcdef", "abcxyz") == 3 and common_prefix("abc", "abcdef") == 3
+    assert common_prefix("", "a") == 0 and common_prefix("x", "y") == 0
 
 
 @given(st.text("ab\u00e9\U0001f600", max_size=40), st.text("ab\u00e9\U0001f600", max_size=40))
@@ -190,7 +190,7 @@ def test_shared_agrees_with_comparing_character_by_character(a, b):
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
-    assert _shared(a, b) == n
+    assert common_prefix(a, b) == n
 
 
 # ---- the property: up to 8 threads of one session, interleaved ----------------------------------
