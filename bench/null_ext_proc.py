@@ -28,6 +28,8 @@ class NullProcessor(ext_proc_pb2_grpc.ExternalProcessorServicer):
     """The fewest Python steps Envoy's message order allows: the body gathered to its end, then
     the routing reply and the body back; the response passed on."""
 
+    max_streams = None  # the server's gRPC bounds as `talariad epp`'s default (`server.start`)
+
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
 
