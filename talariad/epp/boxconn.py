@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 MAX_HEAD_BYTES = 64 * 1024  # a status line and headers past this are no box's answer
 
 
-class Unreachable(ConnectionError):
+class BoxUnreachable(ConnectionError):
     """The connection could not be opened (nothing listens there, no route): the box is out."""
 
 
@@ -49,7 +49,7 @@ class BoxConnection:
         headers: Mapping[str, str] | None,
         timeout_s: float,
     ) -> Reply:
-        """The box's reply to `GET path?params`. Raises `Unreachable`, OSError (a reset),
+        """The box's reply to `GET path?params`. Raises `BoxUnreachable`, OSError (a reset),
         TimeoutError past `timeout_s`, ValueError for what is no HTTP/1.1 response."""
         target = f"{path}?{urlencode(params)}" if params else path
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
@@ -82,7 +82,7 @@ class BoxConnection:
                 self._host, self._port, limit=MAX_HEAD_BYTES
             )
         except OSError as err:
-            raise Unreachable(f"{self.endpoint}: {err}") from err
+            raise BoxUnreachable(f"{self.endpoint}: {err}") from err
 
     async def _exchange(self, request: bytes) -> Reply:
         reader, writer = self._reader, self._writer

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from talariad.wire.box import AGE_HEADER, SNAPSHOT_PATH, BoxSnapshot
 
-from .boxconn import BoxConnection, Unreachable
+from .boxconn import BoxConnection, BoxUnreachable
 
 log = logging.getLogger("talariad.epp")
 
@@ -123,7 +123,7 @@ class BoxPoller:
         etag = None if since is None else self.feed.etag(name)
         try:
             snap = await self._fetch(name, endpoint, since, etag)
-        except Unreachable as err:
+        except BoxUnreachable as err:
             log.debug("box %s (%s) refused: %s", name, endpoint, err)
             self.feed.box_lost(name, self.clock())
             return False

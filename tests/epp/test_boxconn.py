@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from talariad.epp.boxconn import BoxConnection, Unreachable
+from talariad.epp.boxconn import BoxConnection, BoxUnreachable
 
 
 class Scripted:
@@ -109,7 +109,7 @@ def test_failures_as_the_poller_tells_them_apart():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{s.getsockname()[1]}"
-    with pytest.raises(Unreachable):
+    with pytest.raises(BoxUnreachable):
         asyncio.run(BoxConnection(closed, {}).get("/", {}, None, 5.0))
     with pytest.raises(ValueError, match="not an HTTP/1.1 response"):
         _run([b"SSH-2.0-OpenSSH\r\n\r\n"], [_get()])
