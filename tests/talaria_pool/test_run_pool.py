@@ -28,20 +28,26 @@ ROOT = Path(__file__).resolve().parents[2]
 README_GATEWAY = "127.0.0.1:8080"  # where the README's pool curl sends its call
 
 
-def test_make_run_pool_passes_its_variables_to_the_command_line():
+def make_dry_run(*variables: str) -> str:
+    """The devpool command line `make -n run-pool` prints; under `make test` this make is a
+    sub-make, which prints its directory unless told not to."""
     run = subprocess.run(
-        ["make", "-n", "run-pool", "BOXES=2", "PICKERS=2", "PORT=18080", "OPS_PORT=19090"],
+        ["make", "--no-print-directory", "-n", "run-pool", *variables],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
     )
-    line = run.stdout.strip().splitlines()[-1]
+    lines = run.stdout.splitlines()
+    return next(ln.strip() for ln in reversed(lines) if "talaria_pool.devpool" in ln)
+
+
+def test_make_run_pool_passes_its_variables_to_the_command_line():
+    line = make_dry_run("BOXES=2", "PICKERS=2", "PORT=18080", "OPS_PORT=19090")
     assert line.endswith(
         "-m talaria_pool.devpool --boxes 2 --pickers 2 --port 18080 --ops-port 19090"
     ), line
-    bare = subprocess.run(["make", "-n", "run-pool"], cwd=ROOT, capture_output=True, text=True)
-    assert bare.stdout.strip().splitlines()[-1].endswith("-m talaria_pool.devpool"), bare.stdout
+    assert make_dry_run().endswith("-m talaria_pool.devpool")
 
 
 def readme_pool_curl() -> str:
