@@ -562,3 +562,47 @@ def test_a_candidate_set_smaller_than_the_pool_scores_the_least_loaded_only():
     got, want = fast.place(call, 0.1), ref.place(call, 0.1)
     assert got.instance == want.instance == NAMES[0]  # the least loaded is the optimum here
     assert len(weighed(got.candidates)) == 2 < len(NAMES)
+
+
+def _loaded_pair(kn: dict, hbm_free: list[int]) -> tuple[Router, Router]:
+    """`_pair` over NAMES, instance i's round `0.1 * (i + 1)` s long, its free HBM `hbm_free[i]`."""
+    fast, ref = _pair(kn)
+    for i, name in enumerate(NAMES):
+        snap = InstanceSnapshot(
+            name,
+            1,
+            0.0,
+            Pool.HOT,
+            True,
+            frozenset(MODELS),
+            {m: ModelResidency(ModelState.ACTIVE) for m in MODELS},
+            {},
+            round_load_s=0.1 * (i + 1),
+            hbm_free_bytes=hbm_free[i],
+        )
+        for r in (fast, ref):
+            r.observe(snap, 0.0)
+    return fast, ref
+
+
+def test_a_prompt_no_round_takes_scores_the_candidate_set_not_every_instance():
+    """Nothing feasible anywhere (the prompt's prefill alone is past every round's budget): the
+    ranking scores the candidate set and rules the rest out by the round check, and answers
+    as the reference does."""
+    fast, ref = _loaded_pair({"cost_candidates": 2, "staleness_s": 1.5}, [1 << 40] * len(NAMES))
+    call = CallRequest("c1", "s1", MODELS[0], 5_000_000, 0, 10)
+    got, want = fast.place(call, 0.1), ref.place(call, 0.1)
+    assert got.kind == want.kind and got.instance == want.instance
+    assert not any(c.feasible for c in want.candidates)
+    assert len(weighed(got.candidates)) == 2 < len(NAMES)
+
+
+def test_past_the_candidate_set_an_instance_that_may_take_the_call_is_still_scored():
+    """The least loaded instances have no memory for the call: past the candidate set the one
+    that has is scored all the same, and takes it."""
+    full = [0] * (len(NAMES) - 1) + [1 << 40]
+    fast, ref = _loaded_pair({"cost_candidates": 2, "staleness_s": 1.5}, full)
+    call = CallRequest("c1", "s1", MODELS[0], 1000, 0, 10)
+    got, want = fast.place(call, 0.1), ref.place(call, 0.1)
+    assert got.instance == want.instance == NAMES[-1]
+    assert len(weighed(got.candidates)) == 3  # the two of the set, and the one not ruled out

@@ -16,6 +16,7 @@ from talariad.router.boxes import prefix_rank
 from talariad.router.cost import CallPlan
 from talariad.router.messages import CallRequest, CandidateCost, DecisionKind, ModelState
 from talariad.router.policies.base import POLICIES, Choice, ClusterView, Policy
+from talariad.router.search.lazy import weighed
 from talariad.router.search.ranking import rank
 from talariad.types import KVState, Pool
 
@@ -104,7 +105,7 @@ class TalariaPolicy(Policy):
             why = "in-rotation replicas infeasible"
         if best is None and self._waits_where_served():
             best = min(
-                (c for c in cands if c.reason in _QUEUES and not c.needs_replica),
+                (c for c in self._considered(cands) if c.reason in _QUEUES and not c.needs_replica),
                 key=_total,
                 default=None,
             )
@@ -129,6 +130,12 @@ class TalariaPolicy(Policy):
         and the leased returns (which skip the round check) keep the round over budget."""
         return self.knobs.overload == "queue"
 
+    def _considered(self, cands: Sequence[CandidateCost]) -> Sequence[CandidateCost]:
+        """The candidates a placement chooses among: with a candidate set
+        (`RouterKnobs.cost_candidates`) the ones the ranking scored, since reading the others
+        scores every instance (a prompt too long for any round: a thousand boxes); all else."""
+        return cands if self.knobs.cost_candidates is None else weighed(cands)
+
     def _cheaper_to_wait(self, best: CandidateCost, cands: Sequence[CandidateCost]) -> bool:
         """`best`'s price beyond Eq. (1) (a replica open, the delay it imposes on other models'
         calls) exceeds a round bound, and an in-rotation replica refused only by the round check
@@ -137,7 +144,8 @@ class TalariaPolicy(Policy):
         bound = self.knobs.round_budget_s
         if best.replica_s + best.contention_s <= bound:
             return False  # cheap: skip reading (rendering) the other candidates
-        waits = (c.rank_s for c in cands if c.reason == "round" and not c.needs_replica)
+        considered = self._considered(cands)
+        waits = (c.rank_s for c in considered if c.reason == "round" and not c.needs_replica)
         wait = min(waits, default=None)
         return wait is not None and wait + bound < best.rank_s
 

@@ -67,10 +67,13 @@ def rank(
             if _above(bound, search.best) or len(scored) >= cap:  # later ones bound as high
                 skipped = True
                 break
-        elif _above(bound, search.cheapest):
+        elif _above(bound, search.cheapest) or len(scored) >= cap:
+            # nothing feasible yet: past the cheapest's cost, or past the candidate set (a
+            # prompt too long for any round scores every box otherwise), only an instance the
+            # round and HBM checks cannot rule out is worth scoring
             infeasible = infeasible or search.infeasible_test()
             if infeasible(inst):
-                skipped = True  # cannot win, nor be the spill target
+                skipped = True  # cannot win, nor be the spill target within the set
                 continue
         search.score(inst)
     return search.result(insts, skipped)
