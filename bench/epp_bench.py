@@ -10,7 +10,8 @@ decision time at 16, 64 and 256 boxes with 100k live sessions (the picker in-pro
 synthetic box snapshots).
 
     python bench/epp_bench.py [--calls 300] [--agent-calls 100] [--throughput-s 10]
-        [--polls 300] [--decisions 2000] [--part latency|poll|decision|all] [--json]
+        [--polls 300] [--decisions 2000] [--sessions 100000] [--boxes N ...]
+        [--part latency|poll|decision|all] [--json]
 """
 
 from __future__ import annotations
@@ -909,6 +910,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=100_000, help="live sessions in the pool")
     ap.add_argument("--polls", type=int, default=300, help="measured box polls")
     ap.add_argument("--part", choices=["latency", "poll", "decision", "all"], default="all")
+    ap.add_argument(
+        "--boxes",
+        type=int,
+        action="append",
+        help="a pool size for --part decision (repeatable; default 16, 256 and 1000)",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args(argv)
     out: dict = {"load_start": [round(x, 2) for x in os.getloadavg()]}
@@ -919,7 +926,7 @@ def main(argv: list[str] | None = None) -> int:
             out["poll"] = poll_cost(args.polls)
         if args.part in ("decision", "all"):
             out["decision"] = []
-            for n in (16, 256, 1000):
+            for n in args.boxes or (16, 256, 1000):
                 out["decision"].append(decision_time(n, args.sessions, args.decisions))
                 print(json.dumps(out["decision"][-1]), file=sys.stderr, flush=True)  # progress
     except (devpool.PoolError, envoy.EnvoyError, RuntimeError) as err:
