@@ -11,6 +11,7 @@ docs/pool.md.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ by design) is failed this long after it was placed: the gateway's route timeout 
 past which Envoy has ended it anyway."""
 MAX_BRANCHES_NOTED = 8  # a session's branches remembered for placing its returns at headers
 _RATE_WINDOW_S = 10.0
+_RATE_GRAIN_S = 0.1
+"""Decisions are counted per tenth of a second: a burst's 100k decisions left the rate's window
+one by one in one pick (10 ms)."""
 _RESOLVED_MAX = 1024
 
 
@@ -121,7 +125,8 @@ class BoxPicker:
         self._box_calls: OrderedDict[str, str] = OrderedDict()  # box's call id -> ours
         self._rr = count()
         self._fallback_rr = count()
-        self._decided: deque[float] = deque()
+        self._decided: deque[list[int]] = deque()  # [grain, decisions in it], oldest first
+        self._decided_n = 0  # their sum
         # the sessions the headers name -> their branches' last calls (returns at headers)
         self._noted: OrderedDict[str, dict[tuple[str, str], _Noted]] = OrderedDict()
         self._at_headers: deque[tuple[float, str]] = deque()  # (placed at, call id), in order
@@ -585,15 +590,21 @@ class BoxPicker:
 
     def decisions_per_s(self, now: float) -> float:
         self._trim(now)
-        return len(self._decided) / _RATE_WINDOW_S
+        return self._decided_n / _RATE_WINDOW_S
 
     def _count(self, now: float) -> None:
-        self._decided.append(now)
+        grain = math.floor(now / _RATE_GRAIN_S)
+        if self._decided and self._decided[-1][0] >= grain:  # the clock went back: the newest
+            self._decided[-1][1] += 1
+        else:
+            self._decided.append([grain, 1])
+        self._decided_n += 1
         self._trim(now)
 
     def _trim(self, now: float) -> None:
-        while self._decided and self._decided[0] < now - _RATE_WINDOW_S:
-            self._decided.popleft()
+        oldest = math.floor((now - _RATE_WINDOW_S) / _RATE_GRAIN_S)
+        while self._decided and self._decided[0][0] < oldest:
+            self._decided_n -= self._decided.popleft()[1]
 
     def _resolve(self, requested: str) -> BoxModel | None:
         """The model `requested` names on some box (cached until a box's models change: the

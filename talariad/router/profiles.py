@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 from collections import defaultdict
 
 from talariad.types import LatencyProfile, RoundMeasurement, SwitchPath
@@ -78,15 +79,48 @@ def switch_estimate(prof: LatencyProfile, staged_fraction: float) -> float:
     return d2d + (1.0 - f) * max(h2d - d2d, 0.0)
 
 
+BUCKETS_PER_WINDOW = 8192
+"""A window's events are kept by bucket of their ends, `window / BUCKETS_PER_WINDOW` wide."""
+FREE_STEP = 512
+"""Events of buckets that left their windows freed per `DemandTracker.record`, at most:
+freeing a burst's events at once took a read 5-8 ms (cold memory, not the trim's steps)."""
+
+
+class _Window:
+    """One key's events by bucket of their ends (`DemandTracker`): `order` a heap of bucket
+    numbers, `buckets` number -> [its events' work summed, a heap of (end, work)]. The bucket of
+    an end is floor(end / width), which never decreases as the end grows: every event of an
+    earlier bucket ends before every event of a later one, so a bucket before the cutoff's
+    leaves whole, one pop, and only the cutoff's own bucket is popped event by event."""
+
+    __slots__ = ("order", "buckets")
+
+    def __init__(self) -> None:
+        self.order: list[int] = []
+        self.buckets: dict[int, list] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.order)
+
+    def head(self) -> float:
+        """The earliest end of its events (it has some)."""
+        return self.buckets[self.order[0]][1][0][0]
+
+
 class DemandTracker:
-    """Work (seconds) per key over a sliding window; O(log n) per event. An event counts until a
-    window after its `until` (default: when it is recorded). Events may end in any order (a short
-    call placed after a long one ends first), so each window is a heap on the event's end."""
+    """Work (seconds) per key over a sliding window. An event counts until a window after its
+    `until` (default: when it is recorded). Events may end in any order (a short call placed
+    after a long one ends first), so each key's events are kept by bucket of their ends
+    (`_Window`): a trim costs one pop per bucket that left the window whole plus the events of
+    one bucket, not one per event (100k calls placed within a second leave within a second: one
+    read popped all of them, 30-100 ms, in the pool's picker after a burst)."""
 
     def __init__(self, window_s: float) -> None:
         self._window = window_s
-        self._events: defaultdict[str, list[tuple[float, float]]] = defaultdict(list)
+        self._width = window_s / BUCKETS_PER_WINDOW if window_s > 0 else 1.0
+        self._events: defaultdict[str, _Window] = defaultdict(_Window)
         self._sums: defaultdict[str, float] = defaultdict(float)
+        self._dropped: list[list] = []  # the events of buckets that left, freed in steps
 
     @staticmethod
     def end_of(now: float, until: float | None) -> float:
@@ -95,46 +129,90 @@ class DemandTracker:
 
     def record(self, model: str, now: float, work_s: float, until: float | None = None) -> None:
         """`work_s` recorded at `now` that counts until a window after `until`."""
-        heapq.heappush(self._events[model], (self.end_of(now, until), work_s))
+        end = self.end_of(now, until)
+        window, number = self._events[model], math.floor(end / self._width)
+        bucket = window.buckets.get(number)
+        if bucket is None:
+            bucket = window.buckets[number] = [0.0, []]
+            heapq.heappush(window.order, number)
+        bucket[0] += work_s
+        heapq.heappush(bucket[1], (end, work_s))
         self._sums[model] += work_s
         self._trim(model, now)
+        if self._dropped:
+            self._free(FREE_STEP)
 
     def work_s(self, model: str, now: float) -> float:
         # NOTE: read for every instance of every placement: `_trim` and `max` inlined, same result
-        events = self._events.get(model)
-        if events and events[0][0] <= now - self._window:
+        window = self._events.get(model)
+        if window and window.head() <= now - self._window:
             self._trim(model, now)
         total = self._sums.get(model, 0.0)
         return 0.0 if 0.0 > total else total  # max(total, 0.0), signed zero and NaN included
 
     def trim_due(self, now: float, limit: int) -> bool:
-        """Drop at most `limit` events that left their windows by `now`, as reads would (a
-        burst of calls recorded together leaves together: the call that reads the window
-        next must not drop them all); True when more are due."""
+        """Drop at most `limit` buckets or events that left their windows by `now`, as reads
+        would (a burst of calls recorded together leaves together: the call that reads the
+        window next must not drop them all); True when more are due."""
         cutoff = now - self._window
-        for model, events in self._events.items():
+        for model, window in self._events.items():
             if limit <= 0:
-                return any(e and e[0][0] <= cutoff for e in self._events.values())
-            if not events or events[0][0] > cutoff:
-                continue
-            total = self._sums[model]
-            while events and events[0][0] <= cutoff and limit > 0:
-                total -= heapq.heappop(events)[1]
-                limit -= 1
-            self._sums[model] = total if events else 0.0
-        return any(e and e[0][0] <= cutoff for e in self._events.values())
+                break
+            if window and window.head() <= cutoff:
+                limit = self._drop(model, window, cutoff, limit)
+        return any(w and w.head() <= cutoff for w in self._events.values())
 
     def _trim(self, model: str, now: float) -> None:
-        events = self._events.get(model)
-        if events:
+        window = self._events.get(model)
+        if window:
             cutoff = now - self._window
-            if events[0][0] > cutoff:
+            if window.head() > cutoff:
                 return  # nothing left the window (most calls: one per record and read)
-            total = self._sums[model]
-            while events and events[0][0] <= cutoff:
-                total -= heapq.heappop(events)[1]
-            self._sums[model] = total
-        if events is not None and not events:
+            self._drop(model, window, cutoff, -1)
+        elif window is not None:
             # an empty window sums to exactly 0: a running sum's rounding residue (1e-15) must
             # not read as work kept there (the retirement rule compares it with > 0)
             self._sums[model] = 0.0
+
+    def _drop(self, model: str, window: _Window, cutoff: float, limit: int) -> int:
+        """Drop `window`'s events that ended by `cutoff`, at most `limit` buckets or events
+        (-1: all); the limit left."""
+        order, buckets, total = window.order, window.buckets, self._sums[model]
+        whole = math.floor(cutoff / self._width)  # a bucket before it ended by the cutoff
+        freeing = 0  # events of whole buckets freed here: past FREE_STEP, `record` frees them
+        while order and limit != 0:
+            limit -= 1
+            number = order[0]
+            bucket = buckets[number]
+            if number < whole:
+                heapq.heappop(order)
+                del buckets[number]
+                total -= bucket[0]
+                freeing += len(bucket[1])
+                if freeing > FREE_STEP:
+                    self._dropped.append(bucket[1])  # out of the sums: freed by `record`s
+                continue
+            events = bucket[1]
+            while events and events[0][0] <= cutoff and limit != 0:
+                work = heapq.heappop(events)[1]
+                bucket[0] -= work
+                total -= work
+                limit -= 1
+            if events:
+                break
+            heapq.heappop(order)
+            del buckets[number]
+        # an empty window sums to exactly 0 (see `_trim`)
+        self._sums[model] = total if order else 0.0
+        return limit
+
+    def _free(self, count: int) -> None:
+        """Free at most `count` events of the buckets that left their windows."""
+        dropped = self._dropped
+        while dropped and count > 0:
+            events = dropped[-1]
+            step = min(count, len(events))
+            del events[len(events) - step :]
+            count -= step
+            if not events:
+                dropped.pop()

@@ -114,12 +114,10 @@ class Router:
 
     def revoke(self, session_id: str, model: str | None = None) -> list[Lease]:
         """Drop the session's lease for `model` (None: every model); returns those dropped."""
-        keys = [
-            (le.session_id, le.model)
-            for le in self._leases.all()
-            if le.session_id == session_id and (model is None or le.model == model)
-        ]
-        return [le for k in keys if (le := self._leases.take(k)) is not None]
+        # by key, not a scan of the book: an evicted branch's session is forgotten in a pick,
+        # and a scan of a burst's 100k leases took it 20 ms
+        models = list(self._leases.by_model) if model is None else [model]
+        return [le for m in models if (le := self._leases.take((session_id, m))) is not None]
 
     def forget_session(self, session_id: str) -> tuple[bool, list[Lease]]:
         """Drop the session's row, KV records and leases; (was it known, leases dropped)."""

@@ -162,3 +162,29 @@ def test_a_lease_book_state_survives_the_changes_after_it():
     assert thaw(charges) == {"a": {"m1": 1.0, None: 1.0}}
     assert thaw(counts) == {"a": {"m1": 1, None: 1}}
     assert thaw(book.held()[0]) == book.by_instance
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 40), st.integers(0, 40), st.floats(0.001, 2.0)),
+        max_size=80,
+    ),
+    st.lists(st.integers(0, 90), max_size=12),
+)
+def test_a_window_kept_by_bucket_sums_what_a_scan_of_its_events_does(events, reads):
+    """Ends on and beside bucket edges (multiples of the bucket's width, many a bucket, out of
+    order), read at cutoffs on edges too: the sum is the scan's, whole buckets or not."""
+    from talariad.router.profiles import BUCKETS_PER_WINDOW, DemandTracker
+
+    window = 1.0
+    d, width = DemandTracker(window), window / BUCKETS_PER_WINDOW
+    for at, ends_after, w in events:
+        d.record("m", at * width, w, (at + ends_after / 2) * width)
+    for at in sorted(reads):
+        now = window + at * width
+        want = sum(
+            w
+            for t, after, w in events
+            if DemandTracker.end_of(t * width, (t + after / 2) * width) > now - window
+        )
+        assert d.work_s("m", now) == pytest.approx(want, abs=1e-9)

@@ -393,6 +393,8 @@ def test_busy_names_trim_and_match_reading_every_window(evs):
             fast.advance(now)
             for name in NAMES[:4]:
                 scan.trim((name, None), now)
+                want = scan.work_s((name, None), now)  # what spare capacity reads
+                assert fast.busy.get(name, 0.0) == pytest.approx(want, abs=1e-9)
         elif kind == "record":
             fast.record(key, now, x, now + runs)
             scan.record(key, now, x, now + runs)
@@ -407,6 +409,25 @@ def test_busy_names_trim_and_match_reading_every_window(evs):
         for k, total in fast._sums.items():  # the values explanations hold by reference
             if type(k) is tuple:
                 assert (fast.busy if k[1] is None else fast.kept[k[1]])[k[0]] == total
+
+
+def test_advance_trims_each_busy_window_that_has_work_past_its_window():
+    """`advance` finds the (instance, None) windows due by their oldest ends (one entry a
+    window, whatever the events: a burst's many leave in one step each window), and leaves the
+    others as they are."""
+    from talariad.router.search.placed import PlacedWork
+
+    placed = PlacedWork(3.0)
+    for i in range(100):
+        placed.record(("a", None), i * 0.01, 1.0, i * 0.01 + 0.5)
+    placed.record(("b", None), 0.0, 2.0, 10.0)
+    assert len(placed._expiry) == 2
+    placed.advance(3.5 + 0.495)  # half of a's events ended more than a window ago
+    assert placed.busy == {"a": pytest.approx(50.0), "b": 2.0}
+    placed.advance(4.5)
+    assert placed.busy == {"a": 0.0, "b": 2.0} and str(placed.busy["a"]) == "0.0"
+    placed.advance(13.0)
+    assert placed.busy == {"a": 0.0, "b": 0.0} and not placed._expiry
 
 
 def test_an_explanation_read_later_shows_the_rotation_of_its_placement():

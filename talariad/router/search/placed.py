@@ -34,15 +34,13 @@ class PlacedWork(DemandTracker):
         self._busy: defaultdict[str, set[str]] = defaultdict(set)  # model -> sum > 0 there
         self._due: defaultdict[str, list[tuple[float, str]]] = defaultdict(list)
         """model -> heap of (its oldest event's end, instance) over the (instance, model) windows"""
-        self._head: dict[tuple[str, str], float] = {}  # (instance, model) -> its entry in _due
+        # (instance, model) -> its entry in _due, (instance, None) -> its entry in _expiry
+        self._head: dict[tuple[str, str | None], float] = {}
         # model -> (the `epoch` of `trim_due`'s `quiet`, entries of `_due` set aside under it)
         self._aside: dict[str, tuple[int, list[tuple[float, str]]]] = {}
-        self._expiry: list[tuple[float, str]] = []  # heap of (until, instance): (instance, None)
-
-    def record(self, model, now: float, work_s: float, until: float | None = None) -> None:
-        if type(model) is tuple and model[1] is None:
-            heapq.heappush(self._expiry, (self.end_of(now, until), model[0]))
-        super().record(model, now, work_s, until)
+        self._expiry: list[tuple[float, str]] = []
+        """heap of (its oldest event's end, instance) over the (instance, None) windows (one
+        entry a window's oldest end, not one an event: a burst's 100k were popped in one pick)"""
 
     def held_kept(self, model: str) -> tuple | None:
         """The state of `kept[model]` now, for a caller that keeps it (`logged.thaw`)."""
@@ -57,7 +55,12 @@ class PlacedWork(DemandTracker):
         """Trim every (instance, None) window to `now`."""
         expiry, cutoff = self._expiry, now - self._window
         while expiry and expiry[0][0] <= cutoff:
-            self._trim((heapq.heappop(expiry)[1], None), now)
+            head, inst = heapq.heappop(expiry)
+            key = (inst, None)
+            if self._head.get(key) != head:
+                continue  # that window was trimmed since: a newer entry stands for it
+            del self._head[key]
+            self._trim(key, now)  # queues the window's new oldest event
 
     def _trim(self, model, now: float) -> None:  # every change of a sum ends here (`record` too)
         super()._trim(model, now)
@@ -70,6 +73,11 @@ class PlacedWork(DemandTracker):
         if model is None:
             if self.busy.get(inst) != total:
                 self._logged_busy.set(inst, total)
+            window = self._events[key]
+            head = window.head() if window else None
+            if head is not None and self._head.get(key) != head:
+                self._head[key] = head
+                heapq.heappush(self._expiry, (head, inst))
             return
         if total > 0.0:
             self._busy[model].add(inst)
@@ -81,8 +89,8 @@ class PlacedWork(DemandTracker):
             self.kept[model] = kept.live
         if kept.live.get(inst) != total:
             kept.set(inst, total)
-        events = self._events[key]
-        head = events[0][0] if events else None
+        window = self._events[key]
+        head = window.head() if window else None
         if head is not None and self._head.get(key) != head:
             self._head[key] = head
             heapq.heappush(self._due[model], (head, inst))
