@@ -38,7 +38,7 @@ from talariad.epp.config import PICKER_KNOBS
 from talariad.epp.contract import EPPRequest, Pick
 from talariad.epp.poller import BoxPoller
 from talariad.gateway.pool import box_target
-from talariad.gc_tuning import FREEZE_CHECK_S, SurvivorFreezer, settle_gc
+from talariad.gc_tuning import PacedCollector, settle_gc
 from talariad.router import Router, RouterKnobs
 from talariad.router.snapshot import router_snapshot
 from talariad.types import KVLocation, KVState
@@ -713,11 +713,8 @@ class PickerPool:
         # the router as the picker runs it (a session's home, the candidate set)
         self.picker = BoxPicker(Router(RouterKnobs(**PICKER_KNOBS), {}))
         settle_gc()  # as `talariad epp` does once started: the live sessions come after it
-        # and its task, every FREEZE_CHECK_S of real time as there (not of the picker's clock:
-        # the burst's second of it takes the picker many)
-        self.freezer = SurvivorFreezer()
-        self.checked = time.perf_counter()
-        self.freeze_times: list[float] = []  # seconds each check that froze took
+        self.picker.collector = PacedCollector()  # and its collector, as there
+        self.picker.collector.start()
         self.boxes = [SyntheticBox(b, rng.uniform(0.1, 1.0)) for b in range(boxes)]
         self.by_address = {box.address: box for box in self.boxes}
         self.polled = -1.0
@@ -725,24 +722,24 @@ class PickerPool:
         self.tau_s = self.picker.router.knobs.tau_s
         self.refused = 0  # picks that were not placements (a bench measuring 503s is wrong)
         self.poll_times: list[float] = []  # seconds each box's install took (`box_seen`)
+        # and of this thread's CPU (the machine's other processes' time slices left out)
+        self.poll_cpu: list[float] = []
+        self.pick_cpu = 0.0  # the last pick's
 
     def turn(self, call_id: str, sid: str, messages: list[dict], now: float) -> float:
         """One call at `now` after the poller's work due by then; the seconds `pick` took."""
         if now - self.polled >= 0.1:
             self.polled = now
             for box in self.boxes:
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), time.thread_time()
                 box.poll(self.picker, now)
                 self.poll_times.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        if started - self.checked >= FREEZE_CHECK_S:
-            self.checked = started
-            if self.freezer.check():
-                self.freeze_times.append(time.perf_counter() - started)
+                self.poll_cpu.append(time.thread_time() - cpu)
         req = _request(call_id, sid, messages)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         pick = self.picker.pick(req, now)
         took = time.perf_counter() - started
+        self.pick_cpu = time.thread_time() - cpu
         if not isinstance(pick, Pick):
             self.refused += 1
             return took
@@ -769,22 +766,29 @@ class PickerPool:
             now += 1.0 / sessions
         knobs = self.picker.router.knobs
         self.poll_times.clear()
+        self.poll_cpu.clear()
         picks: list[float] = []
-        passes: dict[int, float] = {}  # the collector's longest pass per generation meanwhile
-        started: list[float] = [0.0]
+        picks_cpu: list[float] = []
+        # the collector's longest pass per generation meanwhile, in seconds and in CPU seconds
+        passes: dict[int, float] = {}
+        passes_cpu: dict[int, float] = {}
+        started: list[float] = [0.0, 0.0]
 
         def collected(phase: str, info: dict) -> None:
             if phase == "start":
-                started[0] = time.perf_counter()
+                started[:] = time.perf_counter(), time.thread_time()
             else:
                 took, gen = time.perf_counter() - started[0], info["generation"]
                 passes[gen] = max(passes.get(gen, 0.0), took)
+                cpu = time.thread_time() - started[1]
+                passes_cpu[gen] = max(passes_cpu.get(gen, 0.0), cpu)
 
         gc.callbacks.append(collected)
         horizon = max(knobs.control_window_s, knobs.retire_window_s, 2 * self.tau_s) + 2.0
         for at in (now, now + knobs.session_idle_s):
             for j in range(int(horizon / 0.25)):
                 picks.append(self.turn(f"x{at}-{j}", f"x{at}-{j}", _opening(f"x{j}"), at))
+                picks_cpu.append(self.pick_cpu)
                 at += 0.25
         gc.callbacks.remove(collected)
         burst = {
@@ -793,10 +797,15 @@ class PickerPool:
             "max_pick_us": round(max(picks) * 1e6, 1),
             "max_box_install_us": round(max(self.poll_times) * 1e6, 1),
             "max_gc_pass_us": {str(g): round(t * 1e6, 1) for g, t in sorted(passes.items())},
-            # the freezes of `talariad epp`'s task (gc_tuning.SurvivorFreezer), warm-up included:
-            # its loop's time too, off the timed picks
-            "freezes": len(self.freeze_times),
-            "max_freeze_us": round(max(self.freeze_times, default=0.0) * 1e6, 1),
+            # the same maxima in this thread's CPU time: what the picker spent, its process not
+            # scheduled left out (a shared machine's maxima are its other processes' slices)
+            "max_pick_cpu_us": round(max(picks_cpu) * 1e6, 1),
+            "max_box_install_cpu_us": round(max(self.poll_cpu) * 1e6, 1),
+            "max_gc_pass_cpu_us": {
+                str(g): round(t * 1e6, 1) for g, t in sorted(passes_cpu.items())
+            },
+            # the collector's freezes (gc_tuning.PacedCollector), warm-up included
+            "freezes": self.picker.collector.freezes,  # type: ignore[union-attr]
         }
         return at + 2 * self.tau_s, burst
 
@@ -877,6 +886,7 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
         out[name]["messages"] = 2 * turns + 2
     out["burst"] = burst
     out["continued_reads"] = pool.picker.reader.continued
+    pool.picker.collector.stop()  # type: ignore[union-attr]  # the next pool size starts its own
     return out
 
 

@@ -4,9 +4,7 @@ defaults)."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import sys
 
 GC_GEN0_THRESHOLD = 5_000
 """Allocations between young-generation passes (CPython's default is 700)."""
@@ -24,50 +22,61 @@ def settle_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
-FREEZE_CHECK_S = 1.0
-"""How often a placing process looks at how much it has grown (`SurvivorFreezer.check`)."""
-FREEZE_GROWTH_BLOCKS = 500_000
-"""Growth in allocated memory blocks since the last freeze that makes the next check freeze
-(100k new sessions in the endpoint picker are several million)."""
+YOUNG_PASS_EVERY = 64
+"""Installs and picks between the endpoint picker's young passes (`PacedCollector`)."""
+OLDER_GEN_THRESHOLD = 2
+"""Young passes between generation-1 passes in the endpoint picker (CPython's default is 10)."""
 
 
-def freeze_survivors() -> None:
-    """Collect the young generations, then move every object still tracked into the permanent
-    generation (`gc.freeze`), as `settle_gc` does once at start-up. Cost: one pass over the
-    young generations (bounded by their thresholds), none over what is already frozen."""
-    gc.collect(1)
-    gc.freeze()
+class PacedCollector:
+    """The endpoint picker's collector: passes of bounded length at any pool size and after any
+    burst (docs/pool.md "At agent scale"). Why not CPython's own trigger: it counts allocations
+    minus deallocations of tracked objects, and the picker's steady state is net zero (a box's
+    install frees its previous one, a decision the log's oldest), so a young pass comes late and
+    walks everything allocated since: 27k objects, 12-28 ms of CPU, at 1,000 boxes; and a
+    generation-1 pass (every 10 young ones) walked 40-80k, 15-46 ms. So:
+    - a young pass every `every` installs and picks (`tick`; the picker's work units), and a
+      generation-1 pass instead every `older`-th: each walks about `every` units' objects;
+    - what survives a generation-1 pass, explicit or CPython's own (a burst grows the process:
+      its own trigger still fires), is frozen (`gc.freeze`): nothing reaches the oldest
+      generation, and no full pass walks a burst's state (1.4-1.5 s at 100k sessions) or the
+      boxes' installs (a full pass after them took 98 ms at 1,000 boxes).
+    The cost: a frozen object is still freed when its last reference goes, but a reference
+    cycle among objects that survived two young passes is never collected once garbage. The
+    picker's placements made none (`collected` 0 over 100k sessions and their expiry, and a
+    churn run's allocated blocks stay flat: docs/pool.md); a cycle that `talariad epp`'s server
+    (grpc.aio, asyncio) leaves after two young passes would be kept."""
 
+    def __init__(self, every: int = YOUNG_PASS_EVERY, older: int = OLDER_GEN_THRESHOLD) -> None:
+        self.every, self.older = every, older
+        self.left, self.young = every, 0
+        self.freezes = 0  # after generation-1 passes, CPython's own included
+        self._thresholds: tuple[int, int, int] | None = None
 
-class SurvivorFreezer:
-    """Freezes what survives a burst. Why: the state a burst of sessions leaves (leases, session
-    rows, kept reads) otherwise reaches the oldest generation, and each full pass over it stops
-    the process for about a second at 100k sessions (docs/pool.md "Scale"). It freezes only
-    when the process has grown (allocated blocks, `sys.getallocatedblocks`, O(1)) by
-    `growth_blocks` since its last freeze or its smallest size after it, so a steady state
-    freezes nothing. The cost: a frozen object is still freed when its last reference goes, but
-    a reference cycle among objects alive at a freeze is not collected once garbage (memory
-    kept, not measured)."""
+    def start(self) -> None:
+        """Take over from `settle_gc` (called after it): CPython's own passes stay for what
+        grows the process, a generation-1 pass every `older` young ones, each frozen after."""
+        self._thresholds = gc.get_threshold()
+        gc.set_threshold(self._thresholds[0], self.older, self._thresholds[2])
+        gc.callbacks.append(self._collected)
 
-    def __init__(self, growth_blocks: int = FREEZE_GROWTH_BLOCKS) -> None:
-        self.growth_blocks = growth_blocks
-        self.base = sys.getallocatedblocks()
-        self.freezes = 0
+    def stop(self) -> None:
+        """Undo `start` (tests; a picker that stops)."""
+        if self._collected in gc.callbacks:
+            gc.callbacks.remove(self._collected)
+        if self._thresholds is not None:
+            gc.set_threshold(*self._thresholds)
 
-    def check(self) -> bool:
-        """Freeze if grown enough; True when it did."""
-        blocks = sys.getallocatedblocks()
-        if blocks < self.base:
-            self.base = blocks  # state went away: growth counts from here
-            return False
-        if blocks - self.base < self.growth_blocks:
-            return False
-        freeze_survivors()
-        self.base, self.freezes = sys.getallocatedblocks(), self.freezes + 1
-        return True
+    def tick(self) -> None:
+        """One install or pick done: the pass due after `every` of them."""
+        self.left -= 1
+        if self.left > 0:
+            return
+        self.left = self.every
+        self.young += 1
+        gc.collect(1 if self.young % self.older == 0 else 0)
 
-    async def run(self, interval_s: float = FREEZE_CHECK_S) -> None:
-        """`check` every `interval_s` until cancelled (a task of the placing process)."""
-        while True:
-            await asyncio.sleep(interval_s)
-            self.check()
+    def _collected(self, phase: str, info: dict) -> None:
+        if phase == "stop" and info["generation"] >= 1:
+            gc.freeze()  # the survivors of two young passes: out of every later pass
+            self.freezes += 1

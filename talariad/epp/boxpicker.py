@@ -25,6 +25,7 @@ from talariad.calls.reading import BodyReader
 from talariad.calls.session import header_session
 from talariad.calls.spec import CallSpec, bare_call_id
 from talariad.config import resolve_model
+from talariad.gc_tuning import PacedCollector
 from talariad.router import CallRequest, Decision, DecisionKind, InstanceSnapshot, Router
 from talariad.router.box_policies import BOX_POLICIES, BoxStats
 from talariad.router.router import DECISION_LOG
@@ -131,6 +132,8 @@ class BoxPicker:
         self._noted: OrderedDict[str, dict[tuple[str, str], _Noted]] = OrderedDict()
         self._at_headers: deque[tuple[float, str]] = deque()  # (placed at, call id), in order
         self._pool_models: frozenset[str] | None = None  # every model some box serves (a cache)
+        # `talariad epp`'s collector, paced by installs and picks (`gc_tuning.PacedCollector`)
+        self.collector: PacedCollector | None = None
 
     # --- boxes (the poller's `BoxFeed`) -----------------------------------------------------
     def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> bool:
@@ -198,6 +201,8 @@ class BoxPicker:
         """What any answer of a box does: its health heard, what expired by now let go."""
         self.router.heartbeat(name, now, healthy=healthy)
         self.placement.expire(now)
+        if self.collector is not None:
+            self.collector.tick()
         self._expire_at_headers(now)
 
     def since(self, name: str) -> int | None:
@@ -260,6 +265,8 @@ class BoxPicker:
         decision = self.place(call, request.path, requested, now)
         if isinstance(decision, Pick) and call.session_id is not None:
             self._note(request, call)
+        if self.collector is not None:
+            self.collector.tick()
         return decision
 
     # --- lease returns at request headers (docs/pool.md, "Lease returns at headers") ------------

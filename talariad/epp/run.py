@@ -19,7 +19,7 @@ from talariad.epp.discovery import endpoints
 from talariad.epp.discovery.file import FileSource
 from talariad.epp.metrics import EPPMetrics
 from talariad.epp.poller import BoxPoller, Discovery
-from talariad.gc_tuning import SurvivorFreezer, settle_gc
+from talariad.gc_tuning import PacedCollector, settle_gc
 from talariad.router import Router
 from talariad.secretfiles import load_token
 
@@ -87,7 +87,8 @@ async def run_epp(cfg: EPPConfig, config_path: str) -> None:
         admin_app(picker, metrics.registry), httpserver.bind(host, port)
     )
     settle_gc()  # start-up is done: the picker's p99 is the collector's as much as its own
-    freezing = asyncio.create_task(SurvivorFreezer().run())  # a burst's state: out of the GC's way
+    picker.collector = PacedCollector()  # passes of bounded length, a burst's state frozen
+    picker.collector.start()
     polling = asyncio.create_task(poller.run(discovered(cfg, base)))
     serving = asyncio.create_task(serve_ext_proc(picker, cfg, base, metrics))
     try:
@@ -96,8 +97,9 @@ async def run_epp(cfg: EPPConfig, config_path: str) -> None:
         for task in done:
             task.result()  # raises what stopped it
     finally:
-        for task in (polling, serving, freezing):
+        for task in (polling, serving):
             task.cancel()
-        await asyncio.gather(polling, serving, freezing, return_exceptions=True)
+        await asyncio.gather(polling, serving, return_exceptions=True)
+        picker.collector.stop()
         http.should_exit = True
         await asyncio.gather(http_task, return_exceptions=True)

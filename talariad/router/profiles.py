@@ -82,8 +82,8 @@ def switch_estimate(prof: LatencyProfile, staged_fraction: float) -> float:
 BUCKETS_PER_WINDOW = 8192
 """A window's events are kept by bucket of their ends, `window / BUCKETS_PER_WINDOW` wide."""
 FREE_STEP = 512
-"""Events of buckets that left their windows freed per `DemandTracker.record`, at most:
-freeing a burst's events at once took a read 5-8 ms (cold memory, not the trim's steps)."""
+"""Events of buckets that left their windows freed per `DemandTracker.record`, at most: freeing
+a burst's events where they left took a read 5-8 ms (cold memory, not the trim's steps)."""
 
 
 class _Window:
@@ -120,7 +120,7 @@ class DemandTracker:
         self._width = window_s / BUCKETS_PER_WINDOW if window_s > 0 else 1.0
         self._events: defaultdict[str, _Window] = defaultdict(_Window)
         self._sums: defaultdict[str, float] = defaultdict(float)
-        self._dropped: list[list] = []  # the events of buckets that left, freed in steps
+        self._dropped: list[list] = []  # buckets that left their windows, freed in steps
 
     @staticmethod
     def end_of(now: float, until: float | None) -> float:
@@ -179,7 +179,6 @@ class DemandTracker:
         (-1: all); the limit left."""
         order, buckets, total = window.order, window.buckets, self._sums[model]
         whole = math.floor(cutoff / self._width)  # a bucket before it ended by the cutoff
-        freeing = 0  # events of whole buckets freed here: past FREE_STEP, `record` frees them
         while order and limit != 0:
             limit -= 1
             number = order[0]
@@ -188,9 +187,7 @@ class DemandTracker:
                 heapq.heappop(order)
                 del buckets[number]
                 total -= bucket[0]
-                freeing += len(bucket[1])
-                if freeing > FREE_STEP:
-                    self._dropped.append(bucket[1])  # out of the sums: freed by `record`s
+                self._dropped.append(bucket)  # out of the sums: freed by `record`s
                 continue
             events = bucket[1]
             while events and events[0][0] <= cutoff and limit != 0:
@@ -210,9 +207,9 @@ class DemandTracker:
         """Free at most `count` events of the buckets that left their windows."""
         dropped = self._dropped
         while dropped and count > 0:
-            events = dropped[-1]
-            step = min(count, len(events))
-            del events[len(events) - step :]
-            count -= step
-            if not events:
-                dropped.pop()
+            events = dropped[-1][1]
+            if len(events) > count:
+                del events[len(events) - count :]
+                return
+            count -= len(events) + 1
+            dropped.pop()

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import gc
-import sys
 
-from talariad.gc_tuning import GC_GEN0_THRESHOLD, SurvivorFreezer, settle_gc
+from talariad.gc_tuning import GC_GEN0_THRESHOLD, PacedCollector, settle_gc
 
 
 def test_settle_gc_freezes_start_up_objects_and_spaces_young_passes():
@@ -19,19 +18,34 @@ def test_settle_gc_freezes_start_up_objects_and_spaces_young_passes():
         gc.set_threshold(*before)
 
 
-def test_the_survivor_freezer_freezes_only_after_the_process_has_grown():
-    freezer = SurvivorFreezer(growth_blocks=50_000)
+def test_the_paced_collector_runs_a_pass_every_few_units_and_freezes_what_survives_two():
+    passes: list[int] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "stop":
+            passes.append(info["generation"])
+
+    before = gc.get_threshold()
+    collector = PacedCollector(every=3, older=2)
+    gc.callbacks.append(seen)
     try:
         gc.unfreeze()
-        assert not freezer.check()  # nothing grew
-        assert gc.get_freeze_count() == 0
-        held = [[i] for i in range(60_000)]  # a burst's state: tens of thousands of blocks
-        assert freezer.check()
-        assert freezer.freezes == 1 and gc.get_freeze_count() >= len(held)
-        assert not freezer.check()  # counted from the freeze: no growth since
-        grown = sys.getallocatedblocks()
-        del held[:]
-        assert not freezer.check()  # shrunk: growth now counts from the smaller size
-        assert freezer.base < grown - 30_000
+        collector.start()
+        assert gc.get_threshold() == (before[0], 2, before[2])
+        gc.disable()  # only the collector's own passes from here
+        held = [[i] for i in range(1_000)]  # state that outlives the passes
+        for _ in range(2):
+            collector.tick()
+        assert passes == [] and gc.get_freeze_count() == 0
+        collector.tick()  # the third unit: a young pass
+        assert passes == [0] and gc.get_freeze_count() == 0
+        for _ in range(3):
+            collector.tick()  # the second pass: generation 1, its survivors frozen
+        assert passes == [0, 1] and collector.freezes == 1
+        assert gc.get_freeze_count() >= len(held)
     finally:
+        gc.enable()
+        gc.callbacks.remove(seen)
+        collector.stop()
         gc.unfreeze()
+    assert gc.get_threshold() == before and collector._collected not in gc.callbacks

@@ -345,3 +345,7 @@ def test_the_decision_log_keeps_the_latest_and_frees_the_dropped_off_the_placeme
     for n in range(5, 12):  # no snapshot for longer than the log: freed when it is full
         r.place(call(f"c{n}", session=f"s{n}"), 0.3)
     assert len(r._dropped) <= 3
+    monkeypatch.setattr(router_module, "FREE_DECISIONS", 1)  # a burst's many: freed in steps
+    waiting = len(r._dropped)
+    r.observe(snaps("b", 0.4), 0.4)
+    assert len(r._dropped) == waiting - 1
