@@ -35,8 +35,9 @@ class PacedCollector:
     install frees its previous one, a decision the log's oldest), so a young pass comes late and
     walks everything allocated since: 27k objects, 12-28 ms of CPU, at 1,000 boxes; and a
     generation-1 pass (every 10 young ones) walked 40-80k, 15-46 ms. So:
-    - a young pass every `every` installs and picks (`tick`; the picker's work units), and a
-      generation-1 pass instead every `older`-th: each walks about `every` units' objects;
+    - a young pass every `every` installs and picks (the picker's work units; run at an
+      install, `tick`, not in a pick, `count`), and a generation-1 pass instead every
+      `older`-th: each walks about `every` units' objects;
     - what survives a generation-1 pass, explicit or CPython's own (a burst grows the process:
       its own trigger still fires), is frozen (`gc.freeze`): nothing reaches the oldest
       generation, and no full pass walks a burst's state (1.4-1.5 s at 100k sessions) or the
@@ -67,8 +68,13 @@ class PacedCollector:
         if self._thresholds is not None:
             gc.set_threshold(*self._thresholds)
 
+    def count(self) -> None:
+        """One pick done: counted, its pass left to the next `tick` (a pass in a pick sets the
+        picks' p99: one in `every`)."""
+        self.left -= 1
+
     def tick(self) -> None:
-        """One install or pick done: the pass due after `every` of them."""
+        """One box install (or answer) done: the pass due after `every` installs and picks."""
         self.left -= 1
         if self.left > 0:
             return

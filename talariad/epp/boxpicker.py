@@ -266,7 +266,7 @@ class BoxPicker:
         if isinstance(decision, Pick) and call.session_id is not None:
             self._note(request, call)
         if self.collector is not None:
-            self.collector.tick()
+            self.collector.count()
         return decision
 
     # --- lease returns at request headers (docs/pool.md, "Lease returns at headers") ------------

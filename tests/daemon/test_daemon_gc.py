@@ -34,10 +34,11 @@ def test_the_paced_collector_runs_a_pass_every_few_units_and_freezes_what_surviv
         assert gc.get_threshold() == (before[0], 2, before[2])
         gc.disable()  # only the collector's own passes from here
         held = [[i] for i in range(1_000)]  # state that outlives the passes
-        for _ in range(2):
-            collector.tick()
+        collector.tick()
+        collector.count()  # a pick: counted, never a pass
+        collector.count()
         assert passes == [] and gc.get_freeze_count() == 0
-        collector.tick()  # the third unit: a young pass
+        collector.tick()  # the fourth unit, an install: the pass due at the third
         assert passes == [0] and gc.get_freeze_count() == 0
         for _ in range(3):
             collector.tick()  # the second pass: generation 1, its survivors frozen
