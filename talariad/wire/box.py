@@ -15,6 +15,13 @@ from talariad.wire.messages import SessionChanges
 
 SNAPSHOT_PATH = "/pool/snapshot"
 
+STREAM_TYPE = "application/x-ndjson"
+"""The content type of `GET /pool/snapshot?stream=1`: the answers a run of held polls would get,
+as one response of frames, one a line: a `BoxSnapshot` (a JSON object: the box changed; its
+sessions as changes since the frame before) or the target's age (a JSON number: the snapshot last
+sent stands, as a `304`'s `AGE_HEADER` says). A box that does not stream (an older daemon, which
+ignores the parameter) answers as to a poll, `application/json` or `304`."""
+
 
 class BoxModel(BaseModel):
     """A model the box serves: its name, the exact aliases and glob patterns a client may send
