@@ -132,14 +132,19 @@ class BoxPicker:
         """A box answered: install its target as it comes (our own version: a box restart resets
         its own; taken its age before `now`), its session changes merged into the view held, and
         the profiles it refined (the picker sees no rounds). False, and nothing installed, when
-        the sessions are changes to a view not held: the view is dropped, ask for it whole."""
+        the sessions are changes to a view not held, or the models are those held and none are:
+        the view is dropped, ask for it whole."""
         target, held = snap.target, self._held.get(name)
         base = target.sessions_base
         if base is not None and (held is None or held.epoch != base):
             self._held.pop(name, None)
             return False
+        if snap.models is None and name not in self._models:  # "as before", and none held
+            self._held.pop(name, None)
+            return False
         self._set_endpoint(name, endpoint)
-        self._set_models(name, snap.models)
+        if snap.models is not None:  # None: a stream's frame, its models those of the one before
+            self._set_models(name, snap.models)
         if snap.max_connections is not None:
             self._capacity[name] = box_call_capacity(snap.max_connections)
         self._seen_at[name] = now

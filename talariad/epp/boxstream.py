@@ -119,7 +119,7 @@ class BoxStream(asyncio.Protocol):
     def _frames(self) -> None:
         lines = self._lines
         start = 0
-        while (nl := lines.find(b"\n", start)) >= 0:
+        while not self.ended.done() and (nl := lines.find(b"\n", start)) >= 0:
             frame = bytes(lines[start:nl])
             start = nl + 1
             if not self._on_frame(frame):

@@ -105,6 +105,9 @@ class BoxPoller:
             await self.aclose()
 
     def _forget(self, name: str) -> None:
+        stream = self._streams.pop(name, None)
+        if stream is not None:  # now, not at its task's cancel: no frame of it is read after
+            stream.end(None)
         self.last_ok.pop(name, None)
         self._polled.discard(name)
         self._told_lost.discard(name)
@@ -117,6 +120,9 @@ class BoxPoller:
         if self._watch is not None:
             tasks.append(self._watch)
             self._watch = None
+        for stream in self._streams.values():  # now: no frame is read while the tasks end
+            stream.end(None)
+        self._streams.clear()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -183,14 +183,20 @@ class PoolEndpoint:
         (`wire.box.STREAM_TYPE`): a snapshot as soon as what the box would send changes, at least
         `gap_s` after the one before (the caller's poll interval: busy instances' telemetry
         coalesced as its polls were), else the target's age every `hold_s`; each frame's
-        snapshot is the caller's next `since` and `etag`. Ends when the daemon drains (`close`):
-        its caller then finds the port closed."""
+        snapshot is the caller's next `since` and `etag`, and its models are sent only when they
+        differ from the frame before's (None: the same; half a one-model box's frame, parsed and
+        compared by the caller at every change). Ends when the daemon drains (`close`): its
+        caller then finds the port closed."""
+        sent = None  # the models of the snapshot frame before
         while not self._closed:
             got = await self.answer_held(gw, since, etag, hold_s)
             if isinstance(got, float):
                 yield b"%.6f\n" % got
                 continue
-            since, etag = got.sessions_epoch, got.etag
+            since, etag, models = got.sessions_epoch, got.etag, got.models
+            if models == sent:
+                got = got.model_copy(update={"models": None})
+            sent = models
             yield got.model_dump_json().encode() + b"\n"
             if gap_s > 0 and not self._closed:
                 await asyncio.sleep(gap_s)

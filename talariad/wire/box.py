@@ -119,7 +119,9 @@ class BoxSnapshot(BaseModel):
     """Names this snapshot's session view; pass it back as `?since=` to get only what changes
     (a target whose `sessions_base` is None was sent whole all the same)."""
     target: BoxTarget = Field(default_factory=BoxTarget)
-    models: list[BoxModel] = Field(default_factory=list)
+    models: list[BoxModel] | None = Field(default_factory=list)
+    """None only in a snapshot stream's frames after its first: the models of the frame before
+    (the box sends them when they change: a profile it refined, a config reload)."""
     max_connections: int | None = None
     """The box's `limits.max_connections`: connections it takes at once (None: an older box,
     the picker's `box_max_connections` then). The picker sends it fewer calls at once."""

@@ -306,6 +306,7 @@ def test_a_stream_sends_the_snapshot_its_age_while_quiet_and_then_its_changes(bo
                 frames, ages = _frames(r), 0
                 first = held = await anext(frames)
                 assert isinstance(first, BoxSnapshot) and first.target.sessions_base is None
+                assert first.models  # the first frame names them; later ones as they change
                 while ages < 2:  # the box is quiet: its age, every `wait`
                     frame = await anext(frames)
                     if isinstance(frame, float):
