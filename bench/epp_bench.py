@@ -5,7 +5,8 @@ session through the same config (`envoy_epp_new_*`), beside their floors, Envoy 
 picks nothing (`null_ext_proc.py`: `envoy_null_none`, `envoy_null_lease_none`); the picker's CPU
 per call through Envoy with 70 KB agent bodies (`picker_cpu_ms_per_call`) and the calls/s it
 sustains with them; the EPP's CPU per box poll (answered 304, in full, as before conditional
-polls, beside a bare httpx GET) and its poll loop's over 256 boxes, idle and busy; and the EPP's
+polls, beside a bare httpx GET) and its poll loop's over 256 boxes, idle and busy, following the
+boxes' snapshot streams and polling them; and the EPP's
 decision time at 16, 64 and 256 boxes with 100k live sessions (the picker in-process, fed
 synthetic box snapshots).
 
@@ -430,9 +431,13 @@ def poll_cost(polls: int) -> dict:
     etag and basis dropped first), the poll as it was before polls were conditional (answered
     in full, the same basis, not installed), and a bare httpx GET; the box daemon's CPU per poll
     answered `304` and in full. Then the poll loop as it runs (`poll_interval_s`,
-    `poll_hold_s`) for `LOOP_S` against the idle box and against the box kept busy: its CPU
-    and answers per second per box. The core fraction at 256 and 1,000 boxes is extrapolated
-    from those (not run with that many boxes)."""
+    `poll_hold_s`) for `LOOP_S` against the idle box and against the box kept busy, following
+    the box's snapshot stream (`idle_loop`, `busy_loop`: what the picker does) and polling it
+    (`*_polled`: as before, and what an older box gets): its CPU and answers per second per box.
+    The core fraction at 256 and 1,000 boxes is extrapolated from those (not run with that many
+    boxes). The one box under `LOOP_BOXES` names changes for all of them at once, so one wake-up
+    of the loop reads 256 frames; `busy_loop_single` follows it under one name, each change a
+    wake-up of its own, as distinct boxes' changes are (`core_fraction_busy_apart`)."""
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-"))
     pool = devpool.LocalPool(workdir)
     (workdir / devpool.TOKEN_FILE).write_text(secrets.token_urlsafe(32) + "\n")
@@ -440,11 +445,14 @@ def poll_cost(polls: int) -> dict:
         box = devpool.start_box(pool, 0)
         token = (workdir / devpool.TOKEN_FILE).read_text().strip()
         out = asyncio.run(_poll_cost(box, pool.procs["box0"].proc.pid, token, polls))
-        out["idle_loop"] = asyncio.run(_loop_cpu(box, token))
+        out["idle_loop"] = asyncio.run(_loop_cpu(box, token, stream=True))
+        out["idle_loop_polled"] = asyncio.run(_loop_cpu(box, token, stream=False))
         argv = [sys.executable, "-c", _BUSY_DRIVER, f"http://{box}/v1/chat/completions"]
-        driver = pool.spawn("busy", [*argv, MODEL, str(LOOP_S + 4)], workdir)
+        driver = pool.spawn("busy", [*argv, MODEL, str(3 * LOOP_S + 30)], workdir)
         try:
-            out["busy_loop"] = asyncio.run(_loop_cpu(box, token))
+            out["busy_loop"] = asyncio.run(_loop_cpu(box, token, stream=True))
+            out["busy_loop_polled"] = asyncio.run(_loop_cpu(box, token, stream=False))
+            out["busy_loop_single"] = asyncio.run(_loop_cpu(box, token, stream=True, boxes=1))
         finally:
             driver.proc.kill()
             driver.proc.wait()
@@ -461,9 +469,13 @@ def _at_scale(out: dict, polls: int) -> dict:
     interval = BoxPoller.__init__.__defaults__[0]  # type: ignore[index]
     out["poll_interval_s"] = interval
     out["poll_hold_s"] = BoxPoller.__init__.__defaults__[2]  # type: ignore[index]
-    idle, busy = (
-        {k: v / LOOP_BOXES for k, v in out[loop].items() if not k.startswith(("boxes", "lag"))}
-        for loop in ("idle_loop", "busy_loop")
+    idle, busy, idle_polled, busy_polled = (
+        {
+            k: v / LOOP_BOXES
+            for k, v in out[loop].items()
+            if k in ("cpu_fraction", "answers_per_s", "changed_per_s")
+        }
+        for loop in ("idle_loop", "busy_loop", "idle_loop_polled", "busy_loop_polled")
     )
     unheld_busy = min(BUSY_CHANGES_PER_S * interval, 1.0)  # share of a busy box's polls changed
     same_s, changed_s = out["poller_cpu_ms"] / 1e3, out["changed_cpu_ms"] / 1e3
@@ -473,6 +485,10 @@ def _at_scale(out: dict, polls: int) -> dict:
         "unheld": (1 - BUSY_SHARE) * same_s / interval
         + BUSY_SHARE * ((1 - unheld_busy) * same_s + unheld_busy * changed_s) / interval,
         "unconditional": out["unconditional_cpu_ms"] / 1e3 / interval,
+        "polled": (1 - BUSY_SHARE) * idle_polled["cpu_fraction"]
+        + BUSY_SHARE * busy_polled["cpu_fraction"],
+        "polled_busy": busy_polled["cpu_fraction"],
+        "busy_apart": busy["answers_per_s"] * out["busy_loop_single"]["cpu_ms_per_answer"] / 1e3,
     }
     mix = (1 - BUSY_SHARE) * per_box["idle"] + BUSY_SHARE * per_box["busy"]
     polls_per_box = (1 - BUSY_SHARE) * idle["answers_per_s"] + BUSY_SHARE * busy["answers_per_s"]
@@ -519,16 +535,18 @@ class _CountingPicker(BoxPicker):
         self._held[name].etag = None
 
 
-async def _loop_cpu(box: str, token: str) -> dict:
-    """The poll loop as it runs, on `LOOP_BOXES` boxes (the one box under as many names) for
-    `LOOP_S`: this process's CPU per second (nothing else runs in it), its answers per second and
-    those answered in full; then, as a pick on that loop would see it, how late a 10 ms timer
-    fires with the loop polling (`lag_*`) and with it not yet polling (`lag_unpolled_*`)."""
+async def _loop_cpu(box: str, token: str, stream: bool, boxes: int = LOOP_BOXES) -> dict:
+    """The poll loop as it runs, on `boxes` boxes (the one box under as many names) for
+    `LOOP_S`, following each box's snapshot stream (`stream`, as the picker does) or polling it
+    (as it did before, and does an older box): this process's CPU per second (nothing else runs
+    in it), its answers (frames) per second and those in full; then, as a pick on that loop
+    would see it, how late a 10 ms timer fires with the loop polling (`lag_*`) and with it not
+    yet polling (`lag_unpolled_*`)."""
     picker = _CountingPicker()
-    poller = BoxPoller(picker, token)  # a connection per box name
+    poller = BoxPoller(picker, token, stream=stream)  # a connection per box name
     try:
         unpolled = await _loop_lag(2.0)
-        poller.set_boxes({f"box{i}": box for i in range(LOOP_BOXES)})
+        poller.set_boxes({f"box{i}": box for i in range(boxes)})
         await asyncio.sleep(3.0)  # the first, whole snapshots
         answers, changed = picker.same + picker.seen, picker.seen
         cpu, wall = time.process_time(), time.monotonic()
@@ -539,8 +557,10 @@ async def _loop_cpu(box: str, token: str) -> dict:
     finally:
         await poller.aclose()
     return {
-        "boxes": LOOP_BOXES,
+        "boxes": boxes,
+        "stream": stream,
         "cpu_fraction": round(cpu / wall, 4),
+        "cpu_ms_per_answer": round(cpu / max(answers, 1) * 1e3, 4),
         "answers_per_s": round(answers / wall, 1),
         "changed_per_s": round(changed / wall, 1),
         "lag_p50_ms": round(pct(polled, 0.5) * 1e3, 3),
