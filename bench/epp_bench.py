@@ -436,8 +436,8 @@ def poll_cost(polls: int) -> dict:
     (`*_polled`: as before, and what an older box gets): its CPU and answers per second per box.
     The core fraction at 256 and 1,000 boxes is extrapolated from those (not run with that many
     boxes). The one box under `LOOP_BOXES` names changes for all of them at once, so one wake-up
-    of the loop reads 256 frames; `busy_loop_single` follows it under one name, each change a
-    wake-up of its own, as distinct boxes' changes are (`core_fraction_busy_apart`)."""
+    of the loop reads 256 frames: `spread` follows 1,000 boxes' streams whose frames come spread
+    in time, as distinct boxes' do (`snapshot_feed.py`), half of them busy and all busy."""
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-"))
     pool = devpool.LocalPool(workdir)
     (workdir / devpool.TOKEN_FILE).write_text(secrets.token_urlsafe(32) + "\n")
@@ -448,14 +448,14 @@ def poll_cost(polls: int) -> dict:
         out["idle_loop"] = asyncio.run(_loop_cpu(box, token, stream=True))
         out["idle_loop_polled"] = asyncio.run(_loop_cpu(box, token, stream=False))
         argv = [sys.executable, "-c", _BUSY_DRIVER, f"http://{box}/v1/chat/completions"]
-        driver = pool.spawn("busy", [*argv, MODEL, str(3 * LOOP_S + 30)], workdir)
+        driver = pool.spawn("busy", [*argv, MODEL, str(2 * LOOP_S + 20)], workdir)
         try:
             out["busy_loop"] = asyncio.run(_loop_cpu(box, token, stream=True))
             out["busy_loop_polled"] = asyncio.run(_loop_cpu(box, token, stream=False))
-            out["busy_loop_single"] = asyncio.run(_loop_cpu(box, token, stream=True, boxes=1))
         finally:
             driver.proc.kill()
             driver.proc.wait()
+        out["spread"] = [_spread(pool, workdir, token, share) for share in (BUSY_SHARE, 1.0)]
         return _at_scale(out, polls)
     finally:
         pool.stop()
@@ -488,7 +488,6 @@ def _at_scale(out: dict, polls: int) -> dict:
         "polled": (1 - BUSY_SHARE) * idle_polled["cpu_fraction"]
         + BUSY_SHARE * busy_polled["cpu_fraction"],
         "polled_busy": busy_polled["cpu_fraction"],
-        "busy_apart": busy["answers_per_s"] * out["busy_loop_single"]["cpu_ms_per_answer"] / 1e3,
     }
     mix = (1 - BUSY_SHARE) * per_box["idle"] + BUSY_SHARE * per_box["busy"]
     polls_per_box = (1 - BUSY_SHARE) * idle["answers_per_s"] + BUSY_SHARE * busy["answers_per_s"]
@@ -508,6 +507,35 @@ def _at_scale(out: dict, polls: int) -> dict:
         for n in (256, 1000)
     ]
     return out
+
+
+SPREAD_BOXES = 1000
+"""The streams `snapshot_feed.py` serves the picker in `spread`, one box each."""
+
+
+def _spread(pool: devpool.LocalPool, workdir: Path, token: str, busy_share: float) -> dict:
+    """The picker following `SPREAD_BOXES` boxes' streams from `snapshot_feed.py` (a process of
+    its own), `busy_share` of them busy, for `LOOP_S`: its CPU (`core_fraction`), and its frames
+    a second and those installed."""
+    port_file = workdir / f"feed-{busy_share}.port"
+    feeder = Path(__file__).with_name("snapshot_feed.py")
+    feed = pool.spawn(
+        f"feed-{busy_share}",
+        [sys.executable, str(feeder), str(port_file), str(busy_share)],
+        workdir,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists() or not port_file.read_text():
+            if feed.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"snapshot_feed.py did not start: see {feed.log}")
+            time.sleep(0.05)
+        endpoint = f"127.0.0.1:{port_file.read_text()}"
+        loop = asyncio.run(_loop_cpu(endpoint, token, stream=True, boxes=SPREAD_BOXES))
+    finally:
+        feed.proc.kill()
+        feed.proc.wait()
+    return {"busy_share": busy_share, "core_fraction": loop.pop("cpu_fraction"), **loop}
 
 
 class _CountingPicker(BoxPicker):
