@@ -22,8 +22,9 @@ MAX_FRAME_BYTES = (
 )  # a frame past this is no box's (a whole view is ~100 B a prefix)
 
 
-class NotAStream(Exception):
-    """The box answered the stream's request as a poll (an older daemon) or with an error."""
+class NotAStream(ValueError):
+    """The box answered the stream's request as a poll (an older daemon: 200 or 304) or with an
+    error status."""
 
     def __init__(self, status: int) -> None:
         super().__init__(f"HTTP {status}, not a snapshot stream")

@@ -152,7 +152,8 @@ class BoxPoller:
         if since is not None:
             params["since"] = str(since)
         conn = self._conn(name, endpoint)
-        request = conn.request(SNAPSHOT_PATH, params, etag and {"if-none-match": etag})
+        headers = None if etag is None else {"if-none-match": etag}
+        request = conn.request(SNAPSHOT_PATH, params, headers)
         on_frame = functools.partial(self._frame, name, endpoint)
         try:
             stream = await open_stream(conn.host, conn.port, request, on_frame, self._timeout_s)

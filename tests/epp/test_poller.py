@@ -207,10 +207,11 @@ def _box_snapshot(version: int) -> bytes:
 
 class _FakeBox:
     """A box on a loopback port: `old` answers every GET as a poll (an older daemon, which
-    ignores `?stream=1`), else it streams one snapshot and then falls silent (a stopped box)."""
+    ignores `?stream=1`), `denied` refuses the token, else it streams one snapshot and then
+    falls silent (a stopped box)."""
 
-    def __init__(self, old: bool) -> None:
-        self.old, self.requests = old, []
+    def __init__(self, old: bool, denied: bool = False) -> None:
+        self.old, self.denied, self.requests = old, denied, []
 
     async def __aenter__(self) -> str:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -224,7 +225,9 @@ class _FakeBox:
             while True:
                 self.requests.append((await reader.readuntil(b"\r\n\r\n")).decode())
                 body = _box_snapshot(len(self.requests))
-                if self.old:
+                if self.denied:
+                    writer.write(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n")
+                elif self.old:
                     head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                     writer.write(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
                 else:
@@ -278,3 +281,21 @@ def test_a_box_whose_stream_falls_silent_is_lost():
                 await poller.aclose()
 
     asyncio.run(run())
+
+
+def test_a_box_that_refuses_the_token_is_asked_again_and_never_taken():
+    picker = _Seen()
+
+    async def run(fake: _FakeBox) -> None:
+        async with fake as endpoint:
+            poller = BoxPoller(picker, TOKEN, hold_s=0.2)
+            poller.set_boxes({"denied": endpoint})
+            try:
+                await _until(lambda: len(fake.requests) >= 4, "asked again")
+                assert not picker.snaps and picker.healthy_boxes(poller.clock()) == []
+            finally:
+                await poller.aclose()
+
+    fake = _FakeBox(old=False, denied=True)
+    asyncio.run(run(fake))
+    assert any("stream=1" in r for r in fake.requests)
