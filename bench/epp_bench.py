@@ -444,14 +444,15 @@ def poll_cost(polls: int) -> dict:
     try:
         box = devpool.start_box(pool, 0)
         token = (workdir / devpool.TOKEN_FILE).read_text().strip()
-        out = asyncio.run(_poll_cost(box, pool.procs["box0"].proc.pid, token, polls))
-        out["idle_loop"] = asyncio.run(_loop_cpu(box, token, stream=True))
-        out["idle_loop_polled"] = asyncio.run(_loop_cpu(box, token, stream=False))
+        pid = pool.procs["box0"].proc.pid
+        out = asyncio.run(_poll_cost(box, pid, token, polls))
+        out["idle_loop"] = asyncio.run(_loop_cpu(box, token, stream=True, pid=pid))
+        out["idle_loop_polled"] = asyncio.run(_loop_cpu(box, token, stream=False, pid=pid))
         argv = [sys.executable, "-c", _BUSY_DRIVER, f"http://{box}/v1/chat/completions"]
         driver = pool.spawn("busy", [*argv, MODEL, str(2 * LOOP_S + 20)], workdir)
         try:
-            out["busy_loop"] = asyncio.run(_loop_cpu(box, token, stream=True))
-            out["busy_loop_polled"] = asyncio.run(_loop_cpu(box, token, stream=False))
+            out["busy_loop"] = asyncio.run(_loop_cpu(box, token, stream=True, pid=pid))
+            out["busy_loop_polled"] = asyncio.run(_loop_cpu(box, token, stream=False, pid=pid))
         finally:
             driver.proc.kill()
             driver.proc.wait()
@@ -563,13 +564,16 @@ class _CountingPicker(BoxPicker):
         self._held[name].etag = None
 
 
-async def _loop_cpu(box: str, token: str, stream: bool, boxes: int = LOOP_BOXES) -> dict:
+async def _loop_cpu(
+    box: str, token: str, stream: bool, boxes: int = LOOP_BOXES, pid: int | None = None
+) -> dict:
     """The poll loop as it runs, on `boxes` boxes (the one box under as many names) for
     `LOOP_S`, following each box's snapshot stream (`stream`, as the picker does) or polling it
     (as it did before, and does an older box): this process's CPU per second (nothing else runs
     in it), its answers (frames) per second and those in full; then, as a pick on that loop
     would see it, how late a 10 ms timer fires with the loop polling (`lag_*`) and with it not
-    yet polling (`lag_unpolled_*`)."""
+    yet polling (`lag_unpolled_*`). `pid`: the box daemon's process, whose CPU over the same
+    seconds is `box_cpu_fraction` (its own telemetry reads, and a busy box's calls, included)."""
     picker = _CountingPicker()
     poller = BoxPoller(picker, token, stream=stream)  # a connection per box name
     try:
@@ -577,9 +581,11 @@ async def _loop_cpu(box: str, token: str, stream: bool, boxes: int = LOOP_BOXES)
         poller.set_boxes({f"box{i}": box for i in range(boxes)})
         await asyncio.sleep(3.0)  # the first, whole snapshots
         answers, changed = picker.same + picker.seen, picker.seen
+        box_before = 0.0 if pid is None else _cpu_s(pid)
         cpu, wall = time.process_time(), time.monotonic()
         await asyncio.sleep(LOOP_S)
         cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        box_cpu = None if pid is None else (_cpu_s(pid) - box_before) / wall
         answers, changed = picker.same + picker.seen - answers, picker.seen - changed
         polled = await _loop_lag(3.0)
     finally:
@@ -589,6 +595,7 @@ async def _loop_cpu(box: str, token: str, stream: bool, boxes: int = LOOP_BOXES)
         "stream": stream,
         "cpu_fraction": round(cpu / wall, 4),
         "cpu_ms_per_answer": round(cpu / max(answers, 1) * 1e3, 4),
+        **({} if box_cpu is None else {"box_cpu_fraction": round(box_cpu, 4)}),
         "answers_per_s": round(answers / wall, 1),
         "changed_per_s": round(changed / wall, 1),
         "lag_p50_ms": round(pct(polled, 0.5) * 1e3, 3),
