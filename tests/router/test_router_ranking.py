@@ -606,3 +606,22 @@ def test_past_the_candidate_set_an_instance_that_may_take_the_call_is_still_scor
     got, want = fast.place(call, 0.1), ref.place(call, 0.1)
     assert got.instance == want.instance == NAMES[-1]
     assert len(weighed(got.candidates)) == 3  # the two of the set, and the one not ruled out
+
+
+def test_a_candidate_set_counts_the_leases_its_placements_left():
+    """Idle instances bound alike; each new session's lease loads its instance, so with a
+    candidate set of two the next ones go where the reference (every instance scored) sends
+    them, over every instance, not to the same two by name."""
+    fast, ref = _loaded_pair({"cost_candidates": 2, "staleness_s": 1.5}, [1 << 40] * len(NAMES))
+    placed = []
+    now = 0.1
+    for n in range(len(NAMES)):
+        call = CallRequest(f"c{n}", f"s{n}", MODELS[0], 1000, 0, 10)
+        got, want = fast.place(call, now), ref.place(call, now)
+        assert got.instance == want.instance
+        for r in (fast, ref):
+            assert r.completed(f"c{n}", got.instance, KVState.DEVICE, 1000, now + 0.01)
+        placed.append(got.instance)
+        now += 0.02
+        fast.check_integrity()
+    assert sorted(placed) == sorted(NAMES)
