@@ -540,7 +540,8 @@ def test_an_explanation_read_later_shows_its_placement_after_many_changes():
 
 def test_a_candidate_set_smaller_than_the_pool_scores_the_least_loaded_only():
     """Past `cost_candidates` plain instances (no session KV, no overlay) the ranking stops,
-    lowest bound first, and still places on the cheapest it scored."""
+    lowest bound first, and still places on the cheapest it scored. (Every instance decodes
+    alike: a cost the bound leaves out, so the bound alone cannot stop it.)"""
     kn = {"cost_candidates": 2, "staleness_s": 1.5}
     fast, ref = _pair(kn)
     for i, name in enumerate(NAMES):
@@ -552,7 +553,12 @@ def test_a_candidate_set_smaller_than_the_pool_scores_the_least_loaded_only():
                 Pool.HOT,
                 True,
                 frozenset(MODELS),
-                {m: ModelResidency(ModelState.ACTIVE) for m in MODELS},
+                {
+                    m: ModelResidency(
+                        ModelState.ACTIVE, queued_tokens=10 * (i + 1), running_calls=5
+                    )
+                    for m in MODELS
+                },
                 {},
                 round_load_s=0.1 * (i + 1),
                 hbm_free_bytes=1 << 40,
@@ -625,3 +631,6 @@ def test_a_candidate_set_counts_the_leases_its_placements_left():
         now += 0.02
         fast.check_integrity()
     assert sorted(placed) == sorted(NAMES)
+    # an idle instance's bound is its cost: the first weighed is the best, and one that can at
+    # best tie it is not weighed (the reference would break the tie by name: the same one)
+    assert len(weighed(fast.explain("c0").candidates)) == 1  # every instance tied then

@@ -58,14 +58,18 @@ def rank(
     skipped, infeasible = False, None
     # the candidate set: those singled out above plus the `cap` lowest bounded (least loaded)
     cap = math.inf if k.cost_candidates is None else len(scored) + k.cost_candidates
+    # a set smaller than the eligible ones already answers within it: one that can at best
+    # tie the best found (idle boxes bound alike, and their bound is their cost) is not
+    # weighed either, where the whole ranking would score every tie to break it by name
+    within = cap < len(members)
     for bound, name in order.entries:  # ties in name order
         inst = named[name][0]
         if inst not in members or inst in scored:
             continue
         bound += common
-        if search.best is not None:
-            if _above(bound, search.best) or len(scored) >= cap:  # later ones bound as high
-                skipped = True
+        if (best := search.best) is not None:
+            if len(scored) >= cap or _above(bound, best) or (within and _reaches(bound, best)):
+                skipped = True  # later ones bound as high
                 break
         elif _above(bound, search.cheapest) or len(scored) >= cap:
             # nothing feasible yet: past the cheapest's cost, or past the candidate set (a
@@ -308,6 +312,12 @@ def _before(cand: CandidateCost, other: CandidateCost | None) -> bool:
         return True
     a, b = cand.rank_s, other.rank_s
     return a < b or (a == b and cand.instance < other.instance)
+
+
+def _reaches(bound: float, cand: CandidateCost) -> bool:
+    """`bound` is `cand`'s rank or above, but for rounding: the instance can at best tie it."""
+    key = cand.rank_s
+    return bound >= key - _RELATIVE_SLACK * abs(key) - 1e-12
 
 
 def _above(bound: float, cand: CandidateCost | None) -> bool:
