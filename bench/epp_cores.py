@@ -42,7 +42,7 @@ def _worker(index: int, processes: int, boxes: int, sessions: int, seconds: floa
     recent: deque[str] = deque(sids[-RECENT:], maxlen=RECENT)
     start.wait()  # every process warm: they run side by side
     began, cpu = time.perf_counter(), time.process_time()
-    picks: list[float] = []
+    picks: list[tuple[str, float]] = []  # (the router's decision kind, seconds)
     calls = 0
     while (elapsed := time.perf_counter() - began) < seconds:
         at, draw = now + elapsed, rng.random()
@@ -55,7 +55,8 @@ def _worker(index: int, processes: int, boxes: int, sessions: int, seconds: floa
         else:
             sid = recent[rng.randrange(len(recent))]
         messages = pool.history[sid] + [{"role": "user", "content": f"turn {calls}"}]
-        picks.append(pool.turn(f"{index}-{calls}", sid, messages, at))
+        took = pool.turn(f"{index}-{calls}", sid, messages, at)
+        picks.append((pool.picker.explain(f"{index}-{calls}").kind.value, took))
         pool.history[sid] = messages + [{"role": "assistant", "content": "done"}]
         recent.append(sid)
         calls += 1
@@ -83,7 +84,11 @@ def run(processes: int, boxes: int, sessions: int, seconds: float) -> dict:
     for p in procs:
         p.join()
     cpu = sum(r["cpu_s"] for r in results)
-    us = sorted(t * 1e6 for r in results for t in r["picks"])
+    us = sorted(t * 1e6 for r in results for _, t in r["picks"])
+    by_kind: dict[str, list[float]] = {}
+    for r in results:
+        for kind, t in r["picks"]:
+            by_kind.setdefault(kind, []).append(t * 1e6)
     return {
         "processes": processes,
         "boxes": boxes,
@@ -98,6 +103,14 @@ def run(processes: int, boxes: int, sessions: int, seconds: float) -> dict:
         # every box before each pick it times)
         "pick_p50_us": round(pct(us, 0.5), 1),
         "pick_p99_us": round(pct(us, 0.99), 1),
+        "by_kind": {
+            kind: {
+                "picks": len(v),
+                "p50_us": round(pct(v, 0.5), 1),
+                "p99_us": round(pct(v, 0.99), 1),
+            }
+            for kind, v in sorted(by_kind.items())
+        },
         "refused": sum(r["refused"] for r in results),
     }
 
