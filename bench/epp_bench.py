@@ -11,7 +11,10 @@ decision time at 16, 64 and 256 boxes with 100k live sessions (the picker in-pro
 synthetic box snapshots).
 
     python bench/epp_bench.py [--calls 300] [--agent-calls 100] [--throughput-s 10]
-        [--polls 300] [--decisions 2000] [--part latency|poll|decision|all] [--json]
+        [--polls 300] [--decisions 2000] [--part latency|poll|decision|cores|all] [--json]
+
+`--part cores` runs `bench/epp_cores.py`: picker processes side by side, each fed the same
+snapshots of 256 boxes, their calls/s at one process and at as many as the machine has cores.
 """
 
 from __future__ import annotations
@@ -963,7 +966,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decisions", type=int, default=2000, help="measured picks per pool size")
     ap.add_argument("--sessions", type=int, default=100_000, help="live sessions in the pool")
     ap.add_argument("--polls", type=int, default=300, help="measured box polls")
-    ap.add_argument("--part", choices=["latency", "poll", "decision", "all"], default="all")
+    ap.add_argument(
+        "--part", choices=["latency", "poll", "decision", "cores", "all"], default="all"
+    )
+    ap.add_argument(
+        "--cores-sessions", type=int, default=20_000, help="live sessions for the cores part"
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args(argv)
     out: dict = {"load_start": [round(x, 2) for x in os.getloadavg()]}
@@ -977,6 +985,10 @@ def main(argv: list[str] | None = None) -> int:
             for n in (16, 256, 1000):
                 out["decision"].append(decision_time(n, args.sessions, args.decisions))
                 print(json.dumps(out["decision"][-1]), file=sys.stderr, flush=True)  # progress
+        if args.part in ("cores", "all"):
+            import epp_cores  # its processes import it (and this module) by name
+
+            out["cores"] = epp_cores.cores(256, args.cores_sessions, 10.0)
     except (devpool.PoolError, envoy.EnvoyError, RuntimeError) as err:
         print(f"epp_bench: {err}", file=sys.stderr)
         return 1

@@ -126,6 +126,7 @@ class BoxPicker:
         self._noted: OrderedDict[str, dict[tuple[str, str], _Noted]] = OrderedDict()
         self._at_headers: deque[tuple[float, str]] = deque()  # (placed at, call id), in order
         self._pool_models: frozenset[str] | None = None  # every model some box serves (a cache)
+        self._names: list[str] | None = None  # the boxes' names, in `endpoints` order (a cache)
 
     # --- boxes (the poller's `BoxFeed`) -----------------------------------------------------
     def box_seen(self, name: str, endpoint: str, snap: BoxSnapshot, now: float) -> bool:
@@ -234,6 +235,7 @@ class BoxPicker:
         """Discovery dropped the box: forget it and its leases."""
         self.router.remove_instance(name, now)
         self._boxes_at.pop(self.endpoints.pop(name, ""), None)
+        self._names = None
         self._models.pop(name, None)
         self._resolved.clear()
         self._pool_models = None
@@ -246,6 +248,7 @@ class BoxPicker:
         if old != endpoint:
             self._boxes_at.pop(old or "", None)
             self.endpoints[name], self._boxes_at[endpoint] = endpoint, name
+            self._names = None
 
     # --- calls (the `Picker` protocol) ------------------------------------------------------
     def pick(self, request: EPPRequest, now: float) -> Pick | ImmediateAnswer:
@@ -453,8 +456,9 @@ class BoxPicker:
         for c in sorted(others, key=lambda c: c.rank_s):
             if self._open_to(c.instance, model, now):
                 return self.endpoints[c.instance]
-        names = list(self.endpoints)
-        start = next(self._fallback_rr)
+        if self._names is None:  # not a list a pick: 1,000 boxes make it 30 µs of a lease return
+            self._names = list(self.endpoints)
+        names, start = self._names, next(self._fallback_rr)
         for i in range(len(names)):
             name = names[(start + i) % len(names)]
             if name != d.instance and self._open_to(name, model, now):
