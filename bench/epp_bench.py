@@ -5,13 +5,17 @@ session through the same config (`envoy_epp_new_*`), beside their floors, Envoy 
 picks nothing (`null_ext_proc.py`: `envoy_null_none`, `envoy_null_lease_none`); the picker's CPU
 per call through Envoy with 70 KB agent bodies (`picker_cpu_ms_per_call`) and the calls/s it
 sustains with them; the EPP's CPU per box poll (answered 304, in full, as before conditional
-polls, beside a bare httpx GET) and its poll loop's over 256 boxes, idle and busy; and the EPP's
+polls, beside a bare httpx GET) and its poll loop's over 256 boxes, idle and busy, following the
+boxes' snapshot streams and polling them; and the EPP's
 decision time at 16, 64 and 256 boxes with 100k live sessions (the picker in-process, fed
 synthetic box snapshots).
 
     python bench/epp_bench.py [--calls 300] [--agent-calls 100] [--throughput-s 10]
         [--polls 300] [--decisions 2000] [--sessions 100000] [--boxes N ...]
-        [--part latency|poll|decision|all] [--json]
+        [--part latency|poll|decision|cores|all] [--json]
+
+`--part cores` runs `bench/epp_cores.py`: picker processes side by side, each fed the same
+snapshots of 256 boxes, their calls/s at one process and at as many as the machine has cores.
 """
 
 from __future__ import annotations
@@ -431,24 +435,32 @@ def poll_cost(polls: int) -> dict:
     etag and basis dropped first), the poll as it was before polls were conditional (answered
     in full, the same basis, not installed), and a bare httpx GET; the box daemon's CPU per poll
     answered `304` and in full. Then the poll loop as it runs (`poll_interval_s`,
-    `poll_hold_s`) for `LOOP_S` against the idle box and against the box kept busy: its CPU
-    and answers per second per box. The core fraction at 256 and 1,000 boxes is extrapolated
-    from those (not run with that many boxes)."""
+    `poll_hold_s`) for `LOOP_S` against the idle box and against the box kept busy, following
+    the box's snapshot stream (`idle_loop`, `busy_loop`: what the picker does) and polling it
+    (`*_polled`: as before, and what an older box gets): its CPU and answers per second per box.
+    The core fraction at 256 and 1,000 boxes is extrapolated from those (not run with that many
+    boxes). The one box under `LOOP_BOXES` names changes for all of them at once, so one wake-up
+    of the loop reads 256 frames: `spread` follows 1,000 boxes' streams whose frames come spread
+    in time, as distinct boxes' do (`snapshot_feed.py`), half of them busy and all busy."""
     workdir = Path(tempfile.mkdtemp(prefix="epp-bench-"))
     pool = devpool.LocalPool(workdir)
     (workdir / devpool.TOKEN_FILE).write_text(secrets.token_urlsafe(32) + "\n")
     try:
         box = devpool.start_box(pool, 0)
         token = (workdir / devpool.TOKEN_FILE).read_text().strip()
-        out = asyncio.run(_poll_cost(box, pool.procs["box0"].proc.pid, token, polls))
-        out["idle_loop"] = asyncio.run(_loop_cpu(box, token))
+        pid = pool.procs["box0"].proc.pid
+        out = asyncio.run(_poll_cost(box, pid, token, polls))
+        out["idle_loop"] = asyncio.run(_loop_cpu(box, token, stream=True, pid=pid))
+        out["idle_loop_polled"] = asyncio.run(_loop_cpu(box, token, stream=False, pid=pid))
         argv = [sys.executable, "-c", _BUSY_DRIVER, f"http://{box}/v1/chat/completions"]
-        driver = pool.spawn("busy", [*argv, MODEL, str(LOOP_S + 4)], workdir)
+        driver = pool.spawn("busy", [*argv, MODEL, str(2 * LOOP_S + 20)], workdir)
         try:
-            out["busy_loop"] = asyncio.run(_loop_cpu(box, token))
+            out["busy_loop"] = asyncio.run(_loop_cpu(box, token, stream=True, pid=pid))
+            out["busy_loop_polled"] = asyncio.run(_loop_cpu(box, token, stream=False, pid=pid))
         finally:
             driver.proc.kill()
             driver.proc.wait()
+        out["spread"] = [_spread(pool, workdir, token, share) for share in (BUSY_SHARE, 1.0)]
         return _at_scale(out, polls)
     finally:
         pool.stop()
@@ -462,9 +474,13 @@ def _at_scale(out: dict, polls: int) -> dict:
     interval = BoxPoller.__init__.__defaults__[0]  # type: ignore[index]
     out["poll_interval_s"] = interval
     out["poll_hold_s"] = BoxPoller.__init__.__defaults__[2]  # type: ignore[index]
-    idle, busy = (
-        {k: v / LOOP_BOXES for k, v in out[loop].items() if not k.startswith(("boxes", "lag"))}
-        for loop in ("idle_loop", "busy_loop")
+    idle, busy, idle_polled, busy_polled = (
+        {
+            k: v / LOOP_BOXES
+            for k, v in out[loop].items()
+            if k in ("cpu_fraction", "answers_per_s", "changed_per_s")
+        }
+        for loop in ("idle_loop", "busy_loop", "idle_loop_polled", "busy_loop_polled")
     )
     unheld_busy = min(BUSY_CHANGES_PER_S * interval, 1.0)  # share of a busy box's polls changed
     same_s, changed_s = out["poller_cpu_ms"] / 1e3, out["changed_cpu_ms"] / 1e3
@@ -474,6 +490,9 @@ def _at_scale(out: dict, polls: int) -> dict:
         "unheld": (1 - BUSY_SHARE) * same_s / interval
         + BUSY_SHARE * ((1 - unheld_busy) * same_s + unheld_busy * changed_s) / interval,
         "unconditional": out["unconditional_cpu_ms"] / 1e3 / interval,
+        "polled": (1 - BUSY_SHARE) * idle_polled["cpu_fraction"]
+        + BUSY_SHARE * busy_polled["cpu_fraction"],
+        "polled_busy": busy_polled["cpu_fraction"],
     }
     mix = (1 - BUSY_SHARE) * per_box["idle"] + BUSY_SHARE * per_box["busy"]
     polls_per_box = (1 - BUSY_SHARE) * idle["answers_per_s"] + BUSY_SHARE * busy["answers_per_s"]
@@ -493,6 +512,35 @@ def _at_scale(out: dict, polls: int) -> dict:
         for n in (256, 1000)
     ]
     return out
+
+
+SPREAD_BOXES = 1000
+"""The streams `snapshot_feed.py` serves the picker in `spread`, one box each."""
+
+
+def _spread(pool: devpool.LocalPool, workdir: Path, token: str, busy_share: float) -> dict:
+    """The picker following `SPREAD_BOXES` boxes' streams from `snapshot_feed.py` (a process of
+    its own), `busy_share` of them busy, for `LOOP_S`: its CPU (`core_fraction`), and its frames
+    a second and those installed."""
+    port_file = workdir / f"feed-{busy_share}.port"
+    feeder = Path(__file__).with_name("snapshot_feed.py")
+    feed = pool.spawn(
+        f"feed-{busy_share}",
+        [sys.executable, str(feeder), str(port_file), str(busy_share)],
+        workdir,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists() or not port_file.read_text():
+            if feed.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"snapshot_feed.py did not start: see {feed.log}")
+            time.sleep(0.05)
+        endpoint = f"127.0.0.1:{port_file.read_text()}"
+        loop = asyncio.run(_loop_cpu(endpoint, token, stream=True, boxes=SPREAD_BOXES))
+    finally:
+        feed.proc.kill()
+        feed.proc.wait()
+    return {"busy_share": busy_share, "core_fraction": loop.pop("cpu_fraction"), **loop}
 
 
 class _CountingPicker(BoxPicker):
@@ -520,28 +568,38 @@ class _CountingPicker(BoxPicker):
         self._held[name].etag = None
 
 
-async def _loop_cpu(box: str, token: str) -> dict:
-    """The poll loop as it runs, on `LOOP_BOXES` boxes (the one box under as many names) for
-    `LOOP_S`: this process's CPU per second (nothing else runs in it), its answers per second and
-    those answered in full; then, as a pick on that loop would see it, how late a 10 ms timer
-    fires with the loop polling (`lag_*`) and with it not yet polling (`lag_unpolled_*`)."""
+async def _loop_cpu(
+    box: str, token: str, stream: bool, boxes: int = LOOP_BOXES, pid: int | None = None
+) -> dict:
+    """The poll loop as it runs, on `boxes` boxes (the one box under as many names) for
+    `LOOP_S`, following each box's snapshot stream (`stream`, as the picker does) or polling it
+    (as it did before, and does an older box): this process's CPU per second (nothing else runs
+    in it), its answers (frames) per second and those in full; then, as a pick on that loop
+    would see it, how late a 10 ms timer fires with the loop polling (`lag_*`) and with it not
+    yet polling (`lag_unpolled_*`). `pid`: the box daemon's process, whose CPU over the same
+    seconds is `box_cpu_fraction` (its own telemetry reads, and a busy box's calls, included)."""
     picker = _CountingPicker()
-    poller = BoxPoller(picker, token)  # a connection per box name
+    poller = BoxPoller(picker, token, stream=stream)  # a connection per box name
     try:
         unpolled = await _loop_lag(2.0)
-        poller.set_boxes({f"box{i}": box for i in range(LOOP_BOXES)})
+        poller.set_boxes({f"box{i}": box for i in range(boxes)})
         await asyncio.sleep(3.0)  # the first, whole snapshots
         answers, changed = picker.same + picker.seen, picker.seen
+        box_before = 0.0 if pid is None else _cpu_s(pid)
         cpu, wall = time.process_time(), time.monotonic()
         await asyncio.sleep(LOOP_S)
         cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        box_cpu = None if pid is None else (_cpu_s(pid) - box_before) / wall
         answers, changed = picker.same + picker.seen - answers, picker.seen - changed
         polled = await _loop_lag(3.0)
     finally:
         await poller.aclose()
     return {
-        "boxes": LOOP_BOXES,
+        "boxes": boxes,
+        "stream": stream,
         "cpu_fraction": round(cpu / wall, 4),
+        "cpu_ms_per_answer": round(cpu / max(answers, 1) * 1e3, 4),
+        **({} if box_cpu is None else {"box_cpu_fraction": round(box_cpu, 4)}),
         "answers_per_s": round(answers / wall, 1),
         "changed_per_s": round(changed / wall, 1),
         "lag_p50_ms": round(pct(polled, 0.5) * 1e3, 3),
@@ -919,12 +977,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decisions", type=int, default=2000, help="measured picks per pool size")
     ap.add_argument("--sessions", type=int, default=100_000, help="live sessions in the pool")
     ap.add_argument("--polls", type=int, default=300, help="measured box polls")
-    ap.add_argument("--part", choices=["latency", "poll", "decision", "all"], default="all")
+    ap.add_argument(
+        "--part", choices=["latency", "poll", "decision", "cores", "all"], default="all"
+    )
     ap.add_argument(
         "--boxes",
         type=int,
         action="append",
         help="a pool size for --part decision (repeatable; default 16, 256 and 1000)",
+    )
+    ap.add_argument(
+        "--cores-sessions", type=int, default=20_000, help="live sessions for the cores part"
     )
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args(argv)
@@ -939,6 +1002,10 @@ def main(argv: list[str] | None = None) -> int:
             for n in args.boxes or (16, 256, 1000):
                 out["decision"].append(decision_time(n, args.sessions, args.decisions))
                 print(json.dumps(out["decision"][-1]), file=sys.stderr, flush=True)  # progress
+        if args.part in ("cores", "all"):
+            import epp_cores  # its processes import it (and this module) by name
+
+            out["cores"] = epp_cores.cores(256, args.cores_sessions, 10.0)
     except (devpool.PoolError, envoy.EnvoyError, RuntimeError) as err:
         print(f"epp_bench: {err}", file=sys.stderr)
         return 1

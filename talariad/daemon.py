@@ -492,6 +492,7 @@ class Daemon:
     async def _drain(self, http, http_task: asyncio.Task) -> None:
         """Stop accepting; let running calls finish within the grace; then end the rest with an error."""
         http.should_exit = True
+        self.gateway.pool.close()  # a picker's snapshot stream would hold the drain to its grace
         grace = self.cfg.supervisor.shutdown_grace_s
         sdnotify.notify(f"STATUS=draining (up to {grace:g}s)")
         done, _ = await asyncio.wait([http_task], timeout=grace)

@@ -37,7 +37,7 @@ class BoxConnection:
     def __init__(self, endpoint: str, headers: Mapping[str, str]) -> None:
         self.endpoint = endpoint
         host, _, port = endpoint.rpartition(":")
-        self._host, self._port = host.strip("[]"), int(port)
+        self.host, self.port = host.strip("[]"), int(port)
         self._fixed = f"host: {endpoint}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -51,9 +51,7 @@ class BoxConnection:
     ) -> Reply:
         """The box's reply to `GET path?params`. Raises `BoxUnreachable`, OSError (a reset),
         TimeoutError past `timeout_s`, ValueError for what is no HTTP/1.1 response."""
-        target = f"{path}?{urlencode(params)}" if params else path
-        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        request = f"GET {target} HTTP/1.1\r\n{self._fixed}{extra}\r\n".encode()
+        request = self.request(path, params, headers)
         try:
             async with asyncio.timeout(timeout_s):
                 kept = self._writer is not None
@@ -70,6 +68,14 @@ class BoxConnection:
             self.close()
             raise
 
+    def request(
+        self, path: str, params: Mapping[str, str], headers: Mapping[str, str] | None
+    ) -> bytes:
+        """The bytes of `GET path?params` to the box, with `headers` besides its own."""
+        target = f"{path}?{urlencode(params)}" if params else path
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        return f"GET {target} HTTP/1.1\r\n{self._fixed}{extra}\r\n".encode()
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
@@ -79,7 +85,7 @@ class BoxConnection:
         self.close()
         try:
             self._reader, self._writer = await asyncio.open_connection(
-                self._host, self._port, limit=MAX_HEAD_BYTES
+                self.host, self.port, limit=MAX_HEAD_BYTES
             )
         except OSError as err:
             raise BoxUnreachable(f"{self.endpoint}: {err}") from err
@@ -96,7 +102,7 @@ class BoxConnection:
             raise ValueError("the box's reply ended inside its headers") from None
         except asyncio.LimitOverrunError:
             raise ValueError(f"the box's reply headers exceed {MAX_HEAD_BYTES} bytes") from None
-        status, headers = _head(head)
+        status, headers = parse_head(head)
         body, to_end = await _body(reader, status, headers)
         if to_end or headers.get("connection", "").lower() == "close":
             self.close()
@@ -107,7 +113,7 @@ class _ClosedBeforeReply(Exception):
     """The connection ended before a byte of the reply came."""
 
 
-def _head(head: bytes) -> tuple[int, dict[str, str]]:
+def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     """The status and the headers of a response's head (its bytes up to the blank line)."""
     lines = head.decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")

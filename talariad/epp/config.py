@@ -131,7 +131,12 @@ class EPPConfig(_Strict):
     """How long a box holds a poll while its snapshot says the same as the one the picker holds
     (answered at once when it changes): an idle box is asked about twice a second, a busy one
     as often as it changes. 0: every `poll_interval_s`. Cut to what keeps an unchanged box heard
-    from every half `stale_after_s` (with `poll_interval_s`)."""
+    from every half `stale_after_s` (with `poll_interval_s`). On a snapshot stream: how often an
+    unchanged box sends its age."""
+    poll_stream: bool = True
+    """Follow each box's snapshot stream (the held polls' answers pushed as frames of one
+    response, at most one a `poll_interval_s`) rather than polling it; a box that does not stream
+    (an older daemon) is polled. Off, or `poll_hold_s` 0: every box is polled."""
     failure_mode: FailureMode = FAILURE_MODE
     """What Envoy does when no picker answers; the gateway's config enforces it (its ext_proc
     filter, and its EPP cluster's health check). The picker warns, once, when the Envoy config

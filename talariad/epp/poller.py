@@ -8,6 +8,7 @@ Discovery is any async iterator of `{name: "ip:port"}` (each item the whole curr
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -17,6 +18,7 @@ from typing import Protocol
 from talariad.wire.box import AGE_HEADER, SNAPSHOT_PATH, BoxSnapshot
 
 from .boxconn import BoxConnection, BoxUnreachable
+from .boxstream import BoxStream, NotAStream, StreamEnded, open_stream
 
 log = logging.getLogger("talariad.epp")
 
@@ -40,9 +42,11 @@ class BoxFeed(Protocol):
 
 
 class BoxPoller:
-    """One polling task per box, every `interval_s`. A box that refuses the connection is lost
-    at once (nothing listens: its calls would fail too); one that errs or times out is lost once
-    it has not answered for `stale_after_s`."""
+    """One task per box: it follows the box's snapshot stream (`stream`: the answers of held
+    polls, pushed as the box changes), or polls it every `interval_s` where the box does not
+    stream (an older daemon) or `stream` is off. A box that refuses the connection is lost at
+    once (nothing listens: its calls would fail too); one that errs, times out or falls silent is
+    lost once it has not answered for `stale_after_s`."""
 
     def __init__(
         self,
@@ -52,11 +56,14 @@ class BoxPoller:
         stale_after_s: float = 2.0,
         hold_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
+        stream: bool = True,
     ) -> None:
         """`hold_s`: how long a box may hold a conditional poll while nothing changes there
-        (`?wait=`; 0: answered at once), cut so that an unchanged box is heard from at least
-        every half `stale_after_s` (`BoxPicker.box_same` renews its target by then)."""
+        (`?wait=`; 0: answered at once, and no stream), cut so that an unchanged box is heard
+        from at least every half `stale_after_s` (`BoxPicker.box_same` renews its target by
+        then); on a stream, how often an unchanged box sends its age."""
         hold_s = min(hold_s, max(stale_after_s / 2 - interval_s, 0.0))
+        self.stream = stream and hold_s > 0
         self.feed, self.interval_s, self.stale_after_s, self.hold_s, self.clock = (
             feed,
             interval_s,
@@ -69,6 +76,10 @@ class BoxPoller:
         self._conns: dict[str, BoxConnection] = {}  # box -> its kept-alive connection
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}
         self.last_ok: dict[str, float] = {}
+        self._streams: dict[str, BoxStream] = {}  # box -> its open stream
+        self._polled: set[str] = set()  # boxes that answered a stream as a poll (older daemons)
+        self._told_lost: set[str] = set()  # boxes the watch found silent past `stale_after_s`
+        self._watch: asyncio.Task | None = None
 
     def set_boxes(self, boxes: Mapping[str, str]) -> None:
         """Follow discovery: poll new boxes, stop and forget those gone or moved."""
@@ -82,6 +93,8 @@ class BoxPoller:
         for name, ep in boxes.items():
             if name not in self._tasks:
                 self._tasks[name] = (ep, asyncio.create_task(self._poll_forever(name, ep)))
+        if self.stream and self._watch is None and self._tasks:
+            self._watch = asyncio.create_task(self._watch_streams())
 
     async def run(self, discovery: Discovery) -> None:
         """Follow `discovery` until cancelled."""
@@ -92,13 +105,24 @@ class BoxPoller:
             await self.aclose()
 
     def _forget(self, name: str) -> None:
+        stream = self._streams.pop(name, None)
+        if stream is not None:  # now, not at its task's cancel: no frame of it is read after
+            stream.end(None)
         self.last_ok.pop(name, None)
+        self._polled.discard(name)
+        self._told_lost.discard(name)
         conn = self._conns.pop(name, None)
         if conn is not None:
             conn.close()
 
     async def aclose(self) -> None:
         tasks = [t for _, t in self._tasks.values()]
+        if self._watch is not None:
+            tasks.append(self._watch)
+            self._watch = None
+        for stream in self._streams.values():  # now: no frame is read while the tasks end
+            stream.end(None)
+        self._streams.clear()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -109,8 +133,93 @@ class BoxPoller:
 
     async def _poll_forever(self, name: str, endpoint: str) -> None:
         while True:
-            await self.poll(name, endpoint)
+            if self.stream and name not in self._polled:
+                if await self.follow(name, endpoint):
+                    continue  # its frames asked for the view whole, or it answered as a poll
+            elif not await self.poll(name, endpoint):
+                self._polled.discard(name)  # a restarted box may stream: asked again
             await asyncio.sleep(self.interval_s)
+
+    async def follow(self, name: str, endpoint: str) -> bool:
+        """Follow the box's snapshot stream until it ends (`?stream=1`; from the view and
+        snapshot held, as a poll asks). Each frame is handed to the picker as the poll's answer
+        would be (`_frame`). True when the poller should go on at once: the frames asked for the
+        view whole (a frame the picker could not install), or the box answered as to a poll (an
+        older daemon: it is polled from then on, until a poll fails)."""
+        since = self.feed.since(name)
+        etag = None if since is None else self.feed.etag(name)
+        params = {"stream": "1", "wait": str(self.hold_s), "gap": str(self.interval_s)}
+        if since is not None:
+            params["since"] = str(since)
+        conn = self._conn(name, endpoint)
+        headers = None if etag is None else {"if-none-match": etag}
+        request = conn.request(SNAPSHOT_PATH, params, headers)
+        on_frame = functools.partial(self._frame, name, endpoint)
+        try:
+            stream = await open_stream(conn.host, conn.port, request, on_frame, self._timeout_s)
+        except BoxUnreachable as err:
+            log.debug("box %s (%s) refused: %s", name, endpoint, err)
+            self.feed.box_lost(name, self.clock())
+            return False
+        except (OSError, TimeoutError) as err:
+            self._failed(name, endpoint, err)
+            return False
+        self._streams[name] = stream
+        try:
+            why = await stream.ended
+        finally:
+            stream.end(None)  # cancelled: closed
+            if self._streams.get(name) is stream:
+                del self._streams[name]
+            self._told_lost.discard(name)
+        if isinstance(why, StreamEnded):
+            return since is not None  # once: a stream opened whole is never asked anew
+        if isinstance(why, NotAStream) and why.status in (200, 304):
+            self._polled.add(name)
+            return True
+        if why is not None and not isinstance(why, (OSError, TimeoutError, ValueError)):
+            raise why  # the picker's own error
+        self._failed(name, endpoint, why or ConnectionResetError("the box ended its stream"))
+        return False
+
+    def _frame(self, name: str, endpoint: str, frame: bytes) -> bool:
+        """One frame of the box's stream, handed to the picker as a poll's answer would be: a
+        snapshot (`box_seen`), or the target's age (`box_same`). False: the picker could not
+        install it (end the stream, ask anew). Raises ValueError for a frame that is neither."""
+        now = self.clock()
+        if frame[:1] == b"{":
+            ok = self.feed.box_seen(name, endpoint, BoxSnapshot.model_validate_json(frame), now)
+        else:
+            ok = self.feed.box_same(name, _age(frame.decode("latin-1")), now)
+        if ok:
+            self.last_ok[name] = now
+            self._told_lost.discard(name)
+        return ok
+
+    def _failed(self, name: str, endpoint: str, err: BaseException) -> None:
+        """The box did not answer: lost once it has not for `stale_after_s`."""
+        now = self.clock()
+        log.debug("box %s (%s) did not answer: %s", name, endpoint, err)
+        if now - self.last_ok.get(name, float("-inf")) > self.stale_after_s:
+            self.feed.box_lost(name, now)
+
+    async def _watch_streams(self) -> None:
+        """A stream silent for longer than a held poll could be (its age every `hold_s`) is
+        ended as a poll would time out; a box silent past `stale_after_s` is lost then, not at
+        that end (a stopped box's connection stays open). One task for every stream: a frame
+        arms no timer."""
+        silent_s = self.hold_s + self._timeout_s
+        while True:
+            await asyncio.sleep(max(min(self.hold_s, 0.25), 0.05))
+            heard_by, now = time.monotonic() - silent_s, self.clock()
+            for name, stream in list(self._streams.items()):
+                if stream.heard < heard_by:
+                    stream.end(TimeoutError(f"no frame for {silent_s:g}s"))
+                last = self.last_ok.get(name)
+                if last is not None and now - last > self.stale_after_s:
+                    if name not in self._told_lost:
+                        self._told_lost.add(name)
+                        self.feed.box_lost(name, now)
 
     async def poll(self, name: str, endpoint: str) -> bool:
         """One poll of one box; True when it answered with a snapshot, or that the one held
@@ -129,10 +238,7 @@ class BoxPoller:
             return False
         # OSError: a reset; ValueError: an error status, or a body that is no snapshot
         except (OSError, TimeoutError, ValueError) as err:
-            now = self.clock()
-            log.debug("box %s (%s) did not answer: %s", name, endpoint, err)
-            if now - self.last_ok.get(name, float("-inf")) > self.stale_after_s:
-                self.feed.box_lost(name, now)
+            self._failed(name, endpoint, err)
             return False
         now = self.clock()
         if isinstance(snap, float):
@@ -176,7 +282,14 @@ class BoxPoller:
 def _not_modified_age(header: str | None, etag: str | None) -> float:
     """The target's age a `304` says; ValueError (no answer) when it is no age, or the poll named
     no snapshot to keep."""
-    age = float(header or "nan")
-    if etag is None or not (math.isfinite(age) and age >= 0):
-        raise ValueError(f"a 304 with no snapshot to keep or no age ({AGE_HEADER}: {header})")
+    if etag is None:
+        raise ValueError(f"a 304 with no snapshot to keep ({AGE_HEADER}: {header})")
+    return _age(header or "nan")
+
+
+def _age(text: str) -> float:
+    """A target's age as the box sends it; ValueError when it is none."""
+    age = float(text)
+    if not (math.isfinite(age) and age >= 0):
+        raise ValueError(f"no target's age: {text[:40]!r}")
     return age

@@ -80,6 +80,7 @@ async def run_epp(cfg: EPPConfig, config_path: str) -> None:
         cfg.poll_interval_s,
         cfg.stale_after_s,
         cfg.poll_hold_s,
+        stream=cfg.poll_stream,
     )
     metrics = EPPMetrics()
     host, port = split_host_port(cfg.metrics)

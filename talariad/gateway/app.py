@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from talariad.calls.dialects import chat, completions, messages, responses
@@ -22,7 +22,7 @@ from talariad.gateway.dialects import responses as responses_answer
 from talariad.gateway.gateway import Gateway
 from talariad.gateway.metrics import Children
 from talariad.httpserver import fastapi_app, post_json
-from talariad.wire.box import AGE_HEADER, SNAPSHOT_PATH
+from talariad.wire.box import AGE_HEADER, SNAPSHOT_PATH, STREAM_TYPE
 
 __all__ = ["Gateway", "build_app", "metrics_app"]
 
@@ -192,7 +192,12 @@ def _pool_routes(app: FastAPI, gw: Gateway) -> None:
         since = request.query_params.get("since", "")
         token = int(since) if since.isdigit() else None  # anything else: the whole view
         etag = request.headers.get("if-none-match")
-        got = await gw.pool.answer_held(gw, token, etag, _hold_s(request.query_params.get("wait")))
+        hold_s = _hold_s(request.query_params.get("wait"))
+        if request.query_params.get("stream") == "1":  # the held polls' answers, as frames
+            gap_s = min(_hold_s(request.query_params.get("gap")), MAX_STREAM_GAP_S)
+            frames = gw.pool.stream(gw, token, etag, max(hold_s, MIN_STREAM_HOLD_S), gap_s)
+            return StreamingResponse(frames, media_type=STREAM_TYPE)
+        got = await gw.pool.answer_held(gw, token, etag, hold_s)
         if isinstance(got, float):  # the caller holds what the box would send but its age
             return Response(status_code=304, headers={"etag": etag or "", AGE_HEADER: f"{got:.6f}"})
         return Response(
@@ -202,6 +207,11 @@ def _pool_routes(app: FastAPI, gw: Gateway) -> None:
 
 MAX_HOLD_S = 5.0
 """The longest a box holds a conditional snapshot poll (`?wait=`)."""
+MIN_STREAM_HOLD_S = 0.1
+"""The shortest gap between a snapshot stream's age frames (`?stream=1&wait=`): what keeps an
+idle box's stream from spinning."""
+MAX_STREAM_GAP_S = 1.0
+"""The longest a snapshot stream waits after a snapshot frame before the next (`?gap=`)."""
 
 
 def _hold_s(wait: str | None) -> float:

@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import hmac
 import random
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from typing import TYPE_CHECKING
 
 from talariad.calls.errors import APIError
@@ -147,6 +147,7 @@ class PoolEndpoint:
         self._live: frozenset[str] = frozenset()  # the live instances of the last snapshot
         self._etag: tuple[tuple, str] | None = None  # (the state it was computed at, the etag)
         self._news: asyncio.Event | None = None  # set at the next telemetry merged (held polls)
+        self._closed = False  # the daemon drains: streams end
 
     def merged(self, keys: list[Key] | None) -> None:
         """An instance's telemetry was merged (`RouterShell.merged`; `keys`: the pairs it
@@ -165,7 +166,7 @@ class PoolEndpoint:
         got = self.answer(gw, gw.clock(), since, etag)
         loop = asyncio.get_running_loop()
         end = loop.time() + wait_s
-        while isinstance(got, float) and (left := end - loop.time()) > 0:
+        while isinstance(got, float) and not self._closed and (left := end - loop.time()) > 0:
             if self._news is None:
                 self._news = asyncio.Event()
             try:
@@ -174,6 +175,38 @@ class PoolEndpoint:
                 pass
             got = self.answer(gw, gw.clock(), since, etag)
         return got
+
+    async def stream(
+        self, gw: Gateway, since: int | None, etag: str | None, hold_s: float, gap_s: float
+    ) -> AsyncIterator[bytes]:
+        """The answers a caller polling with held polls would get, as frames of one response
+        (`wire.box.STREAM_TYPE`): a snapshot as soon as what the box would send changes, at least
+        `gap_s` after the one before (the caller's poll interval: busy instances' telemetry
+        coalesced as its polls were), else the target's age every `hold_s`; each frame's
+        snapshot is the caller's next `since` and `etag`, and its models are sent only when they
+        differ from the frame before's (None: the same; half a one-model box's frame, parsed and
+        compared by the caller at every change). Ends when the daemon drains (`close`): its
+        caller then finds the port closed."""
+        sent = None  # the models of the snapshot frame before
+        while not self._closed:
+            got = await self.answer_held(gw, since, etag, hold_s)
+            if isinstance(got, float):
+                yield b"%.6f\n" % got
+                continue
+            since, etag, models = got.sessions_epoch, got.etag, got.models
+            if models == sent:
+                got = got.model_copy(update={"models": None})
+            sent = models
+            yield got.model_dump_json().encode() + b"\n"
+            if gap_s > 0 and not self._closed:
+                await asyncio.sleep(gap_s)
+
+    def close(self) -> None:
+        """The daemon drains: its snapshot streams end (held polls are answered at once)."""
+        self._closed = True
+        if self._news is not None:
+            self._news.set()
+            self._news = None
 
     def authorize(self, header: str | None) -> None:
         """Raise the API's 404 when no token is configured, 401 when `header` lacks it."""

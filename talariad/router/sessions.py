@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter, OrderedDict, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from talariad.router.messages import Lease, SessionEntry
@@ -34,6 +35,8 @@ class LeaseBook:
         self.by_instance: dict[str, dict[str | None, float]] = self._charges.live
         self.counts: dict[str, dict[str | None, int]] = self._counts.live
         self.by_model: defaultdict[str, float] = defaultdict(float)  # seconds held per model
+        # told (instance, model) after each change of their charge (the cost model's bounds)
+        self.on_charge: Callable[[str, str], None] = lambda instance, model: None
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -47,6 +50,7 @@ class LeaseBook:
         per_model[None] = per_model.get(None, 0.0) + lease.charge_s
         self._replace(lease.instance, per_model, lease.model, +1)
         self.by_model[lease.model] += lease.charge_s
+        self.on_charge(lease.instance, lease.model)
 
     def get(self, key: LeaseKey) -> Lease | None:
         return self._by_key.get(key)
@@ -144,6 +148,7 @@ class LeaseBook:
         per_model[None] = _drop(per_model.get(None, 0.0), lease.charge_s)
         self._replace(lease.instance, per_model, lease.model, -1)
         self.by_model[lease.model] = _drop(self.by_model[lease.model], lease.charge_s)
+        self.on_charge(lease.instance, lease.model)
 
 
 def _drop(held: float, charge: float) -> float:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from talariad.router.knobs import RouterKnobs
 from talariad.router.messages import CallRequest, InstanceSnapshot, ModelState
+from talariad.router.search.logged import LoggedDict
 from talariad.types import Pool
 
 _OPEN = (ModelState.ACTIVE, ModelState.RESIDENT)
@@ -55,10 +56,12 @@ class InstanceState:
         "open_share",
         "closed",
         "facts",
+        "log",
     )
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, log: LoggedDict | None = None) -> None:
         self.name = name
+        self.log = log  # the book's facts by name (`InstanceBook.facts`): `facts` set there too
         self.snapshot: InstanceSnapshot | None = None
         self.taken_at = float("-inf")  # snapshot fields copied out for the per-call filter
         self.allowed: frozenset[str] = frozenset()
@@ -152,6 +155,8 @@ class InstanceState:
             self.ov_hbm,
             self.ov_calls,
         )
+        if self.log is not None:
+            self.log.set(self.name, self.facts)
 
     def opening(self, model: str) -> int:
         """In-flight forwards (not yet in a snapshot) that open `model` here."""
@@ -239,6 +244,9 @@ class InstanceBook:
         self._serving_by_model: dict[str, list] = {}  # model -> [its list, `positions`]
         self._taken: list[tuple[float, str]] = []  # heap of (taken_at, name), stale entries too
         self._seen: list[tuple[float, str]] = []  # heap of (last_seen, name), the same
+        self.facts = LoggedDict()
+        """Every instance's `InstanceState.facts` by name: a ranking that skipped most
+        instances keeps its state (O(1)) for the explanation, not a copy of each one's."""
 
     def open_replicas(self, model: str) -> tuple[int, int]:
         """(k, queued tokens) of `model` over its open replicas on healthy instances."""
@@ -500,6 +508,8 @@ class InstanceBook:
     def check_integrity(self) -> None:
         for inst in self._ordered:
             inst.check_integrity()
+            if self.facts.live.get(inst.name) is not inst.facts:
+                raise AssertionError(f"facts of {inst.name} out of step with the book's")
             for call_id in inst.inflight:
                 if self._calls.get(call_id) is not inst:
                     raise AssertionError(f"call {call_id} not indexed to {inst.name}")
@@ -557,7 +567,7 @@ class InstanceBook:
             raise AssertionError("hot-pool index out of step with the snapshots")
 
     def _add(self, name: str) -> InstanceState:
-        inst = InstanceState(name)
+        inst = InstanceState(name, self.facts)
         inst.closed = name in self.closed
         self._by_name[name] = inst
         self._ordered = sorted(self._by_name.values(), key=lambda i: i.name)

@@ -15,6 +15,13 @@ from talariad.wire.messages import SessionChanges
 
 SNAPSHOT_PATH = "/pool/snapshot"
 
+STREAM_TYPE = "application/x-ndjson"
+"""The content type of `GET /pool/snapshot?stream=1`: the answers a run of held polls would get,
+as one response of frames, one a line: a `BoxSnapshot` (a JSON object: the box changed; its
+sessions as changes since the frame before) or the target's age (a JSON number: the snapshot last
+sent stands, as a `304`'s `AGE_HEADER` says). A box that does not stream (an older daemon, which
+ignores the parameter) answers as to a poll, `application/json` or `304`."""
+
 
 class BoxModel(BaseModel):
     """A model the box serves: its name, the exact aliases and glob patterns a client may send
@@ -112,7 +119,9 @@ class BoxSnapshot(BaseModel):
     """Names this snapshot's session view; pass it back as `?since=` to get only what changes
     (a target whose `sessions_base` is None was sent whole all the same)."""
     target: BoxTarget = Field(default_factory=BoxTarget)
-    models: list[BoxModel] = Field(default_factory=list)
+    models: list[BoxModel] | None = Field(default_factory=list)
+    """None only in a snapshot stream's frames after its first: the models of the frame before
+    (the box sends them when they change: a profile it refined, a config reload)."""
     max_connections: int | None = None
     """The box's `limits.max_connections`: connections it takes at once (None: an older box,
     the picker's `box_max_connections` then). The picker sends it fewer calls at once."""

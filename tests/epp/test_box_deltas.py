@@ -349,3 +349,49 @@ def test_a_held_poll_is_answered_when_the_box_changes_and_not_before():
     # nothing changes: the hold ends with the age
     again = asyncio.run(box.pool.answer_held(box.gw, got.sessions_epoch, got.etag, 0.01))
     assert isinstance(again, float)
+
+
+def test_a_stream_installed_frame_by_frame_holds_the_box_as_a_whole_view_does():
+    """A snapshot stream's frames (`PoolEndpoint.stream`), each installed as the poller does:
+    the view held is the box's whole one; models are sent once, then only as they change."""
+    box, picker = FakeDaemon(100, 100), BoxPicker(Router(RouterKnobs(), {}))
+    steps = [("i0", A, DEVICE, 3), ("i1", B, HOST, 2), ("i0", A, HOST, 5), ("i1", C, DEVICE, 1)]
+    for name in INSTANCES:  # an instance's first view replaces none: the next would be whole
+        box.telemetry(name, lost=False)
+
+    async def run() -> list:
+        frames, seen = box.pool.stream(box.gw, None, None, 0.01, 0.0), []
+        for step in [None, *steps, None]:  # the last: nothing changed, the target's age
+            if step is not None:
+                name, key, state, n = step
+                box.rows[name][key] = (state, n)
+                box.telemetry(name, lost=False)
+            line = await anext(frames)
+            assert line.endswith(b"\n")
+            if line[:1] == b"{":
+                frame = BoxSnapshot.model_validate_json(line)
+                assert picker.box_seen("box", "10.0.0.1:80", frame, 0.0)
+            else:
+                frame = float(line)
+                assert picker.box_same("box", frame, 0.0)
+            seen.append(frame)
+        await frames.aclose()
+        return seen
+
+    seen = asyncio.run(run())
+    assert [type(f) for f in seen] == [BoxSnapshot] * (len(steps) + 1) + [float]
+    assert seen[0].models == [] and all(f.models is None for f in seen[1:-1])
+    assert all(f.target.sessions_base is not None for f in seen[1:-1])  # as changes
+    fresh: dict = {}
+    box.snapshot(None).target.merge_into(fresh)
+    assert picker._held["box"].sessions == fresh and len(fresh) == 3
+    picker.router.check_integrity()
+
+
+def test_a_frame_with_the_models_before_and_none_held_asks_anew():
+    box = FakeDaemon(100, 100)
+    box.telemetry("i0", lost=False)
+    frame = box.snapshot(None).model_copy(update={"models": None})
+    picker = BoxPicker(Router(RouterKnobs(), {}))
+    assert not picker.box_seen("box", "10.0.0.1:80", frame, 0.0)
+    assert picker.since("box") is None and picker.healthy_boxes(0.0) == []

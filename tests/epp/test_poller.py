@@ -1,5 +1,7 @@
 """The poller against a real box (sim daemon): the box's snapshot reaches the picker's router
-as one placement target; a box that refuses the connection is lost at once."""
+as one placement target, polled or followed as a stream; a box that refuses the connection is
+lost at once, one whose stream falls silent once it is stale; a box that does not stream (an
+older daemon, faked) is polled."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from talariad.epp.boxpicker import BoxPicker
 from talariad.epp.contract import EPPRequest, Pick
 from talariad.epp.poller import BoxPoller
 from talariad.router import Router, RouterKnobs
+from talariad.wire.box import STREAM_TYPE, BoxModel, BoxSnapshot, BoxTarget
 from tests.support.daemon import start_daemon, stop_daemon
 
 TOKEN = "pool-secret-2"
@@ -156,3 +159,143 @@ def test_a_quiet_box_is_polled_the_cheap_way_and_stays_fresh(box):
             await poller.aclose()
 
     asyncio.run(run())
+
+
+async def _until(pred, what: str, timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+def test_the_poller_follows_a_box_stream(box):
+    """Running, the poller follows the box's stream: the box takes calls, its ages keep it fresh
+    while it is quiet, and a call's session comes as a change, with no poll asked."""
+    picker, live = _Seen(), box.endpoint.removeprefix("http://")
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+    async def run() -> None:
+        poller = BoxPoller(picker, TOKEN, hold_s=0.2)
+        poller.set_boxes({"live": live})
+        try:
+            await _until(lambda: picker.healthy_boxes(poller.clock()) == ["live"], "healthy")
+            await _until(lambda: picker.same >= 3, "the quiet box's ages")
+            assert picker.healthy_boxes(poller.clock()) == ["live"] and "live" in poller._streams
+            async with httpx.AsyncClient() as client:
+                r = await client.post(
+                    box.endpoint + "/v1/chat/completions", json=body, headers={"x-session-id": "f1"}
+                )
+                assert r.status_code == 200
+            held = lambda: picker._held["live"].sessions  # noqa: E731
+            await _until(lambda: any(k[0].split("~")[0] == "f1" for k in held()), "the session")
+            assert picker.snaps[-1].target.sessions_base is not None  # as a change
+            assert not poller._polled and "live" in poller._streams  # one stream all along
+        finally:
+            await poller.aclose()
+
+    asyncio.run(run())
+
+
+def _box_snapshot(version: int) -> bytes:
+    target = BoxTarget(healthy=True, allowed_models=["m"], basis=[("i0", version)])
+    return (
+        BoxSnapshot(version=version, target=target, models=[BoxModel(name="m")])
+        .model_dump_json()
+        .encode()
+    )
+
+
+class _FakeBox:
+    """A box on a loopback port: `old` answers every GET as a poll (an older daemon, which
+    ignores `?stream=1`), `denied` refuses the token, else it streams one snapshot and then
+    falls silent (a stopped box)."""
+
+    def __init__(self, old: bool, denied: bool = False) -> None:
+        self.old, self.denied, self.requests = old, denied, []
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                self.requests.append((await reader.readuntil(b"\r\n\r\n")).decode())
+                body = _box_snapshot(len(self.requests))
+                if self.denied:
+                    writer.write(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n")
+                elif self.old:
+                    head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    writer.write(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
+                else:
+                    head = f"HTTP/1.1 200 OK\r\ncontent-type: {STREAM_TYPE}\r\n"
+                    frame = body + b"\n"
+                    writer.write(
+                        f"{head}transfer-encoding: chunked\r\n\r\n{len(frame):x}\r\n".encode()
+                        + frame
+                        + b"\r\n"
+                    )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+
+def test_a_box_that_does_not_stream_is_polled():
+    picker = _Seen()
+
+    async def run(fake: _FakeBox) -> None:
+        async with fake as endpoint:
+            poller = BoxPoller(picker, TOKEN, hold_s=0.2)
+            poller.set_boxes({"old": endpoint})
+            try:
+                await _until(lambda: len(picker.snaps) >= 3, "polls answered")
+                assert poller._polled == {"old"} and not poller._streams
+                assert picker.healthy_boxes(poller.clock()) == ["old"]
+            finally:
+                await poller.aclose()
+
+    fake = _FakeBox(old=True)
+    asyncio.run(run(fake))
+    assert "stream=1" in fake.requests[0] and "stream=1" not in fake.requests[-1]
+
+
+def test_a_box_whose_stream_falls_silent_is_lost():
+    """A stopped box's connection stays open: its silence past `stale_after_s` loses it."""
+    picker = _Seen()
+
+    async def run() -> None:
+        async with _FakeBox(old=False) as endpoint:
+            poller = BoxPoller(picker, TOKEN, stale_after_s=0.6, hold_s=0.2)
+            poller.set_boxes({"quiet": endpoint})
+            try:
+                await _until(lambda: picker.snaps, "the first frame")
+                assert picker.healthy_boxes(poller.clock()) == ["quiet"]
+                now = poller.clock
+                lost = lambda: not any(s.healthy for s in picker.router.instances(now()))  # noqa: E731
+                await _until(lost, "lost")
+            finally:
+                await poller.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_box_that_refuses_the_token_is_asked_again_and_never_taken():
+    picker = _Seen()
+
+    async def run(fake: _FakeBox) -> None:
+        async with fake as endpoint:
+            poller = BoxPoller(picker, TOKEN, hold_s=0.2)
+            poller.set_boxes({"denied": endpoint})
+            try:
+                await _until(lambda: len(fake.requests) >= 4, "asked again")
+                assert not picker.snaps and picker.healthy_boxes(poller.clock()) == []
+            finally:
+                await poller.aclose()
+
+    fake = _FakeBox(old=False, denied=True)
+    asyncio.run(run(fake))
+    assert any("stream=1" in r for r in fake.requests)

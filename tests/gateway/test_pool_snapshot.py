@@ -1,17 +1,19 @@
 """`GET /pool/snapshot` on a real daemon (sim executor): the token guards it, the body is a
 `BoxSnapshot`: the box as one placement target over every instance, and every model's profile;
-`?since=` a token gets only the session entries that changed since."""
+`?since=` a token gets only the session entries that changed since; `?stream=1` the answers of
+held polls as frames of one response, ended when the daemon drains."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import httpx
 import pytest
 
 from talariad.admin.client import AdminClient
-from talariad.wire.box import AGE_HEADER, SNAPSHOT_PATH, BoxSnapshot
+from talariad.wire.box import AGE_HEADER, SNAPSHOT_PATH, STREAM_TYPE, BoxSnapshot
 from tests.support.daemon import start_daemon, stop_daemon
 
 TOKEN = "pool-secret-1"
@@ -272,3 +274,92 @@ def test_a_held_poll_is_answered_as_soon_as_the_box_changes(box):
 
     changed = asyncio.run(run())
     assert changed.target.sessions_base is not None and changed.etag != held.etag
+
+
+# --- snapshot streams (`?stream=1`) ---------------------------------------------------------
+def _stream_params(held: BoxSnapshot | None = None) -> dict:
+    """A stream from the snapshot `held` (None: from nothing), ages every 0.2 s."""
+    params: dict = {"stream": "1", "wait": 0.2, "gap": 0.05}
+    headers = dict(AUTH)
+    if held is not None:
+        params["since"] = held.sessions_epoch
+        headers["if-none-match"] = held.etag or ""
+    return {"headers": headers, "params": params}
+
+
+async def _frames(response: httpx.Response):
+    """Each frame of a stream: a `BoxSnapshot`, or the target's age (a float)."""
+    async for line in response.aiter_lines():
+        if line:
+            yield BoxSnapshot.model_validate_json(line) if line[0] == "{" else float(line)
+
+
+def test_a_stream_sends_the_snapshot_its_age_while_quiet_and_then_its_changes(box):
+    """Each frame is what the held poll from the frame before would be answered: the whole
+    snapshot first, ages while the box says the same, then a change as sessions since."""
+    _quiet(box)
+
+    async def run() -> tuple[BoxSnapshot, BoxSnapshot, int]:
+        async with httpx.AsyncClient(base_url=box.endpoint, timeout=10) as client:
+            async with client.stream("GET", SNAPSHOT_PATH, **_stream_params()) as r:
+                assert r.status_code == 200 and r.headers["content-type"] == STREAM_TYPE
+                frames, ages = _frames(r), 0
+                first = held = await anext(frames)
+                assert isinstance(first, BoxSnapshot) and first.target.sessions_base is None
+                assert first.models  # the first frame names them; later ones as they change
+                while ages < 2:  # the box is quiet: its age, every `wait`
+                    frame = await anext(frames)
+                    if isinstance(frame, float):
+                        assert 0 <= frame < 2.0
+                        ages += 1
+                    else:
+                        held, ages = frame, 0
+                called = asyncio.create_task(asyncio.to_thread(_call, box, "stream-a"))
+                deadline = time.monotonic() + 20
+                while not (isinstance(frame, BoxSnapshot) and "stream-a" in _ids(frame)):
+                    assert time.monotonic() < deadline
+                    if isinstance(frame, BoxSnapshot):
+                        held = frame
+                    frame = await anext(frames)
+                await called
+                assert frame.target.sessions_base == held.sessions_epoch
+                return first, frame, ages
+
+    first, changed, ages = asyncio.run(run())
+    assert changed.etag != first.etag and changed.version > first.version and ages == 2
+
+
+def test_a_stream_from_the_snapshot_held_begins_with_its_age(box):
+    held = _quiet(box)
+
+    async def run() -> float | BoxSnapshot:
+        async with httpx.AsyncClient(base_url=box.endpoint, timeout=10) as client:
+            async with client.stream("GET", SNAPSHOT_PATH, **_stream_params(held)) as r:
+                return await anext(_frames(r))
+
+    first = asyncio.run(run())
+    # the box may have changed since `_quiet` (a telemetry reply that says otherwise): then
+    # its first frame is the change to the view held, not the view whole
+    assert isinstance(first, float) or first.target.sessions_base == held.sessions_epoch
+
+
+def test_a_draining_box_ends_its_streams(tmp_path):
+    """A stream would hold the daemon's drain to its grace (30 s here): the drain ends it."""
+    (tmp_path / "pool.token").write_text(TOKEN)
+    d = start_daemon(tmp_path, {"pool": {"token_file": "pool.token"}}, executor="sim")
+
+    async def run() -> int:
+        async with httpx.AsyncClient(base_url=d.endpoint, timeout=20) as client:
+            async with client.stream("GET", SNAPSHOT_PATH, **_stream_params()) as r:
+                frames = 0
+                async for _ in _frames(r):
+                    frames += 1
+                    if frames == 1:
+                        d.proc.send_signal(signal.SIGTERM)
+                return frames
+
+    try:
+        assert asyncio.run(run()) >= 1  # the stream ended (not read timed out)
+        assert d.proc.wait(15) == 0
+    finally:
+        stop_daemon(d)

@@ -559,36 +559,16 @@ def test_an_explanation_read_later_shows_its_placement_after_many_changes():
     assert tuple(both.fast.explain("c1").candidates) == tuple(want.candidates)
 
 
-def test_a_candidate_set_smaller_than_the_pool_scores_the_least_loaded_only():
-    """Past `cost_candidates` plain instances (no session KV, no overlay) the ranking stops,
-    lowest bound first, and still places on the cheapest it scored."""
-    kn = {"cost_candidates": 2, "staleness_s": 1.5}
+def _loaded_pair(
+    kn: dict, hbm_free: list[int], queued: int = 0, running: int = 0
+) -> tuple[Router, Router]:
+    """`_pair` over NAMES, instance i's round `0.1 * (i + 1)` s long, its free HBM `hbm_free[i]`,
+    `queued * (i + 1)` tokens queued and `running` calls running for each model."""
     fast, ref = _pair(kn)
     for i, name in enumerate(NAMES):
-        for r in (fast, ref):
-            snap = InstanceSnapshot(
-                name,
-                1,
-                0.0,
-                Pool.HOT,
-                True,
-                frozenset(MODELS),
-                {m: ModelResidency(ModelState.ACTIVE) for m in MODELS},
-                {},
-                round_load_s=0.1 * (i + 1),
-                hbm_free_bytes=1 << 40,
-            )
-            r.observe(snap, 0.0)
-    call = CallRequest("c1", "s1", MODELS[0], 1000, 0, 10)
-    got, want = fast.place(call, 0.1), ref.place(call, 0.1)
-    assert got.instance == want.instance == NAMES[0]  # the least loaded is the optimum here
-    assert len(weighed(got.candidates)) == 2 < len(NAMES)
-
-
-def _loaded_pair(kn: dict, hbm_free: list[int]) -> tuple[Router, Router]:
-    """`_pair` over NAMES, instance i's round `0.1 * (i + 1)` s long, its free HBM `hbm_free[i]`."""
-    fast, ref = _pair(kn)
-    for i, name in enumerate(NAMES):
+        res = ModelResidency(
+            ModelState.ACTIVE, queued_tokens=queued * (i + 1), running_calls=running
+        )
         snap = InstanceSnapshot(
             name,
             1,
@@ -596,7 +576,7 @@ def _loaded_pair(kn: dict, hbm_free: list[int]) -> tuple[Router, Router]:
             Pool.HOT,
             True,
             frozenset(MODELS),
-            {m: ModelResidency(ModelState.ACTIVE) for m in MODELS},
+            dict.fromkeys(MODELS, res),
             {},
             round_load_s=0.1 * (i + 1),
             hbm_free_bytes=hbm_free[i],
@@ -604,6 +584,18 @@ def _loaded_pair(kn: dict, hbm_free: list[int]) -> tuple[Router, Router]:
         for r in (fast, ref):
             r.observe(snap, 0.0)
     return fast, ref
+
+
+def test_a_candidate_set_smaller_than_the_pool_scores_the_least_loaded_only():
+    """Past `cost_candidates` plain instances (no session KV, no overlay) the ranking stops,
+    lowest bound first, and still places on the cheapest it scored. (Every instance decodes
+    alike: a cost the bound leaves out, so the bound alone cannot stop it.)"""
+    kn = {"cost_candidates": 2, "staleness_s": 1.5}
+    fast, ref = _loaded_pair(kn, [1 << 40] * len(NAMES), queued=10, running=5)
+    call = CallRequest("c1", "s1", MODELS[0], 1000, 0, 10)
+    got, want = fast.place(call, 0.1), ref.place(call, 0.1)
+    assert got.instance == want.instance == NAMES[0]  # the least loaded is the optimum here
+    assert len(weighed(got.candidates)) == 2 < len(NAMES)
 
 
 def test_a_prompt_no_round_takes_scores_the_candidate_set_not_every_instance():
@@ -627,3 +619,25 @@ def test_past_the_candidate_set_an_instance_that_may_take_the_call_is_still_scor
     got, want = fast.place(call, 0.1), ref.place(call, 0.1)
     assert got.instance == want.instance == NAMES[-1]
     assert len(weighed(got.candidates)) == 3  # the two of the set, and the one not ruled out
+
+
+def test_a_candidate_set_counts_the_leases_its_placements_left():
+    """Idle instances bound alike; each new session's lease loads its instance, so with a
+    candidate set of two the next ones go where the reference (every instance scored) sends
+    them, over every instance, not to the same two by name."""
+    fast, ref = _loaded_pair({"cost_candidates": 2, "staleness_s": 1.5}, [1 << 40] * len(NAMES))
+    placed = []
+    now = 0.1
+    for n in range(len(NAMES)):
+        call = CallRequest(f"c{n}", f"s{n}", MODELS[0], 1000, 0, 10)
+        got, want = fast.place(call, now), ref.place(call, now)
+        assert got.instance == want.instance
+        for r in (fast, ref):
+            assert r.completed(f"c{n}", got.instance, KVState.DEVICE, 1000, now + 0.01)
+        placed.append(got.instance)
+        now += 0.02
+        fast.check_integrity()
+    assert sorted(placed) == sorted(NAMES)
+    # an idle instance's bound is its cost: the first weighed is the best, and one that can at
+    # best tie it is not weighed (the reference would break the tie by name: the same one)
+    assert len(weighed(fast.explain("c0").candidates)) == 1  # every instance tied then

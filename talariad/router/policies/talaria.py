@@ -96,7 +96,8 @@ class TalariaPolicy(Policy):
         best, cands, spill = ranking.best, ranking.candidates, ranking.cheapest
         prefix = f"{note}; " if note else ""
         why = "min cost"
-        if best is not None and self._cheaper_to_wait(best, cands):
+        considered = self._considered(cands, len(insts))
+        if best is not None and self._cheaper_to_wait(best, considered):
             best, prefix = None, prefix + "an in-rotation replica within a round bound costs less; "
         if best is None:
             # the replicas in rotation are over their admission budget: the load no longer
@@ -105,7 +106,7 @@ class TalariaPolicy(Policy):
             why = "in-rotation replicas infeasible"
         if best is None and self._waits_where_served():
             best = min(
-                (c for c in self._considered(cands) if c.reason in _QUEUES and not c.needs_replica),
+                (c for c in considered if c.reason in _QUEUES and not c.needs_replica),
                 key=_total,
                 default=None,
             )
@@ -130,11 +131,14 @@ class TalariaPolicy(Policy):
         and the leased returns (which skip the round check) keep the round over budget."""
         return self.knobs.overload == "queue"
 
-    def _considered(self, cands: Sequence[CandidateCost]) -> Sequence[CandidateCost]:
-        """The candidates a placement chooses among: with a candidate set
-        (`RouterKnobs.cost_candidates`) the ones the ranking scored, since reading the others
-        scores every instance (a prompt too long for any round: a thousand boxes); all else."""
-        return cands if self.knobs.cost_candidates is None else weighed(cands)
+    def _considered(self, cands: Sequence[CandidateCost], eligible: int) -> Sequence[CandidateCost]:
+        """The candidates a placement chooses among: with a candidate set smaller than the
+        `eligible` instances (`RouterKnobs.cost_candidates`) the ones the ranking scored, since
+        reading the others scores every instance (a prompt too long for any round: a thousand
+        boxes); else all, as the reference reads them (a skipped one may still be the cheapest
+        to queue at)."""
+        k = self.knobs.cost_candidates
+        return weighed(cands) if k is not None and eligible > k else cands
 
     def _cheaper_to_wait(self, best: CandidateCost, cands: Sequence[CandidateCost]) -> bool:
         """`best`'s price beyond Eq. (1) (a replica open, the delay it imposes on other models'
@@ -144,8 +148,7 @@ class TalariaPolicy(Policy):
         bound = self.knobs.round_budget_s
         if best.replica_s + best.contention_s <= bound:
             return False  # cheap: skip reading (rendering) the other candidates
-        considered = self._considered(cands)
-        waits = (c.rank_s for c in considered if c.reason == "round" and not c.needs_replica)
+        waits = (c.rank_s for c in cands if c.reason == "round" and not c.needs_replica)
         wait = min(waits, default=None)
         return wait is not None and wait + bound < best.rank_s
 

@@ -1,10 +1,15 @@
 """Per model, the instances in ascending order of a call-independent lower bound of Eq. (1).
 
-An instance's bound for a model (`lower_bound`) reads only its cost row, so it changes only when
-its snapshot, the profiles or the knobs do. `ranking.rank` walks this order rather than bound and
-sort every instance per call: `Router.observe` moves the observed instance in place (`update`,
-off the placement path); any other change to the instance book (remove, close, reopen, an
-install nothing primed), the profiles or the knobs makes the next read rebuild the order.
+An instance's bound for a model (`lower_bound`) reads its cost row and the admission its live
+leases hold for the model, so it changes when its snapshot, its leases, the profiles or the knobs
+do. `ranking.rank` walks this order rather than bound and sort every instance per call:
+`Router.observe` moves the observed instance in place (`update`, off the placement path), and
+so does a change of its lease charges (`recharge`); any other change to the instance book
+(remove, close, reopen, an install nothing primed), the profiles or the knobs makes the next
+read rebuild the order. Why leases count: with a candidate set (`RouterKnobs.cost_candidates`)
+the order decides which instances are weighed at all, and idle instances bound alike; without
+the leases' charge the same few by name would take every new session while their leases load
+them.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ from talariad.router.telemetry import InstanceBook, InstanceState
 Entry = tuple[float, str]  # (bound, instance name): unique, so the order never compares more
 
 
-def lower_bound(row: tuple, prefill_s_per_token: float, residency_terms: bool) -> float:
-    """Queue without lease charges, plus activation (row: `cost.cost_row`); a NaN bound reads
-    as -inf, so that instance is always scored."""
+def lower_bound(
+    row: tuple, prefill_s_per_token: float, residency_terms: bool, leased_s: float = 0.0
+) -> float:
+    """Queue (with the model's lease charges there, `leased_s`) plus activation (row:
+    `cost.cost_row`); a NaN bound reads as -inf, so that instance is always scored."""
     activation = row[ACTIVATION] if residency_terms else 0.0
-    bound = row[RISK] * (row[SLOT_WAIT] + prefill_s_per_token * row[QUEUED]) + activation
+    bound = row[RISK] * (row[SLOT_WAIT] + prefill_s_per_token * row[QUEUED] + leased_s)
+    bound += activation
     return bound if bound == bound else -math.inf
 
 
@@ -39,13 +47,14 @@ class BoundOrder:
         self.named: dict[str, tuple[InstanceState, Entry]] = {}
         self.insts: set[InstanceState] = set()  # those in `named`
 
-    def put(self, inst: InstanceState, row: tuple) -> None:
+    def put(self, inst: InstanceState, row: tuple, leased_s: float) -> None:
         self.drop(inst.name)
-        insort(self.entries, self._add(inst, row))
+        insort(self.entries, self._add(inst, row, leased_s))
 
-    def _add(self, inst: InstanceState, row: tuple) -> Entry:
-        """Name `inst` with its bound from `row`; its entry, for the caller to place."""
-        entry = (lower_bound(row, self.key[1], self.key[2]), inst.name)
+    def _add(self, inst: InstanceState, row: tuple, leased_s: float) -> Entry:
+        """Name `inst` with its bound from `row` and its leases' charge; its entry, for the
+        caller to place."""
+        entry = (lower_bound(row, self.key[1], self.key[2], leased_s), inst.name)
         self.named[inst.name] = (inst, entry)
         self.insts.add(inst)
         return entry
@@ -57,11 +66,15 @@ class BoundOrder:
             self.insts.discard(held[0])
 
 
+Leased = Callable[[str, str], float]  # (instance, model) -> its live leases' charge, seconds
+
+
 class BoundIndex:
     """The `BoundOrder` of every model a placement has asked for."""
 
-    def __init__(self) -> None:
+    def __init__(self, leased: Leased) -> None:
         self._orders: dict[str, BoundOrder] = {}
+        self._leased = leased
 
     def get(
         self, model: str, key: tuple, every: InstanceBook, row: Callable[[InstanceState], tuple]
@@ -71,8 +84,9 @@ class BoundIndex:
         order = self._orders.get(model)
         if order is None or order.key != key or order.synced != every.generation:
             order = self._orders[model] = BoundOrder(key, every.generation)
+            leased = self._leased
             order.entries = sorted(
-                order._add(inst, row(inst))
+                order._add(inst, row(inst), leased(inst.name, model))
                 for inst in every.all()
                 if inst.snapshot is not None and model in inst.allowed
             )
@@ -86,10 +100,18 @@ class BoundIndex:
             if order.synced != every.generation - 1 or order.key != keys.get(model):
                 continue  # rebuilt when next read
             if inst.snapshot is not None and model in inst.allowed:
-                order.put(inst, inst.rows[model])
+                order.put(inst, inst.rows[model], self._leased(inst.name, model))
             else:
                 order.drop(inst.name)
             order.synced = every.generation
+
+    def recharge(self, name: str, model: str, row: Callable[[InstanceState], tuple]) -> None:
+        """The live leases' charge of `model` on `name` changed: move it in the model's order
+        (an order out of step is rebuilt when next read, so moving it there is harmless)."""
+        order = self._orders.get(model)
+        held = order.named.get(name) if order is not None else None
+        if held is not None:
+            order.put(held[0], row(held[0]), self._leased(name, model))  # type: ignore[union-attr]
 
     def models(self):
         return self._orders.keys()
@@ -103,6 +125,6 @@ class BoundIndex:
             want = BoundOrder(order.key, order.synced)
             for inst in every.all():
                 if inst.snapshot is not None and model in inst.allowed:
-                    want.put(inst, row(inst, model))
+                    want.put(inst, row(inst, model), self._leased(inst.name, model))
             if (order.entries, order.named, order.insts) != (want.entries, want.named, want.insts):
                 raise AssertionError(f"bound order of {model} out of step with the cost rows")

@@ -54,7 +54,8 @@ class CostModel:
         # work forwarded per (instance, model) and per model over the retirement window
         self.placed = PlacedWork(knobs.retire_window_s)
         self._keep: dict[tuple[str, str], tuple] = {}  # `keep_cost_on`'s cache
-        self._bounds = BoundIndex()
+        self._bounds = BoundIndex(leases.charge)
+        leases.on_charge = self._recharged
 
     def plan(self, call: CallRequest, now: float | None = None) -> CallPlan:
         prof, suffix = self.profiles.get(call.model), call.prompt_tokens - call.prefix_tokens
@@ -230,6 +231,11 @@ class CostModel:
         return self._bounds.get(
             model, self._bound_key(model), every, lambda inst: self.row(inst, model, prof)
         )
+
+    def _recharged(self, instance: str, model: str) -> None:
+        """A lease was taken or released on `instance`: its bound for `model` moves."""
+        prof = self.profiles.get(model)
+        self._bounds.recharge(instance, model, lambda inst: self.row(inst, model, prof))
 
     def _bound_key(self, model: str) -> tuple:
         prof = self.profiles.get(model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from talariad.router.cost import (
     ACTIVATION,
@@ -31,6 +32,20 @@ from talariad.types import KVState, Pool
 _RESIDENT = ModelState.RESIDENT.value  # as a cost row holds it
 
 
+class SkippedFacts(NamedTuple):
+    """A ranking's entries where it scored few: its instances in order, the state of the book's
+    facts (`InstanceBook.facts.frozen()`) the skipped ones render from, and the scored
+    candidates by their place in `insts`."""
+
+    insts: list
+    facts: tuple
+    scored: dict[int, CandidateCost]
+
+    def entries(self) -> list:
+        facts, scored = thaw(self.facts), self.scored
+        return [scored.get(i) or facts[inst.name] for i, inst in enumerate(self.insts)]
+
+
 class LazyCandidates(Sequence):
     """The per-candidate breakdown of one placement, scored from captured inputs when first read."""
 
@@ -41,7 +56,7 @@ class LazyCandidates(Sequence):
         self,
         cost: CostModel,
         plan: CallPlan,
-        entries: list,
+        entries: list | SkippedFacts,
         leases: tuple,
         counts: tuple,
         kept: tuple | None,
@@ -51,14 +66,14 @@ class LazyCandidates(Sequence):
         scored: tuple[CandidateCost, ...] | None = None,
     ) -> None:
         """entries: per instance its candidate, or where it was skipped its
-        `InstanceState.facts`; leases, counts, kept, busy: the states (`logged.thaw`) of the
-        lease charges and counts and the (instance, model) and (instance, None) work sums
-        (`LeaseBook.held`, `PlacedWork.held_kept`, `held_busy`; the sums None without a
-        placement time); model_work: the model's placed work where the
-        retirement rule applies, else None; gain: Eq. (2)'s gain, or the facts it is worked
-        out from (`CostModel.gain_facts`), None where no skipped candidate needs a replica;
-        scored: the candidates among `entries` in their order, where the ranking kept them
-        (None: `scored` reads the entries)."""
+        `InstanceState.facts` (or the scored ones and the book's facts, `SkippedFacts`);
+        leases, counts, kept, busy: the states (`logged.thaw`) of the lease charges and counts
+        and the (instance, model) and (instance, None) work sums (`LeaseBook.held`,
+        `PlacedWork.held_kept`, `held_busy`; the sums None without a placement time);
+        model_work: the model's placed work where the retirement rule applies, else None;
+        gain: Eq. (2)'s gain, or the facts it is worked out from (`CostModel.gain_facts`), None
+        where no skipped candidate needs a replica; scored: the candidates among `entries` in
+        their order, where the ranking kept them (None: `scored` reads the entries)."""
         self._cost, self._plan, self._entries = cost, plan, entries
         self._leases, self._counts, self._kept, self._busy = leases, counts, kept, busy
         self._model_work, self._gain, self._scored = model_work, gain, scored
@@ -72,9 +87,10 @@ class LazyCandidates(Sequence):
             if type(self._gain) is GainFacts:
                 window = self._cost.knobs.control_window_s
                 self._gain = gain_of(self._plan, self._gain, self._busy, window)
-            self._rendered = tuple(
-                self._render(e) if type(e) is tuple else e for e in self._entries
-            )
+            entries = self._entries
+            if type(entries) is SkippedFacts:
+                entries = entries.entries()
+            self._rendered = tuple(self._render(e) if type(e) is tuple else e for e in entries)
             self._entries, self._leases, self._counts, self._scored = [], {}, {}, None
             self._kept = self._busy = None
         return self._rendered
@@ -144,10 +160,13 @@ class LazyCandidates(Sequence):
             return list(self._rendered)
         if self._scored is not None:
             return list(self._scored)  # no scan of every instance's entry
-        return [e for e in self._entries if type(e) is not tuple]
+        return [e for e in self._entries if type(e) is not tuple]  # type: ignore[union-attr]
 
     def __len__(self) -> int:
-        return len(self._entries) if self._rendered is None else len(self._rendered)
+        if self._rendered is not None:
+            return len(self._rendered)
+        entries = self._entries
+        return len(entries.insts if type(entries) is SkippedFacts else entries)  # type: ignore[union-attr]
 
     def __iter__(self):
         return iter(self._all())
