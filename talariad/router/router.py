@@ -33,6 +33,8 @@ DECISION_LOG = 4096  # decisions kept for `explain()`
 FREE_DECISIONS = 64
 """Decisions the log dropped freed per `observe` or `expire`, at most: after a burst the 4,096
 waiting were freed in one box install (32 ms at 1,000 boxes, cold memory)."""
+BUSY_TRIM_STEP = 64
+"""Windows of placed work a telemetry event trims, at most (`Router._between`)."""
 PLACE_EXPIRY_STEP = 32
 """Expired leases a placement drops before deciding, at most: a burst of sessions opened together
 expires together, and one call must not pay for all of them (`expire` drops the rest in steps;
@@ -76,7 +78,7 @@ class Router:
     # --- telemetry ---------------------------------------------------------------------------
     def observe(self, snapshot: InstanceSnapshot, now: float) -> bool:
         """Install a snapshot; False if an equal or newer version is already installed."""
-        del self._dropped[:FREE_DECISIONS]
+        self._between(now)
         if not self._instances.observe(snapshot, now):
             return False
         inst = self._instances.get(snapshot.instance)
@@ -85,7 +87,16 @@ class Router:
 
     def heartbeat(self, instance: str, now: float, healthy: bool = True) -> bool:
         """A heartbeat carrying the instance's health-check result; False if unknown."""
+        self._between(now)
         return self._instances.heartbeat(instance, now, healthy)
+
+    def _between(self, now: float) -> None:
+        """Work a telemetry event does for the placements that follow: free a step of the
+        decisions the log dropped, and trim a step of the placed work that left its windows
+        (`PlacedWork.advance`: exact whenever done, and a burst's windows all leave together;
+        a placement that trimmed them all took 25-50 ms at 1,000 boxes)."""
+        del self._dropped[:FREE_DECISIONS]
+        self._cost.placed.advance(now, BUSY_TRIM_STEP)
 
     def remove_instance(self, instance: str, now: float) -> list[Lease]:
         """Forget an instance (supervisor removed it); its leases go, its calls leave flight."""

@@ -641,3 +641,37 @@ def test_a_candidate_set_counts_the_leases_its_placements_left():
     # an idle instance's bound is its cost: the first weighed is the best, and one that can at
     # best tie it is not weighed (the reference would break the tie by name: the same one)
     assert len(weighed(fast.explain("c0").candidates)) == 1  # every instance tied then
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["record", "tick", "step", "read"]),
+            st.sampled_from(NAMES[:3]),
+            st.sampled_from([0.1, 0.5, 1.0, 2.5]),
+            st.sampled_from([0.0, 0.5, 4.0]),
+        ),
+        max_size=60,
+    )
+)
+def test_trimming_in_steps_changes_no_sum_a_later_read_gives(evs):
+    """`PlacedWork.advance` in steps (a telemetry event's, `Router._between`) leaves every sum a
+    later read or full advance gives as it would be without them (the clock moving forward)."""
+    from talariad.router.search.placed import PlacedWork
+
+    stepped, plain, now = PlacedWork(3.0), PlacedWork(3.0), 0.0
+    for kind, inst, x, runs in evs:
+        key = (inst, None)
+        if kind == "tick":
+            now += x
+        elif kind == "step":
+            stepped.advance(now, 1)
+        elif kind == "record":
+            for p in (stepped, plain):
+                p.record(key, now, x, now + runs)
+        else:
+            assert stepped.work_s(key, now) == pytest.approx(plain.work_s(key, now), abs=1e-9)
+    for p in (stepped, plain):
+        p.advance(now)
+    assert stepped.busy == pytest.approx(plain.busy, abs=1e-9)
