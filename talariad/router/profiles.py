@@ -82,8 +82,13 @@ def switch_estimate(prof: LatencyProfile, staged_fraction: float) -> float:
 BUCKETS_PER_WINDOW = 8192
 """A window's events are kept by bucket of their ends, `window / BUCKETS_PER_WINDOW` wide."""
 FREE_STEP = 512
-"""Events of buckets that left their windows freed per `DemandTracker.record`, at most: freeing
-a burst's events where they left took a read 5-8 ms (cold memory, not the trim's steps)."""
+"""Events of buckets that left their windows freed per step (`DemandTracker.free`, a telemetry
+event's work), at most: freeing a burst's events where they left took a read 5-8 ms (cold
+memory, not the trim's steps), and a step in every placement set the picks' p99 (2,048 events
+a pick: its four records)."""
+DROPPED_BACKLOG = 1024
+"""Buckets that left their windows kept for `free` before a `record` frees a step itself (no
+telemetry event freed them: a router placing with none)."""
 
 
 class _Window:
@@ -139,6 +144,11 @@ class DemandTracker:
         heapq.heappush(bucket[1], (end, work_s))
         self._sums[model] += work_s
         self._trim(model, now)
+        if len(self._dropped) > DROPPED_BACKLOG:
+            self._free(FREE_STEP)
+
+    def free(self) -> None:
+        """Free a step of the events that left their windows (off the placements)."""
         if self._dropped:
             self._free(FREE_STEP)
 

@@ -92,11 +92,14 @@ class Router:
 
     def _between(self, now: float) -> None:
         """Work a telemetry event does for the placements that follow: free a step of the
-        decisions the log dropped, and trim a step of the placed work that left its windows
-        (`PlacedWork.advance`: exact whenever done, and a burst's windows all leave together;
-        a placement that trimmed them all took 25-50 ms at 1,000 boxes)."""
+        decisions the log dropped and of the window events that left (`DemandTracker.free`),
+        and trim a step of the placed work that left its windows (`PlacedWork.advance`: exact
+        whenever done, and a burst's windows all leave together; a placement that trimmed them
+        all took 25-50 ms at 1,000 boxes)."""
         del self._dropped[:FREE_DECISIONS]
         self._cost.placed.advance(now, BUSY_TRIM_STEP)
+        self._demand.free()
+        self._cost.placed.free()
 
     def remove_instance(self, instance: str, now: float) -> list[Lease]:
         """Forget an instance (supervisor removed it); its leases go, its calls leave flight."""
