@@ -10,22 +10,16 @@ import socket
 import pytest
 
 from talariad.epp.boxconn import BoxConnection, BoxUnreachable
+from tests.support.loopback import LoopbackServer
 
 
-class Scripted:
+class Scripted(LoopbackServer):
     """A server answering each request with the next of `replies` (bytes, b"": nothing; None:
     close the connection without answering), counting its connections and keeping the
     requests."""
 
     def __init__(self, replies: list[bytes | None]) -> None:
         self.replies, self.connections, self.requests = list(replies), 0, []
-
-    async def __aenter__(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def __aexit__(self, *exc) -> None:
-        self.server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

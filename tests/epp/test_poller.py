@@ -18,6 +18,7 @@ from talariad.epp.poller import BoxPoller
 from talariad.router import Router, RouterKnobs
 from talariad.wire.box import STREAM_TYPE, BoxModel, BoxSnapshot, BoxTarget
 from tests.support.daemon import start_daemon, stop_daemon
+from tests.support.loopback import LoopbackServer
 
 TOKEN = "pool-secret-2"
 
@@ -205,20 +206,13 @@ def _box_snapshot(version: int) -> bytes:
     )
 
 
-class _FakeBox:
+class _FakeBox(LoopbackServer):
     """A box on a loopback port: `old` answers every GET as a poll (an older daemon, which
     ignores `?stream=1`), `denied` refuses the token, else it streams one snapshot and then
     falls silent (a stopped box)."""
 
     def __init__(self, old: bool, denied: bool = False) -> None:
         self.old, self.denied, self.requests = old, denied, []
-
-    async def __aenter__(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def __aexit__(self, *exc) -> None:
-        self.server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

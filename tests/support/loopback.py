@@ -1,0 +1,20 @@
+"""A fake box on a loopback port (`async with` gives its "host:port"): the poller's tests script
+its replies in `_serve`."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class LoopbackServer:
+    """An asyncio server on 127.0.0.1, a free port, serving each connection with `_serve`."""
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
