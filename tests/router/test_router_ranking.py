@@ -19,6 +19,7 @@ from talariad.router import (
     RouterKnobs,
 )
 from talariad.router.cost import rank_all  # the reference
+from talariad.router.search import ranking
 from talariad.router.search.lazy import LazyCandidates, weighed
 from talariad.types import KVState, LatencyProfile, Pool, SwitchPath
 from tests.router.router_factories import MODEL
@@ -608,6 +609,40 @@ def test_a_prompt_no_round_takes_scores_the_candidate_set_not_every_instance():
     assert got.kind == want.kind and got.instance == want.instance
     assert not any(c.feasible for c in want.candidates)
     assert len(weighed(got.candidates)) == 2 < len(NAMES)
+
+
+def test_a_prompt_no_round_takes_tests_only_the_instances_whose_round_may_be_empty(monkeypatch):
+    """Past the candidate set a prompt longer than any round's budget cannot go where a round
+    has work: the walk tests only the instances with an empty round (not every instance, each
+    ruled out by its round), and the idle one takes the call, as in the reference."""
+    fast, ref = _loaded_pair({"cost_candidates": 2, "staleness_s": 1.5}, [1 << 40] * len(NAMES))
+    idle = InstanceSnapshot(
+        NAMES[-2],
+        2,
+        0.0,
+        Pool.HOT,
+        True,
+        frozenset(MODELS),
+        dict.fromkeys(MODELS, ModelResidency(ModelState.ACTIVE, queued_tokens=90_000)),
+        {},
+        round_load_s=0.0,
+        hbm_free_bytes=1 << 40,
+    )
+    for r in (fast, ref):
+        r.observe(idle, 0.0)
+    tested: list[str] = []
+    test = ranking._Search.infeasible_test
+
+    def counted(search):
+        infeasible = test(search)
+        return lambda inst: tested.append(inst.name) or infeasible(inst)
+
+    monkeypatch.setattr(ranking._Search, "infeasible_test", counted)
+    call = CallRequest("c1", "s1", MODELS[0], 5_000_000, 0, 10)
+    got, want = fast.place(call, 0.1), ref.place(call, 0.1)
+    assert got.kind == want.kind and got.instance == want.instance == NAMES[-2]
+    assert tested == [NAMES[-2]]  # last by its bound; the busy ones are not tested
+    assert tuple(got.candidates) == tuple(want.candidates)
 
 
 def test_past_the_candidate_set_an_instance_that_may_take_the_call_is_still_scored():

@@ -18,7 +18,7 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Callable
 
-from talariad.router.cost import ACTIVATION, QUEUED, RISK, SLOT_WAIT
+from talariad.router.cost import ACTIVATION, QUEUED, RISK, ROUND_LOAD, SLOT_WAIT
 from talariad.router.telemetry import InstanceBook, InstanceState
 
 Entry = tuple[float, str]  # (bound, instance name): unique, so the order never compares more
@@ -35,10 +35,18 @@ def lower_bound(
     return bound if bound == bound else -math.inf
 
 
+def surely_busy(row: tuple, residency_terms: bool) -> bool:
+    """The round check (`cost.score`) fails here for any call whose own prefill and recovery
+    exceed the round budget: a round load above zero, a deadline risk of at least 1 and no
+    negative activation (overlay work and lease charges are never negative)."""
+    busy = row[ROUND_LOAD] > 0.0 and row[RISK] >= 1.0
+    return busy and (not residency_terms or row[ACTIVATION] >= 0.0)
+
+
 class BoundOrder:
     """One model's order: the instances with a snapshot that allows the model."""
 
-    __slots__ = ("key", "synced", "entries", "named", "insts")
+    __slots__ = ("key", "synced", "entries", "named", "insts", "may_idle")
 
     def __init__(self, key: tuple, synced: int) -> None:
         self.key = key  # (profile epoch, prefill per token, residency terms): what bounds read
@@ -46,6 +54,7 @@ class BoundOrder:
         self.entries: list[Entry] = []  # ascending
         self.named: dict[str, tuple[InstanceState, Entry]] = {}
         self.insts: set[InstanceState] = set()  # those in `named`
+        self.may_idle: set[str] = set()  # those not `surely_busy`: a prompt no round takes
 
     def put(self, inst: InstanceState, row: tuple, leased_s: float) -> None:
         self.drop(inst.name)
@@ -57,13 +66,22 @@ class BoundOrder:
         entry = (lower_bound(row, self.key[1], self.key[2], leased_s), inst.name)
         self.named[inst.name] = (inst, entry)
         self.insts.add(inst)
+        if not surely_busy(row, self.key[2]):
+            self.may_idle.add(inst.name)
         return entry
+
+    def idle_from(self, entry: Entry) -> list[Entry]:
+        """The entries from `entry` on (ascending) of the instances whose round may be empty
+        (not `surely_busy`): only they can take a prompt longer than the round budget."""
+        named = self.named
+        return sorted(e for n in self.may_idle if (e := named[n][1]) >= entry)
 
     def drop(self, name: str) -> None:
         held = self.named.pop(name, None)
         if held is not None:
             del self.entries[bisect_left(self.entries, held[1])]
             self.insts.discard(held[0])
+            self.may_idle.discard(name)
 
 
 Leased = Callable[[str, str], float]  # (instance, model) -> its live leases' charge, seconds
@@ -126,5 +144,6 @@ class BoundIndex:
             for inst in every.all():
                 if inst.snapshot is not None and model in inst.allowed:
                     want.put(inst, row(inst, model), self._leased(inst.name, model))
-            if (order.entries, order.named, order.insts) != (want.entries, want.named, want.insts):
+            have = (order.entries, order.named, order.insts, order.may_idle)
+            if have != (want.entries, want.named, want.insts, want.may_idle):
                 raise AssertionError(f"bound order of {model} out of step with the cost rows")

@@ -62,20 +62,30 @@ def rank(
     # tie the best found (idle boxes bound alike, and their bound is their cost) is not
     # weighed either, where the whole ranking would score every tie to break it by name
     within = cap < len(members)
-    for bound, name in order.entries:  # ties in name order
-        inst = named[name][0]
+    entries, at = order.entries, 0
+    while at < len(entries):  # ties in name order
+        entry = entries[at]
+        at += 1
+        inst = named[entry[1]][0]
         if inst not in members or inst in scored:
             continue
-        bound += common
+        bound = entry[0] + common
         if (best := search.best) is not None:
             if len(scored) >= cap or _above(bound, best) or (within and _reaches(bound, best)):
                 skipped = True  # later ones bound as high
                 break
         elif _above(bound, search.cheapest) or len(scored) >= cap:
-            # nothing feasible yet: past the cheapest's cost, or past the candidate set (a
-            # prompt too long for any round scores every box otherwise), only an instance the
-            # round and HBM checks cannot rule out is worth scoring
-            infeasible = infeasible or search.infeasible_test()
+            # nothing feasible yet (and so on for the rest: bounds ascend, the cheapest only
+            # falls): only an instance the round and HBM checks cannot rule out is worth
+            # scoring. A prompt too long for any round rules out every busy one: walk the
+            # ones whose round may be empty, not every instance
+            if infeasible is None:
+                infeasible = search.infeasible_test()
+                if search.beyond_every_round():
+                    idle = order.idle_from(entry)
+                    skipped = skipped or len(idle) < len(entries) - at + 1  # busy ones left
+                    entries, at = idle, 0
+                    continue
             if infeasible(inst):
                 skipped = True  # cannot win, nor be the spill target within the set
                 continue
@@ -160,6 +170,14 @@ class _Search:
         # was skipped as infeasible by the round or HBM check), so the scored ones suffice
         if cand.reason == "retired" and _before(cand, self.retired):
             self.retired = cand
+
+    def beyond_every_round(self) -> bool:
+        """The call's own prefill and recovery exceed the round budget: an instance with work
+        in its round fails the round check (`bounds.surely_busy`)."""
+        cost, plan = self.cost, self.plan
+        terms = cost.knobs.residency_terms
+        recovery = recompute_s(plan, plan.call.prefix_tokens) if terms else 0.0
+        return plan.prefill_s + recovery > cost.knobs.round_budget_s
 
     def infeasible_test(self):
         """A test that the round or HBM check fails for a plain instance (no session KV, no
