@@ -282,6 +282,9 @@ class BodyReader:
             if r.ends and raw.startswith(memoryview(r.raw)[: r.ends[-1]]):
                 k = len(r.ends) - 1  # the usual return: every message of `r` resent
             else:
+                # one memcmp rules out another conversation (the bytes differ early on)
+                if not raw.startswith(memoryview(r.raw)[: (len(raw) + 1) // 2]):
+                    continue
                 shared = common_prefix(raw, r.raw)
                 if 2 * shared < len(raw) or not _indexed(r, dialect.key):
                     continue
@@ -328,19 +331,22 @@ class BodyReader:
         for m in items:
             added += dialect.convert(m, names)
             counts.append(counts[k] + len(added))
+        new_lines = canonical_lines(added, [])
         if body is None:
             head = was.spec.messages[: was.lead]
             spec = dataclasses.replace(was.spec, messages=head + prev + added)
-            base_text, tools_len = was.prompt.text[: was.base], was.tools_len
+            base, tools_len = was.base, was.tools_len
+            # `was`'s text up to message `k`: the text itself (no copy) when `k` is its last
+            text = was.prompt.text[: was.text_end[k]] + "".join(new_lines)
         else:
             head = dialect.head(body)
             spec = dialect.spec_of(body, head + prev + added)
             tools = canonical_lines([], spec.tools)
             tools_len = sum(map(len, tools))
             base_text = "".join(tools + canonical_lines(head, []))
-        new_lines = canonical_lines(added, [])
-        text = "".join((base_text, was.prompt.text[was.base : was.text_end[k]], *new_lines))
-        shift = len(base_text) - was.base
+            base = len(base_text)
+            text = "".join((base_text, was.prompt.text[was.base : was.text_end[k]], *new_lines))
+        shift = base - was.base
         text_end = [e + shift for e in was.text_end[: k + 1]] if shift else was.text_end[: k + 1]
         line_end = list(accumulate(map(len, new_lines), initial=text_end[k]))
         text_end += [line_end[c - counts[k]] for c in counts[k + 1 :]]
@@ -358,7 +364,7 @@ class BodyReader:
             prompt,
             len(head),
             tools_len,
-            len(base_text),
+            base,
             counts,
             text_end,
             names,
