@@ -239,8 +239,7 @@ class BoxPoller:
     def _queue(self, following: _Following, name: str, endpoint: str, frame: bytes) -> bool:
         """A stream's frame, queued to be installed (`_install`) after what the event loop has
         ready: a burst of frames from many boxes (each an install of ~0.1 ms) delays a pick by
-        one run of them, not by all (helper-measured loop lag p99 14-38 ms with 256 boxes
-        changing at once, installed in the read callbacks)."""
+        one run of them, not by all (docs/pool.md, "Box snapshots")."""
         following.queued += 1
         self._frames.append((following, name, endpoint, frame))
         if not self._draining:
