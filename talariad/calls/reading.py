@@ -232,21 +232,25 @@ class _Read:
 class BodyReader:
     """Reads call bodies (`read`), keeping recent reads of large chat and messages bodies
     (at least `min_bytes`) to continue from, at most `max_bytes` of bodies in all, least
-    recently used out. Reads are found by the body's first `LEAD` bytes and path."""
+    recently used out. Reads are found by path and the session the call's headers name, else
+    by path and the body's first `LEAD` bytes: every session of one agent sends the same first
+    bytes (its system prompt and tools), so a lead alone keeps only `PER_LEAD` of them."""
 
     LEAD = 256
-    PER_LEAD = 64  # kept reads of one lead (agents of one system prompt): a failed match stops
+    PER_LEAD = 64  # kept reads of one key (a session's branches; a lead's sessions): each one
 
-    # at the first differing byte, a few hundred in
+    # that does not match costs a memcmp up to the first differing byte
     def __init__(self, min_bytes: int = 8 << 10, max_bytes: int = 256 << 20) -> None:
         self.min_bytes, self.max_bytes = max(min_bytes, self.LEAD), max_bytes
         self.bytes = 0
         self.continued = 0  # reads that continued an earlier one (for benchmarks and tests)
-        self._reads: OrderedDict[tuple[str, bytes], list[_Read]] = OrderedDict()
+        self._reads: OrderedDict[tuple[str, bytes | str], list[_Read]] = OrderedDict()
 
-    def read(self, path: str, raw: bytes) -> tuple[CallSpec, Prompt] | None:
+    def read(
+        self, path: str, raw: bytes, session: str | None = None
+    ) -> tuple[CallSpec, Prompt] | None:
         """The call's spec and canonical prompt; None for a path that is no call. Raises the
-        dialect's APIError 400 for a body it refuses."""
+        dialect's APIError 400 for a body it refuses. `session`: the one its headers name."""
         route = path.split("?", 1)[0]
         dialect = _DIALECTS.get(route)
         if dialect is None or len(raw) < self.min_bytes:
@@ -256,7 +260,7 @@ class BodyReader:
                 if spec is None
                 else (spec, canonical_prompt(spec.messages, spec.prompt, spec.tools))
             )
-        key = (route, raw[: self.LEAD])
+        key = (route, raw[: self.LEAD] if session is None else session)
         kept = self._reads.get(key, [])
         found = self._continuing(dialect, kept, raw)
         if found is not None:
@@ -374,7 +378,7 @@ class BodyReader:
             rest,
         )
 
-    def _keep(self, key: tuple[str, bytes], read: _Read, replaces: _Read | None) -> None:
+    def _keep(self, key: tuple[str, bytes | str], read: _Read, replaces: _Read | None) -> None:
         kept = self._reads.pop(key, [])
         if replaces is not None and replaces in kept:  # its conversation moved on
             kept.remove(replaces)

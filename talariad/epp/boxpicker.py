@@ -394,7 +394,11 @@ class BoxPicker:
         """A call's body as the router's request, and the model id the client sent; None for
         any other request (a probe, a model list, a model no box serves). Raises the API's 400
         for a body its dialect refuses."""
-        read = self.reader.read(request.path, request.body) if request.method == "POST" else None
+        read = (
+            self.reader.read(request.path, request.body, header_session(request.headers))
+            if request.method == "POST"
+            else None
+        )
         model = self._resolve(read[0].requested) if read is not None else None
         if read is None or model is None:
             return None

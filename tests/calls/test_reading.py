@@ -393,3 +393,25 @@ def test_an_unusual_new_body_is_read_as_the_whole_read_reads_it(raw, path):
     if path == "/v1/messages":
         raw = raw.replace(b'"model": "m"', b'"model": "m", "max_tokens": 9', 1)
     _agree_or_refuse(path, raw + b" " * SMALL)
+
+
+def test_sessions_of_one_agent_each_continue_their_own_read():
+    """Every session of one agent sends the same first bytes (its system prompt): found by the
+    session its headers name, each return continues its own session's read, however many
+    sessions there are; by the first bytes alone only the latest `PER_LEAD` are kept."""
+    sessions = 3 * BodyReader.PER_LEAD
+    named, unnamed = BodyReader(), BodyReader()
+
+    def body(i: int, turns: int) -> bytes:
+        own = f"#{i} " + "the task, in detail. " * 500  # most of the body: its own
+        msgs = [{"role": "system", "content": "You are an agent. " * 20}]
+        msgs.append({"role": "user", "content": own})
+        msgs += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}] * turns
+        return json.dumps({"model": "m", "messages": msgs}).encode()
+
+    for turns in (0, 1):
+        for i in range(sessions):
+            named.read("/v1/chat/completions", body(i, turns), f"s{i}")
+            unnamed.read("/v1/chat/completions", body(i, turns))
+    assert named.continued == sessions
+    assert unnamed.continued == 0  # each session's read was pushed out before it returned
