@@ -783,16 +783,31 @@ class PickerPool:
         # and of this thread's CPU (the machine's other processes' time slices left out)
         self.poll_cpu: list[float] = []
         self.pick_cpu = 0.0  # the last pick's
+        self.interleaved = False
+        self.due, self.cursor = 0.0, 0  # installs owed, and the next box (`interleaved`)
+        self.previous = 0  # untimed calls made before timed ones (`interleaved`)
 
     def turn(self, call_id: str, sid: str, messages: list[dict], now: float) -> float:
-        """One call at `now` after the poller's work due by then; the seconds `pick` took."""
+        """One call at `now` after the poller's work due by then (every box's install when
+        its poll is due); the seconds `pick` took. `interleaved`: as a busy picker sees it,
+        right after another call (an untimed new session's) and the box installs a picker making
+        `INTERLEAVED_CALLS_PER_S` sees between two calls (every box changing every poll)."""
         if now - self.polled >= 0.1:
             self.polled = now
             for box in self.boxes:
-                started, cpu = time.perf_counter(), time.thread_time()
-                box.poll(self.picker, now)
-                self.poll_times.append(time.perf_counter() - started)
-                self.poll_cpu.append(time.thread_time() - cpu)
+                self._install(box, now)
+        if self.interleaved:
+            self.previous += 1
+            sid_before = f"before{self.previous}"
+            self._pick(sid_before, sid_before, _opening(sid_before), now)
+            self.due += len(self.boxes) / (0.1 * INTERLEAVED_CALLS_PER_S)
+            while self.due >= 1.0:
+                self.due -= 1.0
+                self._install(self.boxes[self.cursor % len(self.boxes)], now)
+                self.cursor += 1
+        return self._pick(call_id, sid, messages, now)
+
+    def _pick(self, call_id: str, sid: str, messages: list[dict], now: float) -> float:
         req = _request(call_id, sid, messages)
         started, cpu = time.perf_counter(), time.thread_time()
         pick = self.picker.pick(req, now)
@@ -809,6 +824,12 @@ class PickerPool:
         branch = self.picker.explain(call_id).session_id or sid  # type: ignore[union-attr]
         self.by_address[pick.endpoint].served(branch, len(req.body) // 4)
         return took
+
+    def _install(self, box: SyntheticBox, now: float) -> None:
+        started, cpu = time.perf_counter(), time.thread_time()
+        box.poll(self.picker, now)
+        self.poll_times.append(time.perf_counter() - started)
+        self.poll_cpu.append(time.thread_time() - cpu)
 
     def warm(self, sessions: int, now: float) -> tuple[float, dict]:
         """Every session's first call within one second of the picker's clock (a burst: the
@@ -867,18 +888,20 @@ class PickerPool:
         }
         return at + 2 * self.tau_s, burst
 
-    def measure(self, kind: str, i: int, now: float, rng: random.Random) -> float:
-        """One measured call of `kind` at `now` (no lease is live then)."""
+    def measure(self, kind: str, i: int, now: float, rng: random.Random, tag: str = "") -> float:
+        """One measured call of `kind` at `now` (no lease is live then); `tag` names its calls
+        apart from another pass's."""
         if kind == "new":
-            return self.turn(f"c{i}", f"n{i}", _opening(f"n{i}"), now)
+            return self.turn(f"{tag}c{i}", f"{tag}n{i}", _opening(f"{tag}n{i}"), now)
         sid = f"s{rng.randrange(len(self.history))}"
-        messages = self.history[sid] + [{"role": "user", "content": f"turn {i}"}]
-        took = self.turn(f"c{i}", sid, messages, now)
+        messages = self.history[sid] + [{"role": "user", "content": f"turn {tag}{i}"}]
+        took = self.turn(f"{tag}c{i}", sid, messages, now)
         if kind == "cost":
             return took
         # its next call comes back within τ: that one is timed as the lease kind
         again = messages + [{"role": "assistant", "content": "done"}]
-        return self.turn(f"l{i}", sid, again + [{"role": "user", "content": "next"}], now + 0.3)
+        last = {"role": "user", "content": "next"}
+        return self.turn(f"{tag}l{i}", sid, again + [last], now + 0.3)
 
 
 def _opening(issue: str) -> list[dict]:
@@ -891,6 +914,12 @@ def _opening(issue: str) -> list[dict]:
 AGENT_TURNS = {"agent_body": 100, "agent_body_400k": 570}  # ~70 KB and ~400 KB as JSON
 
 
+INTERLEAVED_CALLS_PER_S = 2500
+"""The call rate the `interleaved` decisions are timed at: about what one picker process
+sustains at 1,000 boxes (`bench/epp_cores.py`), so 4 box installs between two calls there, one
+at 256 boxes (every box changing every 100 ms poll)."""
+
+
 def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0) -> dict:
     """p50/p99 of `BoxPicker.pick` with `live_sessions` sessions the picker placed itself (in a
     burst, `PickerPool.warm`) on `boxes` boxes of varied round load (uniform 0.1-1 s, seeded), by
@@ -900,37 +929,66 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
     carries a conversation a hundred tool rounds in (~70 KB, 202 messages; each its own, sharing
     only the system prompt), `agent_body_400k` the same at ~400 KB (1,142 messages), and each
     as a return of a session whose conversation grows by a tool round a call
-    (`..._lease`, `..._cost`, as above)."""
+    (`..._lease`, `..._cost`, as above). Each timed pick follows every box's install (a poll
+    of all of them falls due between two timed calls: the pick's memory is cold); `interleaved`
+    times the same kinds again with the installs spread between the calls as a picker at
+    `INTERLEAVED_CALLS_PER_S` sees them."""
     rng = random.Random(seed)
     pool = PickerPool(boxes, rng)
     now, burst = pool.warm(live_sessions, 1.0)
+    times, now = _decisions(pool, decisions, now, rng, "")
+    out: dict = {"boxes": boxes, "live_sessions": live_sessions}
+    out.update(_percentiles(times))
+    pool.interleaved = True
+    times, now = _decisions(pool, decisions, now, rng, "i")
+    out["interleaved"] = {"calls_per_s": INTERLEAVED_CALLS_PER_S, **_percentiles(times)}
+    out["refused"] = pool.refused
+    for name, turns in AGENT_TURNS.items():
+        size = len(_request("", "", _agent_conversation(turns, "size")).body)
+        for kind in ("", "_lease", "_cost"):
+            out[name + kind]["body_bytes"] = size
+        out[name]["messages"] = 2 * turns + 2
+    out["burst"] = burst
+    out["continued_reads"] = pool.picker.reader.continued
+    pool.picker.collector.stop()  # type: ignore[union-attr]  # the next pool size starts its own
+    return out
+
+
+def _decisions(
+    pool: PickerPool, decisions: int, now: float, rng: random.Random, tag: str
+) -> tuple[dict[str, list[float]], float]:
+    """Each kind's pick times (`decision_time`), and the clock after them."""
     times: dict[str, list[float]] = {"lease": [], "cost": [], "new": []}
     for i in range(decisions):
         kind = ("lease", "cost", "new")[i % 3]
-        times[kind].append(pool.measure(kind, i, now, rng))
+        times[kind].append(pool.measure(kind, i, now, rng, tag))
         now += 2 * pool.tau_s  # the next measured call sees no live lease
-    sizes: dict[str, int] = {}
     for name, turns in AGENT_TURNS.items():
         for kind in ("", "_lease", "_cost"):
             times[name + kind] = []
-        agents = [_agent_conversation(turns, f"{name}-{a}") for a in range(8)]
+        agents = [_agent_conversation(turns, f"{name}-{tag}{a}") for a in range(8)]
         for a, conv in enumerate(agents):  # each agent's first call and first return
-            pool.turn(f"{name}-w{a}", f"{name}-{a}", conv, now)
+            pool.turn(f"{name}-{tag}w{a}", f"{name}-{tag}{a}", conv, now)
             _tool_round(conv, 0)
-            pool.turn(f"{name}-r{a}", f"{name}-{a}", conv, now + 0.3)
+            pool.turn(f"{name}-{tag}r{a}", f"{name}-{tag}{a}", conv, now + 0.3)
             now += 2 * pool.tau_s
         for i in range(max(decisions // 15, 3)):
-            conv = _agent_conversation(turns, f"{name}-new{i}")
-            times[name].append(pool.turn(f"{name}-n{i}", f"{name}-n{i}", conv, now))
+            conv = _agent_conversation(turns, f"{name}-{tag}new{i}")
+            sid = f"{name}-{tag}n{i}"
+            times[name].append(pool.turn(sid, sid, conv, now))
             a = i % len(agents)
+            sid = f"{name}-{tag}{a}"
             _tool_round(agents[a], i + 1)
-            times[name + "_cost"].append(pool.turn(f"{name}-c{i}", f"{name}-{a}", agents[a], now))
+            times[name + "_cost"].append(pool.turn(f"{name}-{tag}c{i}", sid, agents[a], now))
             _tool_round(agents[a], i + 1)
-            lease = pool.turn(f"{name}-l{i}", f"{name}-{a}", agents[a], now + 0.3)
+            lease = pool.turn(f"{name}-{tag}l{i}", sid, agents[a], now + 0.3)
             times[name + "_lease"].append(lease)
             now += 2 * pool.tau_s
-        sizes[name] = len(_request("", "", _agent_conversation(turns, "size")).body)
-    out: dict = {"boxes": boxes, "live_sessions": live_sessions, "refused": pool.refused}
+    return times, now
+
+
+def _percentiles(times: dict[str, list[float]]) -> dict:
+    out = {}
     for kind, seconds in times.items():
         us = [t * 1e6 for t in seconds]
         out[kind] = {
@@ -938,13 +996,6 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
             "p50_us": round(statistics.median(us), 1),
             "p99_us": round(pct(us, 0.99), 1),
         }
-    for name, turns in AGENT_TURNS.items():
-        for kind in ("", "_lease", "_cost"):
-            out[name + kind]["body_bytes"] = sizes[name]
-        out[name]["messages"] = 2 * turns + 2
-    out["burst"] = burst
-    out["continued_reads"] = pool.picker.reader.continued
-    pool.picker.collector.stop()  # type: ignore[union-attr]  # the next pool size starts its own
     return out
 
 

@@ -98,11 +98,12 @@ class _Window:
     earlier bucket ends before every event of a later one, so a bucket before the cutoff's
     leaves whole, one pop, and only the cutoff's own bucket is popped event by event."""
 
-    __slots__ = ("order", "buckets")
+    __slots__ = ("order", "buckets", "last")
 
     def __init__(self) -> None:
         self.order: list[int] = []
         self.buckets: dict[int, list] = {}
+        self.last = -math.inf  # the latest end of its events (of any it had, once emptied)
 
     def __bool__(self) -> bool:
         return bool(self.order)
@@ -136,12 +137,16 @@ class DemandTracker:
         """`work_s` recorded at `now` that counts until a window after `until`."""
         end = self.end_of(now, until)
         window, number = self._events[model], math.floor(end / self._width)
+        if window and window.last <= now - self._window:
+            self._drop(model, window, now - self._window, -1)  # all left: before the new one
         bucket = window.buckets.get(number)
         if bucket is None:
             bucket = window.buckets[number] = [0.0, []]
             heapq.heappush(window.order, number)
         bucket[0] += work_s
         heapq.heappush(bucket[1], (end, work_s))
+        if end > window.last:
+            window.last = end
         self._sums[model] += work_s
         self._trim(model, now)
         if len(self._dropped) > DROPPED_BACKLOG:
@@ -187,6 +192,13 @@ class DemandTracker:
     def _drop(self, model: str, window: _Window, cutoff: float, limit: int) -> int:
         """Drop `window`'s events that ended by `cutoff`, at most `limit` buckets or events
         (-1: all); the limit left."""
+        if window.last <= cutoff and limit != 0:
+            # every event left (a key quiet since a burst: its first record after the window
+            # popped a bucket an event, ~100 a box at 1,000 boxes): all out in one step
+            self._dropped.extend(window.buckets.values())
+            window.order, window.buckets = [], {}
+            self._sums[model] = 0.0
+            return limit - 1
         order, buckets, total = window.order, window.buckets, self._sums[model]
         whole = math.floor(cutoff / self._width)  # a bucket before it ended by the cutoff
         while order and limit != 0:

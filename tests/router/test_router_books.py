@@ -188,3 +188,32 @@ def test_a_window_kept_by_bucket_sums_what_a_scan_of_its_events_does(events, rea
             if DemandTracker.end_of(t * width, (t + after / 2) * width) > now - window
         )
         assert d.work_s("m", now) == pytest.approx(want, abs=1e-9)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([0, 1, 7, 300, 9000, 20000]),  # gaps, in buckets (a window: 8192)
+            st.integers(0, 40),
+            st.floats(0.001, 2.0),
+        ),
+        max_size=60,
+    )
+)
+def test_a_window_recorded_over_time_sums_what_a_scan_of_its_events_does(steps):
+    """Records as time goes on, with gaps past the window (every event left: the next record
+    drops them in one step, not one an event): each read is the scan's."""
+    from talariad.router.profiles import BUCKETS_PER_WINDOW, DemandTracker
+
+    window = 1.0
+    d, width, at, events = DemandTracker(window), window / BUCKETS_PER_WINDOW, 0, []
+    for gap, ends_after, w in steps:
+        at += gap
+        until = (at + ends_after / 2) * width
+        d.record("m", at * width, w, until)
+        events.append((DemandTracker.end_of(at * width, until), w))
+        now = at * width
+        want = sum(w for end, w in events if end > now - window)
+        assert d.work_s("m", now) == pytest.approx(want, abs=1e-9)
+        if gap > BUCKETS_PER_WINDOW + 40:  # all earlier ones left: one bucket, the new one's
+            assert len(d._events["m"].buckets) == 1

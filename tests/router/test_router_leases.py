@@ -239,12 +239,15 @@ def test_the_demand_window_lets_a_burst_go_in_bounded_steps(setup):
     """Calls placed together leave the arrivals' window together: expiry steps drop them
     ahead of the placement that reads the window, and the window's sum is what reading it
     whole gives. (Calls ending within one bucket of the window leave in one step: these end
-    10 ms apart, each in its own.)"""
+    10 ms apart, each in its own; a window all of whose calls left goes in one step.)"""
     r, _ = setup
     for i in range(50):
         r.place(call(f"c{i}", session=f"s{i}"), 0.1 + i * 0.01)
-    later = 0.6 + r.knobs.control_window_s + 1.0
-    assert r.expire(later, limit=20).pending
-    while r.expire(later, limit=20).pending:
+    half = 0.1 + 25 * 0.01 + r.knobs.control_window_s  # the first 25 or 26 left by then
+    assert r.expire(half, limit=20).pending
+    while r.expire(half, limit=20).pending:
         pass
+    assert 0.0 < r._demand.work_s(MODEL, half)
+    later = 0.6 + r.knobs.control_window_s + 1.0
+    assert not r.expire(later, limit=20).pending  # the rest left whole: one step
     assert r._demand.work_s(MODEL, later) == 0.0
