@@ -28,26 +28,18 @@ OLDER_GEN_THRESHOLD = 2
 """Young passes between generation-1 passes in the endpoint picker (CPython's default is 10)."""
 
 
-BACKSTOP = 8
-"""CPython's own trigger stays, at this many times the young threshold of allocations: where
-no install came to run the pass (`PacedCollector`)."""
-
-
 class PacedCollector:
     """The endpoint picker's collector: passes of bounded length at any pool size and after any
-    burst, none inside a pick (docs/pool.md "At agent scale"). Why not CPython's own trigger: it
-    counts allocations minus deallocations of tracked objects, and the picker's steady state is
-    net zero (a box's install frees its previous one, a decision the log's oldest), so a young
-    pass comes late and walks everything allocated since: 27k objects, 12-28 ms of CPU, at 1,000
-    boxes; a generation-1 pass (every 10 young ones) walked 40-80k, 15-46 ms; and where it does
-    fire it fires inside whatever allocates, a pick reading a 400 KB body (10k objects: a pass
-    of 0.2-0.6 ms in most such picks at 100k sessions). So, from `start` to `stop`:
-    - a young pass runs at an install (`tick`) once `every` installs and picks were done or the
-      young threshold of allocations waits, whichever first, and a generation-1 pass instead
-      every `older`-th: each walks about what those units allocated;
-    - CPython's own trigger waits `BACKSTOP` times as many allocations (no install came: a
-      pool without boxes, the server's own garbage);
-    - what survives a generation-1 pass is frozen (`gc.freeze`): nothing reaches the oldest
+    burst (docs/pool.md "At agent scale"). Why not CPython's own trigger: it counts allocations
+    minus deallocations of tracked objects, and the picker's steady state is net zero (a box's
+    install frees its previous one, a decision the log's oldest), so a young pass comes late and
+    walks everything allocated since: 27k objects, 12-28 ms of CPU, at 1,000 boxes; and a
+    generation-1 pass (every 10 young ones) walked 40-80k, 15-46 ms. So:
+    - a young pass every `every` installs and picks (the picker's work units; run at an
+      install, `tick`, not in a pick, `count`), and a generation-1 pass instead every
+      `older`-th: each walks about `every` units' objects;
+    - what survives a generation-1 pass, explicit or CPython's own (a burst grows the process:
+      its own trigger still fires), is frozen (`gc.freeze`): nothing reaches the oldest
       generation, and no full pass walks a burst's state (1.4-1.5 s at 100k sessions) or the
       boxes' installs (a full pass after them took 98 ms at 1,000 boxes).
     The cost: a frozen object is still freed when its last reference goes, but a reference
@@ -64,10 +56,10 @@ class PacedCollector:
         self._thresholds: tuple[int, int, int] | None = None
 
     def start(self) -> None:
-        """Take over from `settle_gc` (called after it): CPython's own passes `BACKSTOP` times
-        further apart, a generation-1 pass every `older` young ones, each frozen after."""
+        """Take over from `settle_gc` (called after it): CPython's own passes stay for what
+        grows the process, a generation-1 pass every `older` young ones, each frozen after."""
         self._thresholds = gc.get_threshold()
-        gc.set_threshold(BACKSTOP * self._thresholds[0], self.older, self._thresholds[2])
+        gc.set_threshold(self._thresholds[0], self.older, self._thresholds[2])
         gc.callbacks.append(self._collected)
 
     def stop(self) -> None:
@@ -79,21 +71,14 @@ class PacedCollector:
 
     def count(self) -> None:
         """One pick done: counted, its pass left to the next `tick` (a pass in a pick sets the
-        picks' p99)."""
+        picks' p99: one in `every`)."""
         self.left -= 1
 
     def tick(self) -> None:
-        """One box install (or answer) done: the pass due after `every` installs and picks, or
-        once the young threshold of allocations waits."""
+        """One box install (or answer) done: the pass due after `every` installs and picks."""
         self.left -= 1
-        if self.left > 0 and gc.get_count()[0] < self._young_threshold():
+        if self.left > 0:
             return
-        self._pass()
-
-    def _young_threshold(self) -> int:
-        return (self._thresholds or gc.get_threshold())[0]
-
-    def _pass(self) -> None:
         self.left = self.every
         self.young += 1
         gc.collect(1 if self.young % self.older == 0 else 0)
