@@ -237,9 +237,10 @@ class BodyReader:
     bytes (its system prompt and tools), so a lead alone keeps only `PER_LEAD` of them."""
 
     LEAD = 256
-    PER_LEAD = 64  # kept reads of one key (a session's branches; a lead's sessions): each one
+    # kept reads of one key (a session's branches; a lead's sessions): each one that does not
+    # match costs a memcmp up to the first differing byte
+    PER_LEAD = 64
 
-    # that does not match costs a memcmp up to the first differing byte
     def __init__(self, min_bytes: int = 8 << 10, max_bytes: int = 256 << 20) -> None:
         self.min_bytes, self.max_bytes = max(min_bytes, self.LEAD), max_bytes
         self.bytes = 0
