@@ -33,7 +33,7 @@ from talariad.router.search.lazy import weighed
 from talariad.types import KVLocation, KVState
 from talariad.wire.box import BoxModel, BoxSnapshot
 
-from .config import BOX_MAX_CONNECTIONS, box_call_capacity
+from .config import BOX_MAX_CONNECTIONS, CONVERSATION_BYTES, box_call_capacity
 from .contract import EPPRequest, ImmediateAnswer, Pick
 from .replies import answer
 
@@ -104,15 +104,21 @@ class BoxPicker:
         max_branches: int = 4,
         policy: str = "talaria",
         box_max_connections: int = BOX_MAX_CONNECTIONS,
+        conversation_bytes: int = CONVERSATION_BYTES,
     ) -> None:
-        """`box_max_connections`: a box's connection limit when its snapshot does not say."""
+        """`box_max_connections`: a box's connection limit when its snapshot does not say;
+        `conversation_bytes`: each of the branch text and kept bodies at most
+        (`EPPConfig.conversation_bytes`)."""
         self.router = router
         self.box_max_connections = box_max_connections
         self._capacity: dict[str, int] = {}  # box -> calls it takes at once (its snapshot's)
         self._load: Counter[str] = Counter()  # box -> calls picked for it and not ended
         self.policy = BOX_POLICIES.get(policy)(router, random.Random(router.knobs.seed))
-        self.branches = PrefixBranches(max_branches, router.knobs.max_sessions)
-        self.reader = BodyReader()  # a conversation's resent messages are read once
+        self.branches = PrefixBranches(
+            max_branches, router.knobs.max_sessions, max_bytes=conversation_bytes
+        )
+        # a conversation's resent messages are read once
+        self.reader = BodyReader(max_bytes=conversation_bytes)
         self.placement = Placement(router, self.branches, self.policy, self.ARRIVAL_GRACE_S)
         self.endpoints: dict[str, str] = {}  # box -> "ip:port"
         self._boxes_at: dict[str, str] = {}  # "ip:port" -> box

@@ -92,6 +92,8 @@ class DiscoveryConfig(_Strict):
         return self
 
 
+CONVERSATION_BYTES = 256 << 20
+"""`EPPConfig.conversation_bytes`'s default."""
 MAX_STREAMS = 4096
 """`EPPConfig.max_streams`'s default: ext_proc streams one picker holds at once."""
 BODY_BUFFER_BYTES = 4 * MAX_BODY_BYTES
@@ -142,6 +144,13 @@ class EPPConfig(_Strict):
     filter, and its EPP cluster's health check). The picker warns, once, when the Envoy config
     streaming to it names the other one (`FAILURE_MODE_KEY`)."""
     max_branches: int = Field(default=4, ge=1, le=64)
+    conversation_bytes: int = Field(default=CONVERSATION_BYTES, ge=1 << 20)
+    """What the picker keeps of sessions' conversations, in each of two stores: the canonical
+    text their branches are matched on, and the last large body of each session, which its next
+    call's read continues (each store about this many bytes; the process holds about three times
+    it in all). The default keeps about 4,000 sessions of 70 KB conversations; past its bound a
+    return is read whole and its branch forgotten here (placed by cost, where the boxes'
+    snapshots say its prefix is): size it to the live sessions and their conversations."""
     policy: str = "talaria"
     """The box-level policy (`router.box_policies`): talaria (the router: leases, KV locality,
     model residency), round-robin, least-load, llm-d (GIE's default scorer mix), llm-d-session."""

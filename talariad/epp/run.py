@@ -28,7 +28,13 @@ log = logging.getLogger("talariad.epp")
 
 def build_picker(cfg: EPPConfig) -> BoxPicker:
     """A picker over an empty pool (the poller adds the boxes); profiles come from the boxes."""
-    return BoxPicker(Router(cfg.knobs(), {}), cfg.max_branches, cfg.policy, cfg.box_max_connections)
+    return BoxPicker(
+        Router(cfg.knobs(), {}),
+        cfg.max_branches,
+        cfg.policy,
+        cfg.box_max_connections,
+        cfg.conversation_bytes,
+    )
 
 
 async def discovered(cfg: EPPConfig, base: pathlib.Path) -> Discovery:

@@ -21,6 +21,7 @@ from talariad.epp.config import GATEWAY_STATS, EPPConfig
 from talariad.epp.contract import ImmediateAnswer
 from talariad.epp.discovery.file import parse_boxes
 from talariad.epp.metrics import EPPMetrics
+from talariad.epp.run import build_picker
 from tests.epp.test_boxpicker import Session, _picker, _turn
 
 GOOD = {"discovery": {"static": {"file": "boxes.yaml"}}, "token_file": "pool.token"}
@@ -44,6 +45,10 @@ def _epp(tmp_path, data) -> CliRunner:
         ({"body_timeout_s": 0}, "body_timeout_s: Input should be greater than 0"),
         ({"listen": "nowhere"}, "listen: Value error, expected host:port"),
         ({"max_streams": 0}, "max_streams: Input should be greater than or equal to 1"),
+        (
+            {"conversation_bytes": 4096},
+            "conversation_bytes: Input should be greater than or equal to 1048576",
+        ),
         ({"body_buffer_bytes": 4096}, "body_buffer_bytes (4096) must be at least max_body_bytes"),
         ({"colour": "blue"}, "colour: unknown key"),
         ({"tls": {"cert_file": "c.pem", "key_file": "k.pem"}}, "tls.cert_file: cannot read"),
@@ -65,6 +70,14 @@ def test_a_bad_config_is_one_line_and_exit_2(tmp_path, change, says):
 def test_the_pickers_body_limits_default_to_the_boxes():
     cfg, box = EPPConfig.model_validate(GOOD), LimitsConfig()
     assert (cfg.max_body_bytes, cfg.body_timeout_s) == (box.max_body_bytes, box.body_timeout_s)
+
+
+def test_what_the_picker_keeps_of_conversations_is_configured():
+    """Both stores of sessions' conversations take the configured bound (default 256 MB)."""
+    default = build_picker(EPPConfig.model_validate(GOOD))
+    assert default.branches.max_bytes == default.reader.max_bytes == 256 << 20
+    picker = build_picker(EPPConfig.model_validate({**GOOD, "conversation_bytes": 8 << 30}))
+    assert picker.branches.max_bytes == picker.reader.max_bytes == 8 << 30
 
 
 def test_the_picker_listens_on_loopback_unless_configured():
