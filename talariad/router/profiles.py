@@ -198,7 +198,7 @@ class DemandTracker:
             self._dropped.extend(window.buckets.values())
             window.order, window.buckets = [], {}
             self._sums[model] = 0.0
-            return limit - 1
+            return limit - 1 if limit > 0 else limit
         order, buckets, total = window.order, window.buckets, self._sums[model]
         whole = math.floor(cutoff / self._width)  # a bucket before it ended by the cutoff
         while order and limit != 0:

@@ -201,8 +201,8 @@ def test_a_window_kept_by_bucket_sums_what_a_scan_of_its_events_does(events, rea
     )
 )
 def test_a_window_recorded_over_time_sums_what_a_scan_of_its_events_does(steps):
-    """Records as time goes on, with gaps past the window (every event left: the next record
-    drops them in one step, not one an event): each read is the scan's."""
+    """Records as time goes on, with gaps past the window (every earlier event left by the next
+    record): each read is the scan's."""
     from talariad.router.profiles import BUCKETS_PER_WINDOW, DemandTracker
 
     window = 1.0
@@ -217,3 +217,15 @@ def test_a_window_recorded_over_time_sums_what_a_scan_of_its_events_does(steps):
         assert d.work_s("m", now) == pytest.approx(want, abs=1e-9)
         if gap > BUCKETS_PER_WINDOW + 40:  # all earlier ones left: one bucket, the new one's
             assert len(d._events["m"].buckets) == 1
+
+
+def test_a_window_whose_every_event_left_goes_in_one_step():
+    """Events each in a bucket of its own (their ends spread), all past the window: one step
+    of a bounded trim drops them all, not one bucket."""
+    from talariad.router.profiles import DemandTracker
+
+    d = DemandTracker(1.0)
+    for i in range(50):
+        d.record("m", 0.0, 1.0, i * 0.01)
+    assert not d.trim_due(5.0, limit=1)  # none left due after one step
+    assert d.work_s("m", 5.0) == 0.0

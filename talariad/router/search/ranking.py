@@ -48,12 +48,13 @@ def rank(
     k, prof = cost.knobs, plan.profile
     if not prof.decode_s_per_seq >= 0.0 or not k.admission_unit_s >= 0.0:
         return rank_all(cost, plan, insts, every, demand, now)  # the bound needs these terms >= 0
-    search = _Search(cost, plan, every, demand, now, insts)
+    recovery = recompute_s(plan, plan.call.prefix_tokens) if k.residency_terms else 0.0
+    search = _Search(cost, plan, every, demand, now, insts, recovery)
     order = cost.bound_order(plan.call.model, every)
     search.score_special(order)
     common = plan.prefill_s + plan.decode_s + plan.call.max_tokens * prof.decode_s_per_seq
     if k.residency_terms:
-        common += recompute_s(plan, plan.call.prefix_tokens)
+        common += recovery
     scored, members, named = search.scored, search.members, order.named
     skipped, infeasible = False, None
     # the candidate set: those singled out above plus the `cap` lowest bounded (least loaded)
@@ -109,6 +110,7 @@ class _Search:
         "retired",
         "_gain",
         "_positions",
+        "recovery",
     )
 
     def __init__(
@@ -119,8 +121,10 @@ class _Search:
         demand: DemandTracker,
         now: float,
         insts: list[InstanceState],
+        recovery: float,
     ) -> None:
         self.cost, self.plan, self.every, self.demand, self.now = cost, plan, every, demand, now
+        self.recovery = recovery  # of the call's prefix where it is not on device (0: no terms)
         # the eligible list the book keeps comes with its index (no set built per call)
         self._positions = every.positions(plan.call.model, insts)
         self.members: set | dict = self._positions if self._positions is not None else set(insts)
@@ -174,10 +178,7 @@ class _Search:
     def beyond_every_round(self) -> bool:
         """The call's own prefill and recovery exceed the round budget: an instance with work
         in its round fails the round check (`bounds.surely_busy`)."""
-        cost, plan = self.cost, self.plan
-        terms = cost.knobs.residency_terms
-        recovery = recompute_s(plan, plan.call.prefix_tokens) if terms else 0.0
-        return plan.prefill_s + recovery > cost.knobs.round_budget_s
+        return self.plan.prefill_s + self.recovery > self.cost.knobs.round_budget_s
 
     def infeasible_test(self):
         """A test that the round or HBM check fails for a plain instance (no session KV, no
@@ -186,7 +187,7 @@ class _Search:
         cost, plan = self.cost, self.plan
         k, model, prefill, kv_bytes = cost.knobs, plan.call.model, plan.prefill_s, plan.kv_bytes
         leases, budget, terms = cost.leases.by_instance, k.round_budget_s, k.residency_terms
-        recovery = recompute_s(plan, plan.call.prefix_tokens) if terms else 0.0
+        recovery = self.recovery
 
         def infeasible(inst: InstanceState) -> bool:
             row = inst.rows[model]
