@@ -7,7 +7,7 @@ per call through Envoy with 70 KB agent bodies (`picker_cpu_ms_per_call`) and th
 sustains with them; the EPP's CPU per box poll (answered 304, in full, as before conditional
 polls, beside a bare httpx GET) and its poll loop's over 256 boxes, idle and busy, following the
 boxes' snapshot streams and polling them; and the EPP's
-decision time at 16, 64 and 256 boxes with 100k live sessions (the picker in-process, fed
+decision time at 16, 256 and 1,000 boxes with 100k live sessions (the picker in-process, fed
 synthetic box snapshots).
 
     python bench/epp_bench.py [--calls 300] [--agent-calls 100] [--throughput-s 10]
@@ -32,9 +32,11 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
+from pydantic_core import from_json
 
 from talaria_pool import devpool, envoy
 from talariad.epp.boxpicker import BoxPicker
@@ -786,6 +788,10 @@ class PickerPool:
         self.interleaved = False
         self.due, self.cursor = 0.0, 0  # installs owed, and the next box (`interleaved`)
         self.previous = 0  # untimed calls made before timed ones (`interleaved`)
+        # each call first offered at its request headers (`BoxPicker.lease_return`), as the
+        # gateway offers it (`GatewaySpec.lease_at_headers`), its body picked if declined
+        self.at_headers = False
+        self.last_at_headers = False  # the last call was placed at its headers
 
     def turn(self, call_id: str, sid: str, messages: list[dict], now: float) -> float:
         """One call at `now` after the poller's work due by then (every box's install when
@@ -809,8 +815,14 @@ class PickerPool:
 
     def _pick(self, call_id: str, sid: str, messages: list[dict], now: float) -> float:
         req = _request(call_id, sid, messages)
+        heads = EPPRequest(
+            call_id, "POST", req.path, {**req.headers, "content-length": str(len(req.body))}
+        )
         started, cpu = time.perf_counter(), time.thread_time()
-        pick = self.picker.pick(req, now)
+        pick = self.picker.lease_return(heads, now) if self.at_headers else None
+        at_headers = pick is not None
+        if pick is None:
+            pick = self.picker.pick(req, now)
         took = time.perf_counter() - started
         self.pick_cpu = time.thread_time() - cpu
         if not isinstance(pick, Pick):
@@ -819,8 +831,12 @@ class PickerPool:
         # answered a millisecond later (after the snapshot the pick read: a completion at the
         # snapshot's own instant does not outrank it): the box it went to holds its prompt, by
         # the branch name the picker and the box both give it
-        self.picker.served(call_id, pick.endpoint, 200, now)
-        self.picker.finished(call_id, True, now + 1e-3)
+        self.last_at_headers = at_headers
+        if at_headers:  # its end reported by Envoy's access log
+            self.picker.logged(call_id, pick.endpoint, 200, True, now + 1e-3)
+        else:
+            self.picker.served(call_id, pick.endpoint, 200, now)
+            self.picker.finished(call_id, True, now + 1e-3)
         branch = self.picker.explain(call_id).session_id or sid  # type: ignore[union-attr]
         self.by_address[pick.endpoint].served(branch, len(req.body) // 4)
         return took
@@ -932,40 +948,62 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
     (`..._lease`, `..._cost`, as above). Each timed pick follows every box's install (a poll
     of all of them falls due between two timed calls: the pick's memory is cold); `interleaved`
     times the same kinds again with the installs spread between the calls as a picker at
-    `INTERLEAVED_CALLS_PER_S` sees them."""
+    `INTERLEAVED_CALLS_PER_S` sees them. The kinds above pick on the body, as a call whose headers
+    name no session is placed; `at_headers` times the lease returns again (cold, as first) as
+    the gateway places them when their headers do name it: `BoxPicker.lease_return` at the
+    request headers, the body picked only where it declines (`placed_at_headers`: how many it
+    did not). `parse_p50_us`: parsing a new session's body alone, the least a whole read costs.
     rng = random.Random(seed)
     pool = PickerPool(boxes, rng)
     now, burst = pool.warm(live_sessions, 1.0)
-    times, now = _decisions(pool, decisions, now, rng, "")
+    times, _, now = _decisions(pool, decisions, now, rng, "")
     out: dict = {"boxes": boxes, "live_sessions": live_sessions}
     out.update(_percentiles(times))
     pool.interleaved = True
-    times, now = _decisions(pool, decisions, now, rng, "i")
+    times, _, now = _decisions(pool, decisions, now, rng, "i")
     out["interleaved"] = {"calls_per_s": INTERLEAVED_CALLS_PER_S, **_percentiles(times)}
+    pool.interleaved, pool.at_headers = False, True
+    times, placed, now = _decisions(pool, decisions, now, rng, "h", ("lease",))
+    pool.at_headers = False
+    out["at_headers"] = _percentiles(times)  # the header check's time included
+    for kind, n in placed.items():
+        out["at_headers"][kind]["placed_at_headers"] = n
     out["refused"] = pool.refused
     for name, turns in AGENT_TURNS.items():
-        size = len(_request("", "", _agent_conversation(turns, "size")).body)
+        body = _request("", "", _agent_conversation(turns, "size")).body
         for kind in ("", "_lease", "_cost"):
-            out[name + kind]["body_bytes"] = size
+            out[name + kind]["body_bytes"] = len(body)
         out[name]["messages"] = 2 * turns + 2
+        out[name]["parse_p50_us"] = _parse_time(body)
     out["burst"] = burst
     out["continued_reads"] = pool.picker.reader.continued
     pool.picker.collector.stop()  # type: ignore[union-attr]  # the next pool size starts its own
     return out
 
 
+KINDS = ("lease", "cost", "new")
+
+
 def _decisions(
-    pool: PickerPool, decisions: int, now: float, rng: random.Random, tag: str
-) -> tuple[dict[str, list[float]], float]:
-    """Each kind's pick times (`decision_time`), and the clock after them."""
-    times: dict[str, list[float]] = {"lease": [], "cost": [], "new": []}
-    for i in range(decisions):
-        kind = ("lease", "cost", "new")[i % 3]
+    pool: PickerPool,
+    decisions: int,
+    now: float,
+    rng: random.Random,
+    tag: str,
+    kinds: tuple[str, ...] = KINDS,
+) -> tuple[dict[str, list[float]], Counter, float]:
+    """Each kind's pick times (`decision_time`) for `kinds` (a lease return's earlier call is
+    untimed), how many of each kind's calls were placed at their headers, and the clock after
+    them."""
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    at_headers: Counter = Counter()
+    for i in range(decisions * len(kinds) // len(KINDS)):
+        kind = kinds[i % len(kinds)]
         times[kind].append(pool.measure(kind, i, now, rng, tag))
+        at_headers[kind] += pool.last_at_headers
         now += 2 * pool.tau_s  # the next measured call sees no live lease
     for name, turns in AGENT_TURNS.items():
-        for kind in ("", "_lease", "_cost"):
-            times[name + kind] = []
+        times.update((name + _SUFFIX[k], []) for k in kinds)
         agents = [_agent_conversation(turns, f"{name}-{tag}{a}") for a in range(8)]
         for a, conv in enumerate(agents):  # each agent's first call and first return
             pool.turn(f"{name}-{tag}w{a}", f"{name}-{tag}{a}", conv, now)
@@ -973,18 +1011,39 @@ def _decisions(
             pool.turn(f"{name}-{tag}r{a}", f"{name}-{tag}{a}", conv, now + 0.3)
             now += 2 * pool.tau_s
         for i in range(max(decisions // 15, 3)):
-            conv = _agent_conversation(turns, f"{name}-{tag}new{i}")
-            sid = f"{name}-{tag}n{i}"
-            times[name].append(pool.turn(sid, sid, conv, now))
+            if "new" in kinds:
+                conv = _agent_conversation(turns, f"{name}-{tag}new{i}")
+                sid = f"{name}-{tag}n{i}"
+                times[name].append(pool.turn(sid, sid, conv, now))
+                at_headers[name] += pool.last_at_headers
             a = i % len(agents)
             sid = f"{name}-{tag}{a}"
             _tool_round(agents[a], i + 1)
-            times[name + "_cost"].append(pool.turn(f"{name}-{tag}c{i}", sid, agents[a], now))
+            took = pool.turn(f"{name}-{tag}c{i}", sid, agents[a], now)
+            if "cost" in kinds:
+                times[name + "_cost"].append(took)
+                at_headers[name + "_cost"] += pool.last_at_headers
             _tool_round(agents[a], i + 1)
-            lease = pool.turn(f"{name}-{tag}l{i}", sid, agents[a], now + 0.3)
-            times[name + "_lease"].append(lease)
+            took = pool.turn(f"{name}-{tag}l{i}", sid, agents[a], now + 0.3)
+            if "lease" in kinds:
+                times[name + "_lease"].append(took)
+                at_headers[name + "_lease"] += pool.last_at_headers
             now += 2 * pool.tau_s
-    return times, now
+    return times, at_headers, now
+
+
+_SUFFIX = {"new": "", "lease": "_lease", "cost": "_cost"}  # an agent body's kinds
+
+
+def _parse_time(body: bytes, times: int = 21) -> float:
+    """p50 µs of parsing `body` as JSON alone (`pydantic_core.from_json`, the parser the
+    picker reads a whole body with): what reading it whole costs at least."""
+    took = []
+    for _ in range(times):
+        started = time.perf_counter()
+        from_json(body)
+        took.append(time.perf_counter() - started)
+    return round(statistics.median(took) * 1e6, 1)
 
 
 def _percentiles(times: dict[str, list[float]]) -> dict:
