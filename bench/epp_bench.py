@@ -952,7 +952,7 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
     name no session is placed; `at_headers` times the lease returns again (cold, as first) as
     the gateway places them when their headers do name it: `BoxPicker.lease_return` at the
     request headers, the body picked only where it declines (`placed_at_headers`: how many it
-    did not). `parse_p50_us`: parsing a new session's body alone, the least a whole read costs.
+    placed). `parse_p50_us`: parsing a new session's body alone, the least a whole read costs."""
     rng = random.Random(seed)
     pool = PickerPool(boxes, rng)
     now, burst = pool.warm(live_sessions, 1.0)
