@@ -111,8 +111,9 @@ class PrefixBranches:
     answer), so a lookup is a `startswith` per branch (memcmp, stopping at the first difference)
     and never hashes or copies the prompt. Bounds, least recently used first out:
     `max_branches` per (session, model), `max_sessions` (session, model) pairs and `max_bytes`
-    of kept text in all. A branch evicted by a bound is passed to `on_evict`, which forgets it in
-    the router and on the instances, so every view holds the same branches."""
+    of kept text in all. A branch evicted by a bound is passed to `on_evict`, which at a box's
+    gateway forgets it in the router and on the instances, so every view holds the same branches
+    (the picker's bounds are its own memory: `Placement`)."""
 
     MAX_BYTES = 256 << 20
     """The default bound on kept text: 64M tokens at 4 characters a token, more context than

@@ -1,7 +1,7 @@
 """One placement shell over the router, the same for the box's gateway (over its instances), the
 pool's picker (over boxes) and, through the picker, the simulator's pool: a call's session branch
-and the router's request for it, the branch index kept in step with the router (a branch the
-index evicts is forgotten there), expiry about once a second, a call's end, and a refusal said
+and the router's request for it, the branch index kept in step with the router (at a box's
+gateway, a branch the index evicts is forgotten there), expiry about once a second, a call's end, and a refusal said
 in the API's words. The shells around it differ only in their clock and their IO."""
 
 from __future__ import annotations
@@ -33,7 +33,11 @@ class Placer(Protocol):
 class Placement:
     """The router (`router`, deciding through `placer`) and the branch index (`branches`) of one
     shell. `grace_s`: how long past its expiry a lease stays in the book, for a call that arrived
-    before it and is still being read (a lease is judged at the call's arrival)."""
+    before it and is still being read (a lease is judged at the call's arrival). `holds_kv`: the
+    branch index's bounds are the targets' KV (a box's gateway), so a branch it evicts is
+    forgotten by the router and on the targets; at the picker they bound its own memory only:
+    the boxes keep the branch's KV, the router its lease, and the branch's name comes again from
+    its content (`PrefixBranches`) when the session returns."""
 
     EXPIRE_EVERY_S = 1.0
     EXPIRE_STEP = 256
@@ -47,10 +51,12 @@ class Placement:
         branches: PrefixBranches,
         placer: Placer | None = None,
         grace_s: float = 0.0,
+        holds_kv: bool = True,
     ) -> None:
         self.router, self.branches, self.grace_s = router, branches, grace_s
         self.placer: Placer = router if placer is None else placer
-        branches.on_evict = self._evict
+        if holds_kv:
+            branches.on_evict = self._evict
         self._expired_at = -math.inf
         self._expiring = False  # a step left more due
 

@@ -119,7 +119,9 @@ class BoxPicker:
         )
         # a conversation's resent messages are read once
         self.reader = BodyReader(max_bytes=conversation_bytes)
-        self.placement = Placement(router, self.branches, self.policy, self.ARRIVAL_GRACE_S)
+        self.placement = Placement(
+            router, self.branches, self.policy, self.ARRIVAL_GRACE_S, holds_kv=False
+        )
         self.endpoints: dict[str, str] = {}  # box -> "ip:port"
         self._boxes_at: dict[str, str] = {}  # "ip:port" -> box
         self._models: dict[str, list[BoxModel]] = {}  # box -> its models

@@ -148,9 +148,9 @@ class EPPConfig(_Strict):
     """What the picker keeps of sessions' conversations, in each of two stores: the canonical
     text their branches are matched on, and the last large body of each session, which its next
     call's read continues (each store at most this many bytes). The default keeps about 4,000
-    sessions of 70 KB conversations; past its bound a return is read whole and its branch
-    forgotten here (placed by cost, where the boxes' snapshots say its prefix is): size it to the
-    live sessions and their conversations. The objects read from them come besides: 3,000
+    sessions of 70 KB conversations; past its bound a return is read whole (its lease is kept:
+    the boxes hold its KV, and its lease returns are still placed at their headers): size it to
+    the live sessions and their conversations. The objects read from them come besides: 3,000
     sessions of 70 KB conversations took 1 GB of memory, their stores 385 MB (docs/pool.md)."""
     policy: str = "talaria"
     """The box-level policy (`router.box_policies`): talaria (the router: leases, KV locality,

@@ -456,3 +456,29 @@ def test_a_box_that_publishes_no_limit_takes_the_configured_one():
     p = BoxPicker(Router(RouterKnobs(), {}), box_max_connections=12)
     p.box_seen("a", BOXES["a"], _snap(), 0.0)
     assert p.capacity("a") == 4
+
+
+def test_a_session_whose_text_the_picker_let_go_keeps_its_lease():
+    # the picker keeps a few sessions' text (`conversation_bytes`); the boxes hold their KV and
+    # the router their leases, and a branch's name comes again from its content: a session past
+    # the text bound still returns to its lease, at headers and on its body
+    p = BoxPicker(Router(RouterKnobs(), {}), conversation_bytes=4096)
+    for name, ep in BOXES.items():
+        p.box_seen(name, ep, _snap(), 0.0)
+    first = Session("first", words=200)
+    box = _turn(p, first, 0.0)
+    branch = p.explain("first-1").session_id
+    for i in range(6):  # each ~1 KB of text: the first session's goes
+        _turn(p, Session(f"other{i}", words=200), 0.01 * (i + 1))
+    assert p.branches.names("first", MODEL) == []
+    req = first.request()
+    pick = p.lease_return(_headers_of(req), 0.2)
+    assert isinstance(pick, Pick) and pick.endpoint == BOXES[box] and pick.kind == "lease_hit"
+    p.logged(req.call_id, BOXES[box], 200, True, 0.3)
+    first.answered()
+    for i in range(6):
+        _turn(p, Session(f"more{i}", words=200), 0.3 + 0.01 * (i + 1))
+    again = first.request()
+    assert _box(p, p.pick(again, 0.4)) == box
+    assert p.explain(again.call_id).kind.value == "lease_hit"
+    assert p.explain(again.call_id).session_id == branch
