@@ -1,9 +1,11 @@
 """What reading a new session's body costs the pool's picker, by body size and dialect: the
 whole read through the dialect's models (`routes.parse` + `spec.canonical_prompt`, what a body
-not continuing a kept read cost before `reading._light`), the picker's read of the same body
-(`BodyReader.read`, a reader that has kept nothing), and pydantic's JSON parse alone (the floor
-of any read that parses the whole body). Arms interleaved, p50/p99 in microseconds; the load
-average is printed (a shared machine's numbers are provisional).
+not continuing a kept read cost before `reading._light`; what a box's gateway reads), the
+picker's read of the same body (`BodyReader.read`, a reader that has kept nothing), the same with
+no tool's canonical text kept (`reader_tools_unkept`: an agent's tools not seen before), and
+pydantic's JSON parse alone (the floor of any read that parses the whole body). Arms
+interleaved, p50/p99 in microseconds; the load average is printed (a shared machine's numbers
+are provisional).
 
     python bench/read_bench.py [--reps 200] [--json]
 """
@@ -19,7 +21,7 @@ import time
 
 from pydantic_core import from_json
 
-from talariad.calls import routes
+from talariad.calls import routes, spec
 from talariad.calls.reading import BodyReader
 from talariad.calls.spec import canonical_prompt
 
@@ -65,6 +67,53 @@ def messages_body(rounds: int) -> bytes:
     return json.dumps(body).encode()
 
 
+def _schema(i: int) -> dict:
+    """A tool's input schema of agent size (~2 KB: eight described arguments)."""
+    props = {
+        f"arg{j}": {"type": "string", "description": f"What argument {j} of tool {i} means. " * 5}
+        for j in range(8)
+    }
+    return {"type": "object", "properties": props, "required": ["arg0"]}
+
+
+AGENT_TOOLS = 17  # about what a coding agent declares (its own tools, before any MCP server's)
+
+
+def first_chat_body(rounds: int) -> bytes:
+    """An agent's first call as a chat body: its system prompt, one task and its tool list (~36
+    KB of schemas, as coding agents send on every call)."""
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": f"tool{i}", "description": "Does one thing. " * 30},
+        }
+        for i in range(AGENT_TOOLS)
+    ]
+    for i, t in enumerate(tools):
+        t["function"]["parameters"] = _schema(i)
+    msgs = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Fix the failing test in tests/test_io.py."},
+    ]
+    return json.dumps({"model": "m", "messages": msgs, "tools": tools}).encode()
+
+
+def first_messages_body(rounds: int) -> bytes:
+    """The same first call as Claude Code sends it."""
+    tools = [
+        {"name": f"Tool{i}", "description": "Does one thing. " * 30, "input_schema": _schema(i)}
+        for i in range(AGENT_TOOLS)
+    ]
+    body = {
+        "model": "m",
+        "max_tokens": 4096,
+        "system": [{"type": "text", "text": SYSTEM}],
+        "messages": [{"role": "user", "content": "Fix the failing test in tests/test_io.py."}],
+        "tools": tools,
+    }
+    return json.dumps(body).encode()
+
+
 BODIES = {  # name: (path, body of `rounds` tool rounds, rounds): ~2 KB, ~70 KB, ~400 KB
     "chat_2k": ("/v1/chat/completions", chat_body, 1),
     "chat_70k": ("/v1/chat/completions", chat_body, 100),
@@ -72,6 +121,9 @@ BODIES = {  # name: (path, body of `rounds` tool rounds, rounds): ~2 KB, ~70 KB,
     "messages_2k": ("/v1/messages", messages_body, 1),
     "messages_70k": ("/v1/messages", messages_body, 100),
     "messages_400k": ("/v1/messages", messages_body, 570),
+    # an agent's first call: a short conversation, a long tool list (~50 KB)
+    "chat_first": ("/v1/chat/completions", first_chat_body, 0),
+    "messages_first": ("/v1/messages", first_messages_body, 0),
 }
 
 
@@ -89,7 +141,19 @@ def _parse(path: str, raw: bytes) -> None:
     from_json(raw)
 
 
-ARMS = {"models": _models, "reader": _reader, "parse_only": _parse}
+def _reader_tools_unkept(path: str, raw: bytes) -> None:
+    """`reader` with no tool's canonical text kept (`spec._tool_text`): as every read was
+    before, and as a call whose tools this process has not seen reads."""
+    spec._TOOL_TEXT.clear()
+    _reader(path, raw)
+
+
+ARMS = {
+    "models": _models,
+    "reader": _reader,
+    "reader_tools_unkept": _reader_tools_unkept,
+    "parse_only": _parse,
+}
 
 
 def measure(path: str, raw: bytes, reps: int) -> dict:

@@ -151,7 +151,24 @@ _HEAD_ROLES = frozenset({"system", "developer"})
 
 
 def _tool_text(tool: dict) -> str:
-    return json.dumps(tool, sort_keys=True)
+    """A tool's canonical text: its JSON with its keys sorted. An agent sends the same tools on
+    every call (tens of KB of schemas), and sorting them is most of reading such a body: each
+    tool's text is kept by its JSON as sent (pydantic's encoder, a quarter of the sorting dump)."""
+    try:
+        sent_as = to_json(tool)
+    except PydanticSerializationError:  # a lone surrogate (from no body a dialect takes)
+        return json.dumps(tool, sort_keys=True)
+    text = _TOOL_TEXT.get(sent_as)
+    if text is None:
+        if len(_TOOL_TEXT) >= TOOL_TEXT_KEPT:  # many agents' tools: start over (thread-safe)
+            _TOOL_TEXT.clear()
+        text = _TOOL_TEXT[sent_as] = json.dumps(tool, sort_keys=True)
+    return text
+
+
+TOOL_TEXT_KEPT = 1024
+"""Tools whose canonical text is kept (an agent sends tens; a few MB at most)."""
+_TOOL_TEXT: dict[bytes, str] = {}
 
 
 def _call_text(c: ToolCall) -> str:
