@@ -759,6 +759,12 @@ class SyntheticBox:
 SYSTEM = "You are a coding agent working in a repository. " * 20
 
 
+def _headers_of(req: EPPRequest) -> EPPRequest:
+    """What the check at request headers is handed of `req`: its headers, the body's length."""
+    heads = {**req.headers, "content-length": str(len(req.body))}
+    return EPPRequest(req.call_id, req.method, req.path, heads)
+
+
 def _request(call_id: str, sid: str, messages: list[dict]) -> EPPRequest:
     body = {"model": MODEL, "max_tokens": 64, "messages": messages}
     heads = {"x-session-id": sid}
@@ -815,12 +821,10 @@ class PickerPool:
 
     def _pick(self, call_id: str, sid: str, messages: list[dict], now: float) -> float:
         req = _request(call_id, sid, messages)
-        heads = EPPRequest(
-            call_id, "POST", req.path, {**req.headers, "content-length": str(len(req.body))}
-        )
+        heads = _headers_of(req) if self.at_headers else None
         started, cpu = time.perf_counter(), time.thread_time()
-        pick = self.picker.lease_return(heads, now) if self.at_headers else None
-        at_headers = pick is not None
+        pick = None if heads is None else self.picker.lease_return(heads, now)
+        self.last_at_headers = pick is not None
         if pick is None:
             pick = self.picker.pick(req, now)
         took = time.perf_counter() - started
@@ -831,8 +835,7 @@ class PickerPool:
         # answered a millisecond later (after the snapshot the pick read: a completion at the
         # snapshot's own instant does not outrank it): the box it went to holds its prompt, by
         # the branch name the picker and the box both give it
-        self.last_at_headers = at_headers
-        if at_headers:  # its end reported by Envoy's access log
+        if self.last_at_headers:  # its end reported by Envoy's access log
             self.picker.logged(call_id, pick.endpoint, 200, True, now + 1e-3)
         else:
             self.picker.served(call_id, pick.endpoint, 200, now)
@@ -949,7 +952,7 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
     of all of them falls due between two timed calls: the pick's memory is cold); `interleaved`
     times the same kinds again with the installs spread between the calls as a picker at
     `INTERLEAVED_CALLS_PER_S` sees them. The kinds above pick on the body, as a call whose headers
-    name no session is placed; `at_headers` times the lease returns again (cold, as first) as
+    name no session is placed; `at_headers` times the lease returns again (in both passes) as
     the gateway places them when their headers do name it: `BoxPicker.lease_return` at the
     request headers, the body picked only where it declines (`placed_at_headers`: how many it
     placed). `parse_p50_us`: parsing a new session's body alone, the least a whole read costs."""
@@ -962,13 +965,17 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
     pool.interleaved = True
     times, _, now = _decisions(pool, decisions, now, rng, "i")
     out["interleaved"] = {"calls_per_s": INTERLEAVED_CALLS_PER_S, **_percentiles(times)}
-    pool.interleaved, pool.at_headers = False, True
-    times, placed, now = _decisions(pool, decisions, now, rng, "h", ("lease",))
-    pool.at_headers = False
-    out["at_headers"] = _percentiles(times)  # the header check's time included
-    for kind, n in placed.items():
-        out["at_headers"][kind]["placed_at_headers"] = n
-    out["refused"] = pool.refused
+    out["refused"] = pool.refused  # of the passes above (as before the passes at headers)
+    out["continued_reads"] = pool.picker.reader.continued
+    pool.at_headers = True
+    for interleaved, where in ((False, out), (True, out["interleaved"])):
+        pool.interleaved = interleaved
+        times, placed, now = _decisions(pool, decisions, now, rng, f"h{interleaved}", ("lease",))
+        where["at_headers"] = _percentiles(times)  # the header check's time included
+        for kind, n in placed.items():
+            where["at_headers"][kind]["placed_at_headers"] = n
+    pool.interleaved = pool.at_headers = False
+    out["refused_at_headers"] = pool.refused - out["refused"]  # of the passes at headers
     for name, turns in AGENT_TURNS.items():
         body = _request("", "", _agent_conversation(turns, "size")).body
         for kind in ("", "_lease", "_cost"):
@@ -976,7 +983,6 @@ def decision_time(boxes: int, live_sessions: int, decisions: int, seed: int = 0)
         out[name]["messages"] = 2 * turns + 2
         out[name]["parse_p50_us"] = _parse_time(body)
     out["burst"] = burst
-    out["continued_reads"] = pool.picker.reader.continued
     pool.picker.collector.stop()  # type: ignore[union-attr]  # the next pool size starts its own
     return out
 
@@ -1003,7 +1009,7 @@ def _decisions(
         at_headers[kind] += pool.last_at_headers
         now += 2 * pool.tau_s  # the next measured call sees no live lease
     for name, turns in AGENT_TURNS.items():
-        times.update((name + _SUFFIX[k], []) for k in kinds)
+        times.update((name + suffix, []) for k, suffix in _SUFFIX.items() if k in kinds)
         agents = [_agent_conversation(turns, f"{name}-{tag}{a}") for a in range(8)]
         for a, conv in enumerate(agents):  # each agent's first call and first return
             pool.turn(f"{name}-{tag}w{a}", f"{name}-{tag}{a}", conv, now)

@@ -142,10 +142,18 @@ def _parse(path: str, raw: bytes) -> None:
 
 
 def _reader_tools_unkept(path: str, raw: bytes) -> None:
-    """`reader` with no tool's canonical text kept (`spec._tool_text`): as every read was
-    before, and as a call whose tools this process has not seen reads."""
-    spec._TOOL_TEXT.clear()
-    _reader(path, raw)
+    """`reader` with each tool's canonical text written anew (its keys sorted), as every read
+    was before `spec.TOOL_TEXTS`."""
+    kept = spec._tool_text
+    spec._tool_text = _sorted_json
+    try:
+        _reader(path, raw)
+    finally:
+        spec._tool_text = kept
+
+
+def _sorted_json(tool: dict) -> str:
+    return json.dumps(tool, sort_keys=True)
 
 
 ARMS = {

@@ -1,8 +1,8 @@
 """One placement shell over the router, the same for the box's gateway (over its instances), the
 pool's picker (over boxes) and, through the picker, the simulator's pool: a call's session branch
 and the router's request for it, the branch index kept in step with the router (at a box's
-gateway, a branch the index evicts is forgotten there), expiry about once a second, a call's end, and a refusal said
-in the API's words. The shells around it differ only in their clock and their IO."""
+gateway a branch the index evicts is forgotten there), expiry about once a second, a call's end,
+and a refusal said in the API's words. The shells around it differ only in their clock and their IO."""
 
 from __future__ import annotations
 
@@ -35,9 +35,12 @@ class Placement:
     shell. `grace_s`: how long past its expiry a lease stays in the book, for a call that arrived
     before it and is still being read (a lease is judged at the call's arrival). `holds_kv`: the
     branch index's bounds are the targets' KV (a box's gateway), so a branch it evicts is
-    forgotten by the router and on the targets; at the picker they bound its own memory only:
-    the boxes keep the branch's KV, the router its lease, and the branch's name comes again from
-    its content (`PrefixBranches`) when the session returns."""
+    forgotten by the router and on the targets. At the picker its bounds (bytes, branches a
+    session, sessions) are its own memory only: the boxes keep or drop the branch's KV by their
+    own (their snapshots say which), the router keeps its lease until it expires or no snapshot
+    holds its prefix, and a session's branch is named again from its content when the session
+    returns (one named apart, with a key of its head or a serial, may come back under another
+    name: its lease then expires unused)."""
 
     EXPIRE_EVERY_S = 1.0
     EXPIRE_STEP = 256

@@ -152,23 +152,43 @@ _HEAD_ROLES = frozenset({"system", "developer"})
 
 def _tool_text(tool: dict) -> str:
     """A tool's canonical text: its JSON with its keys sorted. An agent sends the same tools on
-    every call (tens of KB of schemas), and sorting them is most of reading such a body: each
-    tool's text is kept by its JSON as sent (pydantic's encoder, a quarter of the sorting dump)."""
+    every call (tens of KB of schemas), and sorting them was most of reading such a body: the
+    text is kept by the tool's JSON as sent (`TOOL_TEXTS`)."""
     try:
-        sent_as = to_json(tool)
+        sent_as = to_json(tool)  # pydantic's encoder: a quarter of the sorting dump's time
     except PydanticSerializationError:  # a lone surrogate (from no body a dialect takes)
         return json.dumps(tool, sort_keys=True)
-    text = _TOOL_TEXT.get(sent_as)
-    if text is None:
-        if len(_TOOL_TEXT) >= TOOL_TEXT_KEPT:  # many agents' tools: start over (thread-safe)
-            _TOOL_TEXT.clear()
-        text = _TOOL_TEXT[sent_as] = json.dumps(tool, sort_keys=True)
-    return text
+    return TOOL_TEXTS.text(sent_as, tool)
 
 
-TOOL_TEXT_KEPT = 1024
-"""Tools whose canonical text is kept (an agent sends tens; a few MB at most)."""
-_TOOL_TEXT: dict[bytes, str] = {}
+class ToolTexts:
+    """Tools' canonical text kept by their JSON as sent, at most `max_bytes` of both in all: past
+    that, all are let go and kept anew (an agent's tools come back at its next call)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes, self.bytes = max_bytes, 0
+        self._texts: dict[bytes, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def text(self, sent_as: bytes, tool: dict) -> str:
+        text = self._texts.get(sent_as)
+        if text is None:
+            text = json.dumps(tool, sort_keys=True)
+            size = len(sent_as) + len(text)
+            if size > self.max_bytes:  # past the bound alone: not kept, and nothing let go
+                return text
+            if self.bytes + size > self.max_bytes:
+                self._texts.clear()
+                self.bytes = 0
+            self._texts[sent_as] = text
+            self.bytes += size
+        return text
+
+
+TOOL_TEXTS = ToolTexts(8 << 20)
+"""8 MB: about a hundred agents' tool lists (~40 KB each, kept as sent and sorted)."""
 
 
 def _call_text(c: ToolCall) -> str:

@@ -144,6 +144,9 @@ class EPPConfig(_Strict):
     filter, and its EPP cluster's health check). The picker warns, once, when the Envoy config
     streaming to it names the other one (`FAILURE_MODE_KEY`)."""
     max_branches: int = Field(default=4, ge=1, le=64)
+    """Branches of one (session, model) whose text the picker keeps (a box's gateway keeps as
+    many: sub-agents and title calls beside the conversation); past it the least recently used
+    one's text goes, not its lease (the boxes hold its KV)."""
     conversation_bytes: int = Field(default=CONVERSATION_BYTES, ge=1 << 20)
     """What the picker keeps of sessions' conversations, in each of two stores: the canonical
     text their branches are matched on, and the last large body of each session, which its next

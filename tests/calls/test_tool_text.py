@@ -40,12 +40,16 @@ def test_tools_that_differ_only_in_a_value_type_read_apart():
     assert len(set(canonical_lines([], kinds))) == 3
 
 
-def test_the_kept_tools_are_bounded(monkeypatch):
-    monkeypatch.setattr(spec, "TOOL_TEXT_KEPT", 8)
-    monkeypatch.setattr(spec, "_TOOL_TEXT", {})
+def test_the_kept_tools_are_bounded_in_bytes(monkeypatch):
+    kept = spec.ToolTexts(max_bytes=1024)
+    monkeypatch.setattr(spec, "TOOL_TEXTS", kept)
     tools = [{"name": f"tool{i}", "parameters": {"type": "object"}} for i in range(20)]
     assert canonical_lines([], tools) == _sorted_lines(tools)
-    assert 0 < len(spec._TOOL_TEXT) <= 8
+    assert 0 < len(kept) < 20 and 0 < kept.bytes <= 1024
+    held = dict(kept._texts)
+    huge = {"name": "huge", "description": "x" * 2048}  # past the bound alone: read, not kept
+    assert canonical_lines([], [huge]) == _sorted_lines([huge])
+    assert kept._texts == held  # and what was kept stays
 
 
 def test_a_tool_its_encoder_refuses_still_reads():

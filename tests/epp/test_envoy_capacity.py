@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from talaria_ctl.main import app as ctl
 from talaria_pool import devpool, envoy
 from talariad.epp.config import box_call_capacity
+from tests.support.loopback import peer_closed
 from tests.support.pool import chat, needs_envoy, running_pool, served_by_id
 
 pytestmark = [pytest.mark.e2e, needs_envoy]
@@ -291,14 +292,6 @@ def test_large_bodies_leave_the_pickers_memory_bounded(pool):
     assert grown <= 200, grown
 
 
-def refused(read: asyncio.Task) -> bool:
-    """A connection closed without an answer: an EOF, or a reset (the kernel resets a socket
-    closed with the bytes we wrote to it unread)."""
-    if read.exception() is not None:
-        return isinstance(read.exception(), ConnectionResetError)
-    return not read.result()
-
-
 def test_the_gateway_admits_no_more_calls_than_the_pickers_take_streams(pool):
     # pickers x max_streams connections at once: Envoy's breaker on the pickers' cluster, which
     # under fail-open would route a call unpicked, is never the limit a call meets
@@ -313,7 +306,7 @@ def test_the_gateway_admits_no_more_calls_than_the_pickers_take_streams(pool):
         head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: pool\r\ncontent-length: 10\r\n\r\n{"
         for _, w in conns:
             w.write(head)
-        reads = [asyncio.create_task(r.read(65536)) for r, _ in conns]
+        reads = [asyncio.create_task(peer_closed(r)) for r, _ in conns]
         # the 15 past the limit are closed at accept: wait for them (a loaded machine is slow),
         # not for a fixed time; the 5 admitted wait for their bodies' end, which never comes
         loop = asyncio.get_running_loop()
@@ -323,7 +316,7 @@ def test_the_gateway_admits_no_more_calls_than_the_pickers_take_streams(pool):
             await asyncio.wait(
                 waiting, timeout=deadline - loop.time(), return_when="FIRST_COMPLETED"
             )
-        closed = sum(1 for t in reads if t.done() and refused(t))
+        closed = sum(1 for t in reads if t.done() and t.result())
         held = sum(1 for t in reads if not t.done())
         for t in reads:
             t.cancel()

@@ -18,3 +18,12 @@ class LoopbackServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
+
+
+async def peer_closed(reader: asyncio.StreamReader) -> bool:
+    """The server closed the connection without answering: an EOF, or a reset (the kernel resets
+    a socket closed with bytes we wrote to it still unread). False: it answered."""
+    try:
+        return await reader.read(65536) == b""
+    except ConnectionError:
+        return True
