@@ -12,8 +12,9 @@ synthetic box snapshots).
 
     python bench/epp_bench.py [--calls 300] [--agent-calls 100] [--throughput-s 10]
         [--polls 300] [--decisions 2000] [--sessions 100000] [--boxes N ...]
-        [--part latency|poll|decision|cores|all] [--json]
+        [--part latency|poll|decision|cores|memory|all] [--memory-sessions 6000] [--json]
 
+`--part memory` places agents' returns past the picker's memory bound (`past_memory`).
 `--part cores` runs `bench/epp_cores.py`: picker processes side by side, each fed the same
 snapshots of 256 boxes, their calls/s at one process and at as many as the machine has cores.
 """
@@ -1052,6 +1053,41 @@ def _parse_time(body: bytes, times: int = 21) -> float:
     return round(statistics.median(took) * 1e6, 1)
 
 
+def past_memory(sessions: int, rounds: int = 3) -> dict:
+    """`sessions` agents' 70 KB conversations through one picker (16 boxes, in-process, its
+    default `conversation_bytes`), every session returning 0.5 s after its previous call while
+    the others call, `rounds` calls each: how the returns are placed (by the router's decision
+    kind, at headers or on the body) and how many moved box. Past the picker's memory a session's
+    branch text is evicted by the others' before it returns."""
+    pool = PickerPool(16, random.Random(0))
+    pool.at_headers = True
+    convs = [_agent_conversation(100, f"m{i}") for i in range(sessions)]
+    home: dict[int, str | None] = {}
+    kinds: Counter = Counter()
+    at_headers = moved = 0
+    for r in range(rounds):
+        for i, conv in enumerate(convs):
+            pool.turn(f"m{r}-{i}", f"m-{i}", conv, 1.0 + r * 0.5 + i * 0.5 / sessions)
+            decision = pool.picker.explain(f"m{r}-{i}")
+            box = decision.instance  # type: ignore[union-attr]
+            if r:
+                kinds[decision.kind.value] += 1  # type: ignore[union-attr]
+                at_headers += pool.last_at_headers
+                moved += box != home[i]
+            home[i] = box
+            _tool_round(conv, r)
+    pool.picker.collector.stop()  # type: ignore[union-attr]
+    return {
+        "sessions": sessions,
+        "returns": sessions * (rounds - 1),
+        "kinds": dict(kinds),
+        "placed_at_headers": at_headers,
+        "moved_box": moved,
+        "branch_text_bytes": pool.picker.branches.bytes,
+        "branch_text_bound": pool.picker.branches.max_bytes,
+    }
+
+
 def _percentiles(times: dict[str, list[float]]) -> dict:
     out = {}
     for kind, seconds in times.items():
@@ -1094,7 +1130,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=100_000, help="live sessions in the pool")
     ap.add_argument("--polls", type=int, default=300, help="measured box polls")
     ap.add_argument(
-        "--part", choices=["latency", "poll", "decision", "cores", "all"], default="all"
+        "--part",
+        choices=["latency", "poll", "decision", "cores", "memory", "all"],
+        default="all",
     )
     ap.add_argument(
         "--boxes",
@@ -1104,6 +1142,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--cores-sessions", type=int, default=20_000, help="live sessions for the cores part"
+    )
+    ap.add_argument(
+        "--memory-sessions",
+        type=int,
+        default=6000,
+        help="70 KB sessions for the memory part (6,000: past the default 256 MB)",
     )
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args(argv)
@@ -1118,6 +1162,8 @@ def main(argv: list[str] | None = None) -> int:
             for n in args.boxes or (16, 256, 1000):
                 out["decision"].append(decision_time(n, args.sessions, args.decisions))
                 print(json.dumps(out["decision"][-1]), file=sys.stderr, flush=True)  # progress
+        if args.part in ("memory", "all"):
+            out["memory"] = past_memory(args.memory_sessions)
         if args.part in ("cores", "all"):
             import epp_cores  # its processes import it (and this module) by name
 
