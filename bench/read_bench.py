@@ -3,11 +3,12 @@ whole read through the dialect's models (`routes.parse` + `spec.canonical_prompt
 not continuing a kept read cost before `reading._light`; what a box's gateway reads), the
 picker's read of the same body (`BodyReader.read`, a reader that has kept nothing), the same with
 no tool's canonical text kept (`reader_tools_unkept`: an agent's tools not seen before), and
-pydantic's JSON parse alone (the floor of any read that parses the whole body). Arms
-interleaved, p50/p99 in microseconds; the load average is printed (a shared machine's numbers
-are provisional).
+pydantic's JSON parse alone (the floor of any read that parses the whole body). Then a
+session's returns (`returns`): each next call of a 70 KB and a 400 KB conversation read by the
+reader that read the call before, beside a reader that kept nothing. Arms interleaved, p50/p99
+in microseconds; the load average is printed (a shared machine's numbers are provisional).
 
-    python bench/read_bench.py [--reps 200] [--json]
+    python bench/read_bench.py [--reps 200] [--returns 40] [--json]
 """
 
 from __future__ import annotations
@@ -67,6 +68,28 @@ def messages_body(rounds: int) -> bytes:
     return json.dumps(body).encode()
 
 
+def responses_body(rounds: int) -> bytes:
+    """The same conversation as Codex sends it (`/v1/responses`): function_call items and their
+    outputs."""
+    items: list[dict] = [{"type": "message", "role": "user", "content": "Fix tests/test_io.py."}]
+    for i in range(rounds):
+        args = json.dumps({"command": ["pytest", "-k", f"t{i}"]})
+        items.append(
+            {"type": "function_call", "call_id": f"c{i}", "name": "shell", "arguments": args}
+        )
+        items.append(
+            {"type": "function_call_output", "call_id": f"c{i}", "output": f"line {i}\n" * 60}
+        )
+    tool = {
+        "type": "function",
+        "name": "shell",
+        "description": "Run.",
+        "parameters": {"type": "object"},
+    }
+    body = {"model": "m", "instructions": SYSTEM, "input": items, "tools": [tool], "stream": True}
+    return json.dumps(body).encode()
+
+
 def _schema(i: int) -> dict:
     """A tool's input schema of agent size (~2 KB: eight described arguments)."""
     props = {
@@ -121,6 +144,9 @@ BODIES = {  # name: (path, body of `rounds` tool rounds, rounds): ~2 KB, ~70 KB,
     "messages_2k": ("/v1/messages", messages_body, 1),
     "messages_70k": ("/v1/messages", messages_body, 100),
     "messages_400k": ("/v1/messages", messages_body, 570),
+    "responses_2k": ("/v1/responses", responses_body, 1),
+    "responses_70k": ("/v1/responses", responses_body, 100),
+    "responses_400k": ("/v1/responses", responses_body, 570),
     # an agent's first call: a short conversation, a long tool list (~50 KB)
     "chat_first": ("/v1/chat/completions", first_chat_body, 0),
     "messages_first": ("/v1/messages", first_messages_body, 0),
@@ -183,16 +209,51 @@ def measure(path: str, raw: bytes, reps: int) -> dict:
     return out
 
 
+RET_ARMS = ("continued", "whole")
+RETURNS = (
+    "chat_70k",
+    "chat_400k",
+    "messages_70k",
+    "messages_400k",
+    "responses_70k",
+    "responses_400k",
+)
+
+
+def returns(name: str, calls: int) -> dict:
+    """A session's next `calls` returns, each one tool round more: read by a reader that read
+    the call before (`continued`, what a return costs the picker) and by one that kept nothing
+    (`whole`), interleaved; p50/p99 in microseconds."""
+    path, body_of, rounds = BODIES[name]
+    bodies = [body_of(rounds + i) for i in range(calls + 1)]
+    reader = BodyReader()
+    reader.read(path, bodies[0], "s")
+    times: dict[str, list[float]] = {"continued": [], "whole": []}
+    for raw in bodies[1:]:
+        for arm, read in (("continued", reader), ("whole", BodyReader())):
+            t = time.perf_counter()
+            read.read(path, raw, "s")
+            times[arm].append(time.perf_counter() - t)
+    out: dict = {"body_bytes": len(bodies[-1]), "continued_reads": reader.continued}
+    for arm, seconds in times.items():
+        us = sorted(t * 1e6 for t in seconds)
+        out[f"{arm}_p50_us"] = round(statistics.median(us), 1)
+        out[f"{arm}_p99_us"] = round(us[min(len(us) - 1, int(0.99 * len(us)))], 1)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--reps", type=int, default=200, help="reads per arm and body")
+    ap.add_argument("--returns", type=int, default=40, help="returns per conversation")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     out: dict = {"load_start": [round(x, 2) for x in os.getloadavg()], "reads": {}}
     for name, (path, body_of, rounds) in BODIES.items():
         out["reads"][name] = measure(path, body_of(rounds), args.reps)
+    out["returns"] = {name: returns(name, args.returns) for name in RETURNS}
     out["load_end"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:
         print(json.dumps(out, indent=1))
@@ -201,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'body':<15}{'bytes':>9}" + "".join(f"{a + ' p50/p99 us':>26}" for a in ARMS))
     for name, r in out["reads"].items():
         cells = "".join(f"{r[f'{a}_p50_us']:>16.1f} /{r[f'{a}_p99_us']:>8.1f}" for a in ARMS)
+        print(f"{name:<15}{r['body_bytes']:>9}{cells}")
+    print(f"\n{'return':<15}{'bytes':>9}{'continued p50/p99 us':>26}{'whole p50/p99 us':>26}")
+    for name, r in out["returns"].items():
+        cells = "".join(f"{r[f'{a}_p50_us']:>16.1f} /{r[f'{a}_p99_us']:>8.1f}" for a in RET_ARMS)
         print(f"{name:<15}{r['body_bytes']:>9}{cells}")
     print(f"load average {out['load_end'][0]:.2f} (end)")
     return 0

@@ -4,11 +4,14 @@ on), equal to what `routes.parse` and `spec.canonical_prompt` give (property-tes
 tests/calls/test_reading.py).
 
 An agent resends its whole conversation on every call (20-400 KB), and the picker sees every
-call. A chat or messages body whose bytes start as a body read before does, up to the end of one
-of its messages, is read from there: only the new messages are parsed, validated with the
-dialect's own models and converted, and what precedes them (validated, converted, its canonical
-text) is the earlier read's. Any other body is read whole, as the box reads it, and a body its
-dialect refuses gets its 400 from that whole read. The box still validates every body fully.
+call. A chat, messages or Responses body whose bytes start as a body read before does, up to the
+end of one of its messages (a Responses input item), is read from there: only the new messages
+are parsed, validated with the dialect's own models and converted, and what precedes them
+(validated, converted, its canonical text) is the earlier read's. Responses items are continued
+from only where the turn before them is final (not an assistant turn a tool call would join)
+and while no item changes the tools. Any other body is read whole, as the box reads it, and a
+body its dialect refuses gets its 400 from that whole read. The box still validates every body
+fully.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from pydantic_core import from_json
 
 from talariad.calls import routes
 from talariad.calls.branches import Prompt, common_prefix
-from talariad.calls.dialects import chat, messages
+from talariad.calls.dialects import chat, messages, responses
+from talariad.calls.errors import APIError
 from talariad.calls.schemas import Message, parse_arguments
 from talariad.calls.spec import CallSpec, canonical_lines, canonical_prompt, prompt_of
 from talariad.wire.messages import ChatMessage, ToolCall
@@ -45,10 +49,15 @@ class _Dialect:
     key: str  # the body's array of messages
     items: TypeAdapter  # its messages' model
     head: Callable[[Any], list[ChatMessage]]  # turns the body puts before them (a system field)
-    convert: Callable[[Any, dict[str, str]], list[ChatMessage]]  # one message (and its state)
-    spec_of: Callable[[Any, list[ChatMessage]], CallSpec]
-    rest: type[BaseModel]  # the body with its messages left as parsed (`_light`)
-    plain: Callable[[Any, dict[str, str], list[dict]], bool]  # one parsed message's turns
+    # one message's turns added to the turns before it, and the conversion's state; False: it
+    # cannot be converted so (a Responses item that changes the tools)
+    convert: Callable[[Any, dict[str, str], list[ChatMessage]], bool]
+    spec_of: Callable[[Any, list[ChatMessage]], CallSpec] | None  # None: `whole` reads it
+    rest: type[BaseModel] | None  # the body with its messages left as parsed (`_light`)
+    plain: Callable[[Any, dict[str, str], list[dict]], bool] | None  # one parsed message's turns
+    # Responses: the body read whole by its dialect (spec, head turns, turns after the head up
+    # to each item, the conversion's state); an item may join the turn before it
+    whole: Callable[[bytes], tuple[CallSpec, int, list[int], dict[str, str]]] | None = None
 
 
 class _ChatRest(chat.ChatCompletionRequest):
@@ -188,12 +197,29 @@ def _flat_result(content: Any) -> str:
     return content or ""
 
 
+def _added(out: list[ChatMessage], turns: list[ChatMessage]) -> bool:
+    out += turns
+    return True
+
+
+def _responses_whole(raw: bytes) -> tuple[CallSpec, int, list[int], dict[str, str]]:
+    """A Responses body read whole as the box reads it (`responses.spec`, its 400s), with how
+    its items were converted; items that are not a list of them, or that change the tools,
+    leave no counts (the read is then never continued)."""
+    body = routes.body("/v1/responses", raw)
+    read = responses.ItemsRead()
+    spec, _ = responses.spec(body, routes.UNSTORED, read)  # type: ignore[arg-type]
+    lead = 1 if body.instructions else 0  # type: ignore[attr-defined]
+    counts = [] if read.tools_changed else [c - lead for c in read.counts]
+    return spec, lead, counts, read.names
+
+
 _DIALECTS = {
     "/v1/chat/completions": _Dialect(
         "messages",
         TypeAdapter(list[Message]),
         lambda b: [],
-        lambda m, _: [m.chat()],
+        lambda m, _, out: _added(out, [m.chat()]),
         chat.spec_of,
         _ChatRest,
         _plain_chat,
@@ -202,10 +228,20 @@ _DIALECTS = {
         "messages",
         TypeAdapter(list[messages.AnthropicMessage]),
         messages.MessagesRequest.system_messages,
-        lambda m, names: m.chat(names),
+        lambda m, names, out: _added(out, m.chat(names)),
         messages.spec_of,
         _MessagesRest,
         _plain_anthropic,
+    ),
+    "/v1/responses": _Dialect(
+        "input",
+        TypeAdapter(list[dict[str, Any]]),
+        lambda b: [],
+        lambda item, names, out: responses.convert_item(item, out, names),
+        None,
+        None,
+        None,
+        _responses_whole,
     ),
 }
 
@@ -318,7 +354,7 @@ class BodyReader:
         try:
             if rest == was.rest:  # the body's other fields are `was`'s
                 items, body = (dialect.items.validate_json(f"[{new}]") if new else []), None
-            elif new and _keys(rest.decode(), dialect.key):
+            elif dialect.whole is None and new and _keys(rest.decode(), dialect.key):
                 doc = b"".join((was.pre, b'"', dialect.key.encode(), b'":[', new.encode(), b"]"))
                 body = routes.ROUTES[route].body.model_validate_json(doc + rest)
                 items = getattr(body, dialect.key)
@@ -327,15 +363,21 @@ class BodyReader:
         except (ValidationError, UnicodeDecodeError, StopIteration, ValueError, IndexError):
             return None
         prev = was.spec.messages[was.lead : was.lead + was.counts[k]]
+        if dialect.whole is not None and prev and prev[-1].role == "assistant":
+            return None  # a Responses tool call after it would join it: its line is not final
         if k == len(was.counts) - 1:
             names = dict(was.names)
         else:  # a fork: the tool calls named up to its message `k`, not after
             names = {c.id: c.name for m in prev for c in m.tool_calls}
         counts = was.counts[: k + 1]
         added: list[ChatMessage] = []
-        for m in items:
-            added += dialect.convert(m, names)
-            counts.append(counts[k] + len(added))
+        try:
+            for m in items:
+                if not dialect.convert(m, names, added):
+                    return None
+                counts.append(counts[k] + len(added))
+        except APIError:  # the whole read answers its 400
+            return None
         new_lines = canonical_lines(added, [])
         if body is None:
             head = was.spec.messages[: was.lead]
@@ -345,7 +387,7 @@ class BodyReader:
             text = was.prompt.text[: was.text_end[k]] + "".join(new_lines)
         else:
             head = dialect.head(body)
-            spec = dialect.spec_of(body, head + prev + added)
+            spec = dialect.spec_of(body, head + prev + added)  # type: ignore[misc]
             tools = canonical_lines([], spec.tools)
             tools_len = sum(map(len, tools))
             base_text = "".join(tools + canonical_lines(head, []))
@@ -397,6 +439,28 @@ class BodyReader:
 def _whole(dialect: _Dialect, route: str, raw: bytes) -> _Read:
     """The body read whole, as `routes.parse` reads it (its 400 too), one message at a time:
     parsed once (`_light`) where the dialect's models would take it as it is, else by them."""
+    if dialect.whole is not None:
+        spec, lead, counts, names = dialect.whole(raw)
+        conv = spec.messages
+    else:
+        spec, lead, conv, counts, names = _converted(dialect, route, raw)
+    ntools = len(spec.tools)
+    lines = canonical_lines(conv, spec.tools)
+    tools_len = sum(map(len, lines[:ntools]))
+    prompt = prompt_of("".join(lines), conv, lines[ntools:], tools_len)
+    base = tools_len + sum(map(len, lines[ntools : ntools + lead]))
+    line_end = list(accumulate(map(len, lines[ntools + lead :]), initial=base))
+    text_end = [line_end[c] for c in counts]
+    return _Read(
+        raw, spec, prompt, lead, tools_len, base, counts, text_end, names, _first_turn(conv)
+    )
+
+
+def _converted(
+    dialect: _Dialect, route: str, raw: bytes
+) -> tuple[CallSpec, int, list[ChatMessage], list[int], dict[str, str]]:
+    """A chat or messages body's spec, its head turns' count, its turns, the turns after the
+    head up to each message, and the conversion's state."""
     read = _light(dialect, raw)
     if read is None:
         body = routes.body(route, raw)
@@ -404,21 +468,11 @@ def _whole(dialect: _Dialect, route: str, raw: bytes) -> _Read:
         head = dialect.head(body)
         conv, counts = list(head), []
         for m in getattr(body, dialect.key):
-            conv += dialect.convert(m, names)
+            dialect.convert(m, names, conv)
             counts.append(len(conv) - len(head))
     else:
         body, head, conv, counts, names = read
-    spec = dialect.spec_of(body, conv)
-    ntools = len(spec.tools)
-    lines = canonical_lines(conv, spec.tools)
-    tools_len = sum(map(len, lines[:ntools]))
-    prompt = prompt_of("".join(lines), conv, lines[ntools:], tools_len)
-    base = tools_len + sum(map(len, lines[ntools : ntools + len(head)]))
-    line_end = list(accumulate(map(len, lines[ntools + len(head) :]), initial=base))
-    text_end = [line_end[c] for c in counts]
-    return _Read(
-        raw, spec, prompt, len(head), tools_len, base, counts, text_end, names, _first_turn(conv)
-    )
+    return dialect.spec_of(body, conv), len(head), conv, counts, names  # type: ignore[misc]
 
 
 def _light(
@@ -433,14 +487,14 @@ def _light(
     most of a whole read's time (parsing is a tenth of it)."""
     try:
         doc = from_json(raw)
-        body = dialect.rest.model_validate(doc, strict=True)
+        body = dialect.rest.model_validate(doc, strict=True)  # type: ignore[union-attr]
     except (ValueError, TypeError):  # pydantic's ValidationError is a ValueError
         return None
     names: dict[str, str] = {}
     fields: list[dict] = []
     counts = []
     for m in getattr(body, dialect.key):
-        if not dialect.plain(m, names, fields):
+        if not dialect.plain(m, names, fields):  # type: ignore[misc]
             return None
         counts.append(len(fields))
     head = dialect.head(body)

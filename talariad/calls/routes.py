@@ -33,13 +33,13 @@ class _Unstored(ResponseStore):
         return []
 
 
-_UNSTORED = _Unstored()
+UNSTORED = _Unstored()
 
 ROUTES: dict[str, Route] = {
     "/v1/chat/completions": Route(chat.ChatCompletionRequest, chat.spec),
     "/v1/completions": Route(completions.CompletionRequest, completions.spec),
     "/v1/messages": Route(messages.MessagesRequest, messages.spec),
-    "/v1/responses": Route(responses.ResponsesRequest, lambda b: responses.spec(b, _UNSTORED)[0]),
+    "/v1/responses": Route(responses.ResponsesRequest, lambda b: responses.spec(b, UNSTORED)[0]),
 }
 
 

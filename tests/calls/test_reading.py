@@ -57,6 +57,38 @@ def anthropic_turn(draw, i: int) -> dict:
     return {"role": role, "content": [block]}
 
 
+@st.composite
+def responses_item(draw, i: int) -> dict:
+    kind = draw(
+        st.sampled_from(
+            ["message", "message", "call", "output", "custom", "custom_output", "reasoning", "more"]
+        )
+    )
+    text = draw(TEXT)
+    if kind == "message":
+        role = draw(st.sampled_from(["user", "assistant", "developer"]))
+        parts = [{"type": "input_text" if role != "assistant" else "output_text", "text": text}]
+        return {"type": "message", "role": role, "content": draw(st.sampled_from([text, parts]))}
+    if kind == "call":
+        args = draw(st.sampled_from(["{}", '{"a": 1}', "not json", ""]))
+        return {"type": "function_call", "call_id": f"c{i}", "name": "shell", "arguments": args}
+    if kind == "output":
+        return {"type": "function_call_output", "call_id": f"c{i - 1}", "output": text}
+    if kind == "custom":
+        return {
+            "type": "custom_tool_call",
+            "call_id": f"p{i}",
+            "name": "apply_patch",
+            "input": text,
+        }
+    if kind == "custom_output":
+        return {"type": "custom_tool_call_output", "call_id": f"p{i - 1}", "output": text}
+    if kind == "more":  # tools added mid-conversation: such a conversation is read whole
+        tool = {"type": "function", "name": f"extra{i}", "parameters": {"type": "object"}}
+        return {"type": "additional_tools", "tools": [tool]}
+    return {"type": "reasoning", "summary": [{"type": "summary_text", "text": text}]}
+
+
 SYSTEM = "You are a coding agent working in a repository. " * 8
 
 
@@ -76,6 +108,29 @@ def _anthropic_body(turns: list[dict], extra: dict, first: bool) -> dict:
     return body
 
 
+def _responses_body(items: list[dict], extra: dict, first: bool) -> dict:
+    start = [{"type": "message", "role": "user", "content": SYSTEM}]
+    body = {"model": "m", "input": [*start, *items]}
+    if first:  # Codex sends its instructions before its input
+        body = {"model": "m", "instructions": SYSTEM, "input": body["input"]}
+    return {**body, **extra}
+
+
+RESPONSES_EXTRAS = st.fixed_dictionaries(
+    {},
+    optional={
+        "tools": st.just(
+            [
+                {"type": "function", "name": "shell", "parameters": {"type": "object"}},
+                {"type": "custom", "name": "apply_patch"},
+                {"type": "web_search"},
+            ]
+        ),
+        "tool_choice": st.sampled_from(["auto", "none"]),
+        "prompt_cache_key": st.sampled_from(["k1", "k2"]),
+        "stream": st.booleans(),
+    },
+)
 EXTRAS = st.fixed_dictionaries(
     {},
     optional={
@@ -170,6 +225,25 @@ def test_the_cheap_read_of_a_messages_conversation_is_the_whole_read(data):
     reader, branches = BodyReader(min_bytes=SMALL), (PrefixBranches(4), PrefixBranches(4))
     for raw in _conversation(data.draw, anthropic_turn, _anthropic_body, ANTHROPIC_EXTRAS):
         _same("/v1/messages", raw, reader, branches)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_the_cheap_read_of_a_responses_conversation_is_the_whole_read(data):
+    reader, branches = BodyReader(min_bytes=SMALL), (PrefixBranches(4), PrefixBranches(4))
+    for raw in _conversation(data.draw, responses_item, _responses_body, RESPONSES_EXTRAS):
+        _same("/v1/responses", raw, reader, branches)
+
+
+def test_a_responses_return_reads_only_its_new_items():
+    reader = BodyReader()
+    items: list[dict] = [{"type": "message", "role": "user", "content": SYSTEM * 40}]
+    for i in range(5):
+        call = {"type": "function_call", "call_id": f"c{i}", "name": "shell", "arguments": "{}"}
+        items += [call, {"type": "function_call_output", "call_id": f"c{i}", "output": "ok"}]
+        body = {"model": "m", "instructions": SYSTEM, "input": items}
+        reader.read("/v1/responses", json.dumps(body).encode())
+    assert reader.continued == 4
 
 
 @settings(max_examples=50, deadline=None)

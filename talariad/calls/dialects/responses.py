@@ -11,7 +11,7 @@ The full item and tool mapping: docs/internals.md.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -147,20 +147,47 @@ def _assistant(out: list[ChatMessage]) -> ChatMessage:
     return out[-1]
 
 
-def convert(body: ResponsesRequest) -> tuple[list[ChatMessage], ResponseTools]:
-    """The request's conversation as internal messages, and its tools."""
+def convert(
+    body: ResponsesRequest, read: ItemsRead | None = None
+) -> tuple[list[ChatMessage], ResponseTools]:
+    """The request's conversation as internal messages, and its tools; `read`, when given, is
+    told how the items were converted (`calls.reading` continues the conversation from it)."""
     tools = ResponseTools()
     for i, t in enumerate(body.tools or []):
         tools.add(t, f"tools.{i}")
     out = [ChatMessage(role="system", content=body.instructions)] if body.instructions else []
     if isinstance(body.input, str):
         return out + [ChatMessage(role="user", content=body.input)], tools
-    names: dict[str, str] = {}
+    names: dict[str, str] = {} if read is None else read.names
     for i, item in enumerate(body.input):
         _item(item, f"input.{i}", out, tools, names)
+        if read is not None:
+            read.counts.append(len(out))
+            read.tools_changed = read.tools_changed or item.get("type") == "additional_tools"
     if not out:
         raise APIError(400, "invalid parameter 'input': no message to answer", param="input")
     return out, tools
+
+
+@dataclass(slots=True)
+class ItemsRead:
+    """How `convert` read a body's input items: the messages converted up to each item (the
+    instructions' turn included), the tool calls named so far (call id -> rendered name), and
+    whether an item changed the tools (`additional_tools`)."""
+
+    counts: list[int] = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict)
+    tools_changed: bool = False
+
+
+def convert_item(item: dict, out: list[ChatMessage], names: dict[str, str]) -> bool:
+    """One more input item converted onto `out` as `convert` converts it (a tool call joins the
+    assistant turn `out` ends with); False, and nothing converted, for an item that changes the
+    tools. Raises the APIError `convert` would."""
+    if item.get("type") == "additional_tools":
+        return False
+    _item(item, "input", out, ResponseTools(), names)
+    return True
 
 
 def _item(
@@ -254,8 +281,10 @@ class Turn:
     tools: ResponseTools
 
 
-def spec(body: ResponsesRequest, stored: ResponseStore) -> tuple[CallSpec, Turn]:
-    messages, tools = convert(body)
+def spec(
+    body: ResponsesRequest, stored: ResponseStore, read: ItemsRead | None = None
+) -> tuple[CallSpec, Turn]:
+    messages, tools = convert(body, read)
     if body.previous_response_id:
         messages = stored.get(body.previous_response_id) + messages
     if body.tool_choice == "none":
