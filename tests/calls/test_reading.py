@@ -211,28 +211,20 @@ def _conversation(draw, turn, body_of, extras) -> list[bytes]:
     return out
 
 
+CONVERSATIONS = {  # path: (a turn, the body of the turns, the body's other fields)
+    "/v1/chat/completions": (chat_turn, _chat_body, EXTRAS),
+    "/v1/messages": (anthropic_turn, _anthropic_body, ANTHROPIC_EXTRAS),
+    "/v1/responses": (responses_item, _responses_body, RESPONSES_EXTRAS),
+}
+
+
+@pytest.mark.parametrize("path", CONVERSATIONS)
 @settings(max_examples=150, deadline=None)
-@given(st.data())
-def test_the_cheap_read_of_a_chat_conversation_is_the_whole_read(data):
+@given(data=st.data())
+def test_the_cheap_read_of_a_conversation_is_the_whole_read(path, data):
     reader, branches = BodyReader(min_bytes=SMALL), (PrefixBranches(4), PrefixBranches(4))
-    for raw in _conversation(data.draw, chat_turn, _chat_body, EXTRAS):
-        _same("/v1/chat/completions", raw, reader, branches)
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.data())
-def test_the_cheap_read_of_a_messages_conversation_is_the_whole_read(data):
-    reader, branches = BodyReader(min_bytes=SMALL), (PrefixBranches(4), PrefixBranches(4))
-    for raw in _conversation(data.draw, anthropic_turn, _anthropic_body, ANTHROPIC_EXTRAS):
-        _same("/v1/messages", raw, reader, branches)
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.data())
-def test_the_cheap_read_of_a_responses_conversation_is_the_whole_read(data):
-    reader, branches = BodyReader(min_bytes=SMALL), (PrefixBranches(4), PrefixBranches(4))
-    for raw in _conversation(data.draw, responses_item, _responses_body, RESPONSES_EXTRAS):
-        _same("/v1/responses", raw, reader, branches)
+    for raw in _conversation(data.draw, *CONVERSATIONS[path]):
+        _same(path, raw, reader, branches)
 
 
 def test_a_responses_return_reads_only_its_new_items():
