@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from pydantic_core import from_json
@@ -55,8 +55,8 @@ class _Dialect:
     spec_of: Callable[[Any, list[ChatMessage]], CallSpec] | None  # None: `whole` reads it
     rest: type[BaseModel] | None  # the body with its messages left as parsed (`_light`)
     plain: Callable[[Any, dict[str, str], list[dict]], bool] | None  # one parsed message's turns
-    # Responses: the body read whole by its dialect (spec, head turns, turns after the head up
-    # to each item, the conversion's state); an item may join the turn before it
+    # Responses: the body read whole by its dialect (spec, how many head turns, turns after the
+    # head up to each item, the conversion's state); an item may join the turn before it
     whole: Callable[[bytes], tuple[CallSpec, int, list[int], dict[str, str]]] | None = None
 
 
@@ -206,12 +206,11 @@ def _responses_whole(raw: bytes) -> tuple[CallSpec, int, list[int], dict[str, st
     """A Responses body read whole as the box reads it (`responses.spec`, its 400s), with how
     its items were converted; items that are not a list of them, or that change the tools,
     leave no counts (the read is then never continued)."""
-    body = routes.body("/v1/responses", raw)
+    body = cast(responses.ResponsesRequest, routes.body("/v1/responses", raw))
     read = responses.ItemsRead()
-    spec, _ = responses.spec(body, routes.UNSTORED, read)  # type: ignore[arg-type]
-    lead = 1 if body.instructions else 0  # type: ignore[attr-defined]
-    counts = [] if read.tools_changed else [c - lead for c in read.counts]
-    return spec, lead, counts, read.names
+    spec, _ = responses.spec(body, routes.UNSTORED, read)
+    counts = [] if read.tools_changed else [c - read.lead for c in read.counts]
+    return spec, read.lead, counts, read.names
 
 
 _DIALECTS = {
@@ -253,12 +252,12 @@ class _Read:
     raw: bytes
     spec: CallSpec
     prompt: Prompt
-    lead: int  # the head turns at the front of `spec.messages` (Anthropic's `system`)
+    lead: int  # the head turns at the front of `spec.messages` (`system`, `instructions`)
     tools_len: int  # characters of `prompt.text` its tools' lines take
     base: int  # where its messages' lines start in `prompt.text` (after the tools and head turns)
     counts: list[int]  # per message of the body: turns of `spec.messages` (after lead) up to it
     text_end: list[int]  # per message of the body: where its lines end in `prompt.text`
-    names: dict[str, str]  # the conversion's state (Anthropic: tool-use id -> tool name)
+    names: dict[str, str]  # the conversion's state (tool-call id -> tool name)
     at: int  # index of the first conversation turn in `spec.messages`
     ends: list[int] | None = None  # per message: where it ends in `raw` (None: not scanned yet)
     pre: bytes = b""  # `raw` up to the array's key: `{` and the fields before it
@@ -266,8 +265,8 @@ class _Read:
 
 
 class BodyReader:
-    """Reads call bodies (`read`), keeping recent reads of large chat and messages bodies
-    (at least `min_bytes`) to continue from, at most `max_bytes` of bodies in all, least
+    """Reads call bodies (`read`), keeping recent reads of large chat, messages and Responses
+    bodies (at least `min_bytes`) to continue from, at most `max_bytes` of bodies in all, least
     recently used out. Reads are found by path and the session the call's headers name, else
     by path and the body's first `LEAD` bytes: every session of one agent sends the same first
     bytes (its system prompt and tools), so a lead alone keeps only `PER_LEAD` of them."""
@@ -378,6 +377,8 @@ class BodyReader:
                 counts.append(counts[k] + len(added))
         except APIError:  # the whole read answers its 400
             return None
+        if not (was.lead or prev or added):  # no turn at all (a fork): the whole read's 400
+            return None
         new_lines = canonical_lines(added, [])
         if body is None:
             head = was.spec.messages[: was.lead]
@@ -438,7 +439,8 @@ class BodyReader:
 
 def _whole(dialect: _Dialect, route: str, raw: bytes) -> _Read:
     """The body read whole, as `routes.parse` reads it (its 400 too), one message at a time:
-    parsed once (`_light`) where the dialect's models would take it as it is, else by them."""
+    parsed once (`_light`) where the dialect's models would take it as it is, else by them
+    (Responses: by its dialect, `_Dialect.whole`)."""
     if dialect.whole is not None:
         spec, lead, counts, names = dialect.whole(raw)
         conv = spec.messages

@@ -227,6 +227,19 @@ def test_the_cheap_read_of_a_conversation_is_the_whole_read(path, data):
         _same(path, raw, reader, branches)
 
 
+def test_a_responses_fork_to_no_turn_at_all_gets_the_whole_reads_400():
+    reader = BodyReader(min_bytes=SMALL)
+    thought = {"type": "reasoning", "summary": [], "encrypted_content": "A" * SMALL}
+    first = {"model": "m", "input": [thought, {"role": "user", "content": "hi"}]}
+    reader.read("/v1/responses", json.dumps(first).encode())
+    fork = json.dumps({"model": "m", "input": [thought, {"type": "reasoning", "summary": []}]})
+    with pytest.raises(APIError) as whole:
+        routes.parse("/v1/responses", fork.encode())
+    with pytest.raises(APIError) as cheap:
+        reader.read("/v1/responses", fork.encode())
+    assert (cheap.value.status, cheap.value.message) == (whole.value.status, whole.value.message)
+
+
 def test_a_responses_return_reads_only_its_new_items():
     reader = BodyReader()
     items: list[dict] = [{"type": "message", "role": "user", "content": SYSTEM * 40}]

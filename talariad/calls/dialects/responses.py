@@ -159,6 +159,8 @@ def convert(
     if isinstance(body.input, str):
         return out + [ChatMessage(role="user", content=body.input)], tools
     names: dict[str, str] = {} if read is None else read.names
+    if read is not None:
+        read.lead = len(out)
     for i, item in enumerate(body.input):
         _item(item, f"input.{i}", out, tools, names)
         if read is not None:
@@ -171,10 +173,11 @@ def convert(
 
 @dataclass(slots=True)
 class ItemsRead:
-    """How `convert` read a body's input items: the messages converted up to each item (the
-    instructions' turn included), the tool calls named so far (call id -> rendered name), and
-    whether an item changed the tools (`additional_tools`)."""
+    """How `convert` read a body's input items: the messages before them (the instructions'
+    turn), the messages converted up to each item (those included), the tool calls named so far
+    (call id -> rendered name), and whether an item changed the tools (`additional_tools`)."""
 
+    lead: int = 0
     counts: list[int] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=dict)
     tools_changed: bool = False
