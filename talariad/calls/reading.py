@@ -56,8 +56,11 @@ class _Dialect:
     rest: type[BaseModel] | None  # the body with its messages left as parsed (`_light`)
     plain: Callable[[Any, dict[str, str], list[dict]], bool] | None  # one parsed message's turns
     # Responses: the body read whole by its dialect (spec, how many head turns, turns after the
-    # head up to each item, the conversion's state); an item may join the turn before it
+    # head up to each item, the conversion's state)
     whole: Callable[[bytes], tuple[CallSpec, int, list[int], dict[str, str]]] | None = None
+    # a new item may join the assistant turn before it (a Responses tool call): a read is not
+    # continued from right after an assistant turn, whose line is not final
+    joins_assistant: bool = False
 
 
 class _ChatRest(chat.ChatCompletionRequest):
@@ -241,6 +244,7 @@ _DIALECTS = {
         None,
         None,
         _responses_whole,
+        joins_assistant=True,
     ),
 }
 
@@ -353,7 +357,7 @@ class BodyReader:
         try:
             if rest == was.rest:  # the body's other fields are `was`'s
                 items, body = (dialect.items.validate_json(f"[{new}]") if new else []), None
-            elif dialect.whole is None and new and _keys(rest.decode(), dialect.key):
+            elif dialect.spec_of is not None and new and _keys(rest.decode(), dialect.key):
                 doc = b"".join((was.pre, b'"', dialect.key.encode(), b'":[', new.encode(), b"]"))
                 body = routes.ROUTES[route].body.model_validate_json(doc + rest)
                 items = getattr(body, dialect.key)
@@ -362,8 +366,8 @@ class BodyReader:
         except (ValidationError, UnicodeDecodeError, StopIteration, ValueError, IndexError):
             return None
         prev = was.spec.messages[was.lead : was.lead + was.counts[k]]
-        if dialect.whole is not None and prev and prev[-1].role == "assistant":
-            return None  # a Responses tool call after it would join it: its line is not final
+        if dialect.joins_assistant and prev and prev[-1].role == "assistant":
+            return None
         if k == len(was.counts) - 1:
             names = dict(was.names)
         else:  # a fork: the tool calls named up to its message `k`, not after
