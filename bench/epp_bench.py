@@ -580,8 +580,13 @@ async def _loop_cpu(
     in it), its answers (frames) per second and those in full; then, as a pick on that loop
     would see it, how late a 10 ms timer fires with the loop polling (`lag_*`) and with it not
     yet polling (`lag_unpolled_*`). `pid`: the box daemon's process, whose CPU over the same
-    seconds is `box_cpu_fraction` (its own telemetry reads, and a busy box's calls, included)."""
+    seconds is `box_cpu_fraction` (its own telemetry reads, and a busy box's calls, included).
+    The picker runs with the collector `talariad epp` runs (`gc_tuning`): CPython's default
+    passes walk every box's install, and more of them as the bench's process grows."""
     picker = _CountingPicker()
+    settle_gc()  # as `talariad epp` does once started: the boxes come after it
+    picker.collector = PacedCollector()  # and its collector, paced by the installs, as there
+    picker.collector.start()
     poller = BoxPoller(picker, token, stream=stream)  # a connection per box name
     try:
         unpolled = await _loop_lag(2.0)
@@ -597,6 +602,7 @@ async def _loop_cpu(
         polled = await _loop_lag(3.0)
     finally:
         await poller.aclose()
+        picker.collector.stop()
     return {
         "boxes": boxes,
         "stream": stream,
