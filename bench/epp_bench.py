@@ -45,7 +45,7 @@ from talariad.epp.config import PICKER_KNOBS
 from talariad.epp.contract import EPPRequest, Pick
 from talariad.epp.poller import BoxPoller
 from talariad.gateway.pool import box_target
-from talariad.gc_tuning import PacedCollector, settle_gc
+from talariad.gc_tuning import PacedCollector
 from talariad.router import Router, RouterKnobs
 from talariad.router.snapshot import router_snapshot
 from talariad.types import KVLocation, KVState
@@ -584,9 +584,7 @@ async def _loop_cpu(
     The picker runs with the collector `talariad epp` runs (`gc_tuning`): CPython's default
     passes walk every box's install, and more of them as the bench's process grows."""
     picker = _CountingPicker()
-    settle_gc()  # as `talariad epp` does once started: the boxes come after it
-    picker.collector = PacedCollector()  # and its collector, paced by the installs, as there
-    picker.collector.start()
+    picker.collector = PacedCollector.started()  # as `talariad epp`'s: the boxes come after it
     poller = BoxPoller(picker, token, stream=stream)  # a connection per box name
     try:
         unpolled = await _loop_lag(2.0)
@@ -766,12 +764,6 @@ class SyntheticBox:
 SYSTEM = "You are a coding agent working in a repository. " * 20
 
 
-def _headers_of(req: EPPRequest) -> EPPRequest:
-    """What the check at request headers is handed of `req`: its headers, the body's length."""
-    heads = {**req.headers, "content-length": str(len(req.body))}
-    return EPPRequest(req.call_id, req.method, req.path, heads)
-
-
 def _request(call_id: str, sid: str, messages: list[dict]) -> EPPRequest:
     body = {"model": MODEL, "max_tokens": 64, "messages": messages}
     heads = {"x-session-id": sid}
@@ -785,9 +777,8 @@ class PickerPool:
     def __init__(self, boxes: int, rng: random.Random) -> None:
         # the router as the picker runs it (a session's home, the candidate set)
         self.picker = BoxPicker(Router(RouterKnobs(**PICKER_KNOBS), {}))
-        settle_gc()  # as `talariad epp` does once started: the live sessions come after it
-        self.picker.collector = PacedCollector()  # and its collector, as there
-        self.picker.collector.start()
+        # as `talariad epp`'s collector: the live sessions come after it
+        self.picker.collector = PacedCollector.started()
         self.boxes = [SyntheticBox(b, rng.uniform(0.1, 1.0)) for b in range(boxes)]
         self.by_address = {box.address: box for box in self.boxes}
         self.polled = -1.0
@@ -828,7 +819,7 @@ class PickerPool:
 
     def _pick(self, call_id: str, sid: str, messages: list[dict], now: float) -> float:
         req = _request(call_id, sid, messages)
-        heads = _headers_of(req) if self.at_headers else None
+        heads = req.at_headers() if self.at_headers else None
         started, cpu = time.perf_counter(), time.thread_time()
         pick = None if heads is None else self.picker.lease_return(heads, now)
         self.last_at_headers = pick is not None

@@ -83,6 +83,14 @@ class PacedCollector:
         self.young += 1
         gc.collect(1 if self.young % self.older == 0 else 0)
 
+    @classmethod
+    def started(cls) -> PacedCollector:
+        """`talariad epp`'s collector once start-up is done: `settle_gc`, then one started."""
+        settle_gc()
+        collector = cls()
+        collector.start()
+        return collector
+
     def _collected(self, phase: str, info: dict) -> None:
         if phase == "stop" and info["generation"] >= 1:
             gc.freeze()  # the survivors of two young passes: out of every later pass

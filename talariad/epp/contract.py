@@ -21,6 +21,12 @@ class EPPRequest:
     arrived: float | None = None
     """When its headers reached the picker (the picker's clock): a lease is judged then."""
 
+    def at_headers(self, arrived: float | None = None) -> EPPRequest:
+        """What the check at request headers is handed of this request: its headers, with the
+        body's length as declared (`content-length`), and no body."""
+        heads = {**self.headers, "content-length": str(len(self.body))}
+        return EPPRequest(self.call_id, self.method, self.path, heads, arrived=arrived)
+
 
 @dataclass(frozen=True, slots=True)
 class Pick:

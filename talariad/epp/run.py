@@ -19,7 +19,7 @@ from talariad.epp.discovery import endpoints
 from talariad.epp.discovery.file import FileSource
 from talariad.epp.metrics import EPPMetrics
 from talariad.epp.poller import BoxPoller, Discovery
-from talariad.gc_tuning import PacedCollector, settle_gc
+from talariad.gc_tuning import PacedCollector
 from talariad.router import Router
 from talariad.secretfiles import load_token
 
@@ -93,9 +93,9 @@ async def run_epp(cfg: EPPConfig, config_path: str) -> None:
     http, http_task = await httpserver.start(
         admin_app(picker, metrics.registry), httpserver.bind(host, port)
     )
-    settle_gc()  # start-up is done: the picker's p99 is the collector's as much as its own
-    picker.collector = PacedCollector()  # passes of bounded length, a burst's state frozen
-    picker.collector.start()
+    # start-up is done: the picker's p99 is the collector's as much as its own (passes of
+    # bounded length, a burst's state frozen)
+    picker.collector = PacedCollector.started()
     polling = asyncio.create_task(poller.run(discovered(cfg, base)))
     serving = asyncio.create_task(serve_ext_proc(picker, cfg, base, metrics))
     try:

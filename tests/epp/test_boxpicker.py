@@ -297,12 +297,6 @@ def test_an_idle_box_polled_by_changes_stays_placeable():
 # --- lease returns at request headers -----------------------------------------------------------
 
 
-def _headers_of(req: EPPRequest, at: float | None = None) -> EPPRequest:
-    """What the check at request headers hands over of `req`: its headers with the body's length."""
-    heads = {**req.headers, "content-length": str(len(req.body))}
-    return EPPRequest(req.call_id, req.method, req.path, heads, arrived=at)
-
-
 def _in_flight(p: BoxPicker, box: str, now: float) -> int:
     return next(s.in_flight for s in p.router.instances(now) if s.instance == box)
 
@@ -312,7 +306,7 @@ def test_a_return_to_a_live_lease_is_placed_at_headers_and_settled_by_the_access
     s = Session("h1")
     box = _turn(p, s, 0.0)
     req = s.request()
-    pick = p.lease_return(_headers_of(req), 0.2)
+    pick = p.lease_return(req.at_headers(), 0.2)
     assert isinstance(pick, Pick) and pick.endpoint == BOXES[box] and pick.kind == "lease_hit"
     assert pick.fallback is not None and pick.fallback != pick.endpoint  # a dead box is retried
     assert p.explain(req.call_id).kind.value == "lease_hit"
@@ -324,7 +318,7 @@ def test_a_return_to_a_live_lease_is_placed_at_headers_and_settled_by_the_access
     s.answered()
     # renewed: a return past the first lease's life (it began at 0.02) is placed at headers too
     again = s.request()
-    assert isinstance(p.lease_return(_headers_of(again), 0.3 + p.router.knobs.tau_s - 0.1), Pick)
+    assert isinstance(p.lease_return(again.at_headers(), 0.3 + p.router.knobs.tau_s - 0.1), Pick)
 
 
 def test_what_is_not_clearly_a_return_is_decided_on_the_body():
@@ -332,7 +326,7 @@ def test_what_is_not_clearly_a_return_is_decided_on_the_body():
     s = Session("h2")
     _turn(p, s, 0.0)
     req = s.request()
-    heads = _headers_of(req)
+    heads = req.at_headers()
     assert p.lease_return(dataclasses.replace(heads, headers={}), 0.1) is None  # no session
     shorter = {**heads.headers, "content-length": "10"}  # a sub-agent, a title call
     assert p.lease_return(dataclasses.replace(heads, headers=shorter), 0.1) is None
@@ -343,7 +337,7 @@ def test_what_is_not_clearly_a_return_is_decided_on_the_body():
     assert p.lease_return(heads, late) is None  # the lease has expired
     assert p.lease_return(heads, 0.1) is not None
     # its branch has a call in flight: the next one may be a parallel branch
-    assert p.lease_return(_headers_of(s.request()), 0.1) is None
+    assert p.lease_return(s.request().at_headers(), 0.1) is None
     assert all(_in_flight(p, b, 0.1) <= 1 for b in BOXES)
 
 
@@ -358,7 +352,7 @@ def test_a_session_with_two_live_branches_is_decided_on_the_body():
     p.served(sub_call.call_id, p.endpoints[box], 200, 0.06)
     p.finished(sub_call.call_id, True, 0.07)
     assert len(p.branches.names("h3", MODEL)) == 2
-    main = _headers_of(s.request())
+    main = s.request().at_headers()
     assert int(main.headers["content-length"]) > len(sub_call.body)  # not the length rule
     assert p.lease_return(main, 0.1) is None
 
@@ -370,7 +364,7 @@ def test_a_box_not_serving_every_model_of_the_pool_takes_no_return_at_headers():
     s = Session("h4")
     _turn(p, s, 0.0)
     # the call's model is in its body: a box serving only some models may not serve it
-    assert p.lease_return(_headers_of(s.request()), 0.1) is None
+    assert p.lease_return(s.request().at_headers(), 0.1) is None
 
 
 def test_a_lost_box_takes_no_return_at_headers():
@@ -378,7 +372,7 @@ def test_a_lost_box_takes_no_return_at_headers():
     s = Session("h5")
     box = _turn(p, s, 0.0)
     p.box_lost(box, 0.05)
-    assert p.lease_return(_headers_of(s.request()), 0.1) is None
+    assert p.lease_return(s.request().at_headers(), 0.1) is None
 
 
 def test_a_call_placed_at_headers_whose_end_was_never_logged_is_released():
@@ -386,7 +380,7 @@ def test_a_call_placed_at_headers_whose_end_was_never_logged_is_released():
     s = Session("h6")
     box = _turn(p, s, 0.0)
     req = s.request()
-    assert p.lease_return(_headers_of(req), 0.1) is not None
+    assert p.lease_return(req.at_headers(), 0.1) is not None
     assert _in_flight(p, box, 0.2) == 1
     p.box_seen(box, BOXES[box], _snap(), 0.1 + HEADER_CALL_MAX_S + 1)
     assert _in_flight(p, box, 0.2) == 0
@@ -402,7 +396,7 @@ def test_a_lease_the_router_finds_unusable_at_headers_leaves_nothing_behind():
     assert p.router.lease(branch, MODEL) is not None
     p.box_seen(box, BOXES[box], _snap(), 0.05)  # a whole snapshot without the session
     req = s.request()
-    assert p.lease_return(_headers_of(req), 0.1) is None
+    assert p.lease_return(req.at_headers(), 0.1) is None
     # the router placed it by cost ("lease prefix missing"), and that placement was undone
     assert p.explain(req.call_id).kind.value == "cost"
     assert all(_in_flight(p, b, 0.1) == 0 for b in BOXES) and p.router.held() == ()
@@ -472,7 +466,7 @@ def test_a_session_whose_text_the_picker_let_go_keeps_its_lease():
         _turn(p, Session(f"other{i}", words=200), 0.01 * (i + 1))
     assert p.branches.names("first", MODEL) == []
     req = first.request()
-    pick = p.lease_return(_headers_of(req), 0.2)
+    pick = p.lease_return(req.at_headers(), 0.2)
     assert isinstance(pick, Pick) and pick.endpoint == BOXES[box] and pick.kind == "lease_hit"
     p.logged(req.call_id, BOXES[box], 200, True, 0.3)
     first.answered()
