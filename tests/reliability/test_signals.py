@@ -33,9 +33,11 @@ def _wait_line(d, words: str, timeout: float = 120) -> str:
 
 
 def _refused(endpoint: str) -> bool:
+    """A new connection is not served: refused, or (accepted into the backlog as the listener
+    closed) closed or reset before any answer."""
     try:
         httpx.get(f"{endpoint}/health", timeout=2)
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return True
     return False
 
